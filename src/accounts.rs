@@ -1,0 +1,199 @@
+//! Creating users and keys: the rules shared by the CLI, the bootstrap admin and
+//! the REST endpoints (password policy, email shape, key records).
+
+use uuid::Uuid;
+
+use crate::auth::{api_key, credential::Secret, password};
+use crate::identity::{Authority, NULL_UUID};
+use crate::store::{ApiKeyRecord, Store, StoreError, UserRecord};
+
+pub const PASSWORD_MIN_LEN: usize = 8;
+pub const PASSWORD_MAX_LEN: usize = 72;
+pub const BOOTSTRAP_EMAIL: &str = "sysadmin@keygate.local";
+
+#[derive(Debug, thiserror::Error)]
+pub enum AccountError {
+    #[error("{0}")]
+    Invalid(String),
+    #[error("a user with email {0} already exists")]
+    Exists(String),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Password(#[from] password::PasswordError),
+    #[error("random number generator failed")]
+    Random,
+}
+
+/// What is needed to create a user.
+#[derive(Debug, Clone)]
+pub struct NewUser {
+    pub email: String,
+    pub authority: Authority,
+    pub tenant_id: Option<Uuid>,
+    pub customer_id: Option<Uuid>,
+    pub first_name: String,
+    pub last_name: String,
+}
+
+/// Checks the password policy; the message names the rule that failed.
+pub fn check_password_policy(password: &str) -> Result<(), AccountError> {
+    let len = password.chars().count();
+    if len < PASSWORD_MIN_LEN {
+        return Err(AccountError::Invalid(format!(
+            "Password must be at least {PASSWORD_MIN_LEN} characters long"
+        )));
+    }
+    if len > PASSWORD_MAX_LEN {
+        return Err(AccountError::Invalid(format!(
+            "Password must be at most {PASSWORD_MAX_LEN} characters long"
+        )));
+    }
+    Ok(())
+}
+
+fn check_email(email: &str) -> Result<String, AccountError> {
+    let email = email.trim().to_lowercase();
+    let valid = email.len() <= 255
+        && email.bytes().all(|b| b.is_ascii_graphic())
+        && matches!(email.split_once('@'), Some((local, domain)) if !local.is_empty() && (domain.contains('.') || domain == "localhost"));
+    if valid {
+        Ok(email)
+    } else {
+        Err(AccountError::Invalid(format!("Invalid email address: {email:?}")))
+    }
+}
+
+/// Creates a user with an Argon2id-hashed password.
+pub async fn create_user(store: &Store, new: NewUser, password: String) -> Result<UserRecord, AccountError> {
+    let email = check_email(&new.email)?;
+    check_password_policy(&password)?;
+    let (tenant_id, customer_id) = match new.authority {
+        Authority::SysAdmin => (NULL_UUID, NULL_UUID),
+        Authority::TenantAdmin => (
+            new.tenant_id
+                .ok_or_else(|| AccountError::Invalid("a TENANT_ADMIN needs a tenant id".into()))?,
+            NULL_UUID,
+        ),
+        Authority::CustomerUser => (
+            new.tenant_id
+                .ok_or_else(|| AccountError::Invalid("a CUSTOMER_USER needs a tenant id".into()))?,
+            new.customer_id
+                .ok_or_else(|| AccountError::Invalid("a CUSTOMER_USER needs a customer id".into()))?,
+        ),
+    };
+    let password_hash = password::hash(password).await?;
+    let user = UserRecord {
+        id: Uuid::new_v4(),
+        created_time: crate::clock::now_ms(),
+        tenant_id,
+        customer_id,
+        email: email.clone(),
+        authority: new.authority,
+        first_name: new.first_name,
+        last_name: new.last_name,
+        phone: String::new(),
+        additional_info: None,
+        version: 1,
+        enabled: true,
+        password_hash,
+        tokens_valid_after: 0,
+    };
+    match store.insert_user(&user).await {
+        Err(StoreError::Conflict(_)) => Err(AccountError::Exists(email)),
+        other => other.map(|_| user).map_err(Into::into),
+    }
+}
+
+/// Creates the first SYS_ADMIN when the store has no user at all. Returns the
+/// generated password when none was given, so the caller can show it once.
+pub async fn bootstrap_admin(store: &Store, password: Option<String>) -> Result<Option<String>, AccountError> {
+    if store.user_count().await? > 0 {
+        return Ok(None);
+    }
+    let (password, generated) = match password {
+        Some(p) => (p, false),
+        None => {
+            let bytes = api_key::random_bytes::<18>().map_err(|_| AccountError::Random)?;
+            use base64::Engine;
+            (base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes), true)
+        }
+    };
+    let new = NewUser {
+        email: BOOTSTRAP_EMAIL.into(),
+        authority: Authority::SysAdmin,
+        tenant_id: None,
+        customer_id: None,
+        first_name: String::new(),
+        last_name: String::new(),
+    };
+    match create_user(store, new, password.clone()).await {
+        Ok(_) => Ok(generated.then_some(password)),
+        // Another replica bootstrapped first.
+        Err(AccountError::Exists(_)) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// A new key record and its value, shown once.
+pub struct CreatedKey {
+    pub record: ApiKeyRecord,
+    pub value: Secret,
+}
+
+pub async fn create_api_key(
+    store: &Store,
+    user: &UserRecord,
+    prefix: &str,
+    description: &str,
+    expiration_time: i64,
+) -> Result<CreatedKey, AccountError> {
+    let description = description.trim();
+    if description.is_empty() || description.chars().count() > 255 {
+        return Err(AccountError::Invalid(
+            "description must be non-blank and at most 255 characters".into(),
+        ));
+    }
+    if expiration_time < 0 {
+        return Err(AccountError::Invalid("expirationTime must be 0 (never) or epoch milliseconds".into()));
+    }
+    let generated = api_key::generate(prefix).map_err(|_| AccountError::Random)?;
+    let record = ApiKeyRecord {
+        id: Uuid::new_v4(),
+        created_time: crate::clock::now_ms(),
+        tenant_id: user.tenant_id,
+        user_id: user.id,
+        digest: generated.digest.to_hex(),
+        description: description.to_string(),
+        enabled: true,
+        expiration_time,
+    };
+    store.insert_api_key(&record).await?;
+    Ok(CreatedKey {
+        record,
+        value: generated.value,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn password_policy_names_the_rule() {
+        let short = check_password_policy("short").unwrap_err().to_string();
+        assert!(short.contains("at least 8"), "{short}");
+        let long = check_password_policy(&"x".repeat(73)).unwrap_err().to_string();
+        assert!(long.contains("at most 72"), "{long}");
+        check_password_policy("eightchr").unwrap();
+    }
+
+    #[test]
+    fn emails_are_lower_cased_and_checked() {
+        assert_eq!(check_email(" Admin@Example.COM ").unwrap(), "admin@example.com");
+        assert_eq!(check_email("sysadmin@keygate.local").unwrap(), "sysadmin@keygate.local");
+        for bad in ["", "no-at", "@example.com", "a b@example.com", "a@nodot"] {
+            assert!(check_email(bad).is_err(), "{bad}");
+        }
+    }
+}

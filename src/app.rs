@@ -1,0 +1,190 @@
+//! The request path, one stage a line: limits, path normalisation, routing,
+//! authentication, identity, forwarding; then the access log and metrics.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use http::{HeaderValue, Request, Response};
+use hyper::body::Incoming;
+
+use crate::auth::credential::{self, Credential};
+use crate::auth::{AuthFailure, Authenticator};
+use crate::body::Body;
+use crate::config::Settings;
+use crate::error::ApiError;
+use crate::identity::{self, Identity};
+use crate::listener::Transport;
+use crate::proxy::headers::{self, X_REQUEST_ID};
+use crate::proxy::{Proxy, RouteTable, path};
+use crate::telemetry::Metrics;
+
+pub struct App {
+    settings: Settings,
+    auth: Arc<Authenticator>,
+    routes: RouteTable,
+    proxy: Proxy,
+    metrics: Arc<Metrics>,
+}
+
+/// What the access log and metrics learn about one request.
+#[derive(Default)]
+struct Outcome<'a> {
+    route: Option<&'a str>,
+    upstream: Option<&'a str>,
+    identity: Option<Identity>,
+}
+
+impl App {
+    pub fn new(settings: Settings, auth: Arc<Authenticator>, metrics: Arc<Metrics>) -> App {
+        let routes = RouteTable::new(&settings.routes);
+        let proxy = Proxy::new(&settings.proxy, settings.limits.max_body_bytes, metrics.clone());
+        App {
+            settings,
+            auth,
+            routes,
+            proxy,
+            metrics,
+        }
+    }
+
+    pub fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    pub fn authenticator(&self) -> &Arc<Authenticator> {
+        &self.auth
+    }
+
+    /// Is the peer one of the configured trusted proxies?
+    fn trusted(&self, transport: &Transport) -> bool {
+        let ip = transport.peer.ip();
+        self.settings.proxy.trusted_proxies.iter().any(|net| net.contains(&ip))
+    }
+
+    /// Did this request reach keygate over HTTPS (here, or at a trusted proxy)?
+    fn is_https(&self, transport: &Transport, trusted: bool, req: &Request<Incoming>) -> bool {
+        transport.tls || (trusted && req.headers().get(&headers::X_FORWARDED_PROTO).is_some_and(|v| v == "https"))
+    }
+
+    /// Handles one request; every error becomes a contract response here.
+    pub async fn handle(&self, req: Request<Incoming>, transport: Transport) -> Response<Body> {
+        let started = Instant::now();
+        let method = req.method().clone();
+        let trusted = self.trusted(&transport);
+        let request_id = headers::request_id(req.headers(), trusted);
+        let log_path = req.uri().path().to_owned();
+        let mut outcome = Outcome::default();
+        let mut response = match self.process(req, transport, trusted, request_id.clone(), &mut outcome).await {
+            Ok(response) => response,
+            Err(error) => error.into_response(),
+        };
+        response.headers_mut().insert(X_REQUEST_ID.clone(), request_id.clone());
+        let route = outcome.route.unwrap_or("unmatched");
+        let elapsed = started.elapsed();
+        self.metrics.request(route, &method, response.status(), elapsed);
+        if self.settings.log.access_log {
+            let identity = outcome.identity.as_ref();
+            tracing::info!(
+                target: "keygate::access",
+                request_id = request_id.to_str().unwrap_or(""),
+                method = %method,
+                path = %log_path,
+                route,
+                status = response.status().as_u16(),
+                duration_ms = elapsed.as_secs_f64() * 1000.0,
+                upstream = outcome.upstream.unwrap_or(""),
+                peer = %transport.peer,
+                auth = identity.map(|i| i.method.label()).unwrap_or(""),
+                user_id = %identity.map(|i| i.principal.user_id.to_string()).unwrap_or_default(),
+                key_id = %identity.and_then(|i| i.api_key_id()).map(|k| k.to_string()).unwrap_or_default(),
+            );
+        }
+        response
+    }
+
+    async fn process<'a>(
+        &'a self,
+        req: Request<Incoming>,
+        transport: Transport,
+        trusted: bool,
+        request_id: HeaderValue,
+        outcome: &mut Outcome<'a>,
+    ) -> Result<Response<Body>, ApiError> {
+        if header_block_size(&req) > self.settings.limits.max_header_bytes {
+            return Err(ApiError::headers_too_large());
+        }
+        let normalized = path::normalize(req.uri().path())
+            .map_err(|e| ApiError::bad_request(format!("Invalid request path: {e}")))?
+            .into_owned();
+        let route = self.routes.find(&normalized).ok_or_else(ApiError::not_found)?;
+        outcome.route = Some(&route.name);
+
+        let identity = if route.public {
+            None
+        } else {
+            Some(self.authenticate(&transport, trusted, &req).await?)
+        };
+
+        let (mut parts, body) = req.into_parts();
+        let authority = parts.uri.authority().map(|a| a.as_str().to_owned());
+        headers::remove_hop_by_hop(&mut parts.headers);
+        identity::strip_client_identity(&mut parts.headers);
+        headers::set_forwarding(&mut parts.headers, &transport, trusted, authority.as_deref(), request_id);
+        parts.headers.remove(http::header::HOST);
+        if let Some(identity) = &identity {
+            identity::inject(&mut parts.headers, identity);
+        }
+        outcome.identity = identity;
+        let (response, upstream) = self.proxy.forward(route, parts, body, &normalized).await?;
+        outcome.upstream = Some(upstream);
+        Ok(response)
+    }
+
+    /// Parses and verifies the credential, counting the outcome.
+    async fn authenticate(
+        &self,
+        transport: &Transport,
+        trusted: bool,
+        req: &Request<Incoming>,
+    ) -> Result<Identity, ApiError> {
+        let result = match credential::parse(req.headers()) {
+            Err(e) => Err(("none", AuthFailure::from(e))),
+            Ok(Credential::ApiKey(_)) if !self.is_https(transport, trusted, req) => {
+                Err(("api_key", AuthFailure::PlaintextRefused))
+            }
+            Ok(credential) => {
+                let method = match credential {
+                    Credential::ApiKey(_) => "api_key",
+                    Credential::Bearer(_) => "jwt",
+                };
+                self.auth.verify(&credential).await.map_err(|f| (method, f)).map(|i| (method, i))
+            }
+        };
+        match result {
+            Ok((method, identity)) => {
+                self.metrics.auth(method, "accepted");
+                Ok(identity)
+            }
+            Err((method, failure)) => {
+                self.metrics.auth(method, failure.label());
+                if failure == AuthFailure::PlaintextRefused {
+                    tracing::warn!(peer = %transport.peer, "refused an API key sent over plain HTTP");
+                }
+                Err(failure.to_api_error())
+            }
+        }
+    }
+}
+
+/// Approximate size of the request head as sent: names, values and separators.
+fn header_block_size<B>(req: &Request<B>) -> usize {
+    req.headers()
+        .iter()
+        .map(|(name, value)| name.as_str().len() + value.len() + 4)
+        .sum::<usize>()
+        + req.uri().path_and_query().map_or(0, |p| p.as_str().len())
+}

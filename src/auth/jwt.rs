@@ -1,0 +1,345 @@
+//! Issuing and verifying the platform's HS512 JWTs.
+//!
+//! The algorithm is pinned: a token whose header names any other algorithm
+//! (`none`, HS256, RS256 with a public key as HMAC secret, ...) is refused
+//! before its signature is looked at. `exp` and `iss` are required; a refresh
+//! token is never an access token and the other way round. Outdating (logout,
+//! password change, disabled user) is checked by the caller against the store's
+//! state, see `auth::Authenticator`.
+
+use std::time::Duration;
+
+use jsonwebtoken::errors::ErrorKind;
+use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use crate::identity::Authority;
+use crate::store::UserRecord;
+
+pub const REFRESH_SCOPE: &str = "REFRESH_TOKEN";
+
+/// Installs the crypto backend once per process; jsonwebtoken panics at first
+/// use without one. Safe to call repeatedly.
+pub fn install_crypto_provider() {
+    let _ = jsonwebtoken::crypto::aws_lc::DEFAULT_PROVIDER.install_default();
+}
+
+/// Claims of an access token, named as the platform's clients decode them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AccessClaims {
+    pub sub: String,
+    pub user_id: Uuid,
+    pub scopes: Vec<String>,
+    pub session_id: Uuid,
+    pub iss: String,
+    pub iat: i64,
+    pub exp: i64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_name: Option<String>,
+    // Defaults let a refresh token decode here, so that it is refused for its
+    // scope rather than as malformed.
+    #[serde(default)]
+    pub enabled: bool,
+    pub is_public: bool,
+    #[serde(default)]
+    pub tenant_id: Uuid,
+    #[serde(default)]
+    pub customer_id: Uuid,
+}
+
+impl AccessClaims {
+    /// The single authority of a valid access token.
+    pub fn authority(&self) -> Option<Authority> {
+        match self.scopes.as_slice() {
+            [one] => Authority::parse(one),
+            _ => None,
+        }
+    }
+}
+
+/// Claims of a refresh token.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RefreshClaims {
+    pub sub: String,
+    pub user_id: Uuid,
+    pub scopes: Vec<String>,
+    pub session_id: Uuid,
+    pub iss: String,
+    pub iat: i64,
+    pub exp: i64,
+    pub is_public: bool,
+    pub jti: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum TokenError {
+    #[error("token expired")]
+    Expired,
+    #[error("token signature does not match")]
+    BadSignature,
+    #[error("malformed token")]
+    Malformed,
+    #[error("token has the wrong scope for this use")]
+    WrongScope,
+}
+
+/// Signs and verifies tokens with one key.
+pub struct TokenKeys {
+    encoding: EncodingKey,
+    decoding: DecodingKey,
+    validation: Validation,
+    issuer: String,
+    access_ttl: Duration,
+    refresh_ttl: Duration,
+}
+
+impl std::fmt::Debug for TokenKeys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TokenKeys").field("issuer", &self.issuer).finish_non_exhaustive()
+    }
+}
+
+/// A signed token and when it expires (epoch seconds).
+#[derive(Debug, Clone)]
+pub struct Signed {
+    pub token: String,
+    pub exp: i64,
+}
+
+impl TokenKeys {
+    pub fn new(secret: &[u8], issuer: &str, access_ttl: Duration, refresh_ttl: Duration) -> TokenKeys {
+        install_crypto_provider();
+        let mut validation = Validation::new(Algorithm::HS512);
+        validation.leeway = 0;
+        validation.validate_exp = true;
+        validation.set_issuer(&[issuer]);
+        validation.set_required_spec_claims(&["exp", "iss", "sub"]);
+        TokenKeys {
+            encoding: EncodingKey::from_secret(secret),
+            decoding: DecodingKey::from_secret(secret),
+            validation,
+            issuer: issuer.to_string(),
+            access_ttl,
+            refresh_ttl,
+        }
+    }
+
+    pub fn access_ttl(&self) -> Duration {
+        self.access_ttl
+    }
+
+    pub fn sign_access(&self, user: &UserRecord, session_id: Uuid, now_secs: i64) -> Result<Signed, TokenError> {
+        let non_empty = |s: &str| (!s.is_empty()).then(|| s.to_string());
+        let exp = now_secs + self.access_ttl.as_secs() as i64;
+        let claims = AccessClaims {
+            sub: user.email.clone(),
+            user_id: user.id,
+            scopes: vec![user.authority.as_str().to_string()],
+            session_id,
+            iss: self.issuer.clone(),
+            iat: now_secs,
+            exp,
+            first_name: non_empty(&user.first_name),
+            last_name: non_empty(&user.last_name),
+            enabled: user.enabled,
+            is_public: false,
+            tenant_id: user.tenant_id,
+            customer_id: user.customer_id,
+        };
+        self.sign(&claims).map(|token| Signed { token, exp })
+    }
+
+    pub fn sign_refresh(
+        &self,
+        user: &UserRecord,
+        session_id: Uuid,
+        jti: &str,
+        now_secs: i64,
+    ) -> Result<Signed, TokenError> {
+        let exp = now_secs + self.refresh_ttl.as_secs() as i64;
+        let claims = RefreshClaims {
+            sub: user.email.clone(),
+            user_id: user.id,
+            scopes: vec![REFRESH_SCOPE.to_string()],
+            session_id,
+            iss: self.issuer.clone(),
+            iat: now_secs,
+            exp,
+            is_public: false,
+            jti: jti.to_string(),
+        };
+        self.sign(&claims).map(|token| Signed { token, exp })
+    }
+
+    fn sign<T: Serialize>(&self, claims: &T) -> Result<String, TokenError> {
+        jsonwebtoken::encode(&Header::new(Algorithm::HS512), claims, &self.encoding)
+            .map_err(|_| TokenError::Malformed)
+    }
+
+    /// Verifies an access token: signature, algorithm, `exp`, `iss`, and an
+    /// authority scope (a refresh token is refused here).
+    pub fn verify_access(&self, token: &str) -> Result<AccessClaims, TokenError> {
+        let claims: AccessClaims = self.decode(token)?;
+        if claims.authority().is_none() {
+            return Err(if claims.scopes.iter().any(|s| s == REFRESH_SCOPE) {
+                TokenError::WrongScope
+            } else {
+                TokenError::Malformed
+            });
+        }
+        if claims.is_public {
+            return Err(TokenError::WrongScope);
+        }
+        Ok(claims)
+    }
+
+    /// Verifies a refresh token; an access token is refused here.
+    pub fn verify_refresh(&self, token: &str) -> Result<RefreshClaims, TokenError> {
+        let claims: RefreshClaims = self.decode(token)?;
+        if claims.scopes.as_slice() != [REFRESH_SCOPE] {
+            return Err(TokenError::WrongScope);
+        }
+        Ok(claims)
+    }
+
+    fn decode<T: serde::de::DeserializeOwned>(&self, token: &str) -> Result<T, TokenError> {
+        jsonwebtoken::decode::<T>(token, &self.decoding, &self.validation)
+            .map(|data| data.claims)
+            .map_err(|e| match e.kind() {
+                ErrorKind::ExpiredSignature => TokenError::Expired,
+                ErrorKind::InvalidSignature => TokenError::BadSignature,
+                _ => TokenError::Malformed,
+            })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::identity::NULL_UUID;
+    use base64::Engine;
+    use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+
+    const KEY: &[u8] = &[42u8; 64];
+
+    fn keys() -> TokenKeys {
+        TokenKeys::new(KEY, "thingsboard.io", Duration::from_secs(9000), Duration::from_secs(604_800))
+    }
+
+    fn user() -> UserRecord {
+        UserRecord {
+            id: Uuid::from_u128(10),
+            created_time: 0,
+            tenant_id: Uuid::from_u128(20),
+            customer_id: NULL_UUID,
+            email: "tenant@example.com".into(),
+            authority: Authority::TenantAdmin,
+            first_name: "Ten".into(),
+            last_name: String::new(),
+            phone: String::new(),
+            additional_info: None,
+            version: 1,
+            enabled: true,
+            password_hash: String::new(),
+            tokens_valid_after: 0,
+        }
+    }
+
+    fn now() -> i64 {
+        crate::clock::now_secs()
+    }
+
+    fn payload(token: &str) -> serde_json::Value {
+        let part = token.split('.').nth(1).unwrap();
+        serde_json::from_slice(&URL_SAFE_NO_PAD.decode(part).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn access_token_has_the_platform_claims() {
+        let signed = keys().sign_access(&user(), Uuid::from_u128(5), now()).unwrap();
+        let header: serde_json::Value = serde_json::from_slice(
+            &URL_SAFE_NO_PAD.decode(signed.token.split('.').next().unwrap()).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(header["alg"], "HS512");
+        let claims = payload(&signed.token);
+        assert_eq!(claims["sub"], "tenant@example.com");
+        assert_eq!(claims["scopes"], serde_json::json!(["TENANT_ADMIN"]));
+        assert_eq!(claims["iss"], "thingsboard.io");
+        assert_eq!(claims["firstName"], "Ten");
+        assert!(claims.get("lastName").is_none(), "empty names are omitted");
+        assert_eq!(claims["customerId"], NULL_UUID.to_string());
+        assert_eq!(claims["isPublic"], false);
+        assert_eq!(claims["exp"].as_i64().unwrap() - claims["iat"].as_i64().unwrap(), 9000);
+        let verified = keys().verify_access(&signed.token).unwrap();
+        assert_eq!(verified.session_id, Uuid::from_u128(5));
+    }
+
+    #[test]
+    fn refresh_token_is_not_an_access_token_and_vice_versa() {
+        let k = keys();
+        let refresh = k.sign_refresh(&user(), Uuid::from_u128(5), "jti-1", now()).unwrap();
+        assert_eq!(k.verify_access(&refresh.token), Err(TokenError::WrongScope));
+        assert_eq!(k.verify_refresh(&refresh.token).unwrap().jti, "jti-1");
+        let access = k.sign_access(&user(), Uuid::from_u128(5), now()).unwrap();
+        assert!(k.verify_refresh(&access.token).is_err());
+    }
+
+    #[test]
+    fn token_signed_with_another_key_is_a_bad_signature() {
+        let other = TokenKeys::new(&[1u8; 64], "thingsboard.io", Duration::from_secs(9000), Duration::from_secs(604_800));
+        let token = other.sign_access(&user(), Uuid::nil(), now()).unwrap().token;
+        assert_eq!(keys().verify_access(&token), Err(TokenError::BadSignature));
+    }
+
+    #[test]
+    fn expired_token_is_refused() {
+        let token = keys().sign_access(&user(), Uuid::nil(), now() - 10_000).unwrap().token;
+        assert_eq!(keys().verify_access(&token), Err(TokenError::Expired));
+    }
+
+    #[test]
+    fn alg_none_token_is_refused() {
+        let good = keys().sign_access(&user(), Uuid::nil(), now()).unwrap().token;
+        let body = good.split('.').nth(1).unwrap();
+        let header = URL_SAFE_NO_PAD.encode(br#"{"alg":"none","typ":"JWT"}"#);
+        for token in [format!("{header}.{body}."), format!("{header}.{body}")] {
+            assert_eq!(keys().verify_access(&token), Err(TokenError::Malformed));
+        }
+    }
+
+    #[test]
+    fn hs256_token_with_the_same_secret_is_refused() {
+        let claims = payload(&keys().sign_access(&user(), Uuid::nil(), now()).unwrap().token);
+        let token = jsonwebtoken::encode(
+            &Header::new(Algorithm::HS256),
+            &claims,
+            &EncodingKey::from_secret(KEY),
+        )
+        .unwrap();
+        assert_eq!(keys().verify_access(&token), Err(TokenError::Malformed));
+    }
+
+    #[test]
+    fn token_without_exp_or_from_another_issuer_is_refused() {
+        let mut claims = payload(&keys().sign_access(&user(), Uuid::nil(), now()).unwrap().token);
+        claims.as_object_mut().unwrap().remove("exp");
+        let no_exp = jsonwebtoken::encode(&Header::new(Algorithm::HS512), &claims, &EncodingKey::from_secret(KEY)).unwrap();
+        assert_eq!(keys().verify_access(&no_exp), Err(TokenError::Malformed));
+        let foreign = TokenKeys::new(KEY, "evil.example", Duration::from_secs(9000), Duration::from_secs(604_800));
+        let token = foreign.sign_access(&user(), Uuid::nil(), now()).unwrap().token;
+        assert_eq!(keys().verify_access(&token), Err(TokenError::Malformed));
+    }
+
+    #[test]
+    fn garbage_is_malformed() {
+        for token in ["", "abc", "a.b.c", "....", "eyJhbGciOiJIUzUxMiJ9.e30.x"] {
+            assert_eq!(keys().verify_access(token), Err(TokenError::Malformed), "{token}");
+        }
+    }
+}

@@ -1,0 +1,274 @@
+//! Authentication: from a parsed [`Credential`] to a verified [`Identity`].
+
+pub mod api_key;
+pub mod cache;
+pub mod credential;
+pub mod jwt;
+pub mod password;
+
+use std::sync::Arc;
+
+use aws_lc_rs::digest::{SHA256, digest};
+use uuid::Uuid;
+
+use self::api_key::KeyDigest;
+use self::cache::{Caches, KeyState, Lookup, SessionState, UserState, VerifiedToken};
+use self::credential::{Credential, CredentialError, Secret};
+use self::jwt::{TokenError, TokenKeys};
+use crate::error::ApiError;
+use crate::identity::{AuthMethod, Identity, Principal, id_header_value};
+use crate::store::{Store, StoreError, UserRecord};
+use crate::telemetry::Metrics;
+
+/// Why a request was not authenticated. Each maps to one contract error and one
+/// bounded metric label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AuthFailure {
+    Missing,
+    Malformed,
+    Unknown,
+    Disabled,
+    Expired,
+    Outdated,
+    TokenExpired,
+    BadSignature,
+    WrongScope,
+    PlaintextRefused,
+    StoreUnavailable,
+}
+
+impl AuthFailure {
+    pub fn label(self) -> &'static str {
+        match self {
+            AuthFailure::Missing => "missing",
+            AuthFailure::Malformed => "malformed",
+            AuthFailure::Unknown => "unknown",
+            AuthFailure::Disabled => "disabled",
+            AuthFailure::Expired | AuthFailure::TokenExpired => "expired",
+            AuthFailure::Outdated => "outdated",
+            AuthFailure::BadSignature => "bad_signature",
+            AuthFailure::WrongScope => "wrong_scope",
+            AuthFailure::PlaintextRefused => "plaintext_refused",
+            AuthFailure::StoreUnavailable => "store_error",
+        }
+    }
+
+    pub fn to_api_error(self) -> ApiError {
+        match self {
+            AuthFailure::Missing | AuthFailure::Malformed => ApiError::authentication_failed(),
+            AuthFailure::Unknown | AuthFailure::WrongScope => ApiError::invalid_credentials(),
+            AuthFailure::Disabled => ApiError::not_active(),
+            AuthFailure::Expired => ApiError::api_key_expired(),
+            AuthFailure::TokenExpired | AuthFailure::BadSignature | AuthFailure::Outdated => {
+                ApiError::token_expired()
+            }
+            AuthFailure::PlaintextRefused => ApiError::api_key_over_plain_http(),
+            AuthFailure::StoreUnavailable => ApiError::unavailable(),
+        }
+    }
+}
+
+impl From<CredentialError> for AuthFailure {
+    fn from(e: CredentialError) -> Self {
+        match e {
+            CredentialError::Missing => AuthFailure::Missing,
+            CredentialError::Malformed => AuthFailure::Malformed,
+        }
+    }
+}
+
+impl From<TokenError> for AuthFailure {
+    fn from(e: TokenError) -> Self {
+        match e {
+            TokenError::Expired => AuthFailure::TokenExpired,
+            TokenError::BadSignature => AuthFailure::BadSignature,
+            // A malformed bearer value is a bad credential, not a bad header.
+            TokenError::Malformed => AuthFailure::Unknown,
+            TokenError::WrongScope => AuthFailure::WrongScope,
+        }
+    }
+}
+
+/// Verifies credentials through the caches, falling back to the store on a miss.
+pub struct Authenticator {
+    store: Store,
+    tokens: Arc<TokenKeys>,
+    caches: Caches,
+    metrics: Arc<Metrics>,
+}
+
+impl Authenticator {
+    pub fn new(store: Store, tokens: Arc<TokenKeys>, caches: Caches, metrics: Arc<Metrics>) -> Self {
+        Authenticator {
+            store,
+            tokens,
+            caches,
+            metrics,
+        }
+    }
+
+    pub fn caches(&self) -> &Caches {
+        &self.caches
+    }
+
+    pub fn token_keys(&self) -> &TokenKeys {
+        &self.tokens
+    }
+
+    pub async fn verify(&self, credential: &Credential) -> Result<Identity, AuthFailure> {
+        match credential {
+            Credential::ApiKey(value) => self.verify_api_key(value).await,
+            Credential::Bearer(token) => self.verify_token(token).await,
+        }
+    }
+
+    async fn verify_api_key(&self, value: &Secret) -> Result<Identity, AuthFailure> {
+        let digest = KeyDigest::of(value.expose());
+        let key = self.key_state(digest).await?.ok_or(AuthFailure::Unknown)?;
+        if !key.enabled {
+            return Err(AuthFailure::Disabled);
+        }
+        if key.expiration_time != 0 && crate::clock::now_ms() >= key.expiration_time {
+            return Err(AuthFailure::Expired);
+        }
+        let user = self.user_state(key.user_id).await?.ok_or(AuthFailure::Disabled)?;
+        if !user.enabled {
+            return Err(AuthFailure::Disabled);
+        }
+        Ok(Identity::new(
+            user.principal.clone(),
+            AuthMethod::ApiKey { key_id: key.id },
+            key.id_header.clone(),
+        ))
+    }
+
+    async fn verify_token(&self, token: &Secret) -> Result<Identity, AuthFailure> {
+        let verified = self.verified_token(token.expose()).await?;
+        let claims = &verified.claims;
+        // Every hit re-checks expiry and revocation.
+        if claims.exp <= crate::clock::now_secs() {
+            return Err(AuthFailure::TokenExpired);
+        }
+        let user = self.user_state(claims.user_id).await?.ok_or(AuthFailure::Outdated)?;
+        if !user.enabled {
+            return Err(AuthFailure::Disabled);
+        }
+        if claims.iat < user.tokens_valid_after {
+            return Err(AuthFailure::Outdated);
+        }
+        let session = self.session_state(claims.session_id).await?.ok_or(AuthFailure::Outdated)?;
+        if session.ended || session.user_id != claims.user_id {
+            return Err(AuthFailure::Outdated);
+        }
+        Ok(Identity::new(
+            user.principal.clone(),
+            AuthMethod::Jwt {
+                session_id: claims.session_id,
+            },
+            verified.session_header.clone(),
+        ))
+    }
+
+    /// Signature checks are pure CPU; their results are cached by token digest.
+    async fn verified_token(&self, token: &str) -> Result<Arc<VerifiedToken>, AuthFailure> {
+        let mut key = [0u8; 32];
+        key.copy_from_slice(digest(&SHA256, token.as_bytes()).as_ref());
+        if let Some(hit) = self.caches.tokens.get(&key).await {
+            self.metrics.cache_hit("tokens");
+            return Ok(hit);
+        }
+        self.metrics.cache_miss("tokens");
+        let claims = self.tokens.verify_access(token)?;
+        let verified = Arc::new(VerifiedToken {
+            session_header: id_header_value(&claims.session_id),
+            claims,
+        });
+        self.caches.tokens.insert(key, verified.clone()).await;
+        Ok(verified)
+    }
+
+    async fn key_state(&self, digest: KeyDigest) -> Result<Lookup<KeyState>, AuthFailure> {
+        if let Some(hit) = self.caches.keys.get(&digest).await {
+            self.metrics.cache_hit("api_keys");
+            return Ok(hit);
+        }
+        self.metrics.cache_miss("api_keys");
+        let store = &self.store;
+        self.caches
+            .keys
+            .try_get_with(digest, async move {
+                let record = store.api_key_by_digest(&digest.to_hex()).await?;
+                Ok::<_, StoreError>(record.map(|k| {
+                    Arc::new(KeyState {
+                        id_header: id_header_value(&k.id),
+                        id: k.id,
+                        user_id: k.user_id,
+                        enabled: k.enabled,
+                        expiration_time: k.expiration_time,
+                    })
+                }))
+            })
+            .await
+            .map_err(|e| self.store_failure(&e))
+    }
+
+    async fn user_state(&self, id: Uuid) -> Result<Lookup<UserState>, AuthFailure> {
+        if let Some(hit) = self.caches.users.get(&id).await {
+            self.metrics.cache_hit("users");
+            return Ok(hit);
+        }
+        self.metrics.cache_miss("users");
+        let store = &self.store;
+        self.caches
+            .users
+            .try_get_with(id, async move {
+                let record = store.user_by_id(id).await?;
+                Ok::<_, StoreError>(record.map(|u| Arc::new(user_state(&u))))
+            })
+            .await
+            .map_err(|e| self.store_failure(&e))
+    }
+
+    async fn session_state(&self, id: Uuid) -> Result<Lookup<SessionState>, AuthFailure> {
+        if let Some(hit) = self.caches.sessions.get(&id).await {
+            self.metrics.cache_hit("sessions");
+            return Ok(hit);
+        }
+        self.metrics.cache_miss("sessions");
+        let store = &self.store;
+        self.caches
+            .sessions
+            .try_get_with(id, async move {
+                let record = store.session_by_id(id).await?;
+                Ok::<_, StoreError>(record.map(|s| {
+                    Arc::new(SessionState {
+                        user_id: s.user_id,
+                        ended: s.ended,
+                    })
+                }))
+            })
+            .await
+            .map_err(|e| self.store_failure(&e))
+    }
+
+    fn store_failure(&self, error: &StoreError) -> AuthFailure {
+        tracing::error!(%error, "credential lookup failed");
+        AuthFailure::StoreUnavailable
+    }
+}
+
+/// What verification needs of a stored user.
+pub fn user_state(user: &UserRecord) -> UserState {
+    UserState {
+        principal: Arc::new(Principal::new(
+            user.id,
+            user.tenant_id,
+            user.customer_id,
+            user.authority,
+            user.email.clone(),
+        )),
+        enabled: user.enabled,
+        tokens_valid_after: user.tokens_valid_after,
+    }
+}
+

@@ -1,0 +1,218 @@
+//! The contract's error type and its one conversion into a response.
+//!
+//! Every error keygate answers itself, or about an upstream it could not reach,
+//! leaves through [`ApiError::into_response`] as
+//! `{"status","message","errorCode","timestamp"}` with `Content-Type: application/json`.
+
+use std::borrow::Cow;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use http::{HeaderValue, Response, StatusCode, header};
+
+use crate::body::{self, Body};
+
+/// Contract error codes.
+pub mod code {
+    pub const GENERAL: u16 = 2;
+    pub const AUTHENTICATION: u16 = 10;
+    pub const TOKEN_EXPIRED: u16 = 11;
+    pub const CREDENTIALS_EXPIRED: u16 = 15;
+    pub const PERMISSION_DENIED: u16 = 20;
+    pub const INVALID_ARGUMENTS: u16 = 30;
+    pub const BAD_REQUEST_PARAMS: u16 = 31;
+    pub const ITEM_NOT_FOUND: u16 = 32;
+    pub const TOO_MANY_REQUESTS: u16 = 33;
+}
+
+/// An error in the contract's shape. Messages never carry a secret.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub code: u16,
+    pub message: Cow<'static, str>,
+    /// Seconds for `Retry-After` (429 only).
+    pub retry_after: Option<u64>,
+}
+
+impl ApiError {
+    pub const fn new(status: StatusCode, code: u16, message: &'static str) -> Self {
+        ApiError {
+            status,
+            code,
+            message: Cow::Borrowed(message),
+            retry_after: None,
+        }
+    }
+
+    pub fn with_message(status: StatusCode, code: u16, message: impl Into<String>) -> Self {
+        ApiError {
+            status,
+            code,
+            message: Cow::Owned(message.into()),
+            retry_after: None,
+        }
+    }
+
+    /// No credentials, an unknown scheme or a malformed credential header.
+    pub const fn authentication_failed() -> Self {
+        Self::new(StatusCode::UNAUTHORIZED, code::AUTHENTICATION, "Authentication failed")
+    }
+    /// Wrong password, unknown user or key, malformed token.
+    pub const fn invalid_credentials() -> Self {
+        Self::new(
+            StatusCode::UNAUTHORIZED,
+            code::AUTHENTICATION,
+            "Invalid username or password",
+        )
+    }
+    pub const fn not_active() -> Self {
+        Self::new(StatusCode::UNAUTHORIZED, code::AUTHENTICATION, "User account is not active")
+    }
+    pub const fn locked() -> Self {
+        Self::new(
+            StatusCode::UNAUTHORIZED,
+            code::AUTHENTICATION,
+            "User account is locked due to security policy",
+        )
+    }
+    pub const fn api_key_expired() -> Self {
+        Self::new(StatusCode::UNAUTHORIZED, code::AUTHENTICATION, "API key is expired")
+    }
+    /// Expired, badly signed or outdated token: code 11 makes the web UI refresh.
+    pub const fn token_expired() -> Self {
+        Self::new(StatusCode::UNAUTHORIZED, code::TOKEN_EXPIRED, "Token has expired")
+    }
+    pub const fn permission_denied() -> Self {
+        Self::new(
+            StatusCode::FORBIDDEN,
+            code::PERMISSION_DENIED,
+            "You don't have permission to perform this operation!",
+        )
+    }
+    pub const fn api_key_over_plain_http() -> Self {
+        Self::new(
+            StatusCode::FORBIDDEN,
+            code::PERMISSION_DENIED,
+            "API keys are accepted only over HTTPS",
+        )
+    }
+    pub const fn not_found() -> Self {
+        Self::new(
+            StatusCode::NOT_FOUND,
+            code::ITEM_NOT_FOUND,
+            "Requested item wasn't found!",
+        )
+    }
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Self::with_message(StatusCode::BAD_REQUEST, code::BAD_REQUEST_PARAMS, message)
+    }
+    pub const fn body_too_large() -> Self {
+        Self::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            code::BAD_REQUEST_PARAMS,
+            "Request body is too large",
+        )
+    }
+    pub const fn headers_too_large() -> Self {
+        Self::new(
+            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            code::BAD_REQUEST_PARAMS,
+            "Request header fields are too large",
+        )
+    }
+    pub fn too_many_requests(retry_after_secs: u64) -> Self {
+        ApiError {
+            retry_after: Some(retry_after_secs.max(1)),
+            ..Self::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                code::TOO_MANY_REQUESTS,
+                "Too many requests",
+            )
+        }
+    }
+    pub const fn bad_gateway() -> Self {
+        Self::new(StatusCode::BAD_GATEWAY, code::GENERAL, "Upstream service is unavailable")
+    }
+    pub const fn gateway_timeout() -> Self {
+        Self::new(
+            StatusCode::GATEWAY_TIMEOUT,
+            code::GENERAL,
+            "Upstream service did not answer in time",
+        )
+    }
+    pub const fn internal() -> Self {
+        Self::new(StatusCode::INTERNAL_SERVER_ERROR, code::GENERAL, "Internal server error")
+    }
+    pub const fn unavailable() -> Self {
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            code::GENERAL,
+            "Service is temporarily unavailable",
+        )
+    }
+
+    /// The JSON body of this error, with the current time.
+    pub fn to_json(&self) -> String {
+        let timestamp = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0);
+        serde_json::json!({
+            "status": self.status.as_u16(),
+            "message": self.message,
+            "errorCode": self.code,
+            "timestamp": timestamp,
+        })
+        .to_string()
+    }
+
+    pub fn into_response(self) -> Response<Body> {
+        let mut response = Response::new(body::full(Bytes::from(self.to_json())));
+        *response.status_mut() = self.status;
+        let headers = response.headers_mut();
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+        if let Some(secs) = self.retry_after {
+            headers.insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        response
+    }
+}
+
+impl std::fmt::Display for ApiError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} (code {}): {}", self.status.as_u16(), self.code, self.message)
+    }
+}
+
+impl std::error::Error for ApiError {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::BodyExt;
+
+    #[tokio::test]
+    async fn error_response_has_contract_shape() {
+        let response = ApiError::token_expired().into_response();
+        assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+        assert_eq!(response.headers()[header::CONTENT_TYPE], "application/json");
+        let bytes = response.into_body().collect().await.unwrap().to_bytes();
+        let json: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+        assert_eq!(json["status"], 401);
+        assert_eq!(json["errorCode"], 11);
+        assert_eq!(json["message"], "Token has expired");
+        assert!(json["timestamp"].as_u64().unwrap() > 1_600_000_000_000);
+    }
+
+    #[test]
+    fn too_many_requests_carries_retry_after() {
+        let response = ApiError::too_many_requests(7).into_response();
+        assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(response.headers()[header::RETRY_AFTER], "7");
+    }
+}

@@ -1,0 +1,254 @@
+//! The verified identity of a request, and the one place where identity headers
+//! are removed from what a client sent and set from what keygate verified.
+
+use http::{HeaderMap, HeaderName, HeaderValue};
+use uuid::Uuid;
+
+/// The "no tenant" / "no customer" id of the platform.
+pub const NULL_UUID: Uuid = Uuid::from_u128(0x13814000_1dd2_11b2_8080_808080808080);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Authority {
+    SysAdmin,
+    TenantAdmin,
+    CustomerUser,
+}
+
+impl Authority {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Authority::SysAdmin => "SYS_ADMIN",
+            Authority::TenantAdmin => "TENANT_ADMIN",
+            Authority::CustomerUser => "CUSTOMER_USER",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Authority> {
+        match text {
+            "SYS_ADMIN" => Some(Authority::SysAdmin),
+            "TENANT_ADMIN" => Some(Authority::TenantAdmin),
+            "CUSTOMER_USER" => Some(Authority::CustomerUser),
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for Authority {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// How a request proved who it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AuthMethod {
+    Jwt { session_id: Uuid },
+    ApiKey { key_id: Uuid },
+}
+
+impl AuthMethod {
+    pub fn label(&self) -> &'static str {
+        match self {
+            AuthMethod::Jwt { .. } => "jwt",
+            AuthMethod::ApiKey { .. } => "api-key",
+        }
+    }
+}
+
+/// A user as far as forwarding needs it, with the header values built once
+/// when the user is loaded, not per request.
+#[derive(Debug, Clone)]
+pub struct Principal {
+    pub user_id: Uuid,
+    pub tenant_id: Uuid,
+    pub customer_id: Uuid,
+    pub authority: Authority,
+    pub email: String,
+    headers: [HeaderValue; 5],
+}
+
+impl Principal {
+    pub fn new(
+        user_id: Uuid,
+        tenant_id: Uuid,
+        customer_id: Uuid,
+        authority: Authority,
+        email: String,
+    ) -> Principal {
+        let uuid_value = |id: &Uuid| HeaderValue::from_str(&id.to_string()).expect("uuid is ASCII");
+        // Emails are validated on the way into the store; an unusual byte still
+        // never fails the request: it is percent-free ASCII or dropped to "".
+        let email_value = HeaderValue::from_str(&email).unwrap_or(HeaderValue::from_static(""));
+        Principal {
+            headers: [
+                uuid_value(&user_id),
+                uuid_value(&tenant_id),
+                uuid_value(&customer_id),
+                HeaderValue::from_static(authority.as_str()),
+                email_value,
+            ],
+            user_id,
+            tenant_id,
+            customer_id,
+            authority,
+            email,
+        }
+    }
+}
+
+/// A verified request identity: who, and by which credential.
+#[derive(Debug, Clone)]
+pub struct Identity {
+    pub principal: std::sync::Arc<Principal>,
+    pub method: AuthMethod,
+    /// The key or session id, as a header value built once.
+    method_id: HeaderValue,
+}
+
+impl Identity {
+    pub fn new(principal: std::sync::Arc<Principal>, method: AuthMethod, method_id: HeaderValue) -> Self {
+        Identity {
+            principal,
+            method,
+            method_id,
+        }
+    }
+
+    pub fn api_key_id(&self) -> Option<Uuid> {
+        match self.method {
+            AuthMethod::ApiKey { key_id } => Some(key_id),
+            AuthMethod::Jwt { .. } => None,
+        }
+    }
+}
+
+/// Builds the header value of a key or session id.
+pub fn id_header_value(id: &Uuid) -> HeaderValue {
+    HeaderValue::from_str(&id.to_string()).expect("uuid is ASCII")
+}
+
+pub static X_AUTH_USER_ID: HeaderName = HeaderName::from_static("x-auth-user-id");
+pub static X_AUTH_TENANT_ID: HeaderName = HeaderName::from_static("x-auth-tenant-id");
+pub static X_AUTH_CUSTOMER_ID: HeaderName = HeaderName::from_static("x-auth-customer-id");
+pub static X_AUTH_AUTHORITY: HeaderName = HeaderName::from_static("x-auth-authority");
+pub static X_AUTH_EMAIL: HeaderName = HeaderName::from_static("x-auth-email");
+pub static X_AUTH_METHOD: HeaderName = HeaderName::from_static("x-auth-method");
+pub static X_AUTH_API_KEY_ID: HeaderName = HeaderName::from_static("x-auth-api-key-id");
+pub static X_AUTH_SESSION_ID: HeaderName = HeaderName::from_static("x-auth-session-id");
+
+const RESERVED_PREFIX: &[u8] = b"x-auth-";
+
+/// True when a header name is in the reserved `X-Auth-` space, compared
+/// case-insensitively and with `_` read as `-`.
+pub fn is_reserved(name: &HeaderName) -> bool {
+    normalized_starts_with(name.as_str().as_bytes(), RESERVED_PREFIX)
+}
+
+/// True for the credential headers, `_` read as `-`.
+pub fn is_credential(name: &HeaderName) -> bool {
+    let bytes = name.as_str().as_bytes();
+    normalized_eq(bytes, b"x-authorization") || normalized_eq(bytes, b"authorization")
+}
+
+fn normalize(b: u8) -> u8 {
+    if b == b'_' { b'-' } else { b.to_ascii_lowercase() }
+}
+
+fn normalized_starts_with(name: &[u8], prefix: &[u8]) -> bool {
+    name.len() >= prefix.len() && name.iter().zip(prefix).all(|(a, b)| normalize(*a) == *b)
+}
+
+fn normalized_eq(name: &[u8], other: &[u8]) -> bool {
+    name.len() == other.len() && normalized_starts_with(name, other)
+}
+
+/// Removes every reserved and credential header a client sent.
+pub fn strip_client_identity(headers: &mut HeaderMap) {
+    let doomed: Vec<HeaderName> = headers
+        .keys()
+        .filter(|name| is_reserved(name) || is_credential(name))
+        .cloned()
+        .collect();
+    for name in doomed {
+        headers.remove(&name);
+    }
+}
+
+/// Sets the identity headers from a verified identity. Call after
+/// [`strip_client_identity`] and after hop-by-hop processing, so nothing a client
+/// sent can remove or shadow them.
+pub fn inject(headers: &mut HeaderMap, identity: &Identity) {
+    let p = &identity.principal;
+    let [user, tenant, customer, authority, email] = &p.headers;
+    headers.insert(X_AUTH_USER_ID.clone(), user.clone());
+    headers.insert(X_AUTH_TENANT_ID.clone(), tenant.clone());
+    headers.insert(X_AUTH_CUSTOMER_ID.clone(), customer.clone());
+    headers.insert(X_AUTH_AUTHORITY.clone(), authority.clone());
+    headers.insert(X_AUTH_EMAIL.clone(), email.clone());
+    match identity.method {
+        AuthMethod::Jwt { .. } => {
+            headers.insert(X_AUTH_METHOD.clone(), HeaderValue::from_static("jwt"));
+            headers.insert(X_AUTH_SESSION_ID.clone(), identity.method_id.clone());
+        }
+        AuthMethod::ApiKey { .. } => {
+            headers.insert(X_AUTH_METHOD.clone(), HeaderValue::from_static("api-key"));
+            headers.insert(X_AUTH_API_KEY_ID.clone(), identity.method_id.clone());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    fn identity() -> Identity {
+        let principal = Arc::new(Principal::new(
+            Uuid::from_u128(1),
+            Uuid::from_u128(2),
+            NULL_UUID,
+            Authority::TenantAdmin,
+            "ta@example.com".into(),
+        ));
+        let key_id = Uuid::from_u128(3);
+        Identity::new(principal, AuthMethod::ApiKey { key_id }, id_header_value(&key_id))
+    }
+
+    #[test]
+    fn spoofed_identity_headers_in_any_spelling_are_stripped() {
+        let mut headers = HeaderMap::new();
+        for name in ["x-auth-user-id", "x_auth_user_id", "X-AUTH-EMAIL", "x-Auth_Tenant-Id", "x_authorization", "authorization", "x-authorization"] {
+            headers.insert(HeaderName::from_bytes(name.as_bytes()).unwrap(), HeaderValue::from_static("evil"));
+        }
+        headers.insert("x-authx", HeaderValue::from_static("kept"));
+        headers.insert("accept", HeaderValue::from_static("kept"));
+        strip_client_identity(&mut headers);
+        let left: Vec<_> = headers.keys().map(|k| k.as_str()).collect();
+        assert_eq!(left.len(), 2, "{left:?}");
+        assert!(headers.contains_key("x-authx") && headers.contains_key("accept"));
+    }
+
+    #[test]
+    fn injected_headers_carry_the_verified_identity() {
+        let mut headers = HeaderMap::new();
+        headers.insert("x-auth-user-id", HeaderValue::from_static("evil"));
+        strip_client_identity(&mut headers);
+        inject(&mut headers, &identity());
+        assert_eq!(headers[&X_AUTH_USER_ID], Uuid::from_u128(1).to_string());
+        assert_eq!(headers[&X_AUTH_CUSTOMER_ID], "13814000-1dd2-11b2-8080-808080808080");
+        assert_eq!(headers[&X_AUTH_AUTHORITY], "TENANT_ADMIN");
+        assert_eq!(headers[&X_AUTH_EMAIL], "ta@example.com");
+        assert_eq!(headers[&X_AUTH_METHOD], "api-key");
+        assert_eq!(headers[&X_AUTH_API_KEY_ID], Uuid::from_u128(3).to_string());
+        assert!(!headers.contains_key(&X_AUTH_SESSION_ID));
+        assert_eq!(headers.get_all(&X_AUTH_USER_ID).iter().count(), 1);
+    }
+
+    #[test]
+    fn authority_round_trips() {
+        for a in [Authority::SysAdmin, Authority::TenantAdmin, Authority::CustomerUser] {
+            assert_eq!(Authority::parse(a.as_str()), Some(a));
+        }
+        assert_eq!(Authority::parse("sys_admin"), None);
+    }
+}

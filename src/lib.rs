@@ -1,0 +1,24 @@
+//! keygate: a TLS-terminating authentication gateway for a device-platform REST API.
+//!
+//! A request meets the modules in this order: [`listener`] (TCP, TLS,
+//! [`listener::Transport`]) → [`app`] (the request path) → [`proxy::path`]
+//! (normalisation) → [`auth::credential`] (parsing) → [`auth`] (verification
+//! through [`auth::cache`] and [`store`]) → [`identity`] (strip and inject) →
+//! [`proxy`] (forwarding). Errors leave through [`error`].
+#![forbid(unsafe_code)]
+
+pub mod accounts;
+pub mod admin;
+pub mod app;
+pub mod auth;
+pub mod body;
+pub mod clock;
+pub mod config;
+pub mod error;
+pub mod identity;
+pub mod listener;
+pub mod proxy;
+pub mod server;
+pub mod store;
+pub mod telemetry;
+pub mod tls;

@@ -1,0 +1,298 @@
+//! Routing and forwarding: the route table, upstream pools, and the one place a
+//! request leaves for an upstream.
+
+pub mod headers;
+pub mod path;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use http::uri::PathAndQuery;
+use http::{Request, Response, Uri, Version};
+use http_body::Body as _;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+
+use crate::body::{self, Body};
+use crate::config::{ProxySettings, RouteSpec};
+use crate::error::ApiError;
+use crate::telemetry::Metrics;
+
+/// One upstream base URL and its health.
+pub struct Upstream {
+    scheme: http::uri::Scheme,
+    authority: http::uri::Authority,
+    /// Base path without a trailing slash ("" for none).
+    base_path: String,
+    /// Metric label: the configured URL.
+    pub label: String,
+    /// Milliseconds since `epoch` until which the upstream is skipped.
+    down_until: AtomicU64,
+}
+
+pub struct Route {
+    pub name: String,
+    pub prefix: String,
+    pub public: bool,
+    pub timeout: Duration,
+    upstreams: Vec<Arc<Upstream>>,
+    next: AtomicUsize,
+}
+
+/// The routes, longest prefix first.
+pub struct RouteTable {
+    routes: Vec<Route>,
+}
+
+impl RouteTable {
+    pub fn new(specs: &[RouteSpec]) -> RouteTable {
+        let mut routes: Vec<Route> = specs
+            .iter()
+            .map(|spec| Route {
+                name: spec.name.clone(),
+                prefix: spec.prefix.clone(),
+                public: spec.public,
+                timeout: spec.request_timeout,
+                upstreams: spec.upstreams.iter().map(|uri| Arc::new(Upstream::new(uri))).collect(),
+                next: AtomicUsize::new(0),
+            })
+            .collect();
+        routes.sort_by_key(|r| std::cmp::Reverse(r.prefix.len()));
+        RouteTable { routes }
+    }
+
+    /// The route whose prefix is the longest match for a normalised path.
+    pub fn find(&self, path: &str) -> Option<&Route> {
+        self.routes.iter().find(|r| path.starts_with(&r.prefix))
+    }
+}
+
+impl Upstream {
+    fn new(uri: &Uri) -> Upstream {
+        Upstream {
+            scheme: uri.scheme().cloned().unwrap_or(http::uri::Scheme::HTTP),
+            authority: uri.authority().cloned().expect("validated upstream has a host"),
+            base_path: uri.path().trim_end_matches('/').to_string(),
+            label: uri.to_string().trim_end_matches('/').to_string(),
+            down_until: AtomicU64::new(0),
+        }
+    }
+
+    fn uri(&self, path: &str, query: Option<&str>) -> Result<Uri, http::Error> {
+        let mut pq = String::with_capacity(self.base_path.len() + path.len() + query.map_or(0, |q| q.len() + 1));
+        pq.push_str(&self.base_path);
+        pq.push_str(path);
+        if let Some(q) = query {
+            pq.push('?');
+            pq.push_str(q);
+        }
+        Uri::builder()
+            .scheme(self.scheme.clone())
+            .authority(self.authority.clone())
+            .path_and_query(PathAndQuery::try_from(pq)?)
+            .build()
+    }
+}
+
+/// Forwards requests to upstreams over pooled keep-alive connections.
+pub struct Proxy {
+    client: Client<HttpConnector, Body>,
+    epoch: Instant,
+    retry_after: Duration,
+    max_body_bytes: u64,
+    metrics: Arc<Metrics>,
+}
+
+enum Failure {
+    Connect,
+    Timeout,
+    BodyTooLarge,
+    Other,
+}
+
+impl Proxy {
+    pub fn new(settings: &ProxySettings, max_body_bytes: u64, metrics: Arc<Metrics>) -> Proxy {
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        connector.set_connect_timeout(Some(settings.connect_timeout));
+        connector.enforce_http(true);
+        let client = Client::builder(TokioExecutor::new())
+            .pool_timer(TokioTimer::new())
+            .timer(TokioTimer::new())
+            .pool_idle_timeout(settings.pool_idle_timeout)
+            .pool_max_idle_per_host(settings.pool_max_idle_per_host)
+            .build(connector);
+        Proxy {
+            client,
+            epoch: Instant::now(),
+            retry_after: settings.upstream_retry_after,
+            max_body_bytes,
+            metrics,
+        }
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+
+    /// Round-robin over the route's upstreams, skipping any marked down while a
+    /// healthy one remains.
+    fn pick(&self, route: &Route, skip: &[usize]) -> Option<usize> {
+        let n = route.upstreams.len();
+        let start = route.next.fetch_add(1, Ordering::Relaxed);
+        let now = self.now_ms();
+        let candidates = (0..n).map(|i| (start + i) % n).filter(|i| !skip.contains(i));
+        let mut fallback = None;
+        for i in candidates {
+            if route.upstreams[i].down_until.load(Ordering::Relaxed) <= now {
+                return Some(i);
+            }
+            fallback.get_or_insert(i);
+        }
+        fallback
+    }
+
+    /// Sends a prepared request (headers already processed) to the route.
+    /// `path` is the normalised path; the upstream receives exactly it.
+    pub async fn forward<'r>(
+        &self,
+        route: &'r Route,
+        mut parts: http::request::Parts,
+        incoming: hyper::body::Incoming,
+        path: &str,
+    ) -> Result<(Response<Body>, &'r str), ApiError> {
+        let declared = incoming.size_hint().exact();
+        if declared.is_some_and(|n| n > self.max_body_bytes) {
+            return Err(ApiError::body_too_large());
+        }
+        // Only an empty body can be sent again to another upstream.
+        let replayable = incoming.is_end_stream() && route.upstreams.len() > 1;
+        let mut body = Some(if declared.is_some() {
+            body::boxed(incoming)
+        } else {
+            body::boxed(http_body_util::Limited::new(incoming, self.max_body_bytes as usize))
+        });
+        parts.version = Version::HTTP_11;
+        let query = parts.uri.query().map(str::to_owned);
+        let mut tried = Vec::new();
+        loop {
+            let index = self.pick(route, &tried).ok_or_else(ApiError::bad_gateway)?;
+            tried.push(index);
+            let upstream = &route.upstreams[index];
+            parts.uri = upstream.uri(path, query.as_deref()).map_err(|_| ApiError::bad_request("Invalid request path"))?;
+            let request_body = body.take().unwrap_or_else(body::empty);
+            let head = if replayable {
+                parts.clone()
+            } else {
+                std::mem::replace(&mut parts, Request::new(()).into_parts().0)
+            };
+            let request = Request::from_parts(head, request_body);
+            let started = Instant::now();
+            let result = tokio::time::timeout(route.timeout, self.client.request(request)).await;
+            let failure = match result {
+                Ok(Ok(response)) => {
+                    upstream.down_until.store(0, Ordering::Relaxed);
+                    self.metrics.upstream(&upstream.label, started.elapsed());
+                    let (mut head, incoming) = response.into_parts();
+                    headers::remove_hop_by_hop(&mut head.headers);
+                    return Ok((Response::from_parts(head, body::boxed(incoming)), upstream.label.as_str()));
+                }
+                Ok(Err(error)) => classify(&error),
+                Err(_) => Failure::Timeout,
+            };
+            match failure {
+                Failure::Connect => {
+                    self.metrics.upstream_error(&upstream.label, "connect");
+                    upstream
+                        .down_until
+                        .store(self.now_ms() + self.retry_after.as_millis() as u64, Ordering::Relaxed);
+                    tracing::warn!(upstream = %upstream.label, "upstream refused the connection; skipping it for a while");
+                    if replayable && tried.len() < route.upstreams.len() {
+                        continue;
+                    }
+                    return Err(ApiError::bad_gateway());
+                }
+                Failure::Timeout => {
+                    self.metrics.upstream_error(&upstream.label, "timeout");
+                    return Err(ApiError::gateway_timeout());
+                }
+                Failure::BodyTooLarge => return Err(ApiError::body_too_large()),
+                Failure::Other => {
+                    self.metrics.upstream_error(&upstream.label, "reset");
+                    return Err(ApiError::bad_gateway());
+                }
+            }
+        }
+    }
+}
+
+fn classify(error: &hyper_util::client::legacy::Error) -> Failure {
+    if error.is_connect() {
+        return Failure::Connect;
+    }
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(error);
+    while let Some(e) = source {
+        if e.is::<http_body_util::LengthLimitError>() {
+            return Failure::BodyTooLarge;
+        }
+        source = e.source();
+    }
+    tracing::warn!(error = %error, "upstream request failed");
+    Failure::Other
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(prefix: &str, public: bool) -> RouteSpec {
+        RouteSpec {
+            name: prefix.into(),
+            prefix: prefix.into(),
+            upstreams: vec!["http://127.0.0.1:1".parse().unwrap()],
+            public,
+            request_timeout: Duration::from_secs(1),
+        }
+    }
+
+    #[test]
+    fn longest_prefix_wins() {
+        let table = RouteTable::new(&[spec("/api/", false), spec("/api/noauth/", true), spec("/", false)]);
+        assert_eq!(table.find("/api/noauth/x").unwrap().prefix, "/api/noauth/");
+        assert_eq!(table.find("/api/devices").unwrap().prefix, "/api/");
+        assert_eq!(table.find("/other").unwrap().prefix, "/");
+        let table = RouteTable::new(&[spec("/api/", false)]);
+        assert!(table.find("/apix").is_none());
+        assert!(table.find("/api").is_none());
+    }
+
+    #[test]
+    fn upstream_uri_joins_base_path_path_and_query() {
+        let upstream = Upstream::new(&"http://127.0.0.1:9000/base/".parse().unwrap());
+        assert_eq!(
+            upstream.uri("/api/x", Some("a=1")).unwrap().to_string(),
+            "http://127.0.0.1:9000/base/api/x?a=1"
+        );
+        let upstream = Upstream::new(&"http://127.0.0.1:9000".parse().unwrap());
+        assert_eq!(upstream.uri("/api/x", None).unwrap().to_string(), "http://127.0.0.1:9000/api/x");
+    }
+
+    #[tokio::test]
+    async fn round_robin_skips_an_upstream_marked_down() {
+        let mut s = spec("/api/", false);
+        s.upstreams = vec!["http://127.0.0.1:1".parse().unwrap(), "http://127.0.0.1:2".parse().unwrap()];
+        let table = RouteTable::new(&[s]);
+        let route = table.find("/api/x").unwrap();
+        let settings = crate::config::load(&crate::config::Source { file: None, env: vec![] }).unwrap();
+        let proxy = Proxy::new(&settings.proxy, 1024, Arc::new(Metrics::new()));
+        let picks: Vec<_> = (0..4).map(|_| proxy.pick(route, &[]).unwrap()).collect();
+        assert_eq!(picks, vec![0, 1, 0, 1]);
+        route.upstreams[0].down_until.store(proxy.now_ms() + 60_000, Ordering::Relaxed);
+        let picks: Vec<_> = (0..4).map(|_| proxy.pick(route, &[]).unwrap()).collect();
+        assert_eq!(picks, vec![1, 1, 1, 1]);
+        route.upstreams[1].down_until.store(proxy.now_ms() + 60_000, Ordering::Relaxed);
+        assert!(proxy.pick(route, &[]).is_some(), "all down: still try one");
+    }
+}

@@ -1,0 +1,49 @@
+//! Schema migrations, embedded in the binary, applied in order at start.
+
+use sqlx::{AnyPool, Row};
+
+use super::{Dialect, StoreError};
+
+/// (version, name, SQL) per dialect. Append only: never edit an applied one.
+const SQLITE: &[(i64, &str, &str)] = &[(1, "init", include_str!("../../migrations/sqlite/0001_init.sql"))];
+const POSTGRES: &[(i64, &str, &str)] =
+    &[(1, "init", include_str!("../../migrations/postgres/0001_init.sql"))];
+
+/// Applies every migration not yet recorded, each in its own transaction.
+pub async fn run(pool: &AnyPool, dialect: Dialect) -> Result<(), StoreError> {
+    let migrations = match dialect {
+        Dialect::Sqlite => SQLITE,
+        Dialect::Postgres => POSTGRES,
+    };
+    sqlx::raw_sql(
+        "CREATE TABLE IF NOT EXISTS keygate_migrations (version BIGINT PRIMARY KEY, name TEXT NOT NULL, applied_at BIGINT NOT NULL)",
+    )
+    .execute(pool)
+    .await?;
+    for (version, name, sql) in migrations {
+        let mut tx = pool.begin().await?;
+        if dialect == Dialect::Postgres {
+            // Replicas starting together apply each migration once.
+            sqlx::query("SELECT pg_advisory_xact_lock(7302154627)").execute(&mut *tx).await?;
+        }
+        let applied = sqlx::query("SELECT COUNT(*) FROM keygate_migrations WHERE version = $1")
+            .bind(*version)
+            .fetch_one(&mut *tx)
+            .await?
+            .try_get::<i64, _>(0)?;
+        if applied > 0 {
+            tx.rollback().await?;
+            continue;
+        }
+        sqlx::raw_sql(*sql).execute(&mut *tx).await?;
+        sqlx::query("INSERT INTO keygate_migrations (version, name, applied_at) VALUES ($1, $2, $3)")
+            .bind(*version)
+            .bind(*name)
+            .bind(crate::clock::now_ms())
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        tracing::info!(version, name, "applied store migration");
+    }
+    Ok(())
+}

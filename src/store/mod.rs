@@ -1,0 +1,423 @@
+//! The credential store: users, API keys (digests only), sessions and settings.
+//!
+//! One implementation over sqlx's `Any` driver serves both SQLite (the embedded
+//! default) and PostgreSQL; the SQL is written once in the common dialect, and
+//! each dialect has its own migrations. Multi-row changes run in transactions.
+
+mod migrate;
+
+use std::path::Path;
+use std::time::Duration;
+
+use sqlx::any::{AnyPoolOptions, AnyRow};
+use sqlx::{AnyPool, AssertSqlSafe, Row};
+use uuid::Uuid;
+
+use crate::identity::Authority;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("store: {0}")]
+    Db(#[from] sqlx::Error),
+    #[error("store: a record with this {0} already exists")]
+    Conflict(&'static str),
+    #[error("store: corrupt row: {0}")]
+    Corrupt(String),
+    #[error("store: {0}")]
+    Setup(String),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dialect {
+    Sqlite,
+    Postgres,
+}
+
+/// A user as stored.
+#[derive(Clone, PartialEq, Eq)]
+pub struct UserRecord {
+    pub id: Uuid,
+    pub created_time: i64,
+    pub tenant_id: Uuid,
+    pub customer_id: Uuid,
+    pub email: String,
+    pub authority: Authority,
+    pub first_name: String,
+    pub last_name: String,
+    pub phone: String,
+    pub additional_info: Option<String>,
+    pub version: i64,
+    pub enabled: bool,
+    pub password_hash: String,
+    /// Tokens issued (in whole seconds) before this are outdated.
+    pub tokens_valid_after: i64,
+}
+
+impl std::fmt::Debug for UserRecord {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UserRecord")
+            .field("id", &self.id)
+            .field("email", &self.email)
+            .field("authority", &self.authority)
+            .field("enabled", &self.enabled)
+            .finish_non_exhaustive()
+    }
+}
+
+/// An API key as stored: never the value, only its digest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiKeyRecord {
+    pub id: Uuid,
+    pub created_time: i64,
+    pub tenant_id: Uuid,
+    pub user_id: Uuid,
+    pub digest: String,
+    pub description: String,
+    pub enabled: bool,
+    /// Epoch ms; 0 means never.
+    pub expiration_time: i64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionRecord {
+    pub id: Uuid,
+    pub user_id: Uuid,
+    pub created_time: i64,
+    pub ended: bool,
+    pub refresh_jti: String,
+}
+
+#[derive(Clone)]
+pub struct Store {
+    pool: AnyPool,
+    dialect: Dialect,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store").field("dialect", &self.dialect).finish()
+    }
+}
+
+const USER_COLUMNS: &str = "id, created_time, tenant_id, customer_id, email, authority, first_name, \
+     last_name, phone, additional_info, version, enabled, password_hash, tokens_valid_after";
+const KEY_COLUMNS: &str =
+    "id, created_time, tenant_id, user_id, digest, description, enabled, expiration_time";
+
+impl Store {
+    /// Connects, creating the SQLite file and its directory when needed, and
+    /// applies pending migrations.
+    pub async fn connect(url: &str, max_connections: u32) -> Result<Store, StoreError> {
+        sqlx::any::install_default_drivers();
+        let (dialect, url) = if let Some(rest) = url.strip_prefix("sqlite:") {
+            let path = rest.trim_start_matches("//");
+            let file = path.split('?').next().unwrap_or_default();
+            if !file.is_empty() && file != ":memory:" {
+                if let Some(parent) = Path::new(file).parent().filter(|p| !p.as_os_str().is_empty()) {
+                    std::fs::create_dir_all(parent)
+                        .map_err(|e| StoreError::Setup(format!("creating {}: {e}", parent.display())))?;
+                }
+            }
+            let url = if path.contains("mode=") {
+                format!("sqlite://{path}")
+            } else if path.contains('?') {
+                format!("sqlite://{path}&mode=rwc")
+            } else {
+                format!("sqlite://{path}?mode=rwc")
+            };
+            (Dialect::Sqlite, url)
+        } else {
+            (Dialect::Postgres, url.to_string())
+        };
+        let mut options = AnyPoolOptions::new()
+            .max_connections(max_connections)
+            .acquire_timeout(Duration::from_secs(10));
+        if dialect == Dialect::Sqlite {
+            options = options.after_connect(|conn, _meta| {
+                Box::pin(async move {
+                    sqlx::raw_sql("PRAGMA busy_timeout = 5000; PRAGMA foreign_keys = ON;")
+                        .execute(conn)
+                        .await?;
+                    Ok(())
+                })
+            });
+        }
+        let pool = options.connect(&url).await?;
+        if dialect == Dialect::Sqlite {
+            sqlx::raw_sql("PRAGMA journal_mode = WAL;").execute(&pool).await?;
+        }
+        let store = Store { pool, dialect };
+        migrate::run(&store.pool, dialect).await?;
+        Ok(store)
+    }
+
+    pub fn dialect(&self) -> Dialect {
+        self.dialect
+    }
+
+    /// Answers when the store can serve a query.
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        sqlx::query("SELECT 1").execute(&self.pool).await?;
+        Ok(())
+    }
+
+    // --- settings -------------------------------------------------------------
+
+    /// Returns the stored value, or stores `generated` when none exists yet.
+    /// Safe when several replicas race: the first insert wins and all read it.
+    pub async fn get_or_create_setting(&self, name: &str, generated: &str) -> Result<String, StoreError> {
+        sqlx::query("INSERT INTO settings (name, value) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING")
+            .bind(name)
+            .bind(generated)
+            .execute(&self.pool)
+            .await?;
+        let row = sqlx::query("SELECT value FROM settings WHERE name = $1")
+            .bind(name)
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(row.try_get::<String, _>(0)?)
+    }
+
+    // --- users ----------------------------------------------------------------
+
+    pub async fn user_count(&self) -> Result<i64, StoreError> {
+        let row = sqlx::query("SELECT COUNT(*) FROM users").fetch_one(&self.pool).await?;
+        Ok(row.try_get::<i64, _>(0)?)
+    }
+
+    pub async fn insert_user(&self, user: &UserRecord) -> Result<(), StoreError> {
+        let sql = format!(
+            "INSERT INTO users ({USER_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)"
+        );
+        let result = sqlx::query(AssertSqlSafe(sql))
+            .bind(user.id.to_string())
+            .bind(user.created_time)
+            .bind(user.tenant_id.to_string())
+            .bind(user.customer_id.to_string())
+            .bind(&user.email)
+            .bind(user.authority.as_str())
+            .bind(&user.first_name)
+            .bind(&user.last_name)
+            .bind(&user.phone)
+            .bind(user.additional_info.clone())
+            .bind(user.version)
+            .bind(user.enabled)
+            .bind(&user.password_hash)
+            .bind(user.tokens_valid_after)
+            .execute(&self.pool)
+            .await;
+        match result {
+            Err(sqlx::Error::Database(e)) if e.is_unique_violation() => Err(StoreError::Conflict("email")),
+            other => other.map(|_| ()).map_err(Into::into),
+        }
+    }
+
+    pub async fn user_by_id(&self, id: Uuid) -> Result<Option<UserRecord>, StoreError> {
+        let sql = format!("SELECT {USER_COLUMNS} FROM users WHERE id = $1");
+        let row = sqlx::query(AssertSqlSafe(sql)).bind(id.to_string()).fetch_optional(&self.pool).await?;
+        row.map(|r| user_from_row(&r)).transpose()
+    }
+
+    /// Emails are stored lower-cased; the lookup is case-insensitive.
+    pub async fn user_by_email(&self, email: &str) -> Result<Option<UserRecord>, StoreError> {
+        let sql = format!("SELECT {USER_COLUMNS} FROM users WHERE email = $1");
+        let row = sqlx::query(AssertSqlSafe(sql))
+            .bind(email.trim().to_lowercase())
+            .fetch_optional(&self.pool)
+            .await?;
+        row.map(|r| user_from_row(&r)).transpose()
+    }
+
+    pub async fn list_users(&self) -> Result<Vec<UserRecord>, StoreError> {
+        let sql = format!("SELECT {USER_COLUMNS} FROM users ORDER BY created_time, email");
+        let rows = sqlx::query(AssertSqlSafe(sql)).fetch_all(&self.pool).await?;
+        rows.iter().map(user_from_row).collect()
+    }
+
+    /// Enables or disables a user. Disabling outdates every token of the user
+    /// and ends their sessions, in one transaction. Returns false when no such user.
+    pub async fn set_user_enabled(&self, id: Uuid, enabled: bool, now_secs: i64) -> Result<bool, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let updated = if enabled {
+            sqlx::query("UPDATE users SET enabled = $1, version = version + 1 WHERE id = $2")
+                .bind(true)
+                .bind(id.to_string())
+                .execute(&mut *tx)
+                .await?
+        } else {
+            sqlx::query(
+                "UPDATE users SET enabled = $1, version = version + 1, tokens_valid_after = $2 WHERE id = $3",
+            )
+            .bind(false)
+            .bind(now_secs)
+            .bind(id.to_string())
+            .execute(&mut *tx)
+            .await?
+        };
+        if !enabled {
+            sqlx::query("UPDATE sessions SET ended = $1 WHERE user_id = $2")
+                .bind(true)
+                .bind(id.to_string())
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+        Ok(updated.rows_affected() > 0)
+    }
+
+    /// Deletes a user with their keys and sessions. Returns false when no such user.
+    pub async fn delete_user(&self, id: Uuid) -> Result<bool, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        for sql in [
+            "DELETE FROM api_keys WHERE user_id = $1",
+            "DELETE FROM sessions WHERE user_id = $1",
+        ] {
+            sqlx::query(sql).bind(id.to_string()).execute(&mut *tx).await?;
+        }
+        let deleted = sqlx::query("DELETE FROM users WHERE id = $1")
+            .bind(id.to_string())
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(deleted.rows_affected() > 0)
+    }
+
+    // --- API keys -------------------------------------------------------------
+
+    pub async fn insert_api_key(&self, key: &ApiKeyRecord) -> Result<(), StoreError> {
+        let sql = format!("INSERT INTO api_keys ({KEY_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)");
+        let result = sqlx::query(AssertSqlSafe(sql))
+            .bind(key.id.to_string())
+            .bind(key.created_time)
+            .bind(key.tenant_id.to_string())
+            .bind(key.user_id.to_string())
+            .bind(&key.digest)
+            .bind(&key.description)
+            .bind(key.enabled)
+            .bind(key.expiration_time)
+            .execute(&self.pool)
+            .await;
+        match result {
+            Err(sqlx::Error::Database(e)) if e.is_unique_violation() => Err(StoreError::Conflict("digest")),
+            other => other.map(|_| ()).map_err(Into::into),
+        }
+    }
+
+    pub async fn api_key_by_digest(&self, digest: &str) -> Result<Option<ApiKeyRecord>, StoreError> {
+        let sql = format!("SELECT {KEY_COLUMNS} FROM api_keys WHERE digest = $1");
+        let row = sqlx::query(AssertSqlSafe(sql)).bind(digest).fetch_optional(&self.pool).await?;
+        row.map(|r| key_from_row(&r)).transpose()
+    }
+
+    pub async fn api_key_by_id(&self, id: Uuid) -> Result<Option<ApiKeyRecord>, StoreError> {
+        let sql = format!("SELECT {KEY_COLUMNS} FROM api_keys WHERE id = $1");
+        let row = sqlx::query(AssertSqlSafe(sql)).bind(id.to_string()).fetch_optional(&self.pool).await?;
+        row.map(|r| key_from_row(&r)).transpose()
+    }
+
+    pub async fn list_api_keys(&self, user_id: Uuid) -> Result<Vec<ApiKeyRecord>, StoreError> {
+        let sql = format!("SELECT {KEY_COLUMNS} FROM api_keys WHERE user_id = $1 ORDER BY created_time, id");
+        let rows = sqlx::query(AssertSqlSafe(sql)).bind(user_id.to_string()).fetch_all(&self.pool).await?;
+        rows.iter().map(key_from_row).collect()
+    }
+
+    /// Returns false when no such key.
+    pub async fn set_api_key_enabled(&self, id: Uuid, enabled: bool) -> Result<bool, StoreError> {
+        let result = sqlx::query("UPDATE api_keys SET enabled = $1 WHERE id = $2")
+            .bind(enabled)
+            .bind(id.to_string())
+            .execute(&self.pool)
+            .await?;
+        Ok(result.rows_affected() > 0)
+    }
+
+    /// Returns false when no such key.
+    pub async fn delete_api_key(&self, id: Uuid) -> Result<bool, StoreError> {
+        let result = sqlx::query("DELETE FROM api_keys WHERE id = $1")
+            .bind(id.to_string())
+            .execute(&self.pool)
+            .await?;
+        Ok(result.rows_affected() > 0)
+    }
+
+    // --- sessions -------------------------------------------------------------
+
+    pub async fn insert_session(&self, session: &SessionRecord) -> Result<(), StoreError> {
+        sqlx::query("INSERT INTO sessions (id, user_id, created_time, ended, refresh_jti) VALUES ($1, $2, $3, $4, $5)")
+            .bind(session.id.to_string())
+            .bind(session.user_id.to_string())
+            .bind(session.created_time)
+            .bind(session.ended)
+            .bind(&session.refresh_jti)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    pub async fn session_by_id(&self, id: Uuid) -> Result<Option<SessionRecord>, StoreError> {
+        let row = sqlx::query("SELECT id, user_id, created_time, ended, refresh_jti FROM sessions WHERE id = $1")
+            .bind(id.to_string())
+            .fetch_optional(&self.pool)
+            .await?;
+        row.map(|r| {
+            Ok(SessionRecord {
+                id: uuid_col(&r, 0)?,
+                user_id: uuid_col(&r, 1)?,
+                created_time: r.try_get(2)?,
+                ended: r.try_get(3)?,
+                refresh_jti: r.try_get(4)?,
+            })
+        })
+        .transpose()
+    }
+
+    /// Ends a session: every token of it stops working.
+    pub async fn end_session(&self, id: Uuid) -> Result<bool, StoreError> {
+        let result = sqlx::query("UPDATE sessions SET ended = $1 WHERE id = $2")
+            .bind(true)
+            .bind(id.to_string())
+            .execute(&self.pool)
+            .await?;
+        Ok(result.rows_affected() > 0)
+    }
+}
+
+fn uuid_col(row: &AnyRow, index: usize) -> Result<Uuid, StoreError> {
+    let text: String = row.try_get(index)?;
+    Uuid::parse_str(&text).map_err(|_| StoreError::Corrupt(format!("bad uuid {text:?}")))
+}
+
+fn user_from_row(row: &AnyRow) -> Result<UserRecord, StoreError> {
+    let authority: String = row.try_get(5)?;
+    Ok(UserRecord {
+        id: uuid_col(row, 0)?,
+        created_time: row.try_get(1)?,
+        tenant_id: uuid_col(row, 2)?,
+        customer_id: uuid_col(row, 3)?,
+        email: row.try_get(4)?,
+        authority: Authority::parse(&authority)
+            .ok_or_else(|| StoreError::Corrupt(format!("bad authority {authority:?}")))?,
+        first_name: row.try_get(6)?,
+        last_name: row.try_get(7)?,
+        phone: row.try_get(8)?,
+        additional_info: row.try_get(9)?,
+        version: row.try_get(10)?,
+        enabled: row.try_get(11)?,
+        password_hash: row.try_get(12)?,
+        tokens_valid_after: row.try_get(13)?,
+    })
+}
+
+fn key_from_row(row: &AnyRow) -> Result<ApiKeyRecord, StoreError> {
+    Ok(ApiKeyRecord {
+        id: uuid_col(row, 0)?,
+        created_time: row.try_get(1)?,
+        tenant_id: uuid_col(row, 2)?,
+        user_id: uuid_col(row, 3)?,
+        digest: row.try_get(4)?,
+        description: row.try_get(5)?,
+        enabled: row.try_get(6)?,
+        expiration_time: row.try_get(7)?,
+    })
+}
+

@@ -1,0 +1,206 @@
+//! Metrics (Prometheus text format on the admin listener) and the access log.
+//!
+//! Labels are bounded: route names from the config, method classes, status
+//! classes, fixed outcome words. Never a raw path, a user id or a credential.
+
+use std::time::Duration;
+
+use prometheus::{
+    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
+};
+
+pub struct Metrics {
+    registry: Registry,
+    requests: IntCounterVec,
+    request_duration: HistogramVec,
+    auth: IntCounterVec,
+    upstream_duration: HistogramVec,
+    upstream_errors: IntCounterVec,
+    cache: IntCounterVec,
+    cache_entries: IntGaugeVec,
+    open_connections: IntGaugeVec,
+    pub tls_cert_not_after: IntGauge,
+}
+
+const LATENCY_BUCKETS: &[f64] = &[
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let registry = Registry::new();
+        let counter = |name: &str, help: &str, labels: &[&str]| {
+            let c = IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric");
+            registry.register(Box::new(c.clone())).expect("unique metric");
+            c
+        };
+        let histogram = |name: &str, help: &str, labels: &[&str]| {
+            let h = HistogramVec::new(HistogramOpts::new(name, help).buckets(LATENCY_BUCKETS.to_vec()), labels)
+                .expect("valid metric");
+            registry.register(Box::new(h.clone())).expect("unique metric");
+            h
+        };
+        let gauge = |name: &str, help: &str, labels: &[&str]| {
+            let g = IntGaugeVec::new(Opts::new(name, help), labels).expect("valid metric");
+            registry.register(Box::new(g.clone())).expect("unique metric");
+            g
+        };
+        let requests = counter(
+            "keygate_requests_total",
+            "Requests answered, by route, method class and status class.",
+            &["route", "method", "status"],
+        );
+        let request_duration = histogram(
+            "keygate_request_duration_seconds",
+            "Time from request head to response head, by route.",
+            &["route"],
+        );
+        let auth = counter(
+            "keygate_auth_total",
+            "Authentication outcomes, by credential method and result.",
+            &["method", "result"],
+        );
+        let upstream_duration = histogram(
+            "keygate_upstream_duration_seconds",
+            "Time for an upstream to answer with a response head, by upstream.",
+            &["upstream"],
+        );
+        let upstream_errors = counter(
+            "keygate_upstream_errors_total",
+            "Upstream requests that failed, by upstream and kind (connect, timeout, reset).",
+            &["upstream", "kind"],
+        );
+        let cache = counter(
+            "keygate_cache_requests_total",
+            "Credential cache lookups, by cache and result (hit, miss).",
+            &["cache", "result"],
+        );
+        let cache_entries = gauge(
+            "keygate_cache_entries",
+            "Entries held by each credential cache.",
+            &["cache"],
+        );
+        let open_connections = gauge(
+            "keygate_open_connections",
+            "Client connections currently open, by listener.",
+            &["listener"],
+        );
+        let tls_cert_not_after = IntGauge::new(
+            "keygate_tls_certificate_expiry_timestamp_seconds",
+            "When the served TLS certificate expires (Unix time).",
+        )
+        .expect("valid metric");
+        registry.register(Box::new(tls_cert_not_after.clone())).expect("unique metric");
+        let build = gauge("keygate_build_info", "Build information; the value is always 1.", &["version"]);
+        build.with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1);
+        Metrics {
+            registry,
+            requests,
+            request_duration,
+            auth,
+            upstream_duration,
+            upstream_errors,
+            cache,
+            cache_entries,
+            open_connections,
+            tls_cert_not_after,
+        }
+    }
+
+    pub fn request(&self, route: &str, method: &http::Method, status: http::StatusCode, elapsed: Duration) {
+        self.requests
+            .with_label_values(&[route, method_class(method), status_class(status)])
+            .inc();
+        self.request_duration
+            .with_label_values(&[route])
+            .observe(elapsed.as_secs_f64());
+    }
+
+    pub fn auth(&self, method: &str, result: &str) {
+        self.auth.with_label_values(&[method, result]).inc();
+    }
+
+    pub fn upstream(&self, upstream: &str, elapsed: Duration) {
+        self.upstream_duration
+            .with_label_values(&[upstream])
+            .observe(elapsed.as_secs_f64());
+    }
+
+    pub fn upstream_error(&self, upstream: &str, kind: &str) {
+        self.upstream_errors.with_label_values(&[upstream, kind]).inc();
+    }
+
+    pub fn cache_hit(&self, cache: &str) {
+        self.cache.with_label_values(&[cache, "hit"]).inc();
+    }
+
+    pub fn cache_miss(&self, cache: &str) {
+        self.cache.with_label_values(&[cache, "miss"]).inc();
+    }
+
+    pub fn connection_opened(&self, listener: &str) {
+        self.open_connections.with_label_values(&[listener]).inc();
+    }
+
+    pub fn connection_closed(&self, listener: &str) {
+        self.open_connections.with_label_values(&[listener]).dec();
+    }
+
+    pub fn set_cache_entries(&self, sizes: &[(&str, u64)]) {
+        for (name, size) in sizes {
+            self.cache_entries.with_label_values(&[name]).set(*size as i64);
+        }
+    }
+
+    /// The registry in Prometheus text format.
+    pub fn render(&self) -> String {
+        let mut out = Vec::new();
+        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut out);
+        String::from_utf8(out).unwrap_or_default()
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+pub fn method_class(method: &http::Method) -> &'static str {
+    match *method {
+        http::Method::GET => "GET",
+        http::Method::POST => "POST",
+        http::Method::PUT => "PUT",
+        http::Method::DELETE => "DELETE",
+        http::Method::PATCH => "PATCH",
+        http::Method::HEAD => "HEAD",
+        http::Method::OPTIONS => "OPTIONS",
+        _ => "OTHER",
+    }
+}
+
+pub fn status_class(status: http::StatusCode) -> &'static str {
+    match status.as_u16() {
+        100..=199 => "1xx",
+        200..=299 => "2xx",
+        300..=399 => "3xx",
+        400..=499 => "4xx",
+        _ => "5xx",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metrics_render_in_text_format_with_bounded_labels() {
+        let m = Metrics::new();
+        m.request("api", &http::Method::from_bytes(b"BREW").unwrap(), http::StatusCode::IM_A_TEAPOT, Duration::from_millis(3));
+        m.auth("api_key", "plaintext_refused");
+        let text = m.render();
+        assert!(text.contains(r#"keygate_requests_total{method="OTHER",route="api",status="4xx"} 1"#), "{text}");
+        assert!(text.contains(r#"keygate_auth_total{method="api_key",result="plaintext_refused"} 1"#));
+        assert!(text.contains("keygate_build_info"));
+    }
+}
