@@ -55,6 +55,9 @@ pub struct Running {
     ready: Arc<AtomicBool>,
     shutdown: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
+    /// The admin listener outlives the drain, so probes see "not ready".
+    admin_shutdown: watch::Sender<bool>,
+    admin_task: Option<JoinHandle<()>>,
 }
 
 impl Running {
@@ -64,9 +67,13 @@ impl Running {
         let _ = self.shutdown.send(true);
     }
 
-    /// Waits for every listener to finish draining.
+    /// Waits for every listener to finish draining, then stops the admin listener.
     pub async fn wait(self) {
         for task in self.tasks {
+            let _ = task.await;
+        }
+        let _ = self.admin_shutdown.send(true);
+        if let Some(task) = self.admin_task {
             let _ = task.await;
         }
     }
@@ -150,6 +157,7 @@ pub async fn start(settings: Settings, options: StartOptions) -> Result<Running,
     let app = Arc::new(App::new(settings, auth.clone(), metrics.clone()));
     let (shutdown, shutdown_rx) = watch::channel(false);
     let ready = Arc::new(AtomicBool::new(false));
+    let (admin_shutdown, admin_shutdown_rx) = watch::channel(false);
     let mut tasks = Vec::new();
     if let (Some(listener), Some(acceptor)) = (https_listener, tls_acceptor) {
         tasks.push(tokio::spawn(listener::serve(
@@ -169,15 +177,16 @@ pub async fn start(settings: Settings, options: StartOptions) -> Result<Running,
             shutdown_rx.clone(),
         )));
     }
-    if let Some(listener) = admin_listener {
+    drop(shutdown_rx);
+    let admin_task = admin_listener.map(|listener| {
         let admin = Arc::new(Admin {
             metrics,
             auth,
             store: store.clone(),
             ready: ready.clone(),
         });
-        tasks.push(tokio::spawn(admin::serve(listener, admin, shutdown_rx)));
-    }
+        tokio::spawn(admin::serve(listener, admin, admin_shutdown_rx))
+    });
     ready.store(true, Ordering::Relaxed);
     tracing::info!(https = ?https, http = ?http, admin = ?admin_addr, "keygate is serving");
     Ok(Running {
@@ -190,5 +199,7 @@ pub async fn start(settings: Settings, options: StartOptions) -> Result<Running,
         ready,
         shutdown,
         tasks,
+        admin_shutdown,
+        admin_task,
     })
 }

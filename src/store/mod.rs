@@ -201,7 +201,7 @@ impl Store {
             .bind(&user.phone)
             .bind(user.additional_info.clone())
             .bind(user.version)
-            .bind(user.enabled)
+            .bind(i64::from(user.enabled))
             .bind(&user.password_hash)
             .bind(user.tokens_valid_after)
             .execute(&self.pool)
@@ -240,7 +240,7 @@ impl Store {
         let mut tx = self.pool.begin().await?;
         let updated = if enabled {
             sqlx::query("UPDATE users SET enabled = $1, version = version + 1 WHERE id = $2")
-                .bind(true)
+                .bind(1_i64)
                 .bind(id.to_string())
                 .execute(&mut *tx)
                 .await?
@@ -248,7 +248,7 @@ impl Store {
             sqlx::query(
                 "UPDATE users SET enabled = $1, version = version + 1, tokens_valid_after = $2 WHERE id = $3",
             )
-            .bind(false)
+            .bind(0_i64)
             .bind(now_secs)
             .bind(id.to_string())
             .execute(&mut *tx)
@@ -256,7 +256,7 @@ impl Store {
         };
         if !enabled {
             sqlx::query("UPDATE sessions SET ended = $1 WHERE user_id = $2")
-                .bind(true)
+                .bind(1_i64)
                 .bind(id.to_string())
                 .execute(&mut *tx)
                 .await?;
@@ -293,7 +293,7 @@ impl Store {
             .bind(key.user_id.to_string())
             .bind(&key.digest)
             .bind(&key.description)
-            .bind(key.enabled)
+            .bind(i64::from(key.enabled))
             .bind(key.expiration_time)
             .execute(&self.pool)
             .await;
@@ -324,7 +324,7 @@ impl Store {
     /// Returns false when no such key.
     pub async fn set_api_key_enabled(&self, id: Uuid, enabled: bool) -> Result<bool, StoreError> {
         let result = sqlx::query("UPDATE api_keys SET enabled = $1 WHERE id = $2")
-            .bind(enabled)
+            .bind(i64::from(enabled))
             .bind(id.to_string())
             .execute(&self.pool)
             .await?;
@@ -347,7 +347,7 @@ impl Store {
             .bind(session.id.to_string())
             .bind(session.user_id.to_string())
             .bind(session.created_time)
-            .bind(session.ended)
+            .bind(i64::from(session.ended))
             .bind(&session.refresh_jti)
             .execute(&self.pool)
             .await?;
@@ -364,7 +364,7 @@ impl Store {
                 id: uuid_col(&r, 0)?,
                 user_id: uuid_col(&r, 1)?,
                 created_time: r.try_get(2)?,
-                ended: r.try_get(3)?,
+                ended: flag(&r, 3)?,
                 refresh_jti: r.try_get(4)?,
             })
         })
@@ -374,12 +374,17 @@ impl Store {
     /// Ends a session: every token of it stops working.
     pub async fn end_session(&self, id: Uuid) -> Result<bool, StoreError> {
         let result = sqlx::query("UPDATE sessions SET ended = $1 WHERE id = $2")
-            .bind(true)
+            .bind(1_i64)
             .bind(id.to_string())
             .execute(&self.pool)
             .await?;
         Ok(result.rows_affected() > 0)
     }
+}
+
+/// Flags are stored as 0/1 integers in both dialects.
+fn flag(row: &AnyRow, index: usize) -> Result<bool, StoreError> {
+    Ok(row.try_get::<i64, _>(index)? != 0)
 }
 
 fn uuid_col(row: &AnyRow, index: usize) -> Result<Uuid, StoreError> {
@@ -402,7 +407,7 @@ fn user_from_row(row: &AnyRow) -> Result<UserRecord, StoreError> {
         phone: row.try_get(8)?,
         additional_info: row.try_get(9)?,
         version: row.try_get(10)?,
-        enabled: row.try_get(11)?,
+        enabled: flag(row, 11)?,
         password_hash: row.try_get(12)?,
         tokens_valid_after: row.try_get(13)?,
     })
@@ -416,7 +421,7 @@ fn key_from_row(row: &AnyRow) -> Result<ApiKeyRecord, StoreError> {
         user_id: uuid_col(row, 3)?,
         digest: row.try_get(4)?,
         description: row.try_get(5)?,
-        enabled: row.try_get(6)?,
+        enabled: flag(row, 6)?,
         expiration_time: row.try_get(7)?,
     })
 }

@@ -1,0 +1,259 @@
+//! Shared end-to-end harness: the real server on port 0, a recording upstream on
+//! loopback, and clients that trust the generated development CA.
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, Request, Response};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use keygate::accounts::{self, NewUser};
+use keygate::config::{self, Source};
+use keygate::identity::Authority;
+use keygate::server::{self, Running, StartOptions};
+use keygate::store::{SessionRecord, UserRecord};
+use tokio::net::TcpListener;
+use uuid::Uuid;
+
+pub const PASSWORD: &str = "correct-horse-battery";
+
+/// One request as the upstream saw it.
+#[derive(Debug, Clone)]
+pub struct Recorded {
+    pub method: String,
+    pub path_and_query: String,
+    pub headers: HeaderMap,
+    pub body_len: usize,
+}
+
+/// A loopback upstream that records every request it receives. `/api/slow`
+/// answers after two seconds; everything else at once with the body length.
+pub struct Upstream {
+    pub addr: SocketAddr,
+    pub seen: Arc<Mutex<Vec<Recorded>>>,
+}
+
+impl Upstream {
+    pub async fn start() -> Upstream {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let seen: Arc<Mutex<Vec<Recorded>>> = Arc::default();
+        let record = seen.clone();
+        tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else { continue };
+                let record = record.clone();
+                tokio::spawn(async move {
+                    let service = service_fn(move |req: Request<Incoming>| {
+                        let record = record.clone();
+                        async move { Ok::<_, std::convert::Infallible>(answer(req, record).await) }
+                    });
+                    let _ = auto::Builder::new(TokioExecutor::new())
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        Upstream { addr, seen }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    pub fn requests(&self) -> Vec<Recorded> {
+        self.seen.lock().unwrap().clone()
+    }
+
+    pub fn last(&self) -> Recorded {
+        self.requests().pop().expect("the upstream saw a request")
+    }
+}
+
+async fn answer(req: Request<Incoming>, record: Arc<Mutex<Vec<Recorded>>>) -> Response<Full<Bytes>> {
+    let (parts, mut body) = req.into_parts();
+    let mut body_len = 0;
+    while let Some(frame) = body.frame().await {
+        match frame {
+            Ok(frame) => body_len += frame.data_ref().map_or(0, |d| d.len()),
+            Err(_) => break,
+        }
+    }
+    let path_and_query = parts.uri.path_and_query().map(|p| p.to_string()).unwrap_or_default();
+    if path_and_query.starts_with("/api/slow") {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    record.lock().unwrap().push(Recorded {
+        method: parts.method.to_string(),
+        path_and_query: path_and_query.clone(),
+        headers: parts.headers,
+        body_len,
+    });
+    let body = serde_json::json!({ "path": path_and_query, "bodyLength": body_len }).to_string();
+    Response::builder()
+        .header("content-type", "application/json")
+        .header("connection", "x-upstream-private")
+        .header("x-upstream-private", "hop")
+        .body(Full::new(Bytes::from(body)))
+        .unwrap()
+}
+
+/// A running gateway with its data in a temporary directory.
+pub struct Gateway {
+    pub running: Running,
+    pub dir: tempfile::TempDir,
+    pub ca_pem: Vec<u8>,
+}
+
+impl Gateway {
+    /// Starts keygate with `/api/` (authenticated) and `/api/noauth/` (public)
+    /// routed to `upstream`, plus `extra` TOML appended to the config.
+    pub async fn start(upstream: &str, extra: &str) -> Gateway {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().display().to_string();
+        let text = format!(
+            r#"
+[server]
+data_dir = "{data}"
+shutdown_grace = "2s"
+[listen]
+https = "127.0.0.1:0"
+http = "127.0.0.1:0"
+admin = "127.0.0.1:0"
+[store]
+url = "sqlite://{data}/keygate.db"
+[proxy]
+connect_timeout = "500ms"
+upstream_retry_after = "1s"
+[limits]
+max_body_bytes = 2097152
+max_header_bytes = 8192
+[[route]]
+name = "api"
+prefix = "/api/"
+upstreams = ["{upstream}"]
+[[route]]
+name = "noauth"
+prefix = "/api/noauth/"
+upstreams = ["{upstream}"]
+public = true
+[[route]]
+name = "slow"
+prefix = "/api/slow"
+upstreams = ["{upstream}"]
+request_timeout = "300ms"
+{extra}
+"#
+        );
+        let path = dir.path().join("keygate.toml");
+        std::fs::write(&path, text).unwrap();
+        let settings = config::load(&Source {
+            file: Some(&path),
+            env: vec![],
+        })
+        .unwrap_or_else(|e| panic!("{e}"));
+        let running = server::start(
+            settings,
+            StartOptions {
+                bootstrap_password: Some(PASSWORD.into()),
+            },
+        )
+        .await
+        .unwrap();
+        let ca_pem = std::fs::read(dir.path().join("dev-ca.pem")).unwrap_or_default();
+        Gateway { running, dir, ca_pem }
+    }
+
+    pub fn https(&self, path: &str) -> String {
+        format!("https://localhost:{}{path}", self.running.https.unwrap().port())
+    }
+
+    pub fn http(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{path}", self.running.http.unwrap().port())
+    }
+
+    pub fn admin(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{path}", self.running.admin.unwrap().port())
+    }
+
+    /// A client that trusts the development CA.
+    pub fn client(&self) -> reqwest::Client {
+        reqwest::Client::builder()
+            .add_root_certificate(reqwest::Certificate::from_pem(&self.ca_pem).unwrap())
+            .resolve("localhost", SocketAddr::from(([127, 0, 0, 1], 0)))
+            .timeout(Duration::from_secs(10))
+            .build()
+            .unwrap()
+    }
+
+    pub async fn user(&self, email: &str, authority: Authority) -> UserRecord {
+        let tenant = (authority != Authority::SysAdmin).then(Uuid::new_v4);
+        let customer = (authority == Authority::CustomerUser).then(Uuid::new_v4);
+        let new = NewUser {
+            email: email.into(),
+            authority,
+            tenant_id: tenant,
+            customer_id: customer,
+            first_name: "Test".into(),
+            last_name: String::new(),
+        };
+        accounts::create_user(&self.running.store, new, PASSWORD.into()).await.unwrap()
+    }
+
+    /// Creates a key for `user`; returns (key id, value).
+    pub async fn api_key(&self, user: &UserRecord, expiration_time: i64) -> (Uuid, String) {
+        let created = accounts::create_api_key(&self.running.store, user, "tb_", "test key", expiration_time)
+            .await
+            .unwrap();
+        (created.record.id, created.value.expose().to_string())
+    }
+
+    /// Issues an access token in a new stored session; returns (session id, token).
+    pub async fn access_token(&self, user: &UserRecord) -> (Uuid, String) {
+        let session = SessionRecord {
+            id: Uuid::new_v4(),
+            user_id: user.id,
+            created_time: keygate::clock::now_ms(),
+            ended: false,
+            refresh_jti: String::new(),
+        };
+        self.running.store.insert_session(&session).await.unwrap();
+        let keys = self.running.app.authenticator().token_keys();
+        let signed = keys.sign_access(user, session.id, keygate::clock::now_secs()).unwrap();
+        (session.id, signed.token)
+    }
+
+    pub async fn metrics(&self) -> String {
+        reqwest::get(self.admin("/metrics")).await.unwrap().text().await.unwrap()
+    }
+}
+
+/// Reads a contract error body and checks its shape.
+pub async fn error_body(response: reqwest::Response) -> (u16, serde_json::Value) {
+    let status = response.status().as_u16();
+    assert_eq!(
+        response.headers().get("content-type").map(|v| v.to_str().unwrap()),
+        Some("application/json")
+    );
+    let json: serde_json::Value = response.json().await.unwrap();
+    assert_eq!(json["status"], status, "{json}");
+    assert!(json["timestamp"].as_u64().is_some(), "{json}");
+    assert!(json["message"].is_string(), "{json}");
+    (status, json)
+}
+
+/// Sends raw bytes over plain TCP and returns the raw response head and body.
+pub async fn raw_http(addr: SocketAddr, request: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut out = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut out)).await;
+    String::from_utf8_lossy(&out).into_owned()
+}

@@ -1,0 +1,422 @@
+//! End to end: the real server on port 0 in front of a recording upstream.
+
+mod common;
+
+use common::{Gateway, Upstream, error_body, raw_http};
+use keygate::identity::Authority;
+
+async fn setup() -> (Upstream, Gateway) {
+    let upstream = Upstream::start().await;
+    let gateway = Gateway::start(&upstream.url(), "").await;
+    (upstream, gateway)
+}
+
+#[tokio::test]
+async fn api_key_over_https_reaches_upstream_with_verified_identity_and_without_the_key() {
+    let (upstream, gw) = setup().await;
+    let user = gw.user("tenant@example.com", Authority::TenantAdmin).await;
+    let (key_id, key) = gw.api_key(&user, 0).await;
+    let response = gw
+        .client()
+        .get(gw.https("/api/tenant/devices?pageSize=10&page=0"))
+        .header("X-Authorization", format!("ApiKey {key}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    assert!(response.headers().contains_key("x-request-id"));
+    assert!(!response.headers().contains_key("x-upstream-private"), "hop-by-hop removed on the way back");
+    let seen = upstream.last();
+    assert_eq!(seen.path_and_query, "/api/tenant/devices?pageSize=10&page=0");
+    let h = &seen.headers;
+    assert_eq!(h["x-auth-user-id"], user.id.to_string());
+    assert_eq!(h["x-auth-tenant-id"], user.tenant_id.to_string());
+    assert_eq!(h["x-auth-customer-id"], "13814000-1dd2-11b2-8080-808080808080");
+    assert_eq!(h["x-auth-authority"], "TENANT_ADMIN");
+    assert_eq!(h["x-auth-email"], "tenant@example.com");
+    assert_eq!(h["x-auth-method"], "api-key");
+    assert_eq!(h["x-auth-api-key-id"], key_id.to_string());
+    assert!(!h.contains_key("x-auth-session-id"));
+    assert!(!h.contains_key("x-authorization") && !h.contains_key("authorization"));
+    assert_eq!(h["x-forwarded-proto"], "https");
+    assert_eq!(h["x-forwarded-for"], "127.0.0.1");
+    assert!(h["x-forwarded-host"].to_str().unwrap().starts_with("localhost:"));
+    assert_eq!(h["x-request-id"].len(), 36);
+    for (name, value) in h {
+        assert!(!value.to_str().unwrap_or("").contains(&key), "key leaked in {name}");
+    }
+}
+
+#[tokio::test]
+async fn api_key_over_plain_http_is_refused_and_not_forwarded() {
+    let (upstream, gw) = setup().await;
+    let user = gw.user("plain@example.com", Authority::TenantAdmin).await;
+    let (_, key) = gw.api_key(&user, 0).await;
+    let response = reqwest::Client::new()
+        .get(gw.http("/api/tenant/devices"))
+        .header("X-Authorization", format!("ApiKey {key}"))
+        .send()
+        .await
+        .unwrap();
+    let (status, json) = error_body(response).await;
+    assert_eq!(status, 403);
+    assert_eq!(json["errorCode"], 20);
+    assert_eq!(json["message"], "API keys are accepted only over HTTPS");
+    assert!(upstream.requests().is_empty(), "nothing was forwarded");
+    // Even an unknown key is refused the same way: no lookup happens first.
+    let response = reqwest::Client::new()
+        .get(gw.http("/api/x"))
+        .header("X-Authorization", "ApiKey tb_unknown")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 403);
+    let metrics = gw.metrics().await;
+    assert!(
+        metrics.contains(r#"keygate_auth_total{method="api_key",result="plaintext_refused"} 2"#),
+        "{metrics}"
+    );
+}
+
+#[tokio::test]
+async fn spoofed_identity_headers_never_reach_upstream() {
+    let (upstream, gw) = setup().await;
+    let user = gw.user("spoof@example.com", Authority::CustomerUser).await;
+    let (_, key) = gw.api_key(&user, 0).await;
+    let client = gw.client();
+    for path in ["/api/devices", "/api/noauth/activate"] {
+        let response = client
+            .get(gw.https(path))
+            .header("X-Authorization", format!("ApiKey {key}"))
+            .header("X-Auth-User-Id", "00000000-0000-0000-0000-000000000001")
+            .header("x_auth_user_id", "00000000-0000-0000-0000-000000000002")
+            .header("X-AUTH-EMAIL", "root@evil.example")
+            .header("X-Auth-Authority", "SYS_ADMIN")
+            .header("x-auth_tenant-id", "00000000-0000-0000-0000-000000000003")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200, "{path}");
+        let h = upstream.last().headers;
+        let reserved: Vec<_> = h
+            .iter()
+            .filter(|(n, _)| n.as_str().replace('_', "-").starts_with("x-auth-"))
+            .map(|(n, v)| format!("{n}: {v:?}"))
+            .collect();
+        if path.starts_with("/api/noauth/") {
+            assert!(reserved.is_empty(), "public route kept {reserved:?}");
+            assert!(!h.contains_key("x-authorization"));
+        } else {
+            assert_eq!(h["x-auth-user-id"], user.id.to_string());
+            assert_eq!(h.get_all("x-auth-user-id").iter().count(), 1);
+            assert_eq!(h["x-auth-email"], "spoof@example.com");
+            assert_eq!(h["x-auth-authority"], "CUSTOMER_USER");
+            assert!(!h.contains_key("x_auth_user_id") && !h.contains_key("x-auth_tenant-id"));
+        }
+    }
+}
+
+#[tokio::test]
+async fn connection_header_cannot_drop_the_injected_identity() {
+    let (upstream, gw) = setup().await;
+    let user = gw.user("conn@example.com", Authority::TenantAdmin).await;
+    let (session_id, token) = gw.access_token(&user).await;
+    let request = format!(
+        "GET /api/devices HTTP/1.1\r\nHost: gw\r\nX-Authorization: Bearer {token}\r\n\
+         Connection: close, X-Auth-User-Id, X-Auth-Tenant-Id, X-Auth-Session-Id\r\n\r\n"
+    );
+    let response = raw_http(gw.running.http.unwrap(), &request).await;
+    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+    let h = upstream.last().headers;
+    assert_eq!(h["x-auth-user-id"], user.id.to_string());
+    assert_eq!(h["x-auth-tenant-id"], user.tenant_id.to_string());
+    assert_eq!(h["x-auth-session-id"], session_id.to_string());
+    assert_eq!(h["x-auth-method"], "jwt");
+    assert!(!h.contains_key("connection") || !h["connection"].to_str().unwrap().contains("X-Auth"));
+}
+
+#[tokio::test]
+async fn disabled_deleted_and_expired_keys_are_refused() {
+    let (upstream, gw) = setup().await;
+    let user = gw.user("keys@example.com", Authority::TenantAdmin).await;
+    let store = &gw.running.store;
+    let (disabled_id, disabled) = gw.api_key(&user, 0).await;
+    store.set_api_key_enabled(disabled_id, false).await.unwrap();
+    let (deleted_id, deleted) = gw.api_key(&user, 0).await;
+    store.delete_api_key(deleted_id).await.unwrap();
+    let (_, expired) = gw.api_key(&user, keygate::clock::now_ms() - 1000).await;
+    let client = gw.client();
+    for (key, message) in [
+        (disabled, "User account is not active"),
+        (deleted, "Invalid username or password"),
+        (expired, "API key is expired"),
+    ] {
+        let response = client
+            .get(gw.https("/api/devices"))
+            .header("X-Authorization", format!("ApiKey {key}"))
+            .send()
+            .await
+            .unwrap();
+        let (status, json) = error_body(response).await;
+        assert_eq!((status, json["errorCode"].as_u64()), (401, Some(10)), "{json}");
+        assert_eq!(json["message"], message);
+    }
+    assert!(upstream.requests().is_empty());
+}
+
+#[tokio::test]
+async fn key_of_a_disabled_user_is_refused_at_once_on_this_replica() {
+    let (_upstream, gw) = setup().await;
+    let user = gw.user("gone@example.com", Authority::TenantAdmin).await;
+    let (_, key) = gw.api_key(&user, 0).await;
+    let client = gw.client();
+    let send = || {
+        client
+            .get(gw.https("/api/devices"))
+            .header("X-Authorization", format!("ApiKey {key}"))
+            .send()
+    };
+    assert_eq!(send().await.unwrap().status(), 200);
+    gw.running.store.set_user_enabled(user.id, false, keygate::clock::now_secs()).await.unwrap();
+    gw.running.app.authenticator().caches().invalidate_user(user.id).await;
+    let (status, json) = error_body(send().await.unwrap()).await;
+    assert_eq!(status, 401);
+    assert_eq!(json["message"], "User account is not active");
+}
+
+#[tokio::test]
+async fn forged_expired_and_refresh_tokens_are_refused_with_contract_codes() {
+    use base64::Engine;
+    let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    let (upstream, gw) = setup().await;
+    let user = gw.user("jwt@example.com", Authority::TenantAdmin).await;
+    let (session_id, good) = gw.access_token(&user).await;
+    let keys = gw.running.app.authenticator().token_keys();
+    let other = keygate::auth::jwt::TokenKeys::new(
+        &[9u8; 64],
+        "thingsboard.io",
+        std::time::Duration::from_secs(9000),
+        std::time::Duration::from_secs(604_800),
+    );
+    let now = keygate::clock::now_secs();
+    let wrong_key = other.sign_access(&user, session_id, now).unwrap().token;
+    let expired = keys.sign_access(&user, session_id, now - 20_000).unwrap().token;
+    let refresh = keys.sign_refresh(&user, session_id, "jti", now).unwrap().token;
+    let payload = good.split('.').nth(1).unwrap();
+    let alg_none = format!("{}.{payload}.", b64.encode(br#"{"alg":"none"}"#));
+    let client = gw.client();
+    for (token, code, message) in [
+        (wrong_key, 11, "Token has expired"),
+        (expired, 11, "Token has expired"),
+        (alg_none, 10, "Invalid username or password"),
+        (refresh, 10, "Invalid username or password"),
+    ] {
+        let response = client
+            .get(gw.https("/api/devices"))
+            .header("X-Authorization", format!("Bearer {token}"))
+            .send()
+            .await
+            .unwrap();
+        let (status, json) = error_body(response).await;
+        assert_eq!((status, json["errorCode"].as_u64()), (401, Some(code)), "{json}");
+        assert_eq!(json["message"], message);
+    }
+    assert!(upstream.requests().is_empty());
+    let ok = client
+        .get(gw.https("/api/devices"))
+        .header("Authorization", format!("Bearer {good}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ok.status(), 200);
+}
+
+#[tokio::test]
+async fn logged_out_session_token_is_refused() {
+    let (_upstream, gw) = setup().await;
+    let user = gw.user("logout@example.com", Authority::TenantAdmin).await;
+    let (session_id, token) = gw.access_token(&user).await;
+    let client = gw.client();
+    let send = || {
+        client
+            .get(gw.https("/api/devices"))
+            .header("X-Authorization", format!("Bearer {token}"))
+            .send()
+    };
+    assert_eq!(send().await.unwrap().status(), 200);
+    gw.running.store.end_session(session_id).await.unwrap();
+    gw.running.app.authenticator().caches().invalidate_session(session_id).await;
+    let (status, json) = error_body(send().await.unwrap()).await;
+    assert_eq!((status, json["errorCode"].as_u64()), (401, Some(11)));
+}
+
+#[tokio::test]
+async fn missing_and_malformed_credentials_are_authentication_failures() {
+    let (upstream, gw) = setup().await;
+    let client = gw.client();
+    for header in [None, Some("Basic dXNlcjpwYXNz"), Some("ApiKey a,ApiKey b"), Some("Bearer  x")] {
+        let mut request = client.get(gw.https("/api/devices"));
+        if let Some(value) = header {
+            request = request.header("X-Authorization", value);
+        }
+        let (status, json) = error_body(request.send().await.unwrap()).await;
+        assert_eq!((status, json["errorCode"].as_u64()), (401, Some(10)), "{header:?}");
+        assert_eq!(json["message"], "Authentication failed");
+    }
+    assert!(upstream.requests().is_empty());
+}
+
+#[tokio::test]
+async fn dot_segments_cannot_reach_an_authenticated_route_through_a_public_prefix() {
+    let (upstream, gw) = setup().await;
+    let request = "GET /api/noauth/../tenant/devices HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n\r\n";
+    let response = raw_http(gw.running.http.unwrap(), request).await;
+    assert!(response.starts_with("HTTP/1.1 401"), "{response}");
+    let request = "GET /api/noauth/..%2ftenant/devices HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n\r\n";
+    let response = raw_http(gw.running.http.unwrap(), request).await;
+    assert!(response.starts_with("HTTP/1.1 400"), "{response}");
+    assert!(upstream.requests().is_empty());
+}
+
+#[tokio::test]
+async fn unmatched_path_is_a_404_in_the_contract_shape() {
+    let (_upstream, gw) = setup().await;
+    let (status, json) = error_body(gw.client().get(gw.https("/nothing/here")).send().await.unwrap()).await;
+    assert_eq!((status, json["errorCode"].as_u64()), (404, Some(32)));
+}
+
+#[tokio::test]
+async fn upstream_down_is_a_502_json() {
+    let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", dead.local_addr().unwrap());
+    drop(dead);
+    let gw = Gateway::start(&url, "").await;
+    let response = gw.client().get(gw.https("/api/noauth/x")).send().await.unwrap();
+    let (status, json) = error_body(response).await;
+    assert_eq!((status, json["errorCode"].as_u64()), (502, Some(2)));
+    assert!(gw.metrics().await.contains(r#"kind="connect""#));
+}
+
+#[tokio::test]
+async fn round_robin_skips_an_upstream_that_refuses_connections() {
+    let upstream = Upstream::start().await;
+    let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let dead_url = format!("http://{}", dead.local_addr().unwrap());
+    drop(dead);
+    let extra = format!(
+        "[[route]]\nprefix = \"/api/noauth/pool/\"\nupstreams = [\"{dead_url}\", \"{}\"]\npublic = true\n",
+        upstream.url()
+    );
+    let gw = Gateway::start(&upstream.url(), &extra).await;
+    let client = gw.client();
+    for _ in 0..6 {
+        let response = client.get(gw.https("/api/noauth/pool/x")).send().await.unwrap();
+        assert_eq!(response.status(), 200, "a bodyless request retries on the healthy upstream");
+    }
+    assert_eq!(upstream.requests().len(), 6);
+}
+
+#[tokio::test]
+async fn slow_upstream_is_a_504_json() {
+    let (_upstream, gw) = setup().await;
+    let user = gw.user("slow@example.com", Authority::TenantAdmin).await;
+    let (_, key) = gw.api_key(&user, 0).await;
+    let response = gw
+        .client()
+        .get(gw.https("/api/slow"))
+        .header("X-Authorization", format!("ApiKey {key}"))
+        .send()
+        .await
+        .unwrap();
+    let (status, json) = error_body(response).await;
+    assert_eq!((status, json["errorCode"].as_u64()), (504, Some(2)));
+}
+
+#[tokio::test]
+async fn one_mebibyte_body_streams_through() {
+    let (upstream, gw) = setup().await;
+    let user = gw.user("big@example.com", Authority::TenantAdmin).await;
+    let (_, key) = gw.api_key(&user, 0).await;
+    let chunks: Vec<Result<Vec<u8>, std::io::Error>> = (0..16).map(|_| Ok(vec![b'x'; 64 * 1024])).collect();
+    let response = gw
+        .client()
+        .post(gw.https("/api/device"))
+        .header("X-Authorization", format!("ApiKey {key}"))
+        .body(reqwest::Body::wrap_stream(futures_stream(chunks)))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let json: serde_json::Value = response.json().await.unwrap();
+    assert_eq!(json["bodyLength"], 1024 * 1024);
+    assert_eq!(upstream.last().body_len, 1024 * 1024);
+}
+
+fn futures_stream(
+    chunks: Vec<Result<Vec<u8>, std::io::Error>>,
+) -> impl futures_util::Stream<Item = Result<Vec<u8>, std::io::Error>> + Send + 'static {
+    futures_util::stream::iter(chunks)
+}
+
+#[tokio::test]
+async fn oversized_body_and_headers_are_refused_with_413_and_431() {
+    let (upstream, gw) = setup().await;
+    let client = gw.client();
+    let response = client
+        .post(gw.https("/api/noauth/upload"))
+        .body(vec![0u8; 3 * 1024 * 1024])
+        .send()
+        .await
+        .unwrap();
+    let (status, _) = error_body(response).await;
+    assert_eq!(status, 413);
+    let chunks: Vec<Result<Vec<u8>, std::io::Error>> = (0..48).map(|_| Ok(vec![b'x'; 64 * 1024])).collect();
+    let response = client
+        .post(gw.https("/api/noauth/upload"))
+        .body(reqwest::Body::wrap_stream(futures_stream(chunks)))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 413, "a chunked body over the limit is cut off");
+    let response = client
+        .get(gw.https("/api/noauth/x"))
+        .header("x-big", "y".repeat(9000))
+        .send()
+        .await
+        .unwrap();
+    let (status, _) = error_body(response).await;
+    assert_eq!(status, 431);
+    assert!(upstream.requests().iter().all(|r| r.body_len < 3 * 1024 * 1024));
+}
+
+#[tokio::test]
+async fn http2_over_tls_works() {
+    let (upstream, gw) = setup().await;
+    let user = gw.user("h2@example.com", Authority::TenantAdmin).await;
+    let (_, key) = gw.api_key(&user, 0).await;
+    let response = gw
+        .client()
+        .get(gw.https("/api/devices"))
+        .version(http::Version::HTTP_2)
+        .header("X-Authorization", format!("ApiKey {key}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.version(), http::Version::HTTP_2);
+    assert_eq!(response.status(), 200);
+    assert_eq!(upstream.last().headers["x-auth-user-id"], user.id.to_string());
+}
+
+#[tokio::test]
+async fn admin_listener_serves_health_readiness_and_metrics() {
+    let (_upstream, gw) = setup().await;
+    assert_eq!(reqwest::get(gw.admin("/healthz")).await.unwrap().status(), 200);
+    assert_eq!(reqwest::get(gw.admin("/readyz")).await.unwrap().status(), 200);
+    let metrics = gw.metrics().await;
+    for name in ["keygate_build_info", "keygate_tls_certificate_expiry_timestamp_seconds", "keygate_cache_entries"] {
+        assert!(metrics.contains(name), "{name} missing");
+    }
+    gw.running.shutdown();
+    let readyz = reqwest::get(gw.admin("/readyz")).await.unwrap();
+    assert_eq!(readyz.status(), 503, "unready as soon as shutdown starts, while still answering");
+}
