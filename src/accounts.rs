@@ -60,12 +60,18 @@ fn check_email(email: &str) -> Result<String, AccountError> {
     if valid {
         Ok(email)
     } else {
-        Err(AccountError::Invalid(format!("Invalid email address: {email:?}")))
+        Err(AccountError::Invalid(format!(
+            "Invalid email address: {email:?}"
+        )))
     }
 }
 
 /// Creates a user with an Argon2id-hashed password.
-pub async fn create_user(store: &Store, new: NewUser, password: String) -> Result<UserRecord, AccountError> {
+pub async fn create_user(
+    store: &Store,
+    new: NewUser,
+    password: String,
+) -> Result<UserRecord, AccountError> {
     let email = check_email(&new.email)?;
     check_password_policy(&password)?;
     let (tenant_id, customer_id) = match new.authority {
@@ -78,8 +84,9 @@ pub async fn create_user(store: &Store, new: NewUser, password: String) -> Resul
         Authority::CustomerUser => (
             new.tenant_id
                 .ok_or_else(|| AccountError::Invalid("a CUSTOMER_USER needs a tenant id".into()))?,
-            new.customer_id
-                .ok_or_else(|| AccountError::Invalid("a CUSTOMER_USER needs a customer id".into()))?,
+            new.customer_id.ok_or_else(|| {
+                AccountError::Invalid("a CUSTOMER_USER needs a customer id".into())
+            })?,
         ),
     };
     let password_hash = password::hash(password).await?;
@@ -107,7 +114,10 @@ pub async fn create_user(store: &Store, new: NewUser, password: String) -> Resul
 
 /// Creates the first SYS_ADMIN when the store has no user at all. Returns the
 /// generated password when none was given, so the caller can show it once.
-pub async fn bootstrap_admin(store: &Store, password: Option<String>) -> Result<Option<String>, AccountError> {
+pub async fn bootstrap_admin(
+    store: &Store,
+    password: Option<String>,
+) -> Result<Option<String>, AccountError> {
     if store.user_count().await? > 0 {
         return Ok(None);
     }
@@ -116,7 +126,10 @@ pub async fn bootstrap_admin(store: &Store, password: Option<String>) -> Result<
         None => {
             let bytes = api_key::random_bytes::<18>().map_err(|_| AccountError::Random)?;
             use base64::Engine;
-            (base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes), true)
+            (
+                base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes),
+                true,
+            )
         }
     };
     let new = NewUser {
@@ -155,7 +168,9 @@ pub async fn create_api_key(
         ));
     }
     if expiration_time < 0 {
-        return Err(AccountError::Invalid("expirationTime must be 0 (never) or epoch milliseconds".into()));
+        return Err(AccountError::Invalid(
+            "expirationTime must be 0 (never) or epoch milliseconds".into(),
+        ));
     }
     let generated = api_key::generate(prefix).map_err(|_| AccountError::Random)?;
     let record = ApiKeyRecord {
@@ -183,15 +198,23 @@ mod tests {
     fn password_policy_names_the_rule() {
         let short = check_password_policy("short").unwrap_err().to_string();
         assert!(short.contains("at least 8"), "{short}");
-        let long = check_password_policy(&"x".repeat(73)).unwrap_err().to_string();
+        let long = check_password_policy(&"x".repeat(73))
+            .unwrap_err()
+            .to_string();
         assert!(long.contains("at most 72"), "{long}");
         check_password_policy("eightchr").unwrap();
     }
 
     #[test]
     fn emails_are_lower_cased_and_checked() {
-        assert_eq!(check_email(" Admin@Example.COM ").unwrap(), "admin@example.com");
-        assert_eq!(check_email("sysadmin@keygate.local").unwrap(), "sysadmin@keygate.local");
+        assert_eq!(
+            check_email(" Admin@Example.COM ").unwrap(),
+            "admin@example.com"
+        );
+        assert_eq!(
+            check_email("sysadmin@keygate.local").unwrap(),
+            "sysadmin@keygate.local"
+        );
         for bad in ["", "no-at", "@example.com", "a b@example.com", "a@nodot"] {
             assert!(check_email(bad).is_err(), "{bad}");
         }

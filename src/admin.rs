@@ -30,16 +30,30 @@ impl Admin {
         match req.uri().path() {
             "/metrics" => {
                 self.metrics.set_cache_entries(&self.auth.caches().sizes());
-                text(StatusCode::OK, "text/plain; version=0.0.4; charset=utf-8", self.metrics.render())
+                text(
+                    StatusCode::OK,
+                    "text/plain; version=0.0.4; charset=utf-8",
+                    self.metrics.render(),
+                )
             }
             "/healthz" => text(StatusCode::OK, "text/plain", "ok".into()),
             "/readyz" => {
                 if !self.ready.load(Ordering::Relaxed) {
-                    return text(StatusCode::SERVICE_UNAVAILABLE, "text/plain", "not ready".into());
+                    return text(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "text/plain",
+                        "not ready".into(),
+                    );
                 }
-                match tokio::time::timeout(std::time::Duration::from_secs(2), self.store.ping()).await {
+                match tokio::time::timeout(std::time::Duration::from_secs(2), self.store.ping())
+                    .await
+                {
                     Ok(Ok(())) => text(StatusCode::OK, "text/plain", "ready".into()),
-                    _ => text(StatusCode::SERVICE_UNAVAILABLE, "text/plain", "store unavailable".into()),
+                    _ => text(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "text/plain",
+                        "store unavailable".into(),
+                    ),
                 }
             }
             _ => crate::error::ApiError::not_found().into_response(),

@@ -37,7 +37,11 @@ struct Outcome<'a> {
 impl App {
     pub fn new(settings: Settings, auth: Arc<Authenticator>, metrics: Arc<Metrics>) -> App {
         let routes = RouteTable::new(&settings.routes);
-        let proxy = Proxy::new(&settings.proxy, settings.limits.max_body_bytes, metrics.clone());
+        let proxy = Proxy::new(
+            &settings.proxy,
+            settings.limits.max_body_bytes,
+            metrics.clone(),
+        );
         App {
             settings,
             auth,
@@ -62,12 +66,21 @@ impl App {
     /// Is the peer one of the configured trusted proxies?
     fn trusted(&self, transport: &Transport) -> bool {
         let ip = transport.peer.ip();
-        self.settings.proxy.trusted_proxies.iter().any(|net| net.contains(&ip))
+        self.settings
+            .proxy
+            .trusted_proxies
+            .iter()
+            .any(|net| net.contains(&ip))
     }
 
     /// Did this request reach keygate over HTTPS (here, or at a trusted proxy)?
     fn is_https(&self, transport: &Transport, trusted: bool, req: &Request<Incoming>) -> bool {
-        transport.tls || (trusted && req.headers().get(&headers::X_FORWARDED_PROTO).is_some_and(|v| v == "https"))
+        transport.tls
+            || (trusted
+                && req
+                    .headers()
+                    .get(&headers::X_FORWARDED_PROTO)
+                    .is_some_and(|v| v == "https"))
     }
 
     /// Handles one request; every error becomes a contract response here.
@@ -78,14 +91,20 @@ impl App {
         let request_id = headers::request_id(req.headers(), trusted);
         let log_path = req.uri().path().to_owned();
         let mut outcome = Outcome::default();
-        let mut response = match self.process(req, transport, trusted, request_id.clone(), &mut outcome).await {
+        let mut response = match self
+            .process(req, transport, trusted, request_id.clone(), &mut outcome)
+            .await
+        {
             Ok(response) => response,
             Err(error) => error.into_response(),
         };
-        response.headers_mut().insert(X_REQUEST_ID.clone(), request_id.clone());
+        response
+            .headers_mut()
+            .insert(X_REQUEST_ID.clone(), request_id.clone());
         let route = outcome.route.unwrap_or("unmatched");
         let elapsed = started.elapsed();
-        self.metrics.request(route, &method, response.status(), elapsed);
+        self.metrics
+            .request(route, &method, response.status(), elapsed);
         if self.settings.log.access_log {
             let identity = outcome.identity.as_ref();
             tracing::info!(
@@ -120,7 +139,10 @@ impl App {
         let normalized = path::normalize(req.uri().path())
             .map_err(|e| ApiError::bad_request(format!("Invalid request path: {e}")))?
             .into_owned();
-        let route = self.routes.find(&normalized).ok_or_else(ApiError::not_found)?;
+        let route = self
+            .routes
+            .find(&normalized)
+            .ok_or_else(ApiError::not_found)?;
         outcome.route = Some(&route.name);
 
         let identity = if route.public {
@@ -133,7 +155,13 @@ impl App {
         let authority = parts.uri.authority().map(|a| a.as_str().to_owned());
         headers::remove_hop_by_hop(&mut parts.headers);
         identity::strip_client_identity(&mut parts.headers);
-        headers::set_forwarding(&mut parts.headers, &transport, trusted, authority.as_deref(), request_id);
+        headers::set_forwarding(
+            &mut parts.headers,
+            &transport,
+            trusted,
+            authority.as_deref(),
+            request_id,
+        );
         parts.headers.remove(http::header::HOST);
         if let Some(identity) = &identity {
             identity::inject(&mut parts.headers, identity);
@@ -161,7 +189,11 @@ impl App {
                     Credential::ApiKey(_) => "api_key",
                     Credential::Bearer(_) => "jwt",
                 };
-                self.auth.verify(&credential).await.map_err(|f| (method, f)).map(|i| (method, i))
+                self.auth
+                    .verify(&credential)
+                    .await
+                    .map_err(|f| (method, f))
+                    .map(|i| (method, i))
             }
         };
         match result {

@@ -299,7 +299,10 @@ impl std::fmt::Debug for JwtSettings {
             .field("access_ttl", &self.access_ttl)
             .field("refresh_ttl", &self.refresh_ttl)
             .field("issuer", &self.issuer)
-            .field("signing_key", &self.signing_key.as_ref().map(|_| "<redacted>"))
+            .field(
+                "signing_key",
+                &self.signing_key.as_ref().map(|_| "<redacted>"),
+            )
             .finish()
     }
 }
@@ -370,7 +373,10 @@ const NON_CONFIG_ENV: &[&str] = &[
 /// The platform's setting names, mapped onto `[jwt]`.
 const PLATFORM_ENV: &[(&str, &str)] = &[
     ("JWT_TOKEN_EXPIRATION_TIME", "token_expiration_time"),
-    ("JWT_REFRESH_TOKEN_EXPIRATION_TIME", "refresh_token_expiration_time"),
+    (
+        "JWT_REFRESH_TOKEN_EXPIRATION_TIME",
+        "refresh_token_expiration_time",
+    ),
     ("JWT_TOKEN_ISSUER", "token_issuer"),
     ("JWT_TOKEN_SIGNING_KEY", "token_signing_key"),
 ];
@@ -413,10 +419,20 @@ pub fn load(source: &Source<'_>) -> Result<Settings, ConfigErrors> {
 }
 
 /// Applies `JWT_*` and `KEYGATE_<SECTION>_<KEY>` variables, typed by the schema.
-fn apply_env(value: &mut Value, schema: &Value, env: &[(String, String)], errors: &mut Vec<String>) {
+fn apply_env(
+    value: &mut Value,
+    schema: &Value,
+    env: &[(String, String)],
+    errors: &mut Vec<String>,
+) {
     let mut sections: Vec<&str> = schema
         .as_table()
-        .map(|t| t.iter().filter(|(_, v)| v.is_table()).map(|(k, _)| k.as_str()).collect())
+        .map(|t| {
+            t.iter()
+                .filter(|(_, v)| v.is_table())
+                .map(|(k, _)| k.as_str())
+                .collect()
+        })
         .unwrap_or_default();
     // Longest first, so `api_keys_prefix` is not read as section `api`.
     sections.sort_by_key(|s| std::cmp::Reverse(s.len()));
@@ -467,7 +483,10 @@ fn apply_env(value: &mut Value, schema: &Value, env: &[(String, String)], errors
             _ => None,
         };
         let Some(parsed) = parsed else {
-            errors.push(format!("{name}: expected {}, got {raw:?}", expected.type_str()));
+            errors.push(format!(
+                "{name}: expected {}, got {raw:?}",
+                expected.type_str()
+            ));
             continue;
         };
         if let Some(table) = value.as_table_mut() {
@@ -516,7 +535,10 @@ fn check_shape(value: &mut Value, schema: &Value, path: &str, errors: &mut Vec<S
             let element_schema = if path == "route" {
                 Some(Value::try_from(RouteSection::default()).expect("route serializes"))
             } else {
-                expected.first().cloned().or(Some(Value::String(String::new())))
+                expected
+                    .first()
+                    .cloned()
+                    .or(Some(Value::String(String::new())))
             };
             if let Some(element_schema) = element_schema {
                 for (i, item) in items.iter_mut().enumerate() {
@@ -559,10 +581,18 @@ fn validate(file: &FileConfig, errors: &mut Vec<String>) -> Settings {
     let connect_timeout = duration("proxy.connect_timeout", &file.proxy.connect_timeout);
     let request_timeout = duration("proxy.request_timeout", &file.proxy.request_timeout);
     let pool_idle_timeout = duration("proxy.pool_idle_timeout", &file.proxy.pool_idle_timeout);
-    let upstream_retry_after = duration("proxy.upstream_retry_after", &file.proxy.upstream_retry_after);
-    let header_read_timeout = duration("limits.header_read_timeout", &file.limits.header_read_timeout);
-    let tls_handshake_timeout =
-        duration("limits.tls_handshake_timeout", &file.limits.tls_handshake_timeout);
+    let upstream_retry_after = duration(
+        "proxy.upstream_retry_after",
+        &file.proxy.upstream_retry_after,
+    );
+    let header_read_timeout = duration(
+        "limits.header_read_timeout",
+        &file.limits.header_read_timeout,
+    );
+    let tls_handshake_timeout = duration(
+        "limits.tls_handshake_timeout",
+        &file.limits.tls_handshake_timeout,
+    );
 
     let mut positive = |name: &str, n: i64| -> u64 {
         if n <= 0 {
@@ -573,11 +603,15 @@ fn validate(file: &FileConfig, errors: &mut Vec<String>) -> Settings {
         }
     };
     let max_connections = positive("listen.max_connections", file.listen.max_connections) as usize;
-    let store_max_connections = positive("store.max_connections", file.store.max_connections) as u32;
+    let store_max_connections =
+        positive("store.max_connections", file.store.max_connections) as u32;
     let capacity = positive("cache.capacity", file.cache.capacity);
-    let pool_max_idle_per_host =
-        positive("proxy.pool_max_idle_per_host", file.proxy.pool_max_idle_per_host) as usize;
-    let max_header_bytes = positive("limits.max_header_bytes", file.limits.max_header_bytes) as usize;
+    let pool_max_idle_per_host = positive(
+        "proxy.pool_max_idle_per_host",
+        file.proxy.pool_max_idle_per_host,
+    ) as usize;
+    let max_header_bytes =
+        positive("limits.max_header_bytes", file.limits.max_header_bytes) as usize;
     let max_body_bytes = positive("limits.max_body_bytes", file.limits.max_body_bytes);
 
     let listen = Listen {
@@ -622,7 +656,11 @@ fn validate(file: &FileConfig, errors: &mut Vec<String>) -> Settings {
     let jwt = validate_jwt(&file.jwt, errors);
 
     let prefix = &file.api_keys.prefix;
-    if prefix.len() > 16 || !prefix.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-') {
+    if prefix.len() > 16
+        || !prefix
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+    {
         errors.push(format!(
             "api_keys.prefix: at most 16 characters of [A-Za-z0-9_-], got {prefix:?}"
         ));
@@ -632,7 +670,9 @@ fn validate(file: &FileConfig, errors: &mut Vec<String>) -> Settings {
     for cidr in &file.proxy.trusted_proxies {
         match parse_cidr(cidr) {
             Some(net) => trusted_proxies.push(net),
-            None => errors.push(format!("proxy.trusted_proxies: {cidr:?} is not a CIDR or IP address")),
+            None => errors.push(format!(
+                "proxy.trusted_proxies: {cidr:?} is not a CIDR or IP address"
+            )),
         }
     }
 
@@ -640,7 +680,9 @@ fn validate(file: &FileConfig, errors: &mut Vec<String>) -> Settings {
         "human" => LogFormat::Human,
         "json" => LogFormat::Json,
         other => {
-            errors.push(format!("log.format: must be \"human\" or \"json\", got {other:?}"));
+            errors.push(format!(
+                "log.format: must be \"human\" or \"json\", got {other:?}"
+            ));
             LogFormat::Human
         }
     };
@@ -712,7 +754,8 @@ fn validate_jwt(jwt: &JwtSection, errors: &mut Vec<String>) -> JwtSettings {
                 None
             }
             Err(_) => {
-                errors.push("jwt.token_signing_key (JWT_TOKEN_SIGNING_KEY): not valid Base64".into());
+                errors
+                    .push("jwt.token_signing_key (JWT_TOKEN_SIGNING_KEY): not valid Base64".into());
                 None
             }
         },
@@ -737,16 +780,30 @@ fn validate_routes(
     for (i, route) in routes.iter().enumerate() {
         let here = format!("route[{i}]");
         if !route.prefix.starts_with('/') {
-            errors.push(format!("{here}.prefix: must start with '/', got {:?}", route.prefix));
+            errors.push(format!(
+                "{here}.prefix: must start with '/', got {:?}",
+                route.prefix
+            ));
         }
-        if route.prefix.contains(['?', '#', '%']) || route.prefix.contains("/../") || route.prefix.contains("/./") {
-            errors.push(format!("{here}.prefix: must be a plain, normalised path, got {:?}", route.prefix));
+        if route.prefix.contains(['?', '#', '%'])
+            || route.prefix.contains("/../")
+            || route.prefix.contains("/./")
+        {
+            errors.push(format!(
+                "{here}.prefix: must be a plain, normalised path, got {:?}",
+                route.prefix
+            ));
         }
         if specs.iter().any(|s: &RouteSpec| s.prefix == route.prefix) {
-            errors.push(format!("{here}.prefix: {:?} is configured twice", route.prefix));
+            errors.push(format!(
+                "{here}.prefix: {:?} is configured twice",
+                route.prefix
+            ));
         }
         if route.upstreams.is_empty() {
-            errors.push(format!("{here}.upstreams: at least one upstream is required"));
+            errors.push(format!(
+                "{here}.upstreams: at least one upstream is required"
+            ));
         }
         let mut upstreams = Vec::new();
         for upstream in &route.upstreams {
@@ -794,7 +851,9 @@ fn optional_addr(name: &str, text: &str, errors: &mut Vec<String>) -> Option<Soc
     match text.parse() {
         Ok(addr) => Some(addr),
         Err(_) => {
-            errors.push(format!("{name}: {text:?} is not an address like 127.0.0.1:8443"));
+            errors.push(format!(
+                "{name}: {text:?} is not an address like 127.0.0.1:8443"
+            ));
             None
         }
     }
@@ -857,14 +916,24 @@ mod tests {
         file.write_all(text.as_bytes()).unwrap();
         load(&Source {
             file: Some(file.path()),
-            env: env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
         })
     }
 
     #[test]
     fn built_in_defaults_are_valid() {
-        let settings = load(&Source { file: None, env: vec![] }).unwrap();
-        assert_eq!(settings.listen.https, Some("127.0.0.1:8443".parse().unwrap()));
+        let settings = load(&Source {
+            file: None,
+            env: vec![],
+        })
+        .unwrap();
+        assert_eq!(
+            settings.listen.https,
+            Some("127.0.0.1:8443".parse().unwrap())
+        );
         assert_eq!(settings.jwt.access_ttl, Duration::from_secs(9000));
         assert_eq!(settings.jwt.issuer, "thingsboard.io");
         assert_eq!(settings.routes.len(), 2);
@@ -876,8 +945,16 @@ mod tests {
         let text = std::fs::read_to_string(&path).unwrap();
         let table: toml::Table = text.parse().unwrap();
         let defaults = Value::try_from(FileConfig::default()).unwrap();
-        assert_eq!(Value::Table(table), defaults, "config/keygate.toml drifted from the defaults");
-        load(&Source { file: Some(&path), env: vec![] }).unwrap();
+        assert_eq!(
+            Value::Table(table),
+            defaults,
+            "config/keygate.toml drifted from the defaults"
+        );
+        load(&Source {
+            file: Some(&path),
+            env: vec![],
+        })
+        .unwrap();
     }
 
     #[test]
@@ -938,10 +1015,16 @@ mod tests {
 
     #[test]
     fn unknown_environment_setting_is_an_error() {
-        let errors = load_text("", &[("KEYGATE_LISTEN_HTTPZ", "x"), ("KEYGATE_CACHE_TTL", "soon")])
-            .unwrap_err();
+        let errors = load_text(
+            "",
+            &[("KEYGATE_LISTEN_HTTPZ", "x"), ("KEYGATE_CACHE_TTL", "soon")],
+        )
+        .unwrap_err();
         let text = errors.0.join("\n");
-        assert!(text.contains("KEYGATE_LISTEN_HTTPZ: not a configuration setting"), "{text}");
+        assert!(
+            text.contains("KEYGATE_LISTEN_HTTPZ: not a configuration setting"),
+            "{text}"
+        );
         assert!(text.contains("cache.ttl"), "{text}");
     }
 
@@ -949,17 +1032,26 @@ mod tests {
     fn jwt_lifetime_rules_are_checked() {
         let errors = load_text(
             "",
-            &[("JWT_TOKEN_EXPIRATION_TIME", "1000"), ("JWT_REFRESH_TOKEN_EXPIRATION_TIME", "900")],
+            &[
+                ("JWT_TOKEN_EXPIRATION_TIME", "1000"),
+                ("JWT_REFRESH_TOKEN_EXPIRATION_TIME", "900"),
+            ],
         )
         .unwrap_err();
-        assert!(errors.0.iter().any(|e| e.contains("must be shorter")), "{errors}");
+        assert!(
+            errors.0.iter().any(|e| e.contains("must be shorter")),
+            "{errors}"
+        );
     }
 
     #[test]
     fn short_signing_key_is_refused_with_a_clear_message() {
         let short = base64::engine::general_purpose::STANDARD.encode([7u8; 32]);
         let errors = load_text("", &[("JWT_TOKEN_SIGNING_KEY", &short)]).unwrap_err();
-        assert!(errors.0[0].contains("at least 512 bits, got 256 bits"), "{errors}");
+        assert!(
+            errors.0[0].contains("at least 512 bits, got 256 bits"),
+            "{errors}"
+        );
         let long = base64::engine::general_purpose::STANDARD.encode([7u8; 64]);
         let settings = load_text("", &[("JWT_TOKEN_SIGNING_KEY", &long)]).unwrap();
         assert_eq!(settings.jwt.signing_key.as_deref(), Some(&[7u8; 64][..]));

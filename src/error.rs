@@ -56,7 +56,11 @@ impl ApiError {
 
     /// No credentials, an unknown scheme or a malformed credential header.
     pub const fn authentication_failed() -> Self {
-        Self::new(StatusCode::UNAUTHORIZED, code::AUTHENTICATION, "Authentication failed")
+        Self::new(
+            StatusCode::UNAUTHORIZED,
+            code::AUTHENTICATION,
+            "Authentication failed",
+        )
     }
     /// Wrong password, unknown user or key, malformed token.
     pub const fn invalid_credentials() -> Self {
@@ -67,7 +71,11 @@ impl ApiError {
         )
     }
     pub const fn not_active() -> Self {
-        Self::new(StatusCode::UNAUTHORIZED, code::AUTHENTICATION, "User account is not active")
+        Self::new(
+            StatusCode::UNAUTHORIZED,
+            code::AUTHENTICATION,
+            "User account is not active",
+        )
     }
     pub const fn locked() -> Self {
         Self::new(
@@ -77,11 +85,19 @@ impl ApiError {
         )
     }
     pub const fn api_key_expired() -> Self {
-        Self::new(StatusCode::UNAUTHORIZED, code::AUTHENTICATION, "API key is expired")
+        Self::new(
+            StatusCode::UNAUTHORIZED,
+            code::AUTHENTICATION,
+            "API key is expired",
+        )
     }
     /// Expired, badly signed or outdated token: code 11 makes the web UI refresh.
     pub const fn token_expired() -> Self {
-        Self::new(StatusCode::UNAUTHORIZED, code::TOKEN_EXPIRED, "Token has expired")
+        Self::new(
+            StatusCode::UNAUTHORIZED,
+            code::TOKEN_EXPIRED,
+            "Token has expired",
+        )
     }
     pub const fn permission_denied() -> Self {
         Self::new(
@@ -132,7 +148,11 @@ impl ApiError {
         }
     }
     pub const fn bad_gateway() -> Self {
-        Self::new(StatusCode::BAD_GATEWAY, code::GENERAL, "Upstream service is unavailable")
+        Self::new(
+            StatusCode::BAD_GATEWAY,
+            code::GENERAL,
+            "Upstream service is unavailable",
+        )
     }
     pub const fn gateway_timeout() -> Self {
         Self::new(
@@ -142,7 +162,11 @@ impl ApiError {
         )
     }
     pub const fn internal() -> Self {
-        Self::new(StatusCode::INTERNAL_SERVER_ERROR, code::GENERAL, "Internal server error")
+        Self::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            code::GENERAL,
+            "Internal server error",
+        )
     }
     pub const fn unavailable() -> Self {
         Self::new(
@@ -185,7 +209,13 @@ impl ApiError {
 
 impl std::fmt::Display for ApiError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} (code {}): {}", self.status.as_u16(), self.code, self.message)
+        write!(
+            f,
+            "{} (code {}): {}",
+            self.status.as_u16(),
+            self.code,
+            self.message
+        )
     }
 }
 

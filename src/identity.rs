@@ -106,7 +106,11 @@ pub struct Identity {
 }
 
 impl Identity {
-    pub fn new(principal: std::sync::Arc<Principal>, method: AuthMethod, method_id: HeaderValue) -> Self {
+    pub fn new(
+        principal: std::sync::Arc<Principal>,
+        method: AuthMethod,
+        method_id: HeaderValue,
+    ) -> Self {
         Identity {
             principal,
             method,
@@ -151,7 +155,11 @@ pub fn is_credential(name: &HeaderName) -> bool {
 }
 
 fn normalize(b: u8) -> u8 {
-    if b == b'_' { b'-' } else { b.to_ascii_lowercase() }
+    if b == b'_' {
+        b'-'
+    } else {
+        b.to_ascii_lowercase()
+    }
 }
 
 fn normalized_starts_with(name: &[u8], prefix: &[u8]) -> bool {
@@ -211,14 +219,29 @@ mod tests {
             "ta@example.com".into(),
         ));
         let key_id = Uuid::from_u128(3);
-        Identity::new(principal, AuthMethod::ApiKey { key_id }, id_header_value(&key_id))
+        Identity::new(
+            principal,
+            AuthMethod::ApiKey { key_id },
+            id_header_value(&key_id),
+        )
     }
 
     #[test]
     fn spoofed_identity_headers_in_any_spelling_are_stripped() {
         let mut headers = HeaderMap::new();
-        for name in ["x-auth-user-id", "x_auth_user_id", "X-AUTH-EMAIL", "x-Auth_Tenant-Id", "x_authorization", "authorization", "x-authorization"] {
-            headers.insert(HeaderName::from_bytes(name.as_bytes()).unwrap(), HeaderValue::from_static("evil"));
+        for name in [
+            "x-auth-user-id",
+            "x_auth_user_id",
+            "X-AUTH-EMAIL",
+            "x-Auth_Tenant-Id",
+            "x_authorization",
+            "authorization",
+            "x-authorization",
+        ] {
+            headers.insert(
+                HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                HeaderValue::from_static("evil"),
+            );
         }
         headers.insert("x-authx", HeaderValue::from_static("kept"));
         headers.insert("accept", HeaderValue::from_static("kept"));
@@ -235,7 +258,10 @@ mod tests {
         strip_client_identity(&mut headers);
         inject(&mut headers, &identity());
         assert_eq!(headers[&X_AUTH_USER_ID], Uuid::from_u128(1).to_string());
-        assert_eq!(headers[&X_AUTH_CUSTOMER_ID], "13814000-1dd2-11b2-8080-808080808080");
+        assert_eq!(
+            headers[&X_AUTH_CUSTOMER_ID],
+            "13814000-1dd2-11b2-8080-808080808080"
+        );
         assert_eq!(headers[&X_AUTH_AUTHORITY], "TENANT_ADMIN");
         assert_eq!(headers[&X_AUTH_EMAIL], "ta@example.com");
         assert_eq!(headers[&X_AUTH_METHOD], "api-key");
@@ -246,7 +272,11 @@ mod tests {
 
     #[test]
     fn authority_round_trips() {
-        for a in [Authority::SysAdmin, Authority::TenantAdmin, Authority::CustomerUser] {
+        for a in [
+            Authority::SysAdmin,
+            Authority::TenantAdmin,
+            Authority::CustomerUser,
+        ] {
             assert_eq!(Authority::parse(a.as_str()), Some(a));
         }
         assert_eq!(Authority::parse("sys_admin"), None);

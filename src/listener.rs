@@ -107,7 +107,13 @@ pub async fn serve(
         });
     }
     drop(listener);
-    if tokio::time::timeout(grace, graceful.shutdown()).await.is_err() {
-        tracing::warn!(listener = name, "shutdown grace period ended with connections still open");
+    if tokio::time::timeout(grace, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            listener = name,
+            "shutdown grace period ended with connections still open"
+        );
     }
 }

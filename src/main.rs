@@ -19,7 +19,11 @@ const DEFAULT_CONFIG: &str = "config/keygate.toml";
 const EXIT_CONFIG: u8 = 64;
 
 #[derive(Parser)]
-#[command(name = "keygate", version, about = "Authentication gateway for a device-platform REST API")]
+#[command(
+    name = "keygate",
+    version,
+    about = "Authentication gateway for a device-platform REST API"
+)]
 struct Cli {
     /// Config file. When the default path does not exist, built-in defaults are used.
     #[arg(long, global = true, env = "KEYGATE_CONFIG", default_value = DEFAULT_CONFIG)]
@@ -95,9 +99,15 @@ enum ApiKeyCommand {
         #[arg(long)]
         email: String,
     },
-    Disable { id: Uuid },
-    Enable { id: Uuid },
-    Delete { id: Uuid },
+    Disable {
+        id: Uuid,
+    },
+    Enable {
+        id: Uuid,
+    },
+    Delete {
+        id: Uuid,
+    },
 }
 
 fn parse_authority(text: &str) -> Result<Authority, String> {
@@ -136,7 +146,10 @@ fn main() -> ExitCode {
         println!("configuration is valid ({} routes)", settings.routes.len());
         return ExitCode::SUCCESS;
     }
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("keygate: starting the runtime: {e}");
@@ -155,7 +168,9 @@ fn main() -> ExitCode {
 fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     match format {
         LogFormat::Json => builder.json().init(),
         LogFormat::Human => builder.init(),
@@ -173,7 +188,9 @@ async fn run(command: Command, settings: Settings) -> anyhow::Result<()> {
 
 async fn serve(settings: Settings) -> anyhow::Result<()> {
     let options = StartOptions {
-        bootstrap_password: std::env::var("KEYGATE_BOOTSTRAP_PASSWORD").ok().filter(|p| !p.is_empty()),
+        bootstrap_password: std::env::var("KEYGATE_BOOTSTRAP_PASSWORD")
+            .ok()
+            .filter(|p| !p.is_empty()),
     };
     let running = server::start(settings, options).await?;
     shutdown_signal().await;
@@ -230,7 +247,10 @@ async fn user(cmd: UserCommand, settings: &Settings) -> anyhow::Result<()> {
             last_name,
         } => {
             let mut line = String::new();
-            std::io::stdin().lock().read_line(&mut line).context("reading the password from stdin")?;
+            std::io::stdin()
+                .lock()
+                .read_line(&mut line)
+                .context("reading the password from stdin")?;
             let password = line.trim_end_matches(['\r', '\n']).to_string();
             let new = NewUser {
                 email,
@@ -241,12 +261,22 @@ async fn user(cmd: UserCommand, settings: &Settings) -> anyhow::Result<()> {
                 last_name,
             };
             let user = accounts::create_user(&store, new, password).await?;
-            println!("created user {} ({}, {})", user.email, user.authority, user.id);
+            println!(
+                "created user {} ({}, {})",
+                user.email, user.authority, user.id
+            );
         }
         UserCommand::List => {
             for u in store.list_users().await? {
                 let state = if u.enabled { "enabled" } else { "disabled" };
-                println!("{}  {:<13}  {:<8}  tenant {}  {}", u.id, u.authority.as_str(), state, u.tenant_id, u.email);
+                println!(
+                    "{}  {:<13}  {:<8}  tenant {}  {}",
+                    u.id,
+                    u.authority.as_str(),
+                    state,
+                    u.tenant_id,
+                    u.email
+                );
             }
         }
         UserCommand::Disable { email } | UserCommand::Enable { email } if email.is_empty() => {
@@ -287,9 +317,18 @@ async fn apikey(cmd: ApiKeyCommand, settings: &Settings) -> anyhow::Result<()> {
                 }
                 None => 0,
             };
-            let created =
-                accounts::create_api_key(&store, &u, &settings.api_key_prefix, &description, expiration_time).await?;
-            eprintln!("created API key {} for {} (shown once; store it now)", created.record.id, u.email);
+            let created = accounts::create_api_key(
+                &store,
+                &u,
+                &settings.api_key_prefix,
+                &description,
+                expiration_time,
+            )
+            .await?;
+            eprintln!(
+                "created API key {} for {} (shown once; store it now)",
+                created.record.id, u.email
+            );
             println!("{}", created.value.expose());
         }
         ApiKeyCommand::List { email } => {
@@ -301,7 +340,10 @@ async fn apikey(cmd: ApiKeyCommand, settings: &Settings) -> anyhow::Result<()> {
                 } else {
                     format!("{}", k.expiration_time)
                 };
-                println!("{}  {:<8}  expires {}  {}", k.id, state, expires, k.description);
+                println!(
+                    "{}  {:<8}  expires {}  {}",
+                    k.id, state, expires, k.description
+                );
             }
         }
         ApiKeyCommand::Disable { id } => {
@@ -321,5 +363,9 @@ async fn apikey(cmd: ApiKeyCommand, settings: &Settings) -> anyhow::Result<()> {
 }
 
 fn ensure(found: bool, id: Uuid) -> anyhow::Result<()> {
-    if found { Ok(()) } else { bail!("no API key with id {id}") }
+    if found {
+        Ok(())
+    } else {
+        bail!("no API key with id {id}")
+    }
 }

@@ -29,7 +29,10 @@ pub enum StartError {
     #[error(transparent)]
     Tls(#[from] tls::TlsError),
     #[error("binding {addr}: {source}")]
-    Bind { addr: SocketAddr, source: std::io::Error },
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
     #[error("creating the bootstrap admin: {0}")]
     Bootstrap(#[from] accounts::AccountError),
     #[error("stored JWT signing key is unusable")]
@@ -87,7 +90,9 @@ async fn signing_key(settings: &Settings, store: &Store) -> Result<Vec<u8>, Star
     }
     let fresh = crate::auth::api_key::random_bytes::<64>().map_err(|_| StartError::SigningKey)?;
     let b64 = base64::engine::general_purpose::STANDARD;
-    let stored = store.get_or_create_setting("jwt_signing_key", &b64.encode(fresh)).await?;
+    let stored = store
+        .get_or_create_setting("jwt_signing_key", &b64.encode(fresh))
+        .await?;
     match b64.decode(stored) {
         Ok(key) if key.len() >= 64 => Ok(key),
         _ => Err(StartError::SigningKey),
@@ -95,7 +100,9 @@ async fn signing_key(settings: &Settings, store: &Store) -> Result<Vec<u8>, Star
 }
 
 async fn bind(addr: SocketAddr) -> Result<TcpListener, StartError> {
-    TcpListener::bind(addr).await.map_err(|source| StartError::Bind { addr, source })
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| StartError::Bind { addr, source })
 }
 
 pub async fn start(settings: Settings, options: StartOptions) -> Result<Running, StartError> {
@@ -121,7 +128,12 @@ pub async fn start(settings: Settings, options: StartOptions) -> Result<Running,
         settings.jwt.refresh_ttl,
     ));
     let caches = Caches::new(&settings.cache);
-    let auth = Arc::new(Authenticator::new(store.clone(), tokens, caches, metrics.clone()));
+    let auth = Arc::new(Authenticator::new(
+        store.clone(),
+        tokens,
+        caches,
+        metrics.clone(),
+    ));
 
     let tls_acceptor = match settings.listen.https {
         Some(_) => {
@@ -151,7 +163,11 @@ pub async fn start(settings: Settings, options: StartOptions) -> Result<Running,
         None => None,
     };
     let local = |l: &Option<TcpListener>| l.as_ref().and_then(|l| l.local_addr().ok());
-    let (https, http, admin_addr) = (local(&https_listener), local(&http_listener), local(&admin_listener));
+    let (https, http, admin_addr) = (
+        local(&https_listener),
+        local(&http_listener),
+        local(&admin_listener),
+    );
 
     let connections = Arc::new(Semaphore::new(settings.listen.max_connections));
     let app = Arc::new(App::new(settings, auth.clone(), metrics.clone()));

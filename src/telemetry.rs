@@ -6,7 +6,8 @@
 use std::time::Duration;
 
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
+    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+    TextEncoder,
 };
 
 pub struct Metrics {
@@ -31,18 +32,27 @@ impl Metrics {
         let registry = Registry::new();
         let counter = |name: &str, help: &str, labels: &[&str]| {
             let c = IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric");
-            registry.register(Box::new(c.clone())).expect("unique metric");
+            registry
+                .register(Box::new(c.clone()))
+                .expect("unique metric");
             c
         };
         let histogram = |name: &str, help: &str, labels: &[&str]| {
-            let h = HistogramVec::new(HistogramOpts::new(name, help).buckets(LATENCY_BUCKETS.to_vec()), labels)
-                .expect("valid metric");
-            registry.register(Box::new(h.clone())).expect("unique metric");
+            let h = HistogramVec::new(
+                HistogramOpts::new(name, help).buckets(LATENCY_BUCKETS.to_vec()),
+                labels,
+            )
+            .expect("valid metric");
+            registry
+                .register(Box::new(h.clone()))
+                .expect("unique metric");
             h
         };
         let gauge = |name: &str, help: &str, labels: &[&str]| {
             let g = IntGaugeVec::new(Opts::new(name, help), labels).expect("valid metric");
-            registry.register(Box::new(g.clone())).expect("unique metric");
+            registry
+                .register(Box::new(g.clone()))
+                .expect("unique metric");
             g
         };
         let requests = counter(
@@ -90,8 +100,14 @@ impl Metrics {
             "When the served TLS certificate expires (Unix time).",
         )
         .expect("valid metric");
-        registry.register(Box::new(tls_cert_not_after.clone())).expect("unique metric");
-        let build = gauge("keygate_build_info", "Build information; the value is always 1.", &["version"]);
+        registry
+            .register(Box::new(tls_cert_not_after.clone()))
+            .expect("unique metric");
+        let build = gauge(
+            "keygate_build_info",
+            "Build information; the value is always 1.",
+            &["version"],
+        );
         build.with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1);
         Metrics {
             registry,
@@ -107,7 +123,13 @@ impl Metrics {
         }
     }
 
-    pub fn request(&self, route: &str, method: &http::Method, status: http::StatusCode, elapsed: Duration) {
+    pub fn request(
+        &self,
+        route: &str,
+        method: &http::Method,
+        status: http::StatusCode,
+        elapsed: Duration,
+    ) {
         self.requests
             .with_label_values(&[route, method_class(method), status_class(status)])
             .inc();
@@ -127,7 +149,9 @@ impl Metrics {
     }
 
     pub fn upstream_error(&self, upstream: &str, kind: &str) {
-        self.upstream_errors.with_label_values(&[upstream, kind]).inc();
+        self.upstream_errors
+            .with_label_values(&[upstream, kind])
+            .inc();
     }
 
     pub fn cache_hit(&self, cache: &str) {
@@ -148,7 +172,9 @@ impl Metrics {
 
     pub fn set_cache_entries(&self, sizes: &[(&str, u64)]) {
         for (name, size) in sizes {
-            self.cache_entries.with_label_values(&[name]).set(*size as i64);
+            self.cache_entries
+                .with_label_values(&[name])
+                .set(*size as i64);
         }
     }
 
@@ -196,11 +222,21 @@ mod tests {
     #[test]
     fn metrics_render_in_text_format_with_bounded_labels() {
         let m = Metrics::new();
-        m.request("api", &http::Method::from_bytes(b"BREW").unwrap(), http::StatusCode::IM_A_TEAPOT, Duration::from_millis(3));
+        m.request(
+            "api",
+            &http::Method::from_bytes(b"BREW").unwrap(),
+            http::StatusCode::IM_A_TEAPOT,
+            Duration::from_millis(3),
+        );
         m.auth("api_key", "plaintext_refused");
         let text = m.render();
-        assert!(text.contains(r#"keygate_requests_total{method="OTHER",route="api",status="4xx"} 1"#), "{text}");
-        assert!(text.contains(r#"keygate_auth_total{method="api_key",result="plaintext_refused"} 1"#));
+        assert!(
+            text.contains(r#"keygate_requests_total{method="OTHER",route="api",status="4xx"} 1"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"keygate_auth_total{method="api_key",result="plaintext_refused"} 1"#)
+        );
         assert!(text.contains("keygate_build_info"));
     }
 }

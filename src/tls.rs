@@ -129,7 +129,8 @@ pub fn load_or_generate_dev(data_dir: &Path) -> Result<LoadedCert, TlsError> {
     if cert_path.is_file() && key_path.is_file() {
         return load_files(&cert_path, &key_path);
     }
-    std::fs::create_dir_all(data_dir).map_err(|e| TlsError::Generate(format!("{}: {e}", data_dir.display())))?;
+    std::fs::create_dir_all(data_dir)
+        .map_err(|e| TlsError::Generate(format!("{}: {e}", data_dir.display())))?;
     let generate = |e: rcgen::Error| TlsError::Generate(e.to_string());
     let year = 1970 + (crate::clock::now_secs() / 31_556_952) as i32;
 
@@ -139,14 +140,21 @@ pub fn load_or_generate_dev(data_dir: &Path) -> Result<LoadedCert, TlsError> {
     ca_params
         .distinguished_name
         .push(rcgen::DnType::CommonName, "keygate development CA");
-    ca_params.key_usages = vec![rcgen::KeyUsagePurpose::KeyCertSign, rcgen::KeyUsagePurpose::CrlSign];
+    ca_params.key_usages = vec![
+        rcgen::KeyUsagePurpose::KeyCertSign,
+        rcgen::KeyUsagePurpose::CrlSign,
+    ];
     ca_params.not_before = rcgen::date_time_ymd(year - 1, 1, 1);
     ca_params.not_after = rcgen::date_time_ymd(year + 3, 1, 1);
     let ca_cert = ca_params.self_signed(&ca_key).map_err(generate)?;
 
     let leaf_key = rcgen::KeyPair::generate().map_err(generate)?;
-    let mut params = rcgen::CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string(), "::1".to_string()])
-        .map_err(generate)?;
+    let mut params = rcgen::CertificateParams::new(vec![
+        "localhost".to_string(),
+        "127.0.0.1".to_string(),
+        "::1".to_string(),
+    ])
+    .map_err(generate)?;
     params
         .distinguished_name
         .push(rcgen::DnType::CommonName, "keygate development certificate");
@@ -157,7 +165,11 @@ pub fn load_or_generate_dev(data_dir: &Path) -> Result<LoadedCert, TlsError> {
     let leaf = params.signed_by(&leaf_key, &issuer).map_err(generate)?;
 
     write_file(&ca_path, ca_cert.pem().as_bytes(), false)?;
-    write_file(&cert_path, format!("{}{}", leaf.pem(), ca_cert.pem()).as_bytes(), false)?;
+    write_file(
+        &cert_path,
+        format!("{}{}", leaf.pem(), ca_cert.pem()).as_bytes(),
+        false,
+    )?;
     write_file(&key_path, leaf_key.serialize_pem().as_bytes(), true)?;
     tracing::warn!(
         ca = %ca_path.display(),
@@ -196,7 +208,9 @@ fn der_element(input: &[u8]) -> Option<(u8, &[u8], &[u8])> {
         if n == 0 || n > 4 || rest.len() < n {
             return None;
         }
-        let len = rest[..n].iter().fold(0usize, |acc, b| (acc << 8) | *b as usize);
+        let len = rest[..n]
+            .iter()
+            .fold(0usize, |acc, b| (acc << 8) | *b as usize);
         (len, &rest[n..])
     };
     if rest.len() < len {
@@ -235,7 +249,8 @@ fn parse_time(tag: u8, text: &str) -> Option<i64> {
         _ => return None,
     };
     let field = |i: usize| rest.get(i..i + 2)?.parse::<i64>().ok();
-    let (month, day, hour, minute, second) = (field(0)?, field(2)?, field(4)?, field(6)?, field(8)?);
+    let (month, day, hour, minute, second) =
+        (field(0)?, field(2)?, field(4)?, field(6)?, field(8)?);
     Some(days_from_civil(year, month, day) * 86_400 + hour * 3600 + minute * 60 + second)
 }
 
@@ -262,14 +277,21 @@ mod tests {
         assert!(ca.is_file() && cert.is_file() && key.is_file());
         let pem = std::fs::read(&cert).unwrap();
         let second = load_or_generate_dev(dir.path()).unwrap();
-        assert_eq!(std::fs::read(&cert).unwrap(), pem, "reused, not regenerated");
+        assert_eq!(
+            std::fs::read(&cert).unwrap(),
+            pem,
+            "reused, not regenerated"
+        );
         assert_eq!(first.key.cert[0], second.key.cert[0]);
         let expiry = first.not_after.unwrap();
         assert!(expiry > crate::clock::now_secs() + 86_400 * 180, "{expiry}");
         #[cfg(unix)]
         {
             use std::os::unix::fs::PermissionsExt;
-            assert_eq!(std::fs::metadata(&key).unwrap().permissions().mode() & 0o777, 0o600);
+            assert_eq!(
+                std::fs::metadata(&key).unwrap().permissions().mode() & 0o777,
+                0o600
+            );
         }
     }
 

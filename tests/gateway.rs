@@ -25,13 +25,22 @@ async fn api_key_over_https_reaches_upstream_with_verified_identity_and_without_
         .unwrap();
     assert_eq!(response.status(), 200);
     assert!(response.headers().contains_key("x-request-id"));
-    assert!(!response.headers().contains_key("x-upstream-private"), "hop-by-hop removed on the way back");
+    assert!(
+        !response.headers().contains_key("x-upstream-private"),
+        "hop-by-hop removed on the way back"
+    );
     let seen = upstream.last();
-    assert_eq!(seen.path_and_query, "/api/tenant/devices?pageSize=10&page=0");
+    assert_eq!(
+        seen.path_and_query,
+        "/api/tenant/devices?pageSize=10&page=0"
+    );
     let h = &seen.headers;
     assert_eq!(h["x-auth-user-id"], user.id.to_string());
     assert_eq!(h["x-auth-tenant-id"], user.tenant_id.to_string());
-    assert_eq!(h["x-auth-customer-id"], "13814000-1dd2-11b2-8080-808080808080");
+    assert_eq!(
+        h["x-auth-customer-id"],
+        "13814000-1dd2-11b2-8080-808080808080"
+    );
     assert_eq!(h["x-auth-authority"], "TENANT_ADMIN");
     assert_eq!(h["x-auth-email"], "tenant@example.com");
     assert_eq!(h["x-auth-method"], "api-key");
@@ -40,10 +49,18 @@ async fn api_key_over_https_reaches_upstream_with_verified_identity_and_without_
     assert!(!h.contains_key("x-authorization") && !h.contains_key("authorization"));
     assert_eq!(h["x-forwarded-proto"], "https");
     assert_eq!(h["x-forwarded-for"], "127.0.0.1");
-    assert!(h["x-forwarded-host"].to_str().unwrap().starts_with("localhost:"));
+    assert!(
+        h["x-forwarded-host"]
+            .to_str()
+            .unwrap()
+            .starts_with("localhost:")
+    );
     assert_eq!(h["x-request-id"].len(), 36);
     for (name, value) in h {
-        assert!(!value.to_str().unwrap_or("").contains(&key), "key leaked in {name}");
+        assert!(
+            !value.to_str().unwrap_or("").contains(&key),
+            "key leaked in {name}"
+        );
     }
 }
 
@@ -158,7 +175,11 @@ async fn disabled_deleted_and_expired_keys_are_refused() {
             .await
             .unwrap();
         let (status, json) = error_body(response).await;
-        assert_eq!((status, json["errorCode"].as_u64()), (401, Some(10)), "{json}");
+        assert_eq!(
+            (status, json["errorCode"].as_u64()),
+            (401, Some(10)),
+            "{json}"
+        );
         assert_eq!(json["message"], message);
     }
     assert!(upstream.requests().is_empty());
@@ -177,8 +198,17 @@ async fn key_of_a_disabled_user_is_refused_at_once_on_this_replica() {
             .send()
     };
     assert_eq!(send().await.unwrap().status(), 200);
-    gw.running.store.set_user_enabled(user.id, false, keygate::clock::now_secs()).await.unwrap();
-    gw.running.app.authenticator().caches().invalidate_user(user.id).await;
+    gw.running
+        .store
+        .set_user_enabled(user.id, false, keygate::clock::now_secs())
+        .await
+        .unwrap();
+    gw.running
+        .app
+        .authenticator()
+        .caches()
+        .invalidate_user(user.id)
+        .await;
     let (status, json) = error_body(send().await.unwrap()).await;
     assert_eq!(status, 401);
     assert_eq!(json["message"], "User account is not active");
@@ -200,8 +230,14 @@ async fn forged_expired_and_refresh_tokens_are_refused_with_contract_codes() {
     );
     let now = keygate::clock::now_secs();
     let wrong_key = other.sign_access(&user, session_id, now).unwrap().token;
-    let expired = keys.sign_access(&user, session_id, now - 20_000).unwrap().token;
-    let refresh = keys.sign_refresh(&user, session_id, "jti", now).unwrap().token;
+    let expired = keys
+        .sign_access(&user, session_id, now - 20_000)
+        .unwrap()
+        .token;
+    let refresh = keys
+        .sign_refresh(&user, session_id, "jti", now)
+        .unwrap()
+        .token;
     let payload = good.split('.').nth(1).unwrap();
     let alg_none = format!("{}.{payload}.", b64.encode(br#"{"alg":"none"}"#));
     let client = gw.client();
@@ -218,7 +254,11 @@ async fn forged_expired_and_refresh_tokens_are_refused_with_contract_codes() {
             .await
             .unwrap();
         let (status, json) = error_body(response).await;
-        assert_eq!((status, json["errorCode"].as_u64()), (401, Some(code)), "{json}");
+        assert_eq!(
+            (status, json["errorCode"].as_u64()),
+            (401, Some(code)),
+            "{json}"
+        );
         assert_eq!(json["message"], message);
     }
     assert!(upstream.requests().is_empty());
@@ -245,7 +285,12 @@ async fn logged_out_session_token_is_refused() {
     };
     assert_eq!(send().await.unwrap().status(), 200);
     gw.running.store.end_session(session_id).await.unwrap();
-    gw.running.app.authenticator().caches().invalidate_session(session_id).await;
+    gw.running
+        .app
+        .authenticator()
+        .caches()
+        .invalidate_session(session_id)
+        .await;
     let (status, json) = error_body(send().await.unwrap()).await;
     assert_eq!((status, json["errorCode"].as_u64()), (401, Some(11)));
 }
@@ -254,13 +299,22 @@ async fn logged_out_session_token_is_refused() {
 async fn missing_and_malformed_credentials_are_authentication_failures() {
     let (upstream, gw) = setup().await;
     let client = gw.client();
-    for header in [None, Some("Basic dXNlcjpwYXNz"), Some("ApiKey a,ApiKey b"), Some("Bearer  x")] {
+    for header in [
+        None,
+        Some("Basic dXNlcjpwYXNz"),
+        Some("ApiKey a,ApiKey b"),
+        Some("Bearer  x"),
+    ] {
         let mut request = client.get(gw.https("/api/devices"));
         if let Some(value) = header {
             request = request.header("X-Authorization", value);
         }
         let (status, json) = error_body(request.send().await.unwrap()).await;
-        assert_eq!((status, json["errorCode"].as_u64()), (401, Some(10)), "{header:?}");
+        assert_eq!(
+            (status, json["errorCode"].as_u64()),
+            (401, Some(10)),
+            "{header:?}"
+        );
         assert_eq!(json["message"], "Authentication failed");
     }
     assert!(upstream.requests().is_empty());
@@ -269,10 +323,12 @@ async fn missing_and_malformed_credentials_are_authentication_failures() {
 #[tokio::test]
 async fn dot_segments_cannot_reach_an_authenticated_route_through_a_public_prefix() {
     let (upstream, gw) = setup().await;
-    let request = "GET /api/noauth/../tenant/devices HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n\r\n";
+    let request =
+        "GET /api/noauth/../tenant/devices HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n\r\n";
     let response = raw_http(gw.running.http.unwrap(), request).await;
     assert!(response.starts_with("HTTP/1.1 401"), "{response}");
-    let request = "GET /api/noauth/..%2ftenant/devices HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n\r\n";
+    let request =
+        "GET /api/noauth/..%2ftenant/devices HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n\r\n";
     let response = raw_http(gw.running.http.unwrap(), request).await;
     assert!(response.starts_with("HTTP/1.1 400"), "{response}");
     assert!(upstream.requests().is_empty());
@@ -281,7 +337,14 @@ async fn dot_segments_cannot_reach_an_authenticated_route_through_a_public_prefi
 #[tokio::test]
 async fn unmatched_path_is_a_404_in_the_contract_shape() {
     let (_upstream, gw) = setup().await;
-    let (status, json) = error_body(gw.client().get(gw.https("/nothing/here")).send().await.unwrap()).await;
+    let (status, json) = error_body(
+        gw.client()
+            .get(gw.https("/nothing/here"))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
     assert_eq!((status, json["errorCode"].as_u64()), (404, Some(32)));
 }
 
@@ -291,7 +354,12 @@ async fn upstream_down_is_a_502_json() {
     let url = format!("http://{}", dead.local_addr().unwrap());
     drop(dead);
     let gw = Gateway::start(&url, "").await;
-    let response = gw.client().get(gw.https("/api/noauth/x")).send().await.unwrap();
+    let response = gw
+        .client()
+        .get(gw.https("/api/noauth/x"))
+        .send()
+        .await
+        .unwrap();
     let (status, json) = error_body(response).await;
     assert_eq!((status, json["errorCode"].as_u64()), (502, Some(2)));
     assert!(gw.metrics().await.contains(r#"kind="connect""#));
@@ -310,8 +378,16 @@ async fn round_robin_skips_an_upstream_that_refuses_connections() {
     let gw = Gateway::start(&upstream.url(), &extra).await;
     let client = gw.client();
     for _ in 0..6 {
-        let response = client.get(gw.https("/api/noauth/pool/x")).send().await.unwrap();
-        assert_eq!(response.status(), 200, "a bodyless request retries on the healthy upstream");
+        let response = client
+            .get(gw.https("/api/noauth/pool/x"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(
+            response.status(),
+            200,
+            "a bodyless request retries on the healthy upstream"
+        );
     }
     assert_eq!(upstream.requests().len(), 6);
 }
@@ -337,7 +413,8 @@ async fn one_mebibyte_body_streams_through() {
     let (upstream, gw) = setup().await;
     let user = gw.user("big@example.com", Authority::TenantAdmin).await;
     let (_, key) = gw.api_key(&user, 0).await;
-    let chunks: Vec<Result<Vec<u8>, std::io::Error>> = (0..16).map(|_| Ok(vec![b'x'; 64 * 1024])).collect();
+    let chunks: Vec<Result<Vec<u8>, std::io::Error>> =
+        (0..16).map(|_| Ok(vec![b'x'; 64 * 1024])).collect();
     let response = gw
         .client()
         .post(gw.https("/api/device"))
@@ -370,14 +447,19 @@ async fn oversized_body_and_headers_are_refused_with_413_and_431() {
         .unwrap();
     let (status, _) = error_body(response).await;
     assert_eq!(status, 413);
-    let chunks: Vec<Result<Vec<u8>, std::io::Error>> = (0..48).map(|_| Ok(vec![b'x'; 64 * 1024])).collect();
+    let chunks: Vec<Result<Vec<u8>, std::io::Error>> =
+        (0..48).map(|_| Ok(vec![b'x'; 64 * 1024])).collect();
     let response = client
         .post(gw.https("/api/noauth/upload"))
         .body(reqwest::Body::wrap_stream(futures_stream(chunks)))
         .send()
         .await
         .unwrap();
-    assert_eq!(response.status(), 413, "a chunked body over the limit is cut off");
+    assert_eq!(
+        response.status(),
+        413,
+        "a chunked body over the limit is cut off"
+    );
     let response = client
         .get(gw.https("/api/noauth/x"))
         .header("x-big", "y".repeat(9000))
@@ -386,7 +468,12 @@ async fn oversized_body_and_headers_are_refused_with_413_and_431() {
         .unwrap();
     let (status, _) = error_body(response).await;
     assert_eq!(status, 431);
-    assert!(upstream.requests().iter().all(|r| r.body_len < 3 * 1024 * 1024));
+    assert!(
+        upstream
+            .requests()
+            .iter()
+            .all(|r| r.body_len < 3 * 1024 * 1024)
+    );
 }
 
 #[tokio::test]
@@ -404,19 +491,36 @@ async fn http2_over_tls_works() {
         .unwrap();
     assert_eq!(response.version(), http::Version::HTTP_2);
     assert_eq!(response.status(), 200);
-    assert_eq!(upstream.last().headers["x-auth-user-id"], user.id.to_string());
+    assert_eq!(
+        upstream.last().headers["x-auth-user-id"],
+        user.id.to_string()
+    );
 }
 
 #[tokio::test]
 async fn admin_listener_serves_health_readiness_and_metrics() {
     let (_upstream, gw) = setup().await;
-    assert_eq!(reqwest::get(gw.admin("/healthz")).await.unwrap().status(), 200);
-    assert_eq!(reqwest::get(gw.admin("/readyz")).await.unwrap().status(), 200);
+    assert_eq!(
+        reqwest::get(gw.admin("/healthz")).await.unwrap().status(),
+        200
+    );
+    assert_eq!(
+        reqwest::get(gw.admin("/readyz")).await.unwrap().status(),
+        200
+    );
     let metrics = gw.metrics().await;
-    for name in ["keygate_build_info", "keygate_tls_certificate_expiry_timestamp_seconds", "keygate_cache_entries"] {
+    for name in [
+        "keygate_build_info",
+        "keygate_tls_certificate_expiry_timestamp_seconds",
+        "keygate_cache_entries",
+    ] {
         assert!(metrics.contains(name), "{name} missing");
     }
     gw.running.shutdown();
     let readyz = reqwest::get(gw.admin("/readyz")).await.unwrap();
-    assert_eq!(readyz.status(), 503, "unready as soon as shutdown starts, while still answering");
+    assert_eq!(
+        readyz.status(),
+        503,
+        "unready as soon as shutdown starts, while still answering"
+    );
 }

@@ -71,7 +71,11 @@ mod tests {
         let value = key.value.expose();
         assert!(value.starts_with("tb_"));
         assert_eq!(value.len(), 3 + 86);
-        assert!(value[3..].bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_'));
+        assert!(
+            value[3..]
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        );
         assert_eq!(key.digest, KeyDigest::of(value));
         assert_ne!(generate("tb_").unwrap().value, key.value);
     }

@@ -72,7 +72,12 @@ struct TokenLifetime {
 }
 
 impl Expiry<[u8; 32], Arc<VerifiedToken>> for TokenLifetime {
-    fn expire_after_create(&self, _key: &[u8; 32], value: &Arc<VerifiedToken>, _now: Instant) -> Option<Duration> {
+    fn expire_after_create(
+        &self,
+        _key: &[u8; 32],
+        value: &Arc<VerifiedToken>,
+        _now: Instant,
+    ) -> Option<Duration> {
         let left = (value.claims.exp - crate::clock::now_secs()).max(0) as u64;
         Some(self.max.min(Duration::from_secs(left)))
     }

@@ -145,7 +145,10 @@ mod tests {
             Ok(Credential::Bearer(Secret::new("t")))
         );
         assert_eq!(
-            parsed(&[("X-Authorization", "ApiKey k1"), ("Authorization", "Bearer t")]),
+            parsed(&[
+                ("X-Authorization", "ApiKey k1"),
+                ("Authorization", "Bearer t")
+            ]),
             Ok(Credential::ApiKey(Secret::new("k1")))
         );
     }
@@ -153,7 +156,10 @@ mod tests {
     #[test]
     fn no_credential_is_missing() {
         assert_eq!(parsed(&[]), Err(CredentialError::Missing));
-        assert_eq!(parsed(&[("X-Authorization", "")]), Err(CredentialError::Missing));
+        assert_eq!(
+            parsed(&[("X-Authorization", "")]),
+            Err(CredentialError::Missing)
+        );
         assert_eq!(
             parsed(&[("X-Authorization", " "), ("Authorization", "")]),
             Err(CredentialError::Missing)
@@ -190,7 +196,10 @@ mod tests {
     #[test]
     fn repeated_header_is_refused() {
         assert_eq!(
-            parsed(&[("X-Authorization", "ApiKey a"), ("X-Authorization", "ApiKey b")]),
+            parsed(&[
+                ("X-Authorization", "ApiKey a"),
+                ("X-Authorization", "ApiKey b")
+            ]),
             Err(CredentialError::Malformed)
         );
         assert_eq!(
@@ -202,10 +211,16 @@ mod tests {
     #[test]
     fn non_ascii_and_oversized_values_are_refused() {
         let mut map = HeaderMap::new();
-        map.insert(&X_AUTHORIZATION, HeaderValue::from_bytes(b"ApiKey \xff\xfe").unwrap());
+        map.insert(
+            &X_AUTHORIZATION,
+            HeaderValue::from_bytes(b"ApiKey \xff\xfe").unwrap(),
+        );
         assert_eq!(parse(&map), Err(CredentialError::Malformed));
         let long = format!("ApiKey {}", "a".repeat(MAX_VALUE_LEN + 1));
-        assert_eq!(parsed(&[("X-Authorization", &long)]), Err(CredentialError::Malformed));
+        assert_eq!(
+            parsed(&[("X-Authorization", &long)]),
+            Err(CredentialError::Malformed)
+        );
     }
 
     #[test]

@@ -100,7 +100,9 @@ pub struct TokenKeys {
 
 impl std::fmt::Debug for TokenKeys {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TokenKeys").field("issuer", &self.issuer).finish_non_exhaustive()
+        f.debug_struct("TokenKeys")
+            .field("issuer", &self.issuer)
+            .finish_non_exhaustive()
     }
 }
 
@@ -112,7 +114,12 @@ pub struct Signed {
 }
 
 impl TokenKeys {
-    pub fn new(secret: &[u8], issuer: &str, access_ttl: Duration, refresh_ttl: Duration) -> TokenKeys {
+    pub fn new(
+        secret: &[u8],
+        issuer: &str,
+        access_ttl: Duration,
+        refresh_ttl: Duration,
+    ) -> TokenKeys {
         install_crypto_provider();
         let mut validation = Validation::new(Algorithm::HS512);
         validation.leeway = 0;
@@ -133,7 +140,12 @@ impl TokenKeys {
         self.access_ttl
     }
 
-    pub fn sign_access(&self, user: &UserRecord, session_id: Uuid, now_secs: i64) -> Result<Signed, TokenError> {
+    pub fn sign_access(
+        &self,
+        user: &UserRecord,
+        session_id: Uuid,
+        now_secs: i64,
+    ) -> Result<Signed, TokenError> {
         let non_empty = |s: &str| (!s.is_empty()).then(|| s.to_string());
         let exp = now_secs + self.access_ttl.as_secs() as i64;
         let claims = AccessClaims {
@@ -228,7 +240,12 @@ mod tests {
     const KEY: &[u8] = &[42u8; 64];
 
     fn keys() -> TokenKeys {
-        TokenKeys::new(KEY, "thingsboard.io", Duration::from_secs(9000), Duration::from_secs(604_800))
+        TokenKeys::new(
+            KEY,
+            "thingsboard.io",
+            Duration::from_secs(9000),
+            Duration::from_secs(604_800),
+        )
     }
 
     fn user() -> UserRecord {
@@ -261,9 +278,13 @@ mod tests {
 
     #[test]
     fn access_token_has_the_platform_claims() {
-        let signed = keys().sign_access(&user(), Uuid::from_u128(5), now()).unwrap();
+        let signed = keys()
+            .sign_access(&user(), Uuid::from_u128(5), now())
+            .unwrap();
         let header: serde_json::Value = serde_json::from_slice(
-            &URL_SAFE_NO_PAD.decode(signed.token.split('.').next().unwrap()).unwrap(),
+            &URL_SAFE_NO_PAD
+                .decode(signed.token.split('.').next().unwrap())
+                .unwrap(),
         )
         .unwrap();
         assert_eq!(header["alg"], "HS512");
@@ -275,7 +296,10 @@ mod tests {
         assert!(claims.get("lastName").is_none(), "empty names are omitted");
         assert_eq!(claims["customerId"], NULL_UUID.to_string());
         assert_eq!(claims["isPublic"], false);
-        assert_eq!(claims["exp"].as_i64().unwrap() - claims["iat"].as_i64().unwrap(), 9000);
+        assert_eq!(
+            claims["exp"].as_i64().unwrap() - claims["iat"].as_i64().unwrap(),
+            9000
+        );
         let verified = keys().verify_access(&signed.token).unwrap();
         assert_eq!(verified.session_id, Uuid::from_u128(5));
     }
@@ -283,7 +307,9 @@ mod tests {
     #[test]
     fn refresh_token_is_not_an_access_token_and_vice_versa() {
         let k = keys();
-        let refresh = k.sign_refresh(&user(), Uuid::from_u128(5), "jti-1", now()).unwrap();
+        let refresh = k
+            .sign_refresh(&user(), Uuid::from_u128(5), "jti-1", now())
+            .unwrap();
         assert_eq!(k.verify_access(&refresh.token), Err(TokenError::WrongScope));
         assert_eq!(k.verify_refresh(&refresh.token).unwrap().jti, "jti-1");
         let access = k.sign_access(&user(), Uuid::from_u128(5), now()).unwrap();
@@ -292,20 +318,34 @@ mod tests {
 
     #[test]
     fn token_signed_with_another_key_is_a_bad_signature() {
-        let other = TokenKeys::new(&[1u8; 64], "thingsboard.io", Duration::from_secs(9000), Duration::from_secs(604_800));
-        let token = other.sign_access(&user(), Uuid::nil(), now()).unwrap().token;
+        let other = TokenKeys::new(
+            &[1u8; 64],
+            "thingsboard.io",
+            Duration::from_secs(9000),
+            Duration::from_secs(604_800),
+        );
+        let token = other
+            .sign_access(&user(), Uuid::nil(), now())
+            .unwrap()
+            .token;
         assert_eq!(keys().verify_access(&token), Err(TokenError::BadSignature));
     }
 
     #[test]
     fn expired_token_is_refused() {
-        let token = keys().sign_access(&user(), Uuid::nil(), now() - 10_000).unwrap().token;
+        let token = keys()
+            .sign_access(&user(), Uuid::nil(), now() - 10_000)
+            .unwrap()
+            .token;
         assert_eq!(keys().verify_access(&token), Err(TokenError::Expired));
     }
 
     #[test]
     fn alg_none_token_is_refused() {
-        let good = keys().sign_access(&user(), Uuid::nil(), now()).unwrap().token;
+        let good = keys()
+            .sign_access(&user(), Uuid::nil(), now())
+            .unwrap()
+            .token;
         let body = good.split('.').nth(1).unwrap();
         let header = URL_SAFE_NO_PAD.encode(br#"{"alg":"none","typ":"JWT"}"#);
         for token in [format!("{header}.{body}."), format!("{header}.{body}")] {
@@ -315,7 +355,12 @@ mod tests {
 
     #[test]
     fn hs256_token_with_the_same_secret_is_refused() {
-        let claims = payload(&keys().sign_access(&user(), Uuid::nil(), now()).unwrap().token);
+        let claims = payload(
+            &keys()
+                .sign_access(&user(), Uuid::nil(), now())
+                .unwrap()
+                .token,
+        );
         let token = jsonwebtoken::encode(
             &Header::new(Algorithm::HS256),
             &claims,
@@ -327,19 +372,41 @@ mod tests {
 
     #[test]
     fn token_without_exp_or_from_another_issuer_is_refused() {
-        let mut claims = payload(&keys().sign_access(&user(), Uuid::nil(), now()).unwrap().token);
+        let mut claims = payload(
+            &keys()
+                .sign_access(&user(), Uuid::nil(), now())
+                .unwrap()
+                .token,
+        );
         claims.as_object_mut().unwrap().remove("exp");
-        let no_exp = jsonwebtoken::encode(&Header::new(Algorithm::HS512), &claims, &EncodingKey::from_secret(KEY)).unwrap();
+        let no_exp = jsonwebtoken::encode(
+            &Header::new(Algorithm::HS512),
+            &claims,
+            &EncodingKey::from_secret(KEY),
+        )
+        .unwrap();
         assert_eq!(keys().verify_access(&no_exp), Err(TokenError::Malformed));
-        let foreign = TokenKeys::new(KEY, "evil.example", Duration::from_secs(9000), Duration::from_secs(604_800));
-        let token = foreign.sign_access(&user(), Uuid::nil(), now()).unwrap().token;
+        let foreign = TokenKeys::new(
+            KEY,
+            "evil.example",
+            Duration::from_secs(9000),
+            Duration::from_secs(604_800),
+        );
+        let token = foreign
+            .sign_access(&user(), Uuid::nil(), now())
+            .unwrap()
+            .token;
         assert_eq!(keys().verify_access(&token), Err(TokenError::Malformed));
     }
 
     #[test]
     fn garbage_is_malformed() {
         for token in ["", "abc", "a.b.c", "....", "eyJhbGciOiJIUzUxMiJ9.e30.x"] {
-            assert_eq!(keys().verify_access(token), Err(TokenError::Malformed), "{token}");
+            assert_eq!(
+                keys().verify_access(token),
+                Err(TokenError::Malformed),
+                "{token}"
+            );
         }
     }
 }

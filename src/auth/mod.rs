@@ -98,7 +98,12 @@ pub struct Authenticator {
 }
 
 impl Authenticator {
-    pub fn new(store: Store, tokens: Arc<TokenKeys>, caches: Caches, metrics: Arc<Metrics>) -> Self {
+    pub fn new(
+        store: Store,
+        tokens: Arc<TokenKeys>,
+        caches: Caches,
+        metrics: Arc<Metrics>,
+    ) -> Self {
         Authenticator {
             store,
             tokens,
@@ -131,7 +136,10 @@ impl Authenticator {
         if key.expiration_time != 0 && crate::clock::now_ms() >= key.expiration_time {
             return Err(AuthFailure::Expired);
         }
-        let user = self.user_state(key.user_id).await?.ok_or(AuthFailure::Disabled)?;
+        let user = self
+            .user_state(key.user_id)
+            .await?
+            .ok_or(AuthFailure::Disabled)?;
         if !user.enabled {
             return Err(AuthFailure::Disabled);
         }
@@ -149,14 +157,20 @@ impl Authenticator {
         if claims.exp <= crate::clock::now_secs() {
             return Err(AuthFailure::TokenExpired);
         }
-        let user = self.user_state(claims.user_id).await?.ok_or(AuthFailure::Outdated)?;
+        let user = self
+            .user_state(claims.user_id)
+            .await?
+            .ok_or(AuthFailure::Outdated)?;
         if !user.enabled {
             return Err(AuthFailure::Disabled);
         }
         if claims.iat < user.tokens_valid_after {
             return Err(AuthFailure::Outdated);
         }
-        let session = self.session_state(claims.session_id).await?.ok_or(AuthFailure::Outdated)?;
+        let session = self
+            .session_state(claims.session_id)
+            .await?
+            .ok_or(AuthFailure::Outdated)?;
         if session.ended || session.user_id != claims.user_id {
             return Err(AuthFailure::Outdated);
         }
@@ -271,4 +285,3 @@ pub fn user_state(user: &UserRecord) -> UserState {
         tokens_valid_after: user.tokens_valid_after,
     }
 }
-

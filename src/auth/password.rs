@@ -18,7 +18,8 @@ pub enum PasswordError {
 }
 
 fn hasher() -> Argon2<'static> {
-    let params = Params::new(MEMORY_KIB, ITERATIONS, LANES, Some(32)).expect("static argon2 params are valid");
+    let params = Params::new(MEMORY_KIB, ITERATIONS, LANES, Some(32))
+        .expect("static argon2 params are valid");
     Argon2::new(Algorithm::Argon2id, Version::V0x13, params)
 }
 
@@ -33,7 +34,9 @@ pub fn hash_blocking(password: &str) -> Result<String, PasswordError> {
 /// Checks a password against a stored PHC hash, synchronously. An unparsable
 /// hash is a mismatch, never a panic.
 pub fn verify_blocking(password: &str, stored: &str) -> bool {
-    hasher().verify_password(password.as_bytes(), stored).is_ok()
+    hasher()
+        .verify_password(password.as_bytes(), stored)
+        .is_ok()
 }
 
 /// Hashes on the blocking pool, so async workers keep proxying.
@@ -57,7 +60,10 @@ mod tests {
     #[test]
     fn argon2id_hash_verifies_and_rejects_wrong_password() {
         let stored = hash_blocking("correct horse").unwrap();
-        assert!(stored.starts_with("$argon2id$v=19$m=19456,t=2,p=1$"), "{stored}");
+        assert!(
+            stored.starts_with("$argon2id$v=19$m=19456,t=2,p=1$"),
+            "{stored}"
+        );
         assert!(verify_blocking("correct horse", &stored));
         assert!(!verify_blocking("wrong horse", &stored));
         assert!(!verify_blocking("correct horse", "not a hash"));

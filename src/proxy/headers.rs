@@ -51,14 +51,16 @@ pub fn request_id(headers: &HeaderMap, trusted: bool) -> HeaderValue {
     if trusted {
         if let Some(value) = headers.get(&X_REQUEST_ID) {
             let bytes = value.as_bytes();
-            if !bytes.is_empty() && bytes.len() <= 128 && bytes.iter().all(|b| b.is_ascii_graphic()) {
+            if !bytes.is_empty() && bytes.len() <= 128 && bytes.iter().all(|b| b.is_ascii_graphic())
+            {
                 return value.clone();
             }
         }
     }
     let id = uuid::Uuid::new_v4();
     let mut buf = [0u8; uuid::fmt::Hyphenated::LENGTH];
-    HeaderValue::from_bytes(id.hyphenated().encode_lower(&mut buf).as_bytes()).expect("uuid is ASCII")
+    HeaderValue::from_bytes(id.hyphenated().encode_lower(&mut buf).as_bytes())
+        .expect("uuid is ASCII")
 }
 
 /// Sets `X-Forwarded-*` and `X-Request-Id`. What a trusted proxy sent is kept
@@ -122,7 +124,10 @@ mod tests {
     #[test]
     fn connection_named_headers_and_hop_by_hop_are_removed() {
         let mut headers = HeaderMap::new();
-        headers.insert(CONNECTION, HeaderValue::from_static("keep-alive, X-Custom, x-auth-user-id"));
+        headers.insert(
+            CONNECTION,
+            HeaderValue::from_static("keep-alive, X-Custom, x-auth-user-id"),
+        );
         headers.insert("x-custom", HeaderValue::from_static("1"));
         headers.insert("keep-alive", HeaderValue::from_static("timeout=5"));
         headers.insert(TE, HeaderValue::from_static("trailers"));

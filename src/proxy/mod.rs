@@ -55,7 +55,11 @@ impl RouteTable {
                 prefix: spec.prefix.clone(),
                 public: spec.public,
                 timeout: spec.request_timeout,
-                upstreams: spec.upstreams.iter().map(|uri| Arc::new(Upstream::new(uri))).collect(),
+                upstreams: spec
+                    .upstreams
+                    .iter()
+                    .map(|uri| Arc::new(Upstream::new(uri)))
+                    .collect(),
                 next: AtomicUsize::new(0),
             })
             .collect();
@@ -73,7 +77,10 @@ impl Upstream {
     fn new(uri: &Uri) -> Upstream {
         Upstream {
             scheme: uri.scheme().cloned().unwrap_or(http::uri::Scheme::HTTP),
-            authority: uri.authority().cloned().expect("validated upstream has a host"),
+            authority: uri
+                .authority()
+                .cloned()
+                .expect("validated upstream has a host"),
             base_path: uri.path().trim_end_matches('/').to_string(),
             label: uri.to_string().trim_end_matches('/').to_string(),
             down_until: AtomicU64::new(0),
@@ -81,7 +88,9 @@ impl Upstream {
     }
 
     fn uri(&self, path: &str, query: Option<&str>) -> Result<Uri, http::Error> {
-        let mut pq = String::with_capacity(self.base_path.len() + path.len() + query.map_or(0, |q| q.len() + 1));
+        let mut pq = String::with_capacity(
+            self.base_path.len() + path.len() + query.map_or(0, |q| q.len() + 1),
+        );
         pq.push_str(&self.base_path);
         pq.push_str(path);
         if let Some(q) = query {
@@ -143,7 +152,9 @@ impl Proxy {
         let n = route.upstreams.len();
         let start = route.next.fetch_add(1, Ordering::Relaxed);
         let now = self.now_ms();
-        let candidates = (0..n).map(|i| (start + i) % n).filter(|i| !skip.contains(i));
+        let candidates = (0..n)
+            .map(|i| (start + i) % n)
+            .filter(|i| !skip.contains(i));
         let mut fallback = None;
         for i in candidates {
             if route.upstreams[i].down_until.load(Ordering::Relaxed) <= now {
@@ -172,7 +183,10 @@ impl Proxy {
         let mut body = Some(if declared.is_some() {
             body::boxed(incoming)
         } else {
-            body::boxed(http_body_util::Limited::new(incoming, self.max_body_bytes as usize))
+            body::boxed(http_body_util::Limited::new(
+                incoming,
+                self.max_body_bytes as usize,
+            ))
         });
         parts.version = Version::HTTP_11;
         let query = parts.uri.query().map(str::to_owned);
@@ -181,7 +195,9 @@ impl Proxy {
             let index = self.pick(route, &tried).ok_or_else(ApiError::bad_gateway)?;
             tried.push(index);
             let upstream = &route.upstreams[index];
-            parts.uri = upstream.uri(path, query.as_deref()).map_err(|_| ApiError::bad_request("Invalid request path"))?;
+            parts.uri = upstream
+                .uri(path, query.as_deref())
+                .map_err(|_| ApiError::bad_request("Invalid request path"))?;
             let request_body = body.take().unwrap_or_else(body::empty);
             let head = if replayable {
                 parts.clone()
@@ -197,7 +213,10 @@ impl Proxy {
                     self.metrics.upstream(&upstream.label, started.elapsed());
                     let (mut head, incoming) = response.into_parts();
                     headers::remove_hop_by_hop(&mut head.headers);
-                    return Ok((Response::from_parts(head, body::boxed(incoming)), upstream.label.as_str()));
+                    return Ok((
+                        Response::from_parts(head, body::boxed(incoming)),
+                        upstream.label.as_str(),
+                    ));
                 }
                 Ok(Err(error)) => classify(&error),
                 Err(_) => Failure::Timeout,
@@ -205,9 +224,10 @@ impl Proxy {
             match failure {
                 Failure::Connect => {
                     self.metrics.upstream_error(&upstream.label, "connect");
-                    upstream
-                        .down_until
-                        .store(self.now_ms() + self.retry_after.as_millis() as u64, Ordering::Relaxed);
+                    upstream.down_until.store(
+                        self.now_ms() + self.retry_after.as_millis() as u64,
+                        Ordering::Relaxed,
+                    );
                     tracing::warn!(upstream = %upstream.label, "upstream refused the connection; skipping it for a while");
                     if replayable && tried.len() < route.upstreams.len() {
                         continue;
@@ -259,7 +279,11 @@ mod tests {
 
     #[test]
     fn longest_prefix_wins() {
-        let table = RouteTable::new(&[spec("/api/", false), spec("/api/noauth/", true), spec("/", false)]);
+        let table = RouteTable::new(&[
+            spec("/api/", false),
+            spec("/api/noauth/", true),
+            spec("/", false),
+        ]);
         assert_eq!(table.find("/api/noauth/x").unwrap().prefix, "/api/noauth/");
         assert_eq!(table.find("/api/devices").unwrap().prefix, "/api/");
         assert_eq!(table.find("/other").unwrap().prefix, "/");
@@ -276,23 +300,37 @@ mod tests {
             "http://127.0.0.1:9000/base/api/x?a=1"
         );
         let upstream = Upstream::new(&"http://127.0.0.1:9000".parse().unwrap());
-        assert_eq!(upstream.uri("/api/x", None).unwrap().to_string(), "http://127.0.0.1:9000/api/x");
+        assert_eq!(
+            upstream.uri("/api/x", None).unwrap().to_string(),
+            "http://127.0.0.1:9000/api/x"
+        );
     }
 
     #[tokio::test]
     async fn round_robin_skips_an_upstream_marked_down() {
         let mut s = spec("/api/", false);
-        s.upstreams = vec!["http://127.0.0.1:1".parse().unwrap(), "http://127.0.0.1:2".parse().unwrap()];
+        s.upstreams = vec![
+            "http://127.0.0.1:1".parse().unwrap(),
+            "http://127.0.0.1:2".parse().unwrap(),
+        ];
         let table = RouteTable::new(&[s]);
         let route = table.find("/api/x").unwrap();
-        let settings = crate::config::load(&crate::config::Source { file: None, env: vec![] }).unwrap();
+        let settings = crate::config::load(&crate::config::Source {
+            file: None,
+            env: vec![],
+        })
+        .unwrap();
         let proxy = Proxy::new(&settings.proxy, 1024, Arc::new(Metrics::new()));
         let picks: Vec<_> = (0..4).map(|_| proxy.pick(route, &[]).unwrap()).collect();
         assert_eq!(picks, vec![0, 1, 0, 1]);
-        route.upstreams[0].down_until.store(proxy.now_ms() + 60_000, Ordering::Relaxed);
+        route.upstreams[0]
+            .down_until
+            .store(proxy.now_ms() + 60_000, Ordering::Relaxed);
         let picks: Vec<_> = (0..4).map(|_| proxy.pick(route, &[]).unwrap()).collect();
         assert_eq!(picks, vec![1, 1, 1, 1]);
-        route.upstreams[1].down_until.store(proxy.now_ms() + 60_000, Ordering::Relaxed);
+        route.upstreams[1]
+            .down_until
+            .store(proxy.now_ms() + 60_000, Ordering::Relaxed);
         assert!(proxy.pick(route, &[]).is_some(), "all down: still try one");
     }
 }

@@ -90,14 +90,26 @@ mod tests {
 
     #[test]
     fn clean_paths_are_borrowed_unchanged() {
-        for p in ["/", "/api/tenant/devices", "/api/a.b/c..d", "/api/%20x", "/api//x"] {
-            assert!(matches!(normalize(p), Ok(Cow::Borrowed(q)) if q == p), "{p}");
+        for p in [
+            "/",
+            "/api/tenant/devices",
+            "/api/a.b/c..d",
+            "/api/%20x",
+            "/api//x",
+        ] {
+            assert!(
+                matches!(normalize(p), Ok(Cow::Borrowed(q)) if q == p),
+                "{p}"
+            );
         }
     }
 
     #[test]
     fn dot_segments_are_resolved() {
-        assert_eq!(normalize("/api/noauth/../tenant/devices").unwrap(), "/api/tenant/devices");
+        assert_eq!(
+            normalize("/api/noauth/../tenant/devices").unwrap(),
+            "/api/tenant/devices"
+        );
         assert_eq!(normalize("/api/./x").unwrap(), "/api/x");
         assert_eq!(normalize("/api/x/.").unwrap(), "/api/x/");
         assert_eq!(normalize("/api/x/..").unwrap(), "/api/");
@@ -108,12 +120,22 @@ mod tests {
     #[test]
     fn climbing_above_root_is_refused() {
         assert_eq!(normalize("/.."), Err(PathError::AboveRoot));
-        assert_eq!(normalize("/api/../../etc/passwd"), Err(PathError::AboveRoot));
+        assert_eq!(
+            normalize("/api/../../etc/passwd"),
+            Err(PathError::AboveRoot)
+        );
     }
 
     #[test]
     fn encoded_traversal_and_separators_are_refused() {
-        for p in ["/api/noauth/..%2ftenant", "/api/%2e%2e/x", "/api/%2E/x", "/api/a%00b", "/api/a%5cb", "/api/a%2Fb"] {
+        for p in [
+            "/api/noauth/..%2ftenant",
+            "/api/%2e%2e/x",
+            "/api/%2E/x",
+            "/api/a%00b",
+            "/api/a%5cb",
+            "/api/a%2Fb",
+        ] {
             assert_eq!(normalize(p), Err(PathError::EncodedSeparator), "{p}");
         }
         assert_eq!(normalize("/api/a\\..\\b"), Err(PathError::Backslash));

@@ -5,9 +5,16 @@ use sqlx::{AnyPool, Row};
 use super::{Dialect, StoreError};
 
 /// (version, name, SQL) per dialect. Append only: never edit an applied one.
-const SQLITE: &[(i64, &str, &str)] = &[(1, "init", include_str!("../../migrations/sqlite/0001_init.sql"))];
-const POSTGRES: &[(i64, &str, &str)] =
-    &[(1, "init", include_str!("../../migrations/postgres/0001_init.sql"))];
+const SQLITE: &[(i64, &str, &str)] = &[(
+    1,
+    "init",
+    include_str!("../../migrations/sqlite/0001_init.sql"),
+)];
+const POSTGRES: &[(i64, &str, &str)] = &[(
+    1,
+    "init",
+    include_str!("../../migrations/postgres/0001_init.sql"),
+)];
 
 /// Applies every migration not yet recorded, each in its own transaction.
 pub async fn run(pool: &AnyPool, dialect: Dialect) -> Result<(), StoreError> {
@@ -24,7 +31,9 @@ pub async fn run(pool: &AnyPool, dialect: Dialect) -> Result<(), StoreError> {
         let mut tx = pool.begin().await?;
         if dialect == Dialect::Postgres {
             // Replicas starting together apply each migration once.
-            sqlx::query("SELECT pg_advisory_xact_lock(7302154627)").execute(&mut *tx).await?;
+            sqlx::query("SELECT pg_advisory_xact_lock(7302154627)")
+                .execute(&mut *tx)
+                .await?;
         }
         let applied = sqlx::query("SELECT COUNT(*) FROM keygate_migrations WHERE version = $1")
             .bind(*version)
@@ -36,12 +45,14 @@ pub async fn run(pool: &AnyPool, dialect: Dialect) -> Result<(), StoreError> {
             continue;
         }
         sqlx::raw_sql(*sql).execute(&mut *tx).await?;
-        sqlx::query("INSERT INTO keygate_migrations (version, name, applied_at) VALUES ($1, $2, $3)")
-            .bind(*version)
-            .bind(*name)
-            .bind(crate::clock::now_ms())
-            .execute(&mut *tx)
-            .await?;
+        sqlx::query(
+            "INSERT INTO keygate_migrations (version, name, applied_at) VALUES ($1, $2, $3)",
+        )
+        .bind(*version)
+        .bind(*name)
+        .bind(crate::clock::now_ms())
+        .execute(&mut *tx)
+        .await?;
         tx.commit().await?;
         tracing::info!(version, name, "applied store migration");
     }

@@ -95,7 +95,9 @@ pub struct Store {
 
 impl std::fmt::Debug for Store {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Store").field("dialect", &self.dialect).finish()
+        f.debug_struct("Store")
+            .field("dialect", &self.dialect)
+            .finish()
     }
 }
 
@@ -113,9 +115,13 @@ impl Store {
             let path = rest.trim_start_matches("//");
             let file = path.split('?').next().unwrap_or_default();
             if !file.is_empty() && file != ":memory:" {
-                if let Some(parent) = Path::new(file).parent().filter(|p| !p.as_os_str().is_empty()) {
-                    std::fs::create_dir_all(parent)
-                        .map_err(|e| StoreError::Setup(format!("creating {}: {e}", parent.display())))?;
+                if let Some(parent) = Path::new(file)
+                    .parent()
+                    .filter(|p| !p.as_os_str().is_empty())
+                {
+                    std::fs::create_dir_all(parent).map_err(|e| {
+                        StoreError::Setup(format!("creating {}: {e}", parent.display()))
+                    })?;
                 }
             }
             let url = if path.contains("mode=") {
@@ -144,7 +150,9 @@ impl Store {
         }
         let pool = options.connect(&url).await?;
         if dialect == Dialect::Sqlite {
-            sqlx::raw_sql("PRAGMA journal_mode = WAL;").execute(&pool).await?;
+            sqlx::raw_sql("PRAGMA journal_mode = WAL;")
+                .execute(&pool)
+                .await?;
         }
         let store = Store { pool, dialect };
         migrate::run(&store.pool, dialect).await?;
@@ -165,12 +173,18 @@ impl Store {
 
     /// Returns the stored value, or stores `generated` when none exists yet.
     /// Safe when several replicas race: the first insert wins and all read it.
-    pub async fn get_or_create_setting(&self, name: &str, generated: &str) -> Result<String, StoreError> {
-        sqlx::query("INSERT INTO settings (name, value) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING")
-            .bind(name)
-            .bind(generated)
-            .execute(&self.pool)
-            .await?;
+    pub async fn get_or_create_setting(
+        &self,
+        name: &str,
+        generated: &str,
+    ) -> Result<String, StoreError> {
+        sqlx::query(
+            "INSERT INTO settings (name, value) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING",
+        )
+        .bind(name)
+        .bind(generated)
+        .execute(&self.pool)
+        .await?;
         let row = sqlx::query("SELECT value FROM settings WHERE name = $1")
             .bind(name)
             .fetch_one(&self.pool)
@@ -181,7 +195,9 @@ impl Store {
     // --- users ----------------------------------------------------------------
 
     pub async fn user_count(&self) -> Result<i64, StoreError> {
-        let row = sqlx::query("SELECT COUNT(*) FROM users").fetch_one(&self.pool).await?;
+        let row = sqlx::query("SELECT COUNT(*) FROM users")
+            .fetch_one(&self.pool)
+            .await?;
         Ok(row.try_get::<i64, _>(0)?)
     }
 
@@ -207,14 +223,19 @@ impl Store {
             .execute(&self.pool)
             .await;
         match result {
-            Err(sqlx::Error::Database(e)) if e.is_unique_violation() => Err(StoreError::Conflict("email")),
+            Err(sqlx::Error::Database(e)) if e.is_unique_violation() => {
+                Err(StoreError::Conflict("email"))
+            }
             other => other.map(|_| ()).map_err(Into::into),
         }
     }
 
     pub async fn user_by_id(&self, id: Uuid) -> Result<Option<UserRecord>, StoreError> {
         let sql = format!("SELECT {USER_COLUMNS} FROM users WHERE id = $1");
-        let row = sqlx::query(AssertSqlSafe(sql)).bind(id.to_string()).fetch_optional(&self.pool).await?;
+        let row = sqlx::query(AssertSqlSafe(sql))
+            .bind(id.to_string())
+            .fetch_optional(&self.pool)
+            .await?;
         row.map(|r| user_from_row(&r)).transpose()
     }
 
@@ -230,13 +251,20 @@ impl Store {
 
     pub async fn list_users(&self) -> Result<Vec<UserRecord>, StoreError> {
         let sql = format!("SELECT {USER_COLUMNS} FROM users ORDER BY created_time, email");
-        let rows = sqlx::query(AssertSqlSafe(sql)).fetch_all(&self.pool).await?;
+        let rows = sqlx::query(AssertSqlSafe(sql))
+            .fetch_all(&self.pool)
+            .await?;
         rows.iter().map(user_from_row).collect()
     }
 
     /// Enables or disables a user. Disabling outdates every token of the user
     /// and ends their sessions, in one transaction. Returns false when no such user.
-    pub async fn set_user_enabled(&self, id: Uuid, enabled: bool, now_secs: i64) -> Result<bool, StoreError> {
+    pub async fn set_user_enabled(
+        &self,
+        id: Uuid,
+        enabled: bool,
+        now_secs: i64,
+    ) -> Result<bool, StoreError> {
         let mut tx = self.pool.begin().await?;
         let updated = if enabled {
             sqlx::query("UPDATE users SET enabled = $1, version = version + 1 WHERE id = $2")
@@ -272,7 +300,10 @@ impl Store {
             "DELETE FROM api_keys WHERE user_id = $1",
             "DELETE FROM sessions WHERE user_id = $1",
         ] {
-            sqlx::query(sql).bind(id.to_string()).execute(&mut *tx).await?;
+            sqlx::query(sql)
+                .bind(id.to_string())
+                .execute(&mut *tx)
+                .await?;
         }
         let deleted = sqlx::query("DELETE FROM users WHERE id = $1")
             .bind(id.to_string())
@@ -285,7 +316,8 @@ impl Store {
     // --- API keys -------------------------------------------------------------
 
     pub async fn insert_api_key(&self, key: &ApiKeyRecord) -> Result<(), StoreError> {
-        let sql = format!("INSERT INTO api_keys ({KEY_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)");
+        let sql =
+            format!("INSERT INTO api_keys ({KEY_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)");
         let result = sqlx::query(AssertSqlSafe(sql))
             .bind(key.id.to_string())
             .bind(key.created_time)
@@ -298,26 +330,42 @@ impl Store {
             .execute(&self.pool)
             .await;
         match result {
-            Err(sqlx::Error::Database(e)) if e.is_unique_violation() => Err(StoreError::Conflict("digest")),
+            Err(sqlx::Error::Database(e)) if e.is_unique_violation() => {
+                Err(StoreError::Conflict("digest"))
+            }
             other => other.map(|_| ()).map_err(Into::into),
         }
     }
 
-    pub async fn api_key_by_digest(&self, digest: &str) -> Result<Option<ApiKeyRecord>, StoreError> {
+    pub async fn api_key_by_digest(
+        &self,
+        digest: &str,
+    ) -> Result<Option<ApiKeyRecord>, StoreError> {
         let sql = format!("SELECT {KEY_COLUMNS} FROM api_keys WHERE digest = $1");
-        let row = sqlx::query(AssertSqlSafe(sql)).bind(digest).fetch_optional(&self.pool).await?;
+        let row = sqlx::query(AssertSqlSafe(sql))
+            .bind(digest)
+            .fetch_optional(&self.pool)
+            .await?;
         row.map(|r| key_from_row(&r)).transpose()
     }
 
     pub async fn api_key_by_id(&self, id: Uuid) -> Result<Option<ApiKeyRecord>, StoreError> {
         let sql = format!("SELECT {KEY_COLUMNS} FROM api_keys WHERE id = $1");
-        let row = sqlx::query(AssertSqlSafe(sql)).bind(id.to_string()).fetch_optional(&self.pool).await?;
+        let row = sqlx::query(AssertSqlSafe(sql))
+            .bind(id.to_string())
+            .fetch_optional(&self.pool)
+            .await?;
         row.map(|r| key_from_row(&r)).transpose()
     }
 
     pub async fn list_api_keys(&self, user_id: Uuid) -> Result<Vec<ApiKeyRecord>, StoreError> {
-        let sql = format!("SELECT {KEY_COLUMNS} FROM api_keys WHERE user_id = $1 ORDER BY created_time, id");
-        let rows = sqlx::query(AssertSqlSafe(sql)).bind(user_id.to_string()).fetch_all(&self.pool).await?;
+        let sql = format!(
+            "SELECT {KEY_COLUMNS} FROM api_keys WHERE user_id = $1 ORDER BY created_time, id"
+        );
+        let rows = sqlx::query(AssertSqlSafe(sql))
+            .bind(user_id.to_string())
+            .fetch_all(&self.pool)
+            .await?;
         rows.iter().map(key_from_row).collect()
     }
 
@@ -355,10 +403,12 @@ impl Store {
     }
 
     pub async fn session_by_id(&self, id: Uuid) -> Result<Option<SessionRecord>, StoreError> {
-        let row = sqlx::query("SELECT id, user_id, created_time, ended, refresh_jti FROM sessions WHERE id = $1")
-            .bind(id.to_string())
-            .fetch_optional(&self.pool)
-            .await?;
+        let row = sqlx::query(
+            "SELECT id, user_id, created_time, ended, refresh_jti FROM sessions WHERE id = $1",
+        )
+        .bind(id.to_string())
+        .fetch_optional(&self.pool)
+        .await?;
         row.map(|r| {
             Ok(SessionRecord {
                 id: uuid_col(&r, 0)?,
@@ -425,4 +475,3 @@ fn key_from_row(row: &AnyRow) -> Result<ApiKeyRecord, StoreError> {
         expiration_time: row.try_get(7)?,
     })
 }
-

@@ -47,7 +47,9 @@ impl Upstream {
         let record = seen.clone();
         tokio::spawn(async move {
             loop {
-                let Ok((stream, _)) = listener.accept().await else { continue };
+                let Ok((stream, _)) = listener.accept().await else {
+                    continue;
+                };
                 let record = record.clone();
                 tokio::spawn(async move {
                     let service = service_fn(move |req: Request<Incoming>| {
@@ -76,7 +78,10 @@ impl Upstream {
     }
 }
 
-async fn answer(req: Request<Incoming>, record: Arc<Mutex<Vec<Recorded>>>) -> Response<Full<Bytes>> {
+async fn answer(
+    req: Request<Incoming>,
+    record: Arc<Mutex<Vec<Recorded>>>,
+) -> Response<Full<Bytes>> {
     let (parts, mut body) = req.into_parts();
     let mut body_len = 0;
     while let Some(frame) = body.frame().await {
@@ -85,7 +90,11 @@ async fn answer(req: Request<Incoming>, record: Arc<Mutex<Vec<Recorded>>>) -> Re
             Err(_) => break,
         }
     }
-    let path_and_query = parts.uri.path_and_query().map(|p| p.to_string()).unwrap_or_default();
+    let path_and_query = parts
+        .uri
+        .path_and_query()
+        .map(|p| p.to_string())
+        .unwrap_or_default();
     if path_and_query.starts_with("/api/slow") {
         tokio::time::sleep(Duration::from_secs(2)).await;
     }
@@ -167,19 +176,32 @@ request_timeout = "300ms"
         .await
         .unwrap();
         let ca_pem = std::fs::read(dir.path().join("dev-ca.pem")).unwrap_or_default();
-        Gateway { running, dir, ca_pem }
+        Gateway {
+            running,
+            dir,
+            ca_pem,
+        }
     }
 
     pub fn https(&self, path: &str) -> String {
-        format!("https://localhost:{}{path}", self.running.https.unwrap().port())
+        format!(
+            "https://localhost:{}{path}",
+            self.running.https.unwrap().port()
+        )
     }
 
     pub fn http(&self, path: &str) -> String {
-        format!("http://127.0.0.1:{}{path}", self.running.http.unwrap().port())
+        format!(
+            "http://127.0.0.1:{}{path}",
+            self.running.http.unwrap().port()
+        )
     }
 
     pub fn admin(&self, path: &str) -> String {
-        format!("http://127.0.0.1:{}{path}", self.running.admin.unwrap().port())
+        format!(
+            "http://127.0.0.1:{}{path}",
+            self.running.admin.unwrap().port()
+        )
     }
 
     /// A client that trusts the development CA.
@@ -203,14 +225,22 @@ request_timeout = "300ms"
             first_name: "Test".into(),
             last_name: String::new(),
         };
-        accounts::create_user(&self.running.store, new, PASSWORD.into()).await.unwrap()
+        accounts::create_user(&self.running.store, new, PASSWORD.into())
+            .await
+            .unwrap()
     }
 
     /// Creates a key for `user`; returns (key id, value).
     pub async fn api_key(&self, user: &UserRecord, expiration_time: i64) -> (Uuid, String) {
-        let created = accounts::create_api_key(&self.running.store, user, "tb_", "test key", expiration_time)
-            .await
-            .unwrap();
+        let created = accounts::create_api_key(
+            &self.running.store,
+            user,
+            "tb_",
+            "test key",
+            expiration_time,
+        )
+        .await
+        .unwrap();
         (created.record.id, created.value.expose().to_string())
     }
 
@@ -225,12 +255,19 @@ request_timeout = "300ms"
         };
         self.running.store.insert_session(&session).await.unwrap();
         let keys = self.running.app.authenticator().token_keys();
-        let signed = keys.sign_access(user, session.id, keygate::clock::now_secs()).unwrap();
+        let signed = keys
+            .sign_access(user, session.id, keygate::clock::now_secs())
+            .unwrap();
         (session.id, signed.token)
     }
 
     pub async fn metrics(&self) -> String {
-        reqwest::get(self.admin("/metrics")).await.unwrap().text().await.unwrap()
+        reqwest::get(self.admin("/metrics"))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
     }
 }
 
@@ -238,7 +275,10 @@ request_timeout = "300ms"
 pub async fn error_body(response: reqwest::Response) -> (u16, serde_json::Value) {
     let status = response.status().as_u16();
     assert_eq!(
-        response.headers().get("content-type").map(|v| v.to_str().unwrap()),
+        response
+            .headers()
+            .get("content-type")
+            .map(|v| v.to_str().unwrap()),
         Some("application/json")
     );
     let json: serde_json::Value = response.json().await.unwrap();

@@ -1,0 +1,195 @@
+//! The `keygate` command line: config checking, users and keys, and CLI changes
+//! reaching a running server within the cache bound.
+
+mod common;
+
+use std::io::Write;
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{Gateway, Upstream};
+
+fn keygate(config: &Path, args: &[&str], stdin: &str) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_keygate"))
+        .arg("--config")
+        .arg(config)
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .env_remove("KEYGATE_CONFIG")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(stdin.as_bytes())
+        .unwrap();
+    child.wait_with_output().unwrap()
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+#[test]
+fn check_config_reports_every_problem_at_once_and_exits_64() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bad.toml");
+    std::fs::write(
+        &path,
+        "[listen]\nhttps = \"nope\"\ncolour = 1\n[jwt]\ntoken_expiration_time = 10\n[[route]]\nprefix = \"x\"\nupstreams = []\n",
+    )
+    .unwrap();
+    let out = keygate(&path, &["check-config"], "");
+    assert_eq!(out.status.code(), Some(64));
+    let err = text(&out.stderr);
+    for needle in [
+        "listen.https",
+        "listen.colour: unknown key",
+        "at least 60 seconds",
+        "route[0].prefix",
+        "route[0].upstreams",
+    ] {
+        assert!(err.contains(needle), "{needle:?} missing from:\n{err}");
+    }
+    let good = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/keygate.toml");
+    let out = keygate(&good, &["check-config"], "");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+}
+
+#[tokio::test]
+async fn cli_created_key_works_and_cli_disable_applies_within_the_cache_bound() {
+    let upstream = Upstream::start().await;
+    let gw = Gateway::start(
+        &upstream.url(),
+        "[cache]\nttl = \"1s\"\nnegative_ttl = \"1s\"\n",
+    )
+    .await;
+    let config = gw.dir.path().join("keygate.toml");
+
+    let out = keygate(
+        &config,
+        &[
+            "user",
+            "add",
+            "--email",
+            "Cli@Example.com",
+            "--authority",
+            "TENANT_ADMIN",
+            "--tenant-id",
+            "5f1c0c9e-1d2a-4c3b-9e8f-0a1b2c3d4e5f",
+        ],
+        "a-long-password\n",
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = keygate(
+        &config,
+        &[
+            "user",
+            "add",
+            "--email",
+            "short@example.com",
+            "--authority",
+            "SYS_ADMIN",
+        ],
+        "short\n",
+    );
+    assert!(!out.status.success());
+    assert!(text(&out.stderr).contains("at least 8 characters"));
+
+    let out = keygate(
+        &config,
+        &[
+            "apikey",
+            "create",
+            "--email",
+            "cli@example.com",
+            "--description",
+            "ci",
+        ],
+        "",
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    let key = stdout.lines().last().unwrap().to_string();
+    assert!(key.starts_with("tb_") && key.len() == 89, "{stdout:?}");
+    assert!(
+        !text(&out.stderr).contains(&key),
+        "the key is printed on stdout only"
+    );
+
+    let out = keygate(
+        &config,
+        &["apikey", "list", "--email", "cli@example.com"],
+        "",
+    );
+    let listing = text(&out.stdout);
+    assert!(
+        listing.contains("ci") && !listing.contains(&key),
+        "{listing}"
+    );
+    let key_id = listing.split_whitespace().next().unwrap().to_string();
+
+    let client = gw.client();
+    let call = || {
+        client
+            .get(gw.https("/api/devices"))
+            .header("X-Authorization", format!("ApiKey {key}"))
+            .send()
+    };
+    assert_eq!(call().await.unwrap().status(), 200);
+
+    let out = keygate(&config, &["apikey", "disable", &key_id], "");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let started = Instant::now();
+    loop {
+        let status = call().await.unwrap().status();
+        if status == 401 {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(3),
+            "still accepted after the 1 s cache bound"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    let out = keygate(&config, &["user", "list"], "");
+    assert!(text(&out.stdout).contains("cli@example.com"));
+    let out = keygate(&config, &["user", "delete", "cli@example.com"], "");
+    assert!(out.status.success());
+    let out = keygate(&config, &["apikey", "enable", &key_id], "");
+    assert!(!out.status.success(), "the user's keys went with the user");
+}
+
+#[tokio::test]
+async fn first_start_creates_the_bootstrap_admin_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}/k.db", dir.path().display());
+    let store = keygate::store::Store::connect(&url, 2).await.unwrap();
+    let generated = keygate::accounts::bootstrap_admin(&store, None)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(generated.len() >= 20);
+    let admin = store
+        .user_by_email("sysadmin@keygate.local")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(admin.authority, keygate::identity::Authority::SysAdmin);
+    assert!(keygate::auth::password::verify_blocking(
+        &generated,
+        &admin.password_hash
+    ));
+    assert_eq!(
+        keygate::accounts::bootstrap_admin(&store, None)
+            .await
+            .unwrap(),
+        None
+    );
+}
