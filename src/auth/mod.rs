@@ -285,3 +285,6 @@ pub fn user_state(user: &UserRecord) -> UserState {
         tokens_valid_after: user.tokens_valid_after,
     }
 }
+
+#[cfg(test)]
+mod tests;

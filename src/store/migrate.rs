@@ -28,9 +28,14 @@ pub async fn run(pool: &AnyPool, dialect: Dialect) -> Result<(), StoreError> {
     .execute(pool)
     .await?;
     for (version, name, sql) in migrations {
-        let mut tx = pool.begin().await?;
+        // Replicas starting together apply each migration once: PostgreSQL
+        // serialises on an advisory lock, SQLite takes the write lock up front
+        // (a deferred transaction could not upgrade its read lock and would fail).
+        let mut tx = match dialect {
+            Dialect::Sqlite => pool.begin_with("BEGIN IMMEDIATE").await?,
+            Dialect::Postgres => pool.begin().await?,
+        };
         if dialect == Dialect::Postgres {
-            // Replicas starting together apply each migration once.
             sqlx::query("SELECT pg_advisory_xact_lock(7302154627)")
                 .execute(&mut *tx)
                 .await?;

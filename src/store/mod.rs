@@ -163,6 +163,11 @@ impl Store {
         self.dialect
     }
 
+    /// Closes every connection; later queries fail. For shutdown and tests.
+    pub async fn close(&self) {
+        self.pool.close().await;
+    }
+
     /// Answers when the store can serve a query.
     pub async fn ping(&self) -> Result<(), StoreError> {
         sqlx::query("SELECT 1").execute(&self.pool).await?;
@@ -210,7 +215,7 @@ impl Store {
             .bind(user.created_time)
             .bind(user.tenant_id.to_string())
             .bind(user.customer_id.to_string())
-            .bind(&user.email)
+            .bind(user.email.trim().to_lowercase())
             .bind(user.authority.as_str())
             .bind(&user.first_name)
             .bind(&user.last_name)
@@ -475,3 +480,6 @@ fn key_from_row(row: &AnyRow) -> Result<ApiKeyRecord, StoreError> {
         expiration_time: row.try_get(7)?,
     })
 }
+
+#[cfg(test)]
+mod tests;

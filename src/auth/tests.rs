@@ -1,0 +1,375 @@
+//! `Authenticator` over a real SQLite store, real token keys and real caches.
+
+use std::time::Duration;
+
+use http::StatusCode;
+
+use super::*;
+use crate::accounts::{self, NewUser};
+use crate::config::CacheSettings;
+use crate::identity::Authority;
+use crate::store::SessionRecord;
+
+const SECRET: &[u8] = &[7u8; 64];
+
+fn token_keys(secret: &[u8]) -> TokenKeys {
+    TokenKeys::new(
+        secret,
+        "thingsboard.io",
+        Duration::from_secs(9000),
+        Duration::from_secs(604_800),
+    )
+}
+
+struct Fixture {
+    auth: Authenticator,
+    store: Store,
+    tokens: Arc<TokenKeys>,
+    metrics: Arc<Metrics>,
+    _dir: tempfile::TempDir,
+}
+
+impl Fixture {
+    async fn new() -> Fixture {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}/t.db", dir.path().display());
+        let store = Store::connect(&url, 4).await.unwrap();
+        let tokens = Arc::new(token_keys(SECRET));
+        let metrics = Arc::new(Metrics::new());
+        let caches = Caches::new(&CacheSettings {
+            capacity: 1000,
+            ttl: Duration::from_secs(60),
+            negative_ttl: Duration::from_secs(5),
+        });
+        let auth = Authenticator::new(store.clone(), tokens.clone(), caches, metrics.clone());
+        Fixture {
+            auth,
+            store,
+            tokens,
+            metrics,
+            _dir: dir,
+        }
+    }
+
+    async fn user(&self, email: &str) -> UserRecord {
+        let new = NewUser {
+            email: email.into(),
+            authority: Authority::TenantAdmin,
+            tenant_id: Some(Uuid::new_v4()),
+            customer_id: None,
+            first_name: "Test".into(),
+            last_name: String::new(),
+        };
+        accounts::create_user(&self.store, new, "password123".into())
+            .await
+            .unwrap()
+    }
+
+    /// A new key of `user`: its id and the credential presenting it.
+    async fn key(&self, user: &UserRecord, expiration_time: i64) -> (Uuid, Credential) {
+        let created = accounts::create_api_key(&self.store, user, "tb_", "test", expiration_time)
+            .await
+            .unwrap();
+        (created.record.id, Credential::ApiKey(created.value))
+    }
+
+    /// A stored session of `user` and an access token of it issued at `iat`.
+    async fn token(&self, user: &UserRecord, iat: i64) -> (Uuid, Credential) {
+        let session = SessionRecord {
+            id: Uuid::new_v4(),
+            user_id: user.id,
+            created_time: crate::clock::now_ms(),
+            ended: false,
+            refresh_jti: "jti".into(),
+        };
+        self.store.insert_session(&session).await.unwrap();
+        let signed = self.tokens.sign_access(user, session.id, iat).unwrap();
+        (session.id, bearer(&signed.token))
+    }
+
+    async fn accepted(&self, credential: &Credential) -> Identity {
+        self.auth.verify(credential).await.unwrap()
+    }
+
+    async fn refused(&self, credential: &Credential) -> AuthFailure {
+        self.auth.verify(credential).await.unwrap_err()
+    }
+
+    fn caches(&self) -> &Caches {
+        self.auth.caches()
+    }
+
+    /// Changes a key in the store only, behind the caches' back.
+    async fn set_key_enabled(&self, id: Uuid, enabled: bool) {
+        assert!(self.store.set_api_key_enabled(id, enabled).await.unwrap());
+    }
+
+    /// Changes a user in the store only, behind the caches' back.
+    async fn set_user_enabled(&self, id: Uuid, enabled: bool, now_secs: i64) {
+        let store = &self.store;
+        assert!(store.set_user_enabled(id, enabled, now_secs).await.unwrap());
+    }
+
+    /// `keygate_cache_requests_total` for one cache and result.
+    fn cache_count(&self, cache: &str, result: &str) -> u64 {
+        let prefix =
+            format!(r#"keygate_cache_requests_total{{cache="{cache}",result="{result}"}} "#);
+        self.metrics
+            .render()
+            .lines()
+            .find_map(|line| line.strip_prefix(&prefix))
+            .map_or(0, |n| n.parse().unwrap())
+    }
+}
+
+fn bearer(token: &str) -> Credential {
+    Credential::Bearer(Secret::new(token))
+}
+
+fn now() -> i64 {
+    crate::clock::now_secs()
+}
+
+// --- API keys -------------------------------------------------------------------
+
+#[tokio::test]
+async fn valid_api_key_yields_its_users_identity() {
+    let f = Fixture::new().await;
+    let user = f.user("Keys@Example.com").await;
+    let (key_id, key) = f.key(&user, 0).await;
+    let identity = f.accepted(&key).await;
+    assert_eq!(identity.principal.user_id, user.id);
+    assert_eq!(identity.principal.tenant_id, user.tenant_id);
+    assert_eq!(identity.principal.authority, Authority::TenantAdmin);
+    assert_eq!(identity.principal.email, "keys@example.com");
+    assert_eq!(identity.method, AuthMethod::ApiKey { key_id });
+    assert_eq!(identity.api_key_id(), Some(key_id));
+}
+
+#[tokio::test]
+async fn unknown_api_key_is_refused_and_negatively_cached() {
+    let f = Fixture::new().await;
+    let unknown = Credential::ApiKey(Secret::new("tb_no-such-key"));
+    assert_eq!(f.refused(&unknown).await, AuthFailure::Unknown);
+    assert_eq!(f.cache_count("api_keys", "miss"), 1);
+    assert_eq!(f.cache_count("api_keys", "hit"), 0);
+    assert_eq!(f.refused(&unknown).await, AuthFailure::Unknown);
+    assert_eq!(f.cache_count("api_keys", "miss"), 1);
+    assert_eq!(f.cache_count("api_keys", "hit"), 1);
+}
+
+#[tokio::test]
+async fn disabled_api_key_is_refused() {
+    let f = Fixture::new().await;
+    let user = f.user("a@example.com").await;
+    let (key_id, key) = f.key(&user, 0).await;
+    f.set_key_enabled(key_id, false).await;
+    assert_eq!(f.refused(&key).await, AuthFailure::Disabled);
+}
+
+#[tokio::test]
+async fn expired_api_key_is_refused_and_unexpired_one_accepted() {
+    let f = Fixture::new().await;
+    let user = f.user("a@example.com").await;
+    let (_, expired) = f.key(&user, crate::clock::now_ms() - 1_000).await;
+    assert_eq!(f.refused(&expired).await, AuthFailure::Expired);
+    let (_, later) = f.key(&user, crate::clock::now_ms() + 3_600_000).await;
+    f.accepted(&later).await;
+}
+
+#[tokio::test]
+async fn api_key_of_disabled_user_is_refused() {
+    let f = Fixture::new().await;
+    let user = f.user("a@example.com").await;
+    let (_, key) = f.key(&user, 0).await;
+    f.set_user_enabled(user.id, false, now()).await;
+    assert_eq!(f.refused(&key).await, AuthFailure::Disabled);
+}
+
+#[tokio::test]
+async fn api_key_of_deleted_user_is_refused() {
+    let f = Fixture::new().await;
+    let user = f.user("a@example.com").await;
+    let (key_id, key) = f.key(&user, 0).await;
+    f.accepted(&key).await;
+    assert!(f.store.delete_user(user.id).await.unwrap());
+    // Forgetting the user is enough while the key is still cached...
+    f.caches().invalidate_user(user.id).await;
+    assert_eq!(f.refused(&key).await, AuthFailure::Disabled);
+    // ...and once the key is forgotten too, the store no longer knows it.
+    f.caches().invalidate_key_id(key_id);
+    assert_eq!(f.refused(&key).await, AuthFailure::Unknown);
+}
+
+/// The documented cache bound: a change made behind the cache's back is seen
+/// only once the entry is invalidated (or its TTL ends).
+#[tokio::test]
+async fn disabled_key_is_accepted_from_cache_until_invalidated() {
+    let f = Fixture::new().await;
+    let user = f.user("a@example.com").await;
+    let (key_id, key) = f.key(&user, 0).await;
+    f.accepted(&key).await;
+    f.set_key_enabled(key_id, false).await;
+    f.accepted(&key).await;
+    f.caches().invalidate_key_id(key_id);
+    assert_eq!(f.refused(&key).await, AuthFailure::Disabled);
+}
+
+#[tokio::test]
+async fn invalidating_a_disabled_user_refuses_keys_and_tokens_at_once() {
+    let f = Fixture::new().await;
+    let user = f.user("a@example.com").await;
+    let (_, key) = f.key(&user, 0).await;
+    let (_, token) = f.token(&user, now()).await;
+    f.accepted(&key).await;
+    f.accepted(&token).await;
+    f.set_user_enabled(user.id, false, now()).await;
+    // Until then the cached user state still answers (the cache bound)...
+    f.accepted(&key).await;
+    f.accepted(&token).await;
+    // ...and forgetting the user refuses both credentials at once.
+    f.caches().invalidate_user(user.id).await;
+    assert_eq!(f.refused(&key).await, AuthFailure::Disabled);
+    assert_eq!(f.refused(&token).await, AuthFailure::Disabled);
+}
+
+#[tokio::test]
+async fn cache_hit_never_touches_the_store() {
+    let f = Fixture::new().await;
+    let user = f.user("a@example.com").await;
+    let (_, key) = f.key(&user, 0).await;
+    let (_, token) = f.token(&user, now()).await;
+    f.accepted(&key).await;
+    f.accepted(&token).await;
+    f.store.close().await;
+    // The store is really gone: a lookup that misses the cache fails...
+    let unknown = Credential::ApiKey(Secret::new("tb_not-cached"));
+    assert_eq!(f.refused(&unknown).await, AuthFailure::StoreUnavailable);
+    // ...while cached credentials still authenticate.
+    assert_eq!(f.accepted(&key).await.principal.user_id, user.id);
+    assert_eq!(f.accepted(&token).await.principal.user_id, user.id);
+}
+
+// --- JWTs -----------------------------------------------------------------------
+
+#[tokio::test]
+async fn access_token_of_live_session_is_accepted() {
+    let f = Fixture::new().await;
+    let user = f.user("jwt@example.com").await;
+    let (session_id, token) = f.token(&user, now()).await;
+    let identity = f.accepted(&token).await;
+    assert_eq!(identity.method, AuthMethod::Jwt { session_id });
+    assert_eq!(identity.principal.user_id, user.id);
+    assert_eq!(identity.principal.email, "jwt@example.com");
+    assert_eq!(identity.api_key_id(), None);
+}
+
+#[tokio::test]
+async fn token_of_ended_session_is_outdated() {
+    let f = Fixture::new().await;
+    let user = f.user("jwt@example.com").await;
+    let (session_id, token) = f.token(&user, now()).await;
+    f.accepted(&token).await;
+    assert!(f.store.end_session(session_id).await.unwrap());
+    f.caches().invalidate_session(session_id).await;
+    assert_eq!(f.refused(&token).await, AuthFailure::Outdated);
+}
+
+#[tokio::test]
+async fn token_issued_before_tokens_valid_after_is_outdated() {
+    let f = Fixture::new().await;
+    let user = f.user("jwt@example.com").await;
+    let cutoff = now();
+    // Disabling and enabling again moves tokens_valid_after to `cutoff`.
+    f.set_user_enabled(user.id, false, cutoff).await;
+    f.set_user_enabled(user.id, true, cutoff).await;
+    let (_, older) = f.token(&user, cutoff - 1).await;
+    assert_eq!(f.refused(&older).await, AuthFailure::Outdated);
+    let (_, same_second) = f.token(&user, cutoff).await;
+    f.accepted(&same_second).await;
+}
+
+#[tokio::test]
+async fn token_of_unknown_session_is_outdated() {
+    let f = Fixture::new().await;
+    let user = f.user("jwt@example.com").await;
+    let signed = f.tokens.sign_access(&user, Uuid::new_v4(), now()).unwrap();
+    assert_eq!(
+        f.refused(&bearer(&signed.token)).await,
+        AuthFailure::Outdated
+    );
+}
+
+#[tokio::test]
+async fn refresh_token_is_the_wrong_scope() {
+    let f = Fixture::new().await;
+    let user = f.user("jwt@example.com").await;
+    let (session_id, _) = f.token(&user, now()).await;
+    let refresh = f.tokens.sign_refresh(&user, session_id, "jti", now());
+    let refresh = bearer(&refresh.unwrap().token);
+    assert_eq!(f.refused(&refresh).await, AuthFailure::WrongScope);
+}
+
+#[tokio::test]
+async fn token_signed_with_another_key_is_a_bad_signature() {
+    let f = Fixture::new().await;
+    let user = f.user("jwt@example.com").await;
+    let (session_id, _) = f.token(&user, now()).await;
+    let foreign = token_keys(&[8u8; 64]).sign_access(&user, session_id, now());
+    let foreign = bearer(&foreign.unwrap().token);
+    assert_eq!(f.refused(&foreign).await, AuthFailure::BadSignature);
+}
+
+#[tokio::test]
+async fn expired_token_is_refused_as_expired() {
+    let f = Fixture::new().await;
+    let user = f.user("jwt@example.com").await;
+    // Issued 10 000 s ago with a 9 000 s lifetime.
+    let (_, token) = f.token(&user, now() - 10_000).await;
+    assert_eq!(f.refused(&token).await, AuthFailure::TokenExpired);
+}
+
+// --- errors ---------------------------------------------------------------------
+
+#[test]
+fn failures_map_to_the_contract_errors() {
+    use AuthFailure::*;
+    const UNAUTHORIZED: StatusCode = StatusCode::UNAUTHORIZED;
+    let table = [
+        (Missing, UNAUTHORIZED, 10, "Authentication failed"),
+        (Malformed, UNAUTHORIZED, 10, "Authentication failed"),
+        (Unknown, UNAUTHORIZED, 10, "Invalid username or password"),
+        (WrongScope, UNAUTHORIZED, 10, "Invalid username or password"),
+        (Disabled, UNAUTHORIZED, 10, "User account is not active"),
+        (Expired, UNAUTHORIZED, 10, "API key is expired"),
+        (TokenExpired, UNAUTHORIZED, 11, "Token has expired"),
+        (BadSignature, UNAUTHORIZED, 11, "Token has expired"),
+        (Outdated, UNAUTHORIZED, 11, "Token has expired"),
+        (
+            PlaintextRefused,
+            StatusCode::FORBIDDEN,
+            20,
+            "API keys are accepted only over HTTPS",
+        ),
+        (
+            StoreUnavailable,
+            StatusCode::SERVICE_UNAVAILABLE,
+            2,
+            "Service is temporarily unavailable",
+        ),
+    ];
+    // A new variant does not compile here until the table above covers it.
+    let _covered = |f: AuthFailure| match f {
+        Missing | Malformed | Unknown | WrongScope | Disabled | Expired | TokenExpired
+        | BadSignature | Outdated | PlaintextRefused | StoreUnavailable => (),
+    };
+    for (failure, status, code, message) in table {
+        let error = failure.to_api_error();
+        assert_eq!(
+            (error.status, error.code, &*error.message),
+            (status, code, message),
+            "{failure:?}"
+        );
+        assert_eq!(error.retry_after, None, "{failure:?}");
+    }
+}
