@@ -1,12 +1,14 @@
 //! The request path, one stage a line: limits, path normalisation, routing,
 //! authentication, identity, forwarding; then the access log and metrics.
 
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
 use http::{HeaderValue, Request, Response};
 use hyper::body::Incoming;
 
+use crate::api::{self, Access, Api, OwnedRequest};
 use crate::auth::credential::{self, Credential};
 use crate::auth::{AuthFailure, Authenticator};
 use crate::body::Body;
@@ -19,7 +21,8 @@ use crate::proxy::{Proxy, RouteTable, path};
 use crate::telemetry::Metrics;
 
 pub struct App {
-    settings: Settings,
+    settings: Arc<Settings>,
+    api: Api,
     auth: Arc<Authenticator>,
     routes: RouteTable,
     proxy: Proxy,
@@ -35,7 +38,12 @@ struct Outcome<'a> {
 }
 
 impl App {
-    pub fn new(settings: Settings, auth: Arc<Authenticator>, metrics: Arc<Metrics>) -> App {
+    pub fn new(
+        settings: Arc<Settings>,
+        api: Api,
+        auth: Arc<Authenticator>,
+        metrics: Arc<Metrics>,
+    ) -> App {
         let routes = RouteTable::new(&settings.routes);
         let proxy = Proxy::new(
             &settings.proxy,
@@ -44,6 +52,7 @@ impl App {
         );
         App {
             settings,
+            api,
             auth,
             routes,
             proxy,
@@ -81,6 +90,35 @@ impl App {
                     .headers()
                     .get(&headers::X_FORWARDED_PROTO)
                     .is_some_and(|v| v == "https"))
+    }
+
+    /// The real client address: the peer, or, behind trusted proxies, the
+    /// right-most `X-Forwarded-For` entry that is not itself a trusted proxy.
+    fn client_ip(&self, transport: &Transport, trusted: bool, headers: &http::HeaderMap) -> IpAddr {
+        if !trusted {
+            return transport.peer.ip();
+        }
+        let is_trusted = |ip: &IpAddr| {
+            self.settings
+                .proxy
+                .trusted_proxies
+                .iter()
+                .any(|n| n.contains(ip))
+        };
+        let chain: Vec<IpAddr> = headers
+            .get_all(&headers::X_FORWARDED_FOR)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .filter_map(|entry| entry.trim().parse().ok())
+            .collect();
+        chain
+            .iter()
+            .rev()
+            .find(|ip| !is_trusted(ip))
+            .or(chain.first())
+            .copied()
+            .unwrap_or_else(|| transport.peer.ip())
     }
 
     /// Handles one request; every error becomes a contract response here.
@@ -139,6 +177,22 @@ impl App {
         let normalized = path::normalize(req.uri().path())
             .map_err(|e| ApiError::bad_request(format!("Invalid request path: {e}")))?
             .into_owned();
+        if let Some(matched) = api::find(req.method(), &normalized)? {
+            outcome.route = Some(matched.route.pattern);
+            let identity = match matched.route.access {
+                Access::Public => None,
+                Access::Authenticated => Some(self.authenticate(&transport, trusted, &req).await?),
+            };
+            let owned = OwnedRequest {
+                client_ip: self.client_ip(&transport, trusted, req.headers()),
+                query: req.uri().query().map(str::to_owned),
+                body: api::read_body(req.into_body()).await?,
+                identity: identity.clone(),
+                params: matched.params,
+            };
+            outcome.identity = identity;
+            return self.api.handle(matched.route.endpoint, owned).await;
+        }
         let route = self
             .routes
             .find(&normalized)

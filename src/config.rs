@@ -27,6 +27,7 @@ pub struct FileConfig {
     pub cache: CacheSection,
     pub proxy: ProxySection,
     pub limits: LimitsSection,
+    pub login: LoginSection,
     pub log: LogSection,
     #[serde(rename = "route")]
     pub routes: Vec<RouteSection>,
@@ -107,6 +108,20 @@ pub struct LimitsSection {
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
+pub struct LoginSection {
+    pub account_max_failures: i64,
+    pub account_window: String,
+    pub address_max_failures: i64,
+    pub address_window: String,
+    pub limiter_capacity: i64,
+    pub lockout_after: i64,
+    pub max_concurrent_hashes: i64,
+    pub password_min_length: i64,
+    pub password_max_length: i64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct LogSection {
     pub format: String,
     pub access_log: bool,
@@ -134,6 +149,7 @@ impl Default for FileConfig {
             cache: CacheSection::default(),
             proxy: ProxySection::default(),
             limits: LimitsSection::default(),
+            login: LoginSection::default(),
             log: LogSection::default(),
             routes: vec![
                 RouteSection {
@@ -228,6 +244,21 @@ impl Default for LimitsSection {
         }
     }
 }
+impl Default for LoginSection {
+    fn default() -> Self {
+        LoginSection {
+            account_max_failures: 10,
+            account_window: "15m".into(),
+            address_max_failures: 100,
+            address_window: "15m".into(),
+            limiter_capacity: 100_000,
+            lockout_after: 0,
+            max_concurrent_hashes: 0,
+            password_min_length: 8,
+            password_max_length: 72,
+        }
+    }
+}
 impl Default for LogSection {
     fn default() -> Self {
         LogSection {
@@ -272,8 +303,55 @@ pub struct Settings {
     pub cache: CacheSettings,
     pub proxy: ProxySettings,
     pub limits: Limits,
+    pub login: LoginSettings,
+    pub password_policy: PasswordPolicy,
     pub log: LogSettings,
     pub routes: Vec<RouteSpec>,
+}
+
+#[derive(Debug, Clone)]
+pub struct LoginSettings {
+    pub limiter: crate::auth::limiter::LimiterSettings,
+    /// Consecutive failures that lock an account; 0 turns lockout off.
+    pub lockout_after: u32,
+    /// Password hashes computed at once.
+    pub max_concurrent_hashes: usize,
+}
+
+/// Length rules for new passwords.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PasswordPolicy {
+    pub min_length: usize,
+    pub max_length: usize,
+}
+
+impl Default for PasswordPolicy {
+    fn default() -> Self {
+        PasswordPolicy {
+            min_length: 8,
+            max_length: 72,
+        }
+    }
+}
+
+impl PasswordPolicy {
+    /// Checks a new password; the message names the rule that failed.
+    pub fn check(&self, password: &str) -> Result<(), String> {
+        let len = password.chars().count();
+        if len < self.min_length {
+            return Err(format!(
+                "Password must be at least {} characters long",
+                self.min_length
+            ));
+        }
+        if len > self.max_length {
+            return Err(format!(
+                "Password must be at most {} characters long",
+                self.max_length
+            ));
+        }
+        Ok(())
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -593,6 +671,8 @@ fn validate(file: &FileConfig, errors: &mut Vec<String>) -> Settings {
         "limits.tls_handshake_timeout",
         &file.limits.tls_handshake_timeout,
     );
+    let account_window = duration("login.account_window", &file.login.account_window);
+    let address_window = duration("login.address_window", &file.login.address_window);
 
     let mut positive = |name: &str, n: i64| -> u64 {
         if n <= 0 {
@@ -613,6 +693,30 @@ fn validate(file: &FileConfig, errors: &mut Vec<String>) -> Settings {
     let max_header_bytes =
         positive("limits.max_header_bytes", file.limits.max_header_bytes) as usize;
     let max_body_bytes = positive("limits.max_body_bytes", file.limits.max_body_bytes);
+    let account_max_failures = positive(
+        "login.account_max_failures",
+        file.login.account_max_failures,
+    );
+    let address_max_failures = positive(
+        "login.address_max_failures",
+        file.login.address_max_failures,
+    );
+    let limiter_capacity = positive("login.limiter_capacity", file.login.limiter_capacity);
+    let password_min_length = positive("login.password_min_length", file.login.password_min_length);
+    let password_max_length = positive("login.password_max_length", file.login.password_max_length);
+    if password_min_length > password_max_length {
+        errors.push("login.password_min_length: must not exceed login.password_max_length".into());
+    }
+    if file.login.lockout_after < 0 || file.login.max_concurrent_hashes < 0 {
+        errors.push(
+            "login.lockout_after and login.max_concurrent_hashes: must not be negative".into(),
+        );
+    }
+    let max_concurrent_hashes = match file.login.max_concurrent_hashes {
+        n if n > 0 => n as usize,
+        // Auto: half the cores, so logins never take every core from proxying.
+        _ => std::thread::available_parallelism().map_or(1, |n| (n.get() / 2).max(1)),
+    };
 
     let listen = Listen {
         https: optional_addr("listen.https", &file.listen.https, errors),
@@ -712,6 +816,21 @@ fn validate(file: &FileConfig, errors: &mut Vec<String>) -> Settings {
             max_body_bytes,
             header_read_timeout,
             tls_handshake_timeout,
+        },
+        login: LoginSettings {
+            limiter: crate::auth::limiter::LimiterSettings {
+                account_max_failures: account_max_failures.min(u64::from(u32::MAX)) as u32,
+                account_window,
+                address_max_failures: address_max_failures.min(u64::from(u32::MAX)) as u32,
+                address_window,
+                capacity: limiter_capacity,
+            },
+            lockout_after: file.login.lockout_after.clamp(0, i64::from(u32::MAX)) as u32,
+            max_concurrent_hashes,
+        },
+        password_policy: PasswordPolicy {
+            min_length: password_min_length as usize,
+            max_length: password_max_length as usize,
         },
         log: LogSettings {
             format,
@@ -1056,6 +1175,28 @@ mod tests {
         let settings = load_text("", &[("JWT_TOKEN_SIGNING_KEY", &long)]).unwrap();
         assert_eq!(settings.jwt.signing_key.as_deref(), Some(&[7u8; 64][..]));
         assert!(!format!("{:?}", settings.jwt).contains("7, 7"));
+    }
+
+    #[test]
+    fn password_policy_names_the_rule() {
+        let policy = PasswordPolicy::default();
+        assert!(policy.check("short").unwrap_err().contains("at least 8"));
+        assert!(
+            policy
+                .check(&"x".repeat(73))
+                .unwrap_err()
+                .contains("at most 72")
+        );
+        policy.check("eightchr").unwrap();
+        let errors = load_text(
+            "[login]\npassword_min_length = 20\npassword_max_length = 10\n",
+            &[],
+        )
+        .unwrap_err();
+        assert!(
+            errors.0.iter().any(|e| e.contains("must not exceed")),
+            "{errors}"
+        );
     }
 
     #[test]

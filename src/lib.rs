@@ -9,6 +9,7 @@
 
 pub mod accounts;
 pub mod admin;
+pub mod api;
 pub mod app;
 pub mod auth;
 pub mod body;

@@ -260,7 +260,8 @@ async fn user(cmd: UserCommand, settings: &Settings) -> anyhow::Result<()> {
                 first_name,
                 last_name,
             };
-            let user = accounts::create_user(&store, new, password).await?;
+            let user =
+                accounts::create_user(&store, new, password, &settings.password_policy).await?;
             println!(
                 "created user {} ({}, {})",
                 user.email, user.authority, user.id

@@ -12,10 +12,12 @@ use tokio_rustls::TlsAcceptor;
 
 use crate::accounts;
 use crate::admin::{self, Admin};
+use crate::api::Api;
 use crate::app::App;
 use crate::auth::Authenticator;
 use crate::auth::cache::Caches;
 use crate::auth::jwt::TokenKeys;
+use crate::auth::limiter::LoginLimiter;
 use crate::config::Settings;
 use crate::listener;
 use crate::store::Store;
@@ -37,6 +39,8 @@ pub enum StartError {
     Bootstrap(#[from] accounts::AccountError),
     #[error("stored JWT signing key is unusable")]
     SigningKey,
+    #[error("preparing password verification failed")]
+    DummyHash,
 }
 
 /// Options that do not come from the config file.
@@ -99,6 +103,16 @@ async fn signing_key(settings: &Settings, store: &Store) -> Result<Vec<u8>, Star
     }
 }
 
+/// A hash of a random password, verified against when a login names an
+/// unknown user, so that costs what a wrong password costs.
+async fn dummy_hash() -> Result<String, StartError> {
+    let random = crate::auth::api_key::random_bytes::<24>().map_err(|_| StartError::DummyHash)?;
+    let text = base64::engine::general_purpose::STANDARD.encode(random);
+    crate::auth::password::hash(text)
+        .await
+        .map_err(|_| StartError::DummyHash)
+}
+
 async fn bind(addr: SocketAddr) -> Result<TcpListener, StartError> {
     TcpListener::bind(addr)
         .await
@@ -111,7 +125,12 @@ pub async fn start(settings: Settings, options: StartOptions) -> Result<Running,
     let metrics = Arc::new(Metrics::new());
 
     let store = Store::connect(&settings.store_url, settings.store_max_connections).await?;
-    let generated_password = accounts::bootstrap_admin(&store, options.bootstrap_password).await?;
+    let generated_password = accounts::bootstrap_admin(
+        &store,
+        options.bootstrap_password,
+        &settings.password_policy,
+    )
+    .await?;
     if let Some(password) = &generated_password {
         // Shown once, on the console of the first start; never stored in clear.
         eprintln!(
@@ -170,7 +189,17 @@ pub async fn start(settings: Settings, options: StartOptions) -> Result<Running,
     );
 
     let connections = Arc::new(Semaphore::new(settings.listen.max_connections));
-    let app = Arc::new(App::new(settings, auth.clone(), metrics.clone()));
+    let settings = Arc::new(settings);
+    let api = Api {
+        store: store.clone(),
+        auth: auth.clone(),
+        limiter: LoginLimiter::new(settings.login.limiter.clone()),
+        metrics: metrics.clone(),
+        settings: settings.clone(),
+        hashing: Semaphore::new(settings.login.max_concurrent_hashes),
+        dummy_hash: dummy_hash().await?,
+    };
+    let app = Arc::new(App::new(settings, api, auth.clone(), metrics.clone()));
     let (shutdown, shutdown_rx) = watch::channel(false);
     let ready = Arc::new(AtomicBool::new(false));
     let (admin_shutdown, admin_shutdown_rx) = watch::channel(false);

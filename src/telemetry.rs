@@ -20,6 +20,9 @@ pub struct Metrics {
     cache: IntCounterVec,
     cache_entries: IntGaugeVec,
     open_connections: IntGaugeVec,
+    logins: IntCounterVec,
+    rate_limited: IntCounterVec,
+    refresh_reuse: prometheus::IntCounter,
     pub tls_cert_not_after: IntGauge,
 }
 
@@ -95,6 +98,24 @@ impl Metrics {
             "Client connections currently open, by listener.",
             &["listener"],
         );
+        let logins = counter(
+            "keygate_login_attempts_total",
+            "Login attempts, by outcome (success, bad_credentials, disabled, locked, rate_limited, bad_request).",
+            &["outcome"],
+        );
+        let rate_limited = counter(
+            "keygate_rate_limited_total",
+            "Requests refused by a rate limit, by limiter (account, address).",
+            &["limiter"],
+        );
+        let refresh_reuse = prometheus::IntCounter::new(
+            "keygate_refresh_token_reuse_total",
+            "Retired refresh tokens presented again; each ended its session.",
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(refresh_reuse.clone()))
+            .expect("unique metric");
         let tls_cert_not_after = IntGauge::new(
             "keygate_tls_certificate_expiry_timestamp_seconds",
             "When the served TLS certificate expires (Unix time).",
@@ -119,6 +140,9 @@ impl Metrics {
             cache,
             cache_entries,
             open_connections,
+            logins,
+            rate_limited,
+            refresh_reuse,
             tls_cert_not_after,
         }
     }
@@ -152,6 +176,18 @@ impl Metrics {
         self.upstream_errors
             .with_label_values(&[upstream, kind])
             .inc();
+    }
+
+    pub fn login(&self, outcome: &str) {
+        self.logins.with_label_values(&[outcome]).inc();
+    }
+
+    pub fn rate_limited(&self, limiter: &str) {
+        self.rate_limited.with_label_values(&[limiter]).inc();
+    }
+
+    pub fn refresh_reuse(&self) {
+        self.refresh_reuse.inc();
     }
 
     pub fn cache_hit(&self, cache: &str) {

@@ -171,7 +171,7 @@ async fn first_start_creates_the_bootstrap_admin_once() {
     let dir = tempfile::tempdir().unwrap();
     let url = format!("sqlite://{}/k.db", dir.path().display());
     let store = keygate::store::Store::connect(&url, 2).await.unwrap();
-    let generated = keygate::accounts::bootstrap_admin(&store, None)
+    let generated = keygate::accounts::bootstrap_admin(&store, None, &Default::default())
         .await
         .unwrap()
         .unwrap();
@@ -187,7 +187,7 @@ async fn first_start_creates_the_bootstrap_admin_once() {
         &admin.password_hash
     ));
     assert_eq!(
-        keygate::accounts::bootstrap_admin(&store, None)
+        keygate::accounts::bootstrap_admin(&store, None, &Default::default())
             .await
             .unwrap(),
         None

@@ -112,6 +112,7 @@ impl Caches {
                 .max_capacity(settings.capacity)
                 .time_to_live(settings.ttl)
                 .expire_after(Lifetimes { negative })
+                .support_invalidation_closures()
                 .build(),
             tokens: Cache::builder()
                 .name("tokens")
@@ -141,6 +142,14 @@ impl Caches {
 
     pub async fn invalidate_session(&self, id: Uuid) {
         self.sessions.invalidate(&id).await;
+    }
+
+    /// Forget every cached session of a user (password change, lockout).
+    pub fn invalidate_sessions_of(&self, user_id: Uuid) {
+        // Only fails when closures are unsupported, which the builder enabled.
+        let _ = self.sessions.invalidate_entries_if(move |_, state| {
+            state.as_ref().is_some_and(|s| s.user_id == user_id)
+        });
     }
 
     /// Forget everything (e.g. after a lost notification channel).

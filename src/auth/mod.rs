@@ -4,6 +4,7 @@ pub mod api_key;
 pub mod cache;
 pub mod credential;
 pub mod jwt;
+pub mod limiter;
 pub mod password;
 
 use std::sync::Arc;

@@ -60,7 +60,7 @@ impl Fixture {
             first_name: "Test".into(),
             last_name: String::new(),
         };
-        accounts::create_user(&self.store, new, "password123".into())
+        accounts::create_user(&self.store, new, "password123".into(), &Default::default())
             .await
             .unwrap()
     }

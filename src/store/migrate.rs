@@ -5,16 +5,39 @@ use sqlx::{AnyPool, Row};
 use super::{Dialect, StoreError};
 
 /// (version, name, SQL) per dialect. Append only: never edit an applied one.
-const SQLITE: &[(i64, &str, &str)] = &[(
-    1,
-    "init",
-    include_str!("../../migrations/sqlite/0001_init.sql"),
-)];
-const POSTGRES: &[(i64, &str, &str)] = &[(
-    1,
-    "init",
-    include_str!("../../migrations/postgres/0001_init.sql"),
-)];
+const SQLITE: &[(i64, &str, &str)] = &[
+    (
+        1,
+        "init",
+        include_str!("../../migrations/sqlite/0001_init.sql"),
+    ),
+    (
+        2,
+        "login_lockouts",
+        include_str!("../../migrations/sqlite/0002_login_lockouts.sql"),
+    ),
+];
+const POSTGRES: &[(i64, &str, &str)] = &[
+    (
+        1,
+        "init",
+        include_str!("../../migrations/postgres/0001_init.sql"),
+    ),
+    (
+        2,
+        "login_lockouts",
+        include_str!("../../migrations/postgres/0002_login_lockouts.sql"),
+    ),
+];
+
+/// How many migrations the dialect has.
+#[cfg(test)]
+pub fn count(dialect: Dialect) -> usize {
+    match dialect {
+        Dialect::Sqlite => SQLITE.len(),
+        Dialect::Postgres => POSTGRES.len(),
+    }
+}
 
 /// Applies every migration not yet recorded, each in its own transaction.
 pub async fn run(pool: &AnyPool, dialect: Dialect) -> Result<(), StoreError> {

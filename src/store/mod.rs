@@ -5,6 +5,7 @@
 //! each dialect has its own migrations. Multi-row changes run in transactions.
 
 mod migrate;
+mod sessions;
 
 use std::path::Path;
 use std::time::Duration;
@@ -287,7 +288,13 @@ impl Store {
             .execute(&mut *tx)
             .await?
         };
-        if !enabled {
+        if enabled {
+            // An administrator enabling an account also lifts a lockout.
+            sqlx::query("DELETE FROM login_lockouts WHERE user_id = $1")
+                .bind(id.to_string())
+                .execute(&mut *tx)
+                .await?;
+        } else {
             sqlx::query("UPDATE sessions SET ended = $1 WHERE user_id = $2")
                 .bind(1_i64)
                 .bind(id.to_string())
@@ -304,6 +311,7 @@ impl Store {
         for sql in [
             "DELETE FROM api_keys WHERE user_id = $1",
             "DELETE FROM sessions WHERE user_id = $1",
+            "DELETE FROM login_lockouts WHERE user_id = $1",
         ] {
             sqlx::query(sql)
                 .bind(id.to_string())

@@ -129,6 +129,9 @@ store_tests!(
     check_sessions_are_found_and_ended,
     check_settings_first_value_wins,
     check_flags_and_i64_round_trip,
+    check_refresh_rotation_accepts_only_the_current_token,
+    check_password_change_outdates_tokens_and_ends_sessions_but_rehash_does_not,
+    check_lockout_counts_locks_and_is_lifted_by_enabling,
 );
 
 fn user(email: &str, created_time: i64) -> UserRecord {
@@ -183,7 +186,8 @@ async fn check_migrations_are_idempotent(db: &TestDb) {
         .fetch_one(&again.pool)
         .await
         .unwrap();
-    assert_eq!(row.try_get::<i64, _>(0).unwrap(), 1);
+    let expected = migrate::count(again.dialect()) as i64;
+    assert_eq!(row.try_get::<i64, _>(0).unwrap(), expected);
     again.close().await;
 }
 
@@ -373,4 +377,95 @@ async fn check_flags_and_i64_round_trip(store: &Store) {
     s.created_time = -1;
     store.insert_session(&s).await.unwrap();
     assert_eq!(store.session_by_id(s.id).await.unwrap(), Some(s));
+}
+
+async fn check_refresh_rotation_accepts_only_the_current_token(store: &Store) {
+    let u = user("rotate@example.com", 1);
+    store.insert_user(&u).await.unwrap();
+    let s = session(&u);
+    store.insert_session(&s).await.unwrap();
+    assert!(store.rotate_refresh(s.id, "jti-1", "jti-2").await.unwrap());
+    assert!(
+        !store.rotate_refresh(s.id, "jti-1", "jti-3").await.unwrap(),
+        "retired token"
+    );
+    assert_eq!(
+        store
+            .session_by_id(s.id)
+            .await
+            .unwrap()
+            .unwrap()
+            .refresh_jti,
+        "jti-2"
+    );
+    store.end_session(s.id).await.unwrap();
+    assert!(
+        !store.rotate_refresh(s.id, "jti-2", "jti-4").await.unwrap(),
+        "ended session"
+    );
+}
+
+async fn check_password_change_outdates_tokens_and_ends_sessions_but_rehash_does_not(
+    store: &Store,
+) {
+    let u = user("pw@example.com", 1);
+    store.insert_user(&u).await.unwrap();
+    let s = session(&u);
+    store.insert_session(&s).await.unwrap();
+    assert!(store.update_password(u.id, "rehashed", None).await.unwrap());
+    let after = store.user_by_id(u.id).await.unwrap().unwrap();
+    assert_eq!(
+        (
+            after.password_hash.as_str(),
+            after.tokens_valid_after,
+            after.version
+        ),
+        ("rehashed", 0, u.version)
+    );
+    assert!(!store.session_by_id(s.id).await.unwrap().unwrap().ended);
+    assert!(
+        store
+            .update_password(u.id, "changed", Some(1_800_000_000))
+            .await
+            .unwrap()
+    );
+    let after = store.user_by_id(u.id).await.unwrap().unwrap();
+    assert_eq!(
+        (after.password_hash.as_str(), after.tokens_valid_after),
+        ("changed", 1_800_000_000)
+    );
+    assert_eq!(after.version, u.version + 1);
+    assert!(store.session_by_id(s.id).await.unwrap().unwrap().ended);
+    assert!(
+        !store
+            .update_password(Uuid::new_v4(), "x", None)
+            .await
+            .unwrap()
+    );
+}
+
+async fn check_lockout_counts_locks_and_is_lifted_by_enabling(store: &Store) {
+    let u = user("lock@example.com", 1);
+    store.insert_user(&u).await.unwrap();
+    assert_eq!(store.record_login_failure(u.id).await.unwrap(), 1);
+    assert_eq!(store.record_login_failure(u.id).await.unwrap(), 2);
+    store.clear_login_failures(u.id).await.unwrap();
+    assert_eq!(store.record_login_failure(u.id).await.unwrap(), 1);
+    assert!(!store.is_locked(u.id).await.unwrap());
+    assert!(store.lock_user(u.id, 1_800_000_000).await.unwrap());
+    assert!(store.is_locked(u.id).await.unwrap());
+    let locked = store.user_by_id(u.id).await.unwrap().unwrap();
+    assert!(!locked.enabled);
+    assert_eq!(locked.tokens_valid_after, 1_800_000_000);
+    store.clear_login_failures(u.id).await.unwrap();
+    assert!(
+        store.is_locked(u.id).await.unwrap(),
+        "a success cannot clear a lock"
+    );
+    store
+        .set_user_enabled(u.id, true, 1_800_000_001)
+        .await
+        .unwrap();
+    assert!(!store.is_locked(u.id).await.unwrap());
+    assert!(store.user_by_id(u.id).await.unwrap().unwrap().enabled);
 }

@@ -225,9 +225,14 @@ request_timeout = "300ms"
             first_name: "Test".into(),
             last_name: String::new(),
         };
-        accounts::create_user(&self.running.store, new, PASSWORD.into())
-            .await
-            .unwrap()
+        accounts::create_user(
+            &self.running.store,
+            new,
+            PASSWORD.into(),
+            &Default::default(),
+        )
+        .await
+        .unwrap()
     }
 
     /// Creates a key for `user`; returns (key id, value).

@@ -1,0 +1,249 @@
+//! Endpoints keygate answers itself: a static route table, the dispatch, and
+//! the small request and response helpers they share. Every rejection, including
+//! a bad body or a wrong method, is a contract error.
+
+pub mod records;
+pub mod session;
+
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{HeaderValue, Method, Response, StatusCode, header};
+use http_body_util::BodyExt;
+use serde::de::DeserializeOwned;
+
+use crate::auth::Authenticator;
+use crate::auth::limiter::LoginLimiter;
+use crate::body::{self, Body};
+use crate::config::Settings;
+use crate::error::ApiError;
+use crate::identity::Identity;
+use crate::store::Store;
+use crate::telemetry::Metrics;
+
+/// Largest body an owned endpoint reads.
+pub const MAX_BODY: usize = 64 * 1024;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// No credential needed (login, refresh).
+    Public,
+    /// The normal credential check runs first.
+    Authenticated,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Endpoint {
+    Login,
+    Refresh,
+    Logout,
+    CurrentUser,
+    ChangePassword,
+}
+
+/// One owned route: `{name}` segments match any one path segment.
+#[derive(Debug)]
+pub struct RouteDef {
+    pub method: Method,
+    pub pattern: &'static str,
+    pub access: Access,
+    pub endpoint: Endpoint,
+}
+
+/// Every endpoint keygate answers itself.
+pub static ROUTES: &[RouteDef] = &[
+    RouteDef {
+        method: Method::POST,
+        pattern: "/api/auth/login",
+        access: Access::Public,
+        endpoint: Endpoint::Login,
+    },
+    RouteDef {
+        method: Method::POST,
+        pattern: "/api/auth/token",
+        access: Access::Public,
+        endpoint: Endpoint::Refresh,
+    },
+    RouteDef {
+        method: Method::POST,
+        pattern: "/api/auth/logout",
+        access: Access::Authenticated,
+        endpoint: Endpoint::Logout,
+    },
+    RouteDef {
+        method: Method::GET,
+        pattern: "/api/auth/user",
+        access: Access::Authenticated,
+        endpoint: Endpoint::CurrentUser,
+    },
+    RouteDef {
+        method: Method::POST,
+        pattern: "/api/auth/changePassword",
+        access: Access::Authenticated,
+        endpoint: Endpoint::ChangePassword,
+    },
+];
+
+/// A matched owned route and its path parameters.
+#[derive(Debug)]
+pub struct Matched {
+    pub route: &'static RouteDef,
+    pub params: Vec<String>,
+}
+
+/// Finds the owned route for a normalised path. A path that is owned but asked
+/// with another method is a 405; a path that is not owned is `Ok(None)`.
+pub fn find(method: &Method, path: &str) -> Result<Option<Matched>, ApiError> {
+    let mut path_owned = false;
+    for route in ROUTES {
+        if let Some(params) = match_pattern(route.pattern, path) {
+            if route.method == *method {
+                return Ok(Some(Matched { route, params }));
+            }
+            path_owned = true;
+        }
+    }
+    if path_owned {
+        return Err(ApiError::with_message(
+            StatusCode::METHOD_NOT_ALLOWED,
+            crate::error::code::BAD_REQUEST_PARAMS,
+            format!("Request method '{method}' is not supported"),
+        ));
+    }
+    Ok(None)
+}
+
+fn match_pattern(pattern: &str, path: &str) -> Option<Vec<String>> {
+    let mut params = Vec::new();
+    let mut pattern_parts = pattern.split('/');
+    let mut path_parts = path.split('/');
+    loop {
+        match (pattern_parts.next(), path_parts.next()) {
+            (None, None) => return Some(params),
+            (Some(p), Some(s)) if p.starts_with('{') && p.ends_with('}') && !s.is_empty() => {
+                params.push(s.to_string());
+            }
+            (Some(p), Some(s)) if p == s => {}
+            _ => return None,
+        }
+    }
+}
+
+/// What a handler gets: the verified identity (authenticated routes), the path
+/// parameters, the query string, the body (bounded) and the real client address.
+pub struct OwnedRequest {
+    pub identity: Option<Identity>,
+    pub params: Vec<String>,
+    pub query: Option<String>,
+    pub body: Bytes,
+    pub client_ip: IpAddr,
+}
+
+impl OwnedRequest {
+    /// The identity of an authenticated route.
+    pub fn identity(&self) -> Result<&Identity, ApiError> {
+        self.identity
+            .as_ref()
+            .ok_or_else(ApiError::authentication_failed)
+    }
+
+    /// Parses the JSON body; a bad body is a 400 naming the problem.
+    pub fn json<T: DeserializeOwned>(&self) -> Result<T, ApiError> {
+        serde_json::from_slice(&self.body).map_err(|e| {
+            let detail = e.to_string();
+            let detail = detail.split(" at line").next().unwrap_or(&detail);
+            ApiError::bad_request(format!("Invalid request body: {detail}"))
+        })
+    }
+}
+
+/// Reads a request body up to [`MAX_BODY`]; larger is a 413.
+pub async fn read_body(body: hyper::body::Incoming) -> Result<Bytes, ApiError> {
+    match http_body_util::Limited::new(body, MAX_BODY).collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(ApiError::body_too_large()),
+        Err(_) => Err(ApiError::bad_request("Request body could not be read")),
+    }
+}
+
+/// A 200 JSON response.
+pub fn json_response(value: &serde_json::Value) -> Response<Body> {
+    let mut response = Response::new(body::full(value.to_string()));
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    response
+        .headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    response
+}
+
+/// A 200 response with an empty body.
+pub fn empty_response() -> Response<Body> {
+    let mut response = Response::new(body::empty());
+    *response.status_mut() = StatusCode::OK;
+    response
+}
+
+/// Everything the owned endpoints need.
+pub struct Api {
+    pub store: Store,
+    pub auth: Arc<Authenticator>,
+    pub limiter: LoginLimiter,
+    pub metrics: Arc<Metrics>,
+    pub settings: Arc<Settings>,
+    /// Bounds concurrent password hashing, so a login storm leaves cores for proxying.
+    pub hashing: tokio::sync::Semaphore,
+    /// Verified against when the user is unknown, so both cost the same.
+    pub dummy_hash: String,
+}
+
+impl Api {
+    pub async fn handle(
+        &self,
+        endpoint: Endpoint,
+        req: OwnedRequest,
+    ) -> Result<Response<Body>, ApiError> {
+        match endpoint {
+            Endpoint::Login => session::login(self, req).await,
+            Endpoint::Refresh => session::refresh(self, req).await,
+            Endpoint::Logout => session::logout(self, req).await,
+            Endpoint::CurrentUser => session::current_user(self, req).await,
+            Endpoint::ChangePassword => session::change_password(self, req).await,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn owned_routes_match_exactly_and_wrong_methods_are_405() {
+        let m = find(&Method::POST, "/api/auth/login").unwrap().unwrap();
+        assert_eq!(m.route.endpoint, Endpoint::Login);
+        assert!(
+            find(&Method::POST, "/api/auth/login/public")
+                .unwrap()
+                .is_none()
+        );
+        assert!(find(&Method::GET, "/api/tenant/devices").unwrap().is_none());
+        let err = find(&Method::GET, "/api/auth/login").unwrap_err();
+        assert_eq!(err.status, StatusCode::METHOD_NOT_ALLOWED);
+    }
+
+    #[test]
+    fn pattern_parameters_are_captured() {
+        assert_eq!(
+            match_pattern(
+                "/api/apiKey/{id}/enabled/{v}",
+                "/api/apiKey/abc/enabled/true"
+            ),
+            Some(vec!["abc".to_string(), "true".to_string()])
+        );
+        assert_eq!(match_pattern("/api/apiKey/{id}", "/api/apiKey/"), None);
+        assert_eq!(match_pattern("/api/apiKey/{id}", "/api/apiKey/a/b"), None);
+    }
+}

@@ -1,0 +1,325 @@
+//! Session endpoints: login, refresh, logout, current user, password change.
+
+use serde::Deserialize;
+use serde_json::json;
+use uuid::Uuid;
+
+use super::{Api, OwnedRequest, empty_response, json_response, records};
+use crate::auth::jwt::TokenError;
+use crate::auth::password;
+use crate::body::Body;
+use crate::error::ApiError;
+use crate::identity::AuthMethod;
+use crate::store::{SessionRecord, StoreError, UserRecord};
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LoginRequest {
+    username: String,
+    password: String,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct RefreshRequest {
+    refresh_token: String,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ChangePasswordRequest {
+    current_password: String,
+    new_password: String,
+}
+
+fn store_error(error: StoreError) -> ApiError {
+    tracing::error!(%error, "store operation failed");
+    ApiError::unavailable()
+}
+
+impl Api {
+    /// Verifies a password on the blocking pool, at most `hashing` at a time.
+    /// `None` (unknown user) verifies against a dummy hash so both cost the same.
+    async fn verify_password(
+        &self,
+        password: &str,
+        stored: Option<&str>,
+    ) -> Result<bool, ApiError> {
+        let _permit = self
+            .hashing
+            .acquire()
+            .await
+            .map_err(|_| ApiError::unavailable())?;
+        let hash = stored.unwrap_or(&self.dummy_hash).to_string();
+        let ok = password::verify(password.to_string(), hash)
+            .await
+            .map_err(|_| ApiError::internal())?;
+        Ok(ok && stored.is_some())
+    }
+
+    async fn hash_password(&self, password: &str) -> Result<String, ApiError> {
+        let _permit = self
+            .hashing
+            .acquire()
+            .await
+            .map_err(|_| ApiError::unavailable())?;
+        password::hash(password.to_string())
+            .await
+            .map_err(|_| ApiError::internal())
+    }
+
+    /// Opens a session and signs its first token pair.
+    async fn issue_pair(&self, user: &UserRecord) -> Result<serde_json::Value, ApiError> {
+        let session = SessionRecord {
+            id: Uuid::new_v4(),
+            user_id: user.id,
+            created_time: crate::clock::now_ms(),
+            ended: false,
+            refresh_jti: Uuid::new_v4().to_string(),
+        };
+        self.store
+            .insert_session(&session)
+            .await
+            .map_err(store_error)?;
+        self.sign_pair(user, session.id, &session.refresh_jti)
+    }
+
+    fn sign_pair(
+        &self,
+        user: &UserRecord,
+        session_id: Uuid,
+        jti: &str,
+    ) -> Result<serde_json::Value, ApiError> {
+        let keys = self.auth.token_keys();
+        let now = crate::clock::now_secs();
+        let access = keys
+            .sign_access(user, session_id, now)
+            .map_err(|_| ApiError::internal())?;
+        let refresh = keys
+            .sign_refresh(user, session_id, jti, now)
+            .map_err(|_| ApiError::internal())?;
+        Ok(json!({ "token": access.token, "refreshToken": refresh.token }))
+    }
+
+    async fn forget_user(&self, user_id: Uuid) {
+        let caches = self.auth.caches();
+        caches.invalidate_user(user_id).await;
+        caches.invalidate_sessions_of(user_id);
+    }
+}
+
+pub async fn login(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>, ApiError> {
+    let body: LoginRequest = req
+        .json()
+        .inspect_err(|_| api.metrics.login("bad_request"))?;
+    let username = body.username.trim();
+    if let Err(limited) = api.limiter.check(username, req.client_ip).await {
+        api.metrics.login("rate_limited");
+        api.metrics.rate_limited(limited.by);
+        tracing::warn!(target: "keygate::security", username, client = %req.client_ip, by = limited.by, "login rate limited");
+        return Err(ApiError::too_many_requests(limited.retry_after.as_secs()));
+    }
+    let user = api
+        .store
+        .user_by_email(username)
+        .await
+        .map_err(store_error)?;
+    let verified = api
+        .verify_password(
+            &body.password,
+            user.as_ref().map(|u| u.password_hash.as_str()),
+        )
+        .await?;
+    let user = match user {
+        Some(user) if verified => user,
+        other => return Err(failed_login(api, username, other.as_ref(), &req).await),
+    };
+    if api.store.is_locked(user.id).await.map_err(store_error)? {
+        api.metrics.login("locked");
+        return Err(ApiError::locked());
+    }
+    if !user.enabled {
+        api.metrics.login("disabled");
+        return Err(ApiError::not_active());
+    }
+    api.limiter.record_success(username).await;
+    api.store
+        .clear_login_failures(user.id)
+        .await
+        .map_err(store_error)?;
+    if password::needs_rehash(&user.password_hash) {
+        let rehashed = api.hash_password(&body.password).await?;
+        api.store
+            .update_password(user.id, &rehashed, None)
+            .await
+            .map_err(store_error)?;
+        tracing::info!(user_id = %user.id, "re-hashed an imported password with Argon2id");
+    }
+    let pair = api.issue_pair(&user).await?;
+    api.metrics.login("success");
+    tracing::info!(target: "keygate::security", user_id = %user.id, client = %req.client_ip, "login succeeded");
+    Ok(json_response(&pair))
+}
+
+/// Counts a failed login and applies the optional lockout.
+async fn failed_login(
+    api: &Api,
+    username: &str,
+    user: Option<&UserRecord>,
+    req: &OwnedRequest,
+) -> ApiError {
+    api.limiter.record_failure(username, req.client_ip).await;
+    api.metrics.login("bad_credentials");
+    tracing::info!(target: "keygate::security", username, client = %req.client_ip, "login failed");
+    let lockout_after = api.settings.login.lockout_after;
+    if lockout_after == 0 {
+        return ApiError::invalid_credentials();
+    }
+    let Some(user) = user else {
+        return ApiError::invalid_credentials();
+    };
+    match api.store.record_login_failure(user.id).await {
+        Ok(failures) if failures >= i64::from(lockout_after) => {
+            if let Err(error) = api.store.lock_user(user.id, crate::clock::now_secs()).await {
+                tracing::error!(%error, "locking an account failed");
+                return ApiError::invalid_credentials();
+            }
+            api.forget_user(user.id).await;
+            api.metrics.login("locked");
+            tracing::warn!(target: "keygate::security", user_id = %user.id, failures, "account locked after consecutive failed logins");
+            ApiError::locked()
+        }
+        Ok(_) => ApiError::invalid_credentials(),
+        Err(error) => {
+            tracing::error!(%error, "counting a failed login failed");
+            ApiError::invalid_credentials()
+        }
+    }
+}
+
+pub async fn refresh(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>, ApiError> {
+    let body: RefreshRequest = req.json()?;
+    let claims = api
+        .auth
+        .token_keys()
+        .verify_refresh(&body.refresh_token)
+        .map_err(|e| match e {
+            TokenError::Expired | TokenError::BadSignature => ApiError::token_expired(),
+            TokenError::Malformed | TokenError::WrongScope => ApiError::invalid_credentials(),
+        })?;
+    let session = api
+        .store
+        .session_by_id(claims.session_id)
+        .await
+        .map_err(store_error)?;
+    let Some(session) = session.filter(|s| !s.ended && s.user_id == claims.user_id) else {
+        return Err(ApiError::token_expired());
+    };
+    let user = api
+        .store
+        .user_by_id(claims.user_id)
+        .await
+        .map_err(store_error)?;
+    let Some(user) = user else {
+        return Err(ApiError::token_expired());
+    };
+    if api.store.is_locked(user.id).await.map_err(store_error)? {
+        return Err(ApiError::locked());
+    }
+    if !user.enabled {
+        return Err(ApiError::not_active());
+    }
+    if claims.iat < user.tokens_valid_after {
+        return Err(ApiError::token_expired());
+    }
+    let next_jti = Uuid::new_v4().to_string();
+    let rotated = api
+        .store
+        .rotate_refresh(session.id, &claims.jti, &next_jti)
+        .await
+        .map_err(store_error)?;
+    if !rotated {
+        // A retired refresh token came back: someone holds a copy. End the session.
+        api.store
+            .end_session(session.id)
+            .await
+            .map_err(store_error)?;
+        api.auth.caches().invalidate_session(session.id).await;
+        api.metrics.refresh_reuse();
+        tracing::warn!(
+            target: "keygate::security",
+            session_id = %session.id,
+            user_id = %user.id,
+            client = %req.client_ip,
+            "refresh token reuse detected; the session was ended"
+        );
+        return Err(ApiError::token_expired());
+    }
+    Ok(json_response(&api.sign_pair(&user, session.id, &next_jti)?))
+}
+
+pub async fn logout(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>, ApiError> {
+    let identity = req.identity()?;
+    if let AuthMethod::Jwt { session_id } = identity.method {
+        api.store
+            .end_session(session_id)
+            .await
+            .map_err(store_error)?;
+        api.auth.caches().invalidate_session(session_id).await;
+        tracing::info!(target: "keygate::security", %session_id, user_id = %identity.principal.user_id, "logged out");
+    }
+    Ok(empty_response())
+}
+
+pub async fn current_user(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>, ApiError> {
+    let identity = req.identity()?;
+    let user = api
+        .store
+        .user_by_id(identity.principal.user_id)
+        .await
+        .map_err(store_error)?
+        .ok_or_else(ApiError::not_active)?;
+    Ok(json_response(&records::user(&user)))
+}
+
+pub async fn change_password(
+    api: &Api,
+    req: OwnedRequest,
+) -> Result<http::Response<Body>, ApiError> {
+    let identity = req.identity()?;
+    let body: ChangePasswordRequest = req.json()?;
+    let user = api
+        .store
+        .user_by_id(identity.principal.user_id)
+        .await
+        .map_err(store_error)?
+        .ok_or_else(ApiError::not_active)?;
+    if !api
+        .verify_password(&body.current_password, Some(&user.password_hash))
+        .await?
+    {
+        return Err(ApiError::bad_request("Current password doesn't match!"));
+    }
+    if body.new_password == body.current_password {
+        return Err(ApiError::bad_request(
+            "New password should be different from existing!",
+        ));
+    }
+    api.settings
+        .password_policy
+        .check(&body.new_password)
+        .map_err(ApiError::bad_request)?;
+    let hash = api.hash_password(&body.new_password).await?;
+    let now = crate::clock::now_secs();
+    api.store
+        .update_password(user.id, &hash, Some(now))
+        .await
+        .map_err(store_error)?;
+    api.forget_user(user.id).await;
+    tracing::info!(target: "keygate::security", user_id = %user.id, "password changed; older tokens outdated");
+    let user = UserRecord {
+        tokens_valid_after: now,
+        ..user
+    };
+    Ok(json_response(&api.issue_pair(&user).await?))
+}

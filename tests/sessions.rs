@@ -1,0 +1,489 @@
+//! Session endpoints end to end: login, refresh, logout, current user,
+//! password change, brute-force defence.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use base64::Engine;
+use common::{Gateway, PASSWORD, Upstream, error_body};
+use keygate::identity::Authority;
+use serde_json::{Value, json};
+
+async fn setup(extra: &str) -> (Upstream, Gateway) {
+    let upstream = Upstream::start().await;
+    let gateway = Gateway::start(&upstream.url(), extra).await;
+    (upstream, gateway)
+}
+
+fn claims(token: &str) -> Value {
+    let part = token.split('.').nth(1).unwrap();
+    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(part)
+        .unwrap();
+    serde_json::from_slice(&bytes).unwrap()
+}
+
+async fn login(gw: &Gateway, username: &str, password: &str) -> reqwest::Response {
+    gw.client()
+        .post(gw.https("/api/auth/login"))
+        .json(&json!({ "username": username, "password": password }))
+        .send()
+        .await
+        .unwrap()
+}
+
+async fn login_pair(gw: &Gateway, username: &str, password: &str) -> (String, String) {
+    let response = login(gw, username, password).await;
+    assert_eq!(response.status(), 200);
+    let body: Value = response.json().await.unwrap();
+    (
+        body["token"].as_str().unwrap().into(),
+        body["refreshToken"].as_str().unwrap().into(),
+    )
+}
+
+async fn get_user(gw: &Gateway, header: &str) -> reqwest::Response {
+    gw.client()
+        .get(gw.https("/api/auth/user"))
+        .header("X-Authorization", header)
+        .send()
+        .await
+        .unwrap()
+}
+
+async fn refresh(gw: &Gateway, refresh_token: &str) -> reqwest::Response {
+    gw.client()
+        .post(gw.https("/api/auth/token"))
+        .json(&json!({ "refreshToken": refresh_token }))
+        .send()
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn login_returns_tokens_with_the_claims_clients_decode() {
+    let (_up, gw) = setup("").await;
+    let user = gw.user("Login@Example.com", Authority::TenantAdmin).await;
+    let (token, refresh_token) = login_pair(&gw, "login@example.com", PASSWORD).await;
+    let access = claims(&token);
+    assert_eq!(access["sub"], "login@example.com");
+    assert_eq!(access["userId"], user.id.to_string());
+    assert_eq!(access["scopes"], json!(["TENANT_ADMIN"]));
+    assert_eq!(access["iss"], "thingsboard.io");
+    assert_eq!(access["tenantId"], user.tenant_id.to_string());
+    assert_eq!(access["enabled"], true);
+    assert_eq!(access["isPublic"], false);
+    assert_eq!(
+        access["exp"].as_i64().unwrap() - access["iat"].as_i64().unwrap(),
+        9000
+    );
+    let refresh_claims = claims(&refresh_token);
+    assert_eq!(refresh_claims["scopes"], json!(["REFRESH_TOKEN"]));
+    assert_eq!(refresh_claims["sessionId"], access["sessionId"]);
+    assert!(refresh_claims["jti"].is_string());
+    assert_eq!(
+        refresh_claims["exp"].as_i64().unwrap() - refresh_claims["iat"].as_i64().unwrap(),
+        604_800
+    );
+}
+
+#[tokio::test]
+async fn current_user_answers_with_a_jwt_and_with_an_api_key() {
+    let (upstream, gw) = setup("").await;
+    let user = gw.user("me@example.com", Authority::CustomerUser).await;
+    let (token, _) = login_pair(&gw, "me@example.com", PASSWORD).await;
+    let (_, key) = gw.api_key(&user, 0).await;
+    for header in [format!("Bearer {token}"), format!("ApiKey {key}")] {
+        let response = get_user(&gw, &header).await;
+        assert_eq!(response.status(), 200);
+        let record: Value = response.json().await.unwrap();
+        assert_eq!(record["id"], json!({"entityType": "USER", "id": user.id}));
+        assert_eq!(record["email"], "me@example.com");
+        assert_eq!(record["name"], "me@example.com");
+        assert_eq!(record["authority"], "CUSTOMER_USER");
+        assert_eq!(record["customerId"]["entityType"], "CUSTOMER");
+        assert_eq!(record["customerId"]["id"], user.customer_id.to_string());
+        assert!(record["createdTime"].is_i64());
+        assert!(record.get("password_hash").is_none() && !record.to_string().contains("argon2"));
+    }
+    let (status, _) = error_body(
+        gw.client()
+            .get(gw.https("/api/auth/user"))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(status, 401);
+    assert!(
+        upstream.requests().is_empty(),
+        "keygate answers these itself"
+    );
+}
+
+#[tokio::test]
+async fn wrong_password_and_unknown_user_get_the_same_answer() {
+    let (_up, gw) = setup("").await;
+    gw.user("known@example.com", Authority::TenantAdmin).await;
+    let (s1, wrong) = error_body(login(&gw, "known@example.com", "not-the-password").await).await;
+    let (s2, unknown) =
+        error_body(login(&gw, "nobody@example.com", "not-the-password").await).await;
+    assert_eq!((s1, s2), (401, 401));
+    assert_eq!(wrong["message"], "Invalid username or password");
+    assert_eq!(wrong["message"], unknown["message"]);
+    assert_eq!(wrong["errorCode"], unknown["errorCode"]);
+    let metrics = gw.metrics().await;
+    assert!(
+        metrics.contains(r#"keygate_login_attempts_total{outcome="bad_credentials"} 2"#),
+        "{metrics}"
+    );
+}
+
+#[tokio::test]
+async fn disabled_user_cannot_log_in_or_refresh() {
+    let (_up, gw) = setup("").await;
+    let user = gw.user("off@example.com", Authority::TenantAdmin).await;
+    let (_, refresh_token) = login_pair(&gw, "off@example.com", PASSWORD).await;
+    gw.running
+        .store
+        .set_user_enabled(user.id, false, keygate::clock::now_secs())
+        .await
+        .unwrap();
+    let (status, json) = error_body(login(&gw, "off@example.com", PASSWORD).await).await;
+    assert_eq!(status, 401);
+    assert_eq!(json["message"], "User account is not active");
+    let (status, _) = error_body(refresh(&gw, &refresh_token).await).await;
+    assert_eq!(status, 401);
+}
+
+#[tokio::test]
+async fn bad_login_bodies_are_400_naming_the_problem() {
+    let (_up, gw) = setup("").await;
+    let client = gw.client();
+    for body in [
+        "{\"username\":\"a@b.co\"}",
+        "not json",
+        "{\"username\":1,\"password\":\"x\"}",
+    ] {
+        let response = client
+            .post(gw.https("/api/auth/login"))
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        let (status, json) = error_body(response).await;
+        assert_eq!(
+            (status, json["errorCode"].as_u64()),
+            (400, Some(31)),
+            "{body}"
+        );
+        assert!(
+            json["message"]
+                .as_str()
+                .unwrap()
+                .starts_with("Invalid request body")
+        );
+    }
+    let (status, _) = error_body(
+        client
+            .get(gw.https("/api/auth/login"))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(status, 405);
+}
+
+#[tokio::test]
+async fn refresh_rotates_and_a_reused_refresh_token_ends_the_session() {
+    let (_up, gw) = setup("").await;
+    gw.user("rotate@example.com", Authority::TenantAdmin).await;
+    let (first_access, first_refresh) = login_pair(&gw, "rotate@example.com", PASSWORD).await;
+    let response = refresh(&gw, &first_refresh).await;
+    assert_eq!(response.status(), 200);
+    let pair: Value = response.json().await.unwrap();
+    let second_access = pair["token"].as_str().unwrap();
+    let second_refresh = pair["refreshToken"].as_str().unwrap();
+    assert_eq!(
+        claims(second_access)["sessionId"],
+        claims(&first_access)["sessionId"]
+    );
+    assert_ne!(second_refresh, first_refresh);
+    assert_eq!(
+        get_user(&gw, &format!("Bearer {second_access}"))
+            .await
+            .status(),
+        200
+    );
+    // An access token is never a refresh token.
+    let (status, _) = error_body(refresh(&gw, second_access).await).await;
+    assert_eq!(status, 401);
+
+    // The retired refresh token comes back: the whole session ends.
+    let (status, json) = error_body(refresh(&gw, &first_refresh).await).await;
+    assert_eq!((status, json["errorCode"].as_u64()), (401, Some(11)));
+    let (status, json) = error_body(get_user(&gw, &format!("Bearer {second_access}")).await).await;
+    assert_eq!((status, json["errorCode"].as_u64()), (401, Some(11)));
+    assert_eq!(refresh(&gw, second_refresh).await.status(), 401);
+    assert!(
+        gw.metrics()
+            .await
+            .contains("keygate_refresh_token_reuse_total 1")
+    );
+}
+
+#[tokio::test]
+async fn logout_ends_the_session_at_once() {
+    let (_up, gw) = setup("").await;
+    gw.user("bye@example.com", Authority::TenantAdmin).await;
+    let (access, refresh_token) = login_pair(&gw, "bye@example.com", PASSWORD).await;
+    let (other_access, _) = login_pair(&gw, "bye@example.com", PASSWORD).await;
+    let bearer = format!("Bearer {access}");
+    assert_eq!(
+        get_user(&gw, &bearer).await.status(),
+        200,
+        "warm the caches"
+    );
+    let response = gw
+        .client()
+        .post(gw.https("/api/auth/logout"))
+        .header("X-Authorization", &bearer)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    assert!(response.bytes().await.unwrap().is_empty());
+    let (status, json) = error_body(get_user(&gw, &bearer).await).await;
+    assert_eq!((status, json["errorCode"].as_u64()), (401, Some(11)));
+    assert_eq!(refresh(&gw, &refresh_token).await.status(), 401);
+    assert_eq!(
+        get_user(&gw, &format!("Bearer {other_access}"))
+            .await
+            .status(),
+        200,
+        "other sessions live on"
+    );
+}
+
+#[tokio::test]
+async fn password_change_outdates_every_older_token_of_the_user() {
+    let (_up, gw) = setup("").await;
+    let user = gw.user("change@example.com", Authority::TenantAdmin).await;
+    let (old_access, old_refresh) = login_pair(&gw, "change@example.com", PASSWORD).await;
+    let (_, key) = gw.api_key(&user, 0).await;
+    let change = |current: &str, new: &str| {
+        gw.client()
+            .post(gw.https("/api/auth/changePassword"))
+            .header("X-Authorization", format!("Bearer {old_access}"))
+            .json(&json!({ "currentPassword": current, "newPassword": new }))
+            .send()
+    };
+    let (status, json) =
+        error_body(change("wrong-current", "another-password").await.unwrap()).await;
+    assert_eq!((status, json["errorCode"].as_u64()), (400, Some(31)));
+    let (status, json) = error_body(change(PASSWORD, "short").await.unwrap()).await;
+    assert_eq!(status, 400);
+    assert!(
+        json["message"]
+            .as_str()
+            .unwrap()
+            .contains("at least 8 characters"),
+        "{json}"
+    );
+
+    let response = change(PASSWORD, "a-brand-new-password").await.unwrap();
+    assert_eq!(response.status(), 200);
+    let pair: Value = response.json().await.unwrap();
+    let new_access = pair["token"].as_str().unwrap();
+    assert_eq!(
+        get_user(&gw, &format!("Bearer {new_access}"))
+            .await
+            .status(),
+        200
+    );
+    let (status, json) = error_body(get_user(&gw, &format!("Bearer {old_access}")).await).await;
+    assert_eq!((status, json["errorCode"].as_u64()), (401, Some(11)));
+    assert_eq!(refresh(&gw, &old_refresh).await.status(), 401);
+    assert_eq!(
+        get_user(&gw, &format!("ApiKey {key}")).await.status(),
+        200,
+        "API keys are not passwords"
+    );
+    assert_eq!(
+        login(&gw, "change@example.com", PASSWORD).await.status(),
+        401
+    );
+    assert_eq!(
+        login(&gw, "change@example.com", "a-brand-new-password")
+            .await
+            .status(),
+        200
+    );
+}
+
+#[tokio::test]
+async fn failed_logins_are_limited_with_retry_after_and_reset_after_the_window() {
+    let (_up, gw) = setup("[login]\naccount_max_failures = 3\naccount_window = \"2s\"\n").await;
+    gw.user("target@example.com", Authority::TenantAdmin).await;
+    for _ in 0..3 {
+        assert_eq!(
+            login(&gw, "target@example.com", "guess-guess")
+                .await
+                .status(),
+            401
+        );
+    }
+    let response = login(&gw, "target@example.com", PASSWORD).await;
+    let retry_after: u64 = response.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((1..=2).contains(&retry_after), "{retry_after}");
+    let (status, json) = error_body(response).await;
+    assert_eq!((status, json["errorCode"].as_u64()), (429, Some(33)));
+    assert_eq!(json["message"], "Too many requests");
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    assert_eq!(
+        login(&gw, "target@example.com", PASSWORD).await.status(),
+        200
+    );
+    let metrics = gw.metrics().await;
+    assert!(
+        metrics.contains(r#"keygate_rate_limited_total{limiter="account"} 1"#),
+        "{metrics}"
+    );
+}
+
+#[tokio::test]
+async fn consecutive_failures_lock_the_account_when_lockout_is_on() {
+    let (_up, gw) = setup("[login]\nlockout_after = 3\n").await;
+    let user = gw.user("locked@example.com", Authority::TenantAdmin).await;
+    let (_, key) = gw.api_key(&user, 0).await;
+    assert_eq!(get_user(&gw, &format!("ApiKey {key}")).await.status(), 200);
+    for _ in 0..2 {
+        let (_, json) = error_body(login(&gw, "locked@example.com", "guess-guess").await).await;
+        assert_eq!(json["message"], "Invalid username or password");
+    }
+    let (status, json) = error_body(login(&gw, "locked@example.com", "guess-guess").await).await;
+    assert_eq!(status, 401);
+    assert_eq!(
+        json["message"],
+        "User account is locked due to security policy"
+    );
+    let (_, json) = error_body(login(&gw, "locked@example.com", PASSWORD).await).await;
+    assert_eq!(
+        json["message"],
+        "User account is locked due to security policy"
+    );
+    let (_, json) = error_body(get_user(&gw, &format!("ApiKey {key}")).await).await;
+    assert_eq!(
+        json["message"], "User account is not active",
+        "a locked account's keys stop at once"
+    );
+    gw.running
+        .store
+        .set_user_enabled(user.id, true, keygate::clock::now_secs())
+        .await
+        .unwrap();
+    assert_eq!(
+        login(&gw, "locked@example.com", PASSWORD).await.status(),
+        200
+    );
+}
+
+#[tokio::test]
+async fn imported_bcrypt_user_logs_in_and_is_rehashed_with_argon2id() {
+    let (_up, gw) = setup("").await;
+    let mut user = gw
+        .user("imported@example.com", Authority::TenantAdmin)
+        .await;
+    user.id = uuid::Uuid::new_v4();
+    user.email = "legacy@example.com".into();
+    user.password_hash = bcrypt::hash("legacy-password", 4)
+        .unwrap()
+        .replacen("$2b$", "$2a$", 1);
+    gw.running.store.insert_user(&user).await.unwrap();
+    assert_eq!(
+        login(&gw, "legacy@example.com", "wrong-password")
+            .await
+            .status(),
+        401
+    );
+    assert_eq!(
+        login(&gw, "legacy@example.com", "legacy-password")
+            .await
+            .status(),
+        200
+    );
+    let stored = gw
+        .running
+        .store
+        .user_by_email("legacy@example.com")
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        stored.password_hash.starts_with("$argon2id$"),
+        "{}",
+        stored.password_hash
+    );
+    assert_eq!(
+        login(&gw, "legacy@example.com", "legacy-password")
+            .await
+            .status(),
+        200
+    );
+}
+
+#[tokio::test]
+async fn fifty_parallel_logins_do_not_block_a_proxied_request() {
+    let (upstream, gw) = setup("[login]\nmax_concurrent_hashes = 1\n").await;
+    let user = gw.user("storm@example.com", Authority::TenantAdmin).await;
+    let (_, key) = gw.api_key(&user, 0).await;
+    let client = gw.client();
+    let url = gw.https("/api/auth/login");
+    let logins: Vec<_> = (0..50)
+        .map(|i| {
+            let client = client.clone();
+            let url = url.clone();
+            tokio::spawn(async move {
+                let password = if i % 2 == 0 {
+                    PASSWORD
+                } else {
+                    "wrong-password"
+                };
+                let response = client
+                    .post(url)
+                    .json(&json!({ "username": "storm@example.com", "password": password }))
+                    .send()
+                    .await
+                    .unwrap();
+                (response.status().as_u16(), Instant::now())
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let response = client
+        .get(gw.https("/api/devices"))
+        .header("X-Authorization", format!("ApiKey {key}"))
+        .send()
+        .await
+        .unwrap();
+    let proxied_done = Instant::now();
+    assert_eq!(response.status(), 200);
+    let mut last_login = proxied_done;
+    for login in logins {
+        let (status, done) = login.await.unwrap();
+        assert!(status == 200 || status == 401 || status == 429, "{status}");
+        last_login = last_login.max(done);
+    }
+    assert!(
+        last_login > proxied_done,
+        "the proxied request finished while logins were still hashing"
+    );
+    assert_eq!(upstream.requests().len(), 1);
+}
