@@ -1,0 +1,112 @@
+"""Starts the reference entity service and a keygate server (the binaries that
+`cargo test` builds) on free loopback ports, with a short access-token lifetime."""
+
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+KEYGATE = Path(os.environ.get("KEYGATE_BIN", ROOT / "target/debug/keygate"))
+ENTITY_SERVICE = Path(os.environ.get("ENTITY_SERVICE_BIN", ROOT / "target/debug/examples/entity_service"))
+ADMIN_PASSWORD = "bootstrap-password"
+TENANT_EMAIL = "tenant@example.com"
+TENANT_PASSWORD = "tenant-password"
+TENANT_ID = "5f1c0c9e-1d2a-4c3b-9e8f-0a1b2c3d4e5f"
+ACCESS_TTL = 60
+
+
+def _read_line(stream, pattern, deadline):
+    while time.monotonic() < deadline:
+        line = stream.readline()
+        if not line:
+            time.sleep(0.05)
+            continue
+        match = re.search(pattern, line)
+        if match:
+            return match
+    raise TimeoutError(f"no line matching {pattern!r}")
+
+
+class Keygate:
+    def __init__(self, workdir: Path, upstream: str):
+        self.workdir = workdir
+        self.config = workdir / "keygate.toml"
+        self.config.write_text(
+            f"""
+[server]
+data_dir = "{workdir}"
+[listen]
+https = "127.0.0.1:0"
+http = "127.0.0.1:0"
+admin = "127.0.0.1:0"
+[store]
+url = "sqlite://{workdir}/keygate.db"
+[[route]]
+prefix = "/api/"
+upstreams = ["{upstream}"]
+"""
+        )
+        self.env = dict(
+            os.environ,
+            KEYGATE_BOOTSTRAP_PASSWORD=ADMIN_PASSWORD,
+            JWT_TOKEN_EXPIRATION_TIME=str(ACCESS_TTL),
+            JWT_REFRESH_TOKEN_EXPIRATION_TIME="900",
+            RUST_LOG="info",
+        )
+        self.env.pop("KEYGATE_CONFIG", None)
+
+    def cli(self, *args, stdin=""):
+        return subprocess.run(
+            [KEYGATE, "--config", self.config, *args],
+            input=stdin, capture_output=True, text=True, env=self.env, timeout=60, check=True,
+        )
+
+    def start(self):
+        self.log = open(self.workdir / "keygate.log", "w+")
+        self.process = subprocess.Popen(
+            [KEYGATE, "--config", self.config, "--log-format", "json", "serve"],
+            stdout=self.log, stderr=subprocess.STDOUT, env=self.env,
+        )
+        reader = open(self.workdir / "keygate.log")
+        match = _read_line(reader, r'"https":"Some\(127\.0\.0\.1:(\d+)\)"', time.monotonic() + 60)
+        self.port = int(match.group(1))
+        self.base_url = f"https://localhost:{self.port}"
+        self.ca = str(self.workdir / "dev-ca.pem")
+
+    def stop(self):
+        self.process.terminate()
+        self.process.wait(timeout=30)
+        self.log.close()
+
+
+@pytest.fixture(scope="session")
+def gateway():
+    workdir = Path(tempfile.mkdtemp(prefix="keygate-clients-"))
+    upstream = subprocess.Popen(
+        [ENTITY_SERVICE, "--listen", "127.0.0.1:0"], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        match = _read_line(upstream.stdout, r"listening on (\S+)", time.monotonic() + 30)
+        keygate = Keygate(workdir, f"http://{match.group(1)}")
+        keygate.cli(
+            "user", "add", "--email", TENANT_EMAIL, "--authority", "TENANT_ADMIN",
+            "--tenant-id", TENANT_ID, "--first-name", "Tess",
+            stdin=TENANT_PASSWORD + "\n",
+        )
+        keygate.api_key = keygate.cli("apikey", "create", "--email", TENANT_EMAIL).stdout.splitlines()[-1]
+        keygate.start()
+        os.environ["REQUESTS_CA_BUNDLE"] = keygate.ca
+        yield keygate
+        keygate.stop()
+        log = (workdir / "keygate.log").read_text()
+        assert TENANT_PASSWORD not in log and keygate.api_key not in log, "a secret reached the log"
+    finally:
+        upstream.terminate()
+        upstream.wait(timeout=30)
+        shutil.rmtree(workdir, ignore_errors=True)
