@@ -24,6 +24,14 @@ pub enum AccountError {
     Random,
 }
 
+/// Optional profile fields set at creation.
+#[derive(Debug, Clone, Default)]
+pub struct NewProfile {
+    pub phone: String,
+    /// JSON text.
+    pub additional_info: Option<String>,
+}
+
 /// What is needed to create a user.
 #[derive(Debug, Clone)]
 pub struct NewUser {
@@ -56,8 +64,40 @@ pub async fn create_user(
     password: String,
     policy: &PasswordPolicy,
 ) -> Result<UserRecord, AccountError> {
-    let email = check_email(&new.email)?;
     policy.check(&password).map_err(AccountError::Invalid)?;
+    let user = new_record(new, String::new())?;
+    let password_hash = password::hash(password).await?;
+    insert(
+        store,
+        UserRecord {
+            password_hash,
+            ..user
+        },
+    )
+    .await
+}
+
+/// Creates a user without a password: they set one through an activation
+/// link, and no password logs them in before that.
+pub async fn create_pending_user(
+    store: &Store,
+    new: NewUser,
+    profile: NewProfile,
+) -> Result<UserRecord, AccountError> {
+    let user = new_record(new, String::new())?;
+    insert(
+        store,
+        UserRecord {
+            phone: profile.phone,
+            additional_info: profile.additional_info,
+            ..user
+        },
+    )
+    .await
+}
+
+fn new_record(new: NewUser, password_hash: String) -> Result<UserRecord, AccountError> {
+    let email = check_email(&new.email)?;
     let (tenant_id, customer_id) = match new.authority {
         Authority::SysAdmin => (NULL_UUID, NULL_UUID),
         Authority::TenantAdmin => (
@@ -73,13 +113,12 @@ pub async fn create_user(
             })?,
         ),
     };
-    let password_hash = password::hash(password).await?;
-    let user = UserRecord {
+    Ok(UserRecord {
         id: Uuid::new_v4(),
         created_time: crate::clock::now_ms(),
         tenant_id,
         customer_id,
-        email: email.clone(),
+        email,
         authority: new.authority,
         first_name: new.first_name,
         last_name: new.last_name,
@@ -89,9 +128,12 @@ pub async fn create_user(
         enabled: true,
         password_hash,
         tokens_valid_after: 0,
-    };
+    })
+}
+
+async fn insert(store: &Store, user: UserRecord) -> Result<UserRecord, AccountError> {
     match store.insert_user(&user).await {
-        Err(StoreError::Conflict(_)) => Err(AccountError::Exists(email)),
+        Err(StoreError::Conflict(_)) => Err(AccountError::Exists(user.email)),
         other => other.map(|_| user).map_err(Into::into),
     }
 }
@@ -145,6 +187,7 @@ pub async fn create_api_key(
     prefix: &str,
     description: &str,
     expiration_time: i64,
+    enabled: bool,
 ) -> Result<CreatedKey, AccountError> {
     let description = description.trim();
     if description.is_empty() || description.chars().count() > 255 {
@@ -165,7 +208,7 @@ pub async fn create_api_key(
         user_id: user.id,
         digest: generated.digest.to_hex(),
         description: description.to_string(),
-        enabled: true,
+        enabled,
         expiration_time,
     };
     store.insert_api_key(&record).await?;

@@ -121,6 +121,25 @@ impl App {
             .unwrap_or_else(|| transport.peer.ip())
     }
 
+    /// `scheme://host` as the client reached keygate (or the trusted proxy in front).
+    fn base_url(&self, transport: &Transport, trusted: bool, req: &Request<Incoming>) -> String {
+        let scheme = if self.is_https(transport, trusted, req) {
+            "https"
+        } else {
+            "http"
+        };
+        let forwarded_host = trusted
+            .then(|| req.headers().get(&headers::X_FORWARDED_HOST))
+            .flatten();
+        let host = forwarded_host
+            .or_else(|| req.headers().get(http::header::HOST))
+            .and_then(|h| h.to_str().ok())
+            .map(str::to_owned)
+            .or_else(|| req.uri().authority().map(|a| a.to_string()))
+            .unwrap_or_else(|| "localhost".into());
+        format!("{scheme}://{host}")
+    }
+
     /// Handles one request; every error becomes a contract response here.
     pub async fn handle(&self, req: Request<Incoming>, transport: Transport) -> Response<Body> {
         let started = Instant::now();
@@ -184,6 +203,7 @@ impl App {
                 Access::Authenticated => Some(self.authenticate(&transport, trusted, &req).await?),
             };
             let owned = OwnedRequest {
+                base_url: self.base_url(&transport, trusted, &req),
                 client_ip: self.client_ip(&transport, trusted, req.headers()),
                 query: req.uri().query().map(str::to_owned),
                 body: api::read_body(req.into_body()).await?,
@@ -235,7 +255,11 @@ impl App {
     ) -> Result<Identity, ApiError> {
         let result = match credential::parse(req.headers()) {
             Err(e) => Err(("none", AuthFailure::from(e))),
-            Ok(Credential::ApiKey(_)) if !self.is_https(transport, trusted, req) => {
+            Ok(Credential::ApiKey(key)) if !self.is_https(transport, trusted, req) => {
+                tracing::warn!(peer = %transport.peer, "refused an API key sent over plain HTTP");
+                if self.settings.disable_key_on_plaintext {
+                    self.auth.disable_exposed_key(&key).await;
+                }
                 Err(("api_key", AuthFailure::PlaintextRefused))
             }
             Ok(credential) => {
@@ -257,9 +281,6 @@ impl App {
             }
             Err((method, failure)) => {
                 self.metrics.auth(method, failure.label());
-                if failure == AuthFailure::PlaintextRefused {
-                    tracing::warn!(peer = %transport.peer, "refused an API key sent over plain HTTP");
-                }
                 Err(failure.to_api_error())
             }
         }

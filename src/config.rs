@@ -76,6 +76,7 @@ pub struct JwtSection {
 #[serde(default, deny_unknown_fields)]
 pub struct ApiKeySection {
     pub prefix: String,
+    pub disable_on_plaintext: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -210,6 +211,7 @@ impl Default for ApiKeySection {
     fn default() -> Self {
         ApiKeySection {
             prefix: "tb_".into(),
+            disable_on_plaintext: false,
         }
     }
 }
@@ -300,6 +302,8 @@ pub struct Settings {
     pub store_max_connections: u32,
     pub jwt: JwtSettings,
     pub api_key_prefix: String,
+    /// Disable a key at once when it arrives over plain HTTP (it is exposed).
+    pub disable_key_on_plaintext: bool,
     pub cache: CacheSettings,
     pub proxy: ProxySettings,
     pub limits: Limits,
@@ -802,6 +806,7 @@ fn validate(file: &FileConfig, errors: &mut Vec<String>) -> Settings {
         store_max_connections,
         jwt,
         api_key_prefix: prefix.clone(),
+        disable_key_on_plaintext: file.api_keys.disable_on_plaintext,
         cache: CacheSettings { capacity, ..cache },
         proxy: ProxySettings {
             trusted_proxies,

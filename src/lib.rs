@@ -19,6 +19,7 @@ pub mod error;
 pub mod identity;
 pub mod listener;
 pub mod proxy;
+pub mod revocation;
 pub mod server;
 pub mod store;
 pub mod telemetry;

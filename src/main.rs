@@ -324,6 +324,7 @@ async fn apikey(cmd: ApiKeyCommand, settings: &Settings) -> anyhow::Result<()> {
                 &settings.api_key_prefix,
                 &description,
                 expiration_time,
+                true,
             )
             .await?;
             eprintln!(

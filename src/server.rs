@@ -222,6 +222,14 @@ pub async fn start(settings: Settings, options: StartOptions) -> Result<Running,
             shutdown_rx.clone(),
         )));
     }
+    if store.dialect() == crate::store::Dialect::Postgres {
+        tasks.push(tokio::spawn(crate::revocation::listen(
+            app.settings().store_url.clone(),
+            auth.clone(),
+            metrics.clone(),
+            shutdown_rx.clone(),
+        )));
+    }
     drop(shutdown_rx);
     let admin_task = admin_listener.map(|listener| {
         let admin = Arc::new(Admin {

@@ -23,6 +23,9 @@ pub struct Metrics {
     logins: IntCounterVec,
     rate_limited: IntCounterVec,
     refresh_reuse: prometheus::IntCounter,
+    revocations: prometheus::IntCounter,
+    keys_disabled_on_plaintext: prometheus::IntCounter,
+    revocation_listener_up: IntGauge,
     pub tls_cert_not_after: IntGauge,
 }
 
@@ -116,6 +119,30 @@ impl Metrics {
         registry
             .register(Box::new(refresh_reuse.clone()))
             .expect("unique metric");
+        let revocations = prometheus::IntCounter::new(
+            "keygate_revocation_notifications_total",
+            "Revocation notifications received from the shared store.",
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(revocations.clone()))
+            .expect("unique metric");
+        let keys_disabled_on_plaintext = prometheus::IntCounter::new(
+            "keygate_api_keys_disabled_on_plaintext_total",
+            "API keys disabled because they arrived over plain HTTP.",
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(keys_disabled_on_plaintext.clone()))
+            .expect("unique metric");
+        let revocation_listener_up = IntGauge::new(
+            "keygate_revocation_listener_up",
+            "1 while the revocation listener is connected to PostgreSQL, else 0.",
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(revocation_listener_up.clone()))
+            .expect("unique metric");
         let tls_cert_not_after = IntGauge::new(
             "keygate_tls_certificate_expiry_timestamp_seconds",
             "When the served TLS certificate expires (Unix time).",
@@ -143,6 +170,9 @@ impl Metrics {
             logins,
             rate_limited,
             refresh_reuse,
+            revocations,
+            keys_disabled_on_plaintext,
+            revocation_listener_up,
             tls_cert_not_after,
         }
     }
@@ -188,6 +218,18 @@ impl Metrics {
 
     pub fn refresh_reuse(&self) {
         self.refresh_reuse.inc();
+    }
+
+    pub fn key_disabled_on_plaintext(&self) {
+        self.keys_disabled_on_plaintext.inc();
+    }
+
+    pub fn revocation_received(&self) {
+        self.revocations.inc();
+    }
+
+    pub fn revocation_listener(&self, up: bool) {
+        self.revocation_listener_up.set(i64::from(up));
     }
 
     pub fn cache_hit(&self, cache: &str) {

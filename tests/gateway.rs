@@ -101,7 +101,7 @@ async fn spoofed_identity_headers_never_reach_upstream() {
     let user = gw.user("spoof@example.com", Authority::CustomerUser).await;
     let (_, key) = gw.api_key(&user, 0).await;
     let client = gw.client();
-    for path in ["/api/devices", "/api/noauth/activate"] {
+    for path in ["/api/devices", "/api/noauth/echo"] {
         let response = client
             .get(gw.https(path))
             .header("X-Authorization", format!("ApiKey {key}"))

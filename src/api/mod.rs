@@ -2,8 +2,11 @@
 //! the small request and response helpers they share. Every rejection, including
 //! a bad body or a wrong method, is a contract error.
 
+pub mod access;
+pub mod keys;
 pub mod records;
 pub mod session;
+pub mod users;
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -40,6 +43,18 @@ pub enum Endpoint {
     Logout,
     CurrentUser,
     ChangePassword,
+    CreateApiKey,
+    ListApiKeys,
+    DescribeApiKey,
+    EnableApiKey,
+    DeleteApiKey,
+    SaveUser,
+    GetUser,
+    ListUsers,
+    DeleteUser,
+    EnableUser,
+    ActivationLink,
+    Activate,
 }
 
 /// One owned route: `{name}` segments match any one path segment.
@@ -82,6 +97,78 @@ pub static ROUTES: &[RouteDef] = &[
         pattern: "/api/auth/changePassword",
         access: Access::Authenticated,
         endpoint: Endpoint::ChangePassword,
+    },
+    RouteDef {
+        method: Method::POST,
+        pattern: "/api/apiKey",
+        access: Access::Authenticated,
+        endpoint: Endpoint::CreateApiKey,
+    },
+    RouteDef {
+        method: Method::GET,
+        pattern: "/api/apiKeys/{userId}",
+        access: Access::Authenticated,
+        endpoint: Endpoint::ListApiKeys,
+    },
+    RouteDef {
+        method: Method::PUT,
+        pattern: "/api/apiKey/{id}/description",
+        access: Access::Authenticated,
+        endpoint: Endpoint::DescribeApiKey,
+    },
+    RouteDef {
+        method: Method::PUT,
+        pattern: "/api/apiKey/{id}/enabled/{enabled}",
+        access: Access::Authenticated,
+        endpoint: Endpoint::EnableApiKey,
+    },
+    RouteDef {
+        method: Method::DELETE,
+        pattern: "/api/apiKey/{id}",
+        access: Access::Authenticated,
+        endpoint: Endpoint::DeleteApiKey,
+    },
+    RouteDef {
+        method: Method::POST,
+        pattern: "/api/user",
+        access: Access::Authenticated,
+        endpoint: Endpoint::SaveUser,
+    },
+    RouteDef {
+        method: Method::GET,
+        pattern: "/api/user/{id}",
+        access: Access::Authenticated,
+        endpoint: Endpoint::GetUser,
+    },
+    RouteDef {
+        method: Method::DELETE,
+        pattern: "/api/user/{id}",
+        access: Access::Authenticated,
+        endpoint: Endpoint::DeleteUser,
+    },
+    RouteDef {
+        method: Method::GET,
+        pattern: "/api/users",
+        access: Access::Authenticated,
+        endpoint: Endpoint::ListUsers,
+    },
+    RouteDef {
+        method: Method::POST,
+        pattern: "/api/user/{id}/userCredentialsEnabled",
+        access: Access::Authenticated,
+        endpoint: Endpoint::EnableUser,
+    },
+    RouteDef {
+        method: Method::GET,
+        pattern: "/api/user/{id}/activationLink",
+        access: Access::Authenticated,
+        endpoint: Endpoint::ActivationLink,
+    },
+    RouteDef {
+        method: Method::POST,
+        pattern: "/api/noauth/activate",
+        access: Access::Public,
+        endpoint: Endpoint::Activate,
     },
 ];
 
@@ -138,6 +225,8 @@ pub struct OwnedRequest {
     pub query: Option<String>,
     pub body: Bytes,
     pub client_ip: IpAddr,
+    /// `scheme://host` as the client reached keygate, for links.
+    pub base_url: String,
 }
 
 impl OwnedRequest {
@@ -165,6 +254,12 @@ pub async fn read_body(body: hyper::body::Incoming) -> Result<Bytes, ApiError> {
         Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(ApiError::body_too_large()),
         Err(_) => Err(ApiError::bad_request("Request body could not be read")),
     }
+}
+
+/// A store failure: logged here, answered as a general 503.
+pub(crate) fn store_error(error: crate::store::StoreError) -> ApiError {
+    tracing::error!(%error, "store operation failed");
+    ApiError::unavailable()
 }
 
 /// A 200 JSON response.
@@ -212,6 +307,18 @@ impl Api {
             Endpoint::Logout => session::logout(self, req).await,
             Endpoint::CurrentUser => session::current_user(self, req).await,
             Endpoint::ChangePassword => session::change_password(self, req).await,
+            Endpoint::CreateApiKey => keys::create(self, req).await,
+            Endpoint::ListApiKeys => keys::list(self, req).await,
+            Endpoint::DescribeApiKey => keys::describe(self, req).await,
+            Endpoint::EnableApiKey => keys::set_enabled(self, req).await,
+            Endpoint::DeleteApiKey => keys::delete(self, req).await,
+            Endpoint::SaveUser => users::save(self, req).await,
+            Endpoint::GetUser => users::get(self, req).await,
+            Endpoint::ListUsers => users::list(self, req).await,
+            Endpoint::DeleteUser => users::delete(self, req).await,
+            Endpoint::EnableUser => users::set_enabled(self, req).await,
+            Endpoint::ActivationLink => users::activation_link(self, req).await,
+            Endpoint::Activate => users::activate(self, req).await,
         }
     }
 }

@@ -3,7 +3,7 @@
 use serde_json::{Value, json};
 use uuid::Uuid;
 
-use crate::store::UserRecord;
+use crate::store::{ApiKeyRecord, UserRecord};
 
 /// `{"entityType": ..., "id": ...}`, the platform's id object.
 pub fn entity_id(entity_type: &str, id: Uuid) -> Value {
@@ -38,6 +38,25 @@ pub fn user(user: &UserRecord) -> Value {
         "name": user.email,
         "additionalInfo": additional_info,
     })
+}
+
+/// The API key record; `value` only in the create response.
+pub fn api_key(key: &ApiKeyRecord, value: Option<&str>) -> Value {
+    let now = crate::clock::now_ms();
+    let mut record = json!({
+        "id": entity_id("API_KEY", key.id),
+        "createdTime": key.created_time,
+        "tenantId": entity_id("TENANT", key.tenant_id),
+        "userId": entity_id("USER", key.user_id),
+        "expirationTime": key.expiration_time,
+        "description": key.description,
+        "enabled": key.enabled,
+        "expired": key.expiration_time != 0 && now >= key.expiration_time,
+    });
+    if let (Some(value), Some(map)) = (value, record.as_object_mut()) {
+        map.insert("value".into(), Value::String(value.to_string()));
+    }
+    record
 }
 
 #[cfg(test)]

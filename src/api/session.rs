@@ -4,13 +4,13 @@ use serde::Deserialize;
 use serde_json::json;
 use uuid::Uuid;
 
-use super::{Api, OwnedRequest, empty_response, json_response, records};
+use super::{Api, OwnedRequest, empty_response, json_response, records, store_error};
 use crate::auth::jwt::TokenError;
 use crate::auth::password;
 use crate::body::Body;
 use crate::error::ApiError;
 use crate::identity::AuthMethod;
-use crate::store::{SessionRecord, StoreError, UserRecord};
+use crate::store::{SessionRecord, UserRecord};
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -32,15 +32,10 @@ struct ChangePasswordRequest {
     new_password: String,
 }
 
-fn store_error(error: StoreError) -> ApiError {
-    tracing::error!(%error, "store operation failed");
-    ApiError::unavailable()
-}
-
 impl Api {
     /// Verifies a password on the blocking pool, at most `hashing` at a time.
     /// `None` (unknown user) verifies against a dummy hash so both cost the same.
-    async fn verify_password(
+    pub(super) async fn verify_password(
         &self,
         password: &str,
         stored: Option<&str>,
@@ -57,7 +52,7 @@ impl Api {
         Ok(ok && stored.is_some())
     }
 
-    async fn hash_password(&self, password: &str) -> Result<String, ApiError> {
+    pub(super) async fn hash_password(&self, password: &str) -> Result<String, ApiError> {
         let _permit = self
             .hashing
             .acquire()
@@ -69,7 +64,10 @@ impl Api {
     }
 
     /// Opens a session and signs its first token pair.
-    async fn issue_pair(&self, user: &UserRecord) -> Result<serde_json::Value, ApiError> {
+    pub(super) async fn issue_pair(
+        &self,
+        user: &UserRecord,
+    ) -> Result<serde_json::Value, ApiError> {
         let session = SessionRecord {
             id: Uuid::new_v4(),
             user_id: user.id,
@@ -101,7 +99,7 @@ impl Api {
         Ok(json!({ "token": access.token, "refreshToken": refresh.token }))
     }
 
-    async fn forget_user(&self, user_id: Uuid) {
+    pub(super) async fn forget_user(&self, user_id: Uuid) {
         let caches = self.auth.caches();
         caches.invalidate_user(user_id).await;
         caches.invalidate_sessions_of(user_id);

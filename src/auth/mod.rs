@@ -121,6 +121,30 @@ impl Authenticator {
         &self.tokens
     }
 
+    /// Disables a key that was exposed (sent over plain HTTP), if it exists.
+    pub async fn disable_exposed_key(&self, value: &Secret) {
+        let digest = KeyDigest::of(value.expose());
+        match self.store.api_key_by_digest(&digest.to_hex()).await {
+            Ok(Some(key)) if key.enabled => {
+                match self.store.set_api_key_enabled(key.id, false).await {
+                    Ok(_) => {
+                        self.caches.invalidate_key(&digest).await;
+                        self.metrics.key_disabled_on_plaintext();
+                        tracing::warn!(
+                            target: "keygate::security",
+                            key_id = %key.id,
+                            user_id = %key.user_id,
+                            "disabled an API key that was sent over plain HTTP"
+                        );
+                    }
+                    Err(error) => tracing::error!(%error, "disabling an exposed API key failed"),
+                }
+            }
+            Ok(_) => {}
+            Err(error) => tracing::error!(%error, "looking up an exposed API key failed"),
+        }
+    }
+
     pub async fn verify(&self, credential: &Credential) -> Result<Identity, AuthFailure> {
         match credential {
             Credential::ApiKey(value) => self.verify_api_key(value).await,

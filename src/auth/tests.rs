@@ -67,9 +67,10 @@ impl Fixture {
 
     /// A new key of `user`: its id and the credential presenting it.
     async fn key(&self, user: &UserRecord, expiration_time: i64) -> (Uuid, Credential) {
-        let created = accounts::create_api_key(&self.store, user, "tb_", "test", expiration_time)
-            .await
-            .unwrap();
+        let created =
+            accounts::create_api_key(&self.store, user, "tb_", "test", expiration_time, true)
+                .await
+                .unwrap();
         (created.record.id, Credential::ApiKey(created.value))
     }
 

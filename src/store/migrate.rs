@@ -16,6 +16,11 @@ const SQLITE: &[(i64, &str, &str)] = &[
         "login_lockouts",
         include_str!("../../migrations/sqlite/0002_login_lockouts.sql"),
     ),
+    (
+        3,
+        "activation_tokens",
+        include_str!("../../migrations/sqlite/0003_activation_tokens.sql"),
+    ),
 ];
 const POSTGRES: &[(i64, &str, &str)] = &[
     (
@@ -27,6 +32,11 @@ const POSTGRES: &[(i64, &str, &str)] = &[
         2,
         "login_lockouts",
         include_str!("../../migrations/postgres/0002_login_lockouts.sql"),
+    ),
+    (
+        3,
+        "activation_tokens",
+        include_str!("../../migrations/postgres/0003_activation_tokens.sql"),
     ),
 ];
 

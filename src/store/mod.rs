@@ -4,6 +4,8 @@
 //! default) and PostgreSQL; the SQL is written once in the common dialect, and
 //! each dialect has its own migrations. Multi-row changes run in transactions.
 
+mod admin;
+pub use admin::{Page, PageRequest};
 mod migrate;
 mod sessions;
 
@@ -88,6 +90,40 @@ pub struct SessionRecord {
     pub refresh_jti: String,
 }
 
+/// A change that can end a credential. Published on PostgreSQL with
+/// `NOTIFY` in the transaction that makes the change, so every replica drops
+/// the affected cache entries when (and only when) it commits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Revocation {
+    Key(Uuid),
+    User(Uuid),
+    Session(Uuid),
+}
+
+/// The `LISTEN` / `NOTIFY` channel of revocations.
+pub const REVOCATION_CHANNEL: &str = "keygate_revocations";
+
+impl Revocation {
+    pub fn payload(&self) -> String {
+        match self {
+            Revocation::Key(id) => format!("key:{id}"),
+            Revocation::User(id) => format!("user:{id}"),
+            Revocation::Session(id) => format!("session:{id}"),
+        }
+    }
+
+    pub fn parse(payload: &str) -> Option<Revocation> {
+        let (kind, id) = payload.split_once(':')?;
+        let id = Uuid::parse_str(id).ok()?;
+        match kind {
+            "key" => Some(Revocation::Key(id)),
+            "user" => Some(Revocation::User(id)),
+            "session" => Some(Revocation::Session(id)),
+            _ => None,
+        }
+    }
+}
+
 #[derive(Clone)]
 pub struct Store {
     pool: AnyPool,
@@ -162,6 +198,23 @@ impl Store {
 
     pub fn dialect(&self) -> Dialect {
         self.dialect
+    }
+
+    /// Publishes a revocation inside a transaction (PostgreSQL only: an
+    /// SQLite store serves one replica, which invalidates its own caches).
+    async fn publish(
+        &self,
+        conn: &mut sqlx::AnyConnection,
+        revocation: Revocation,
+    ) -> Result<(), StoreError> {
+        if self.dialect == Dialect::Postgres {
+            sqlx::query("SELECT pg_notify($1, $2)")
+                .bind(REVOCATION_CHANNEL)
+                .bind(revocation.payload())
+                .execute(conn)
+                .await?;
+        }
+        Ok(())
     }
 
     /// Closes every connection; later queries fail. For shutdown and tests.
@@ -301,6 +354,7 @@ impl Store {
                 .execute(&mut *tx)
                 .await?;
         }
+        self.publish(&mut tx, Revocation::User(id)).await?;
         tx.commit().await?;
         Ok(updated.rows_affected() > 0)
     }
@@ -322,6 +376,7 @@ impl Store {
             .bind(id.to_string())
             .execute(&mut *tx)
             .await?;
+        self.publish(&mut tx, Revocation::User(id)).await?;
         tx.commit().await?;
         Ok(deleted.rows_affected() > 0)
     }
@@ -384,20 +439,26 @@ impl Store {
 
     /// Returns false when no such key.
     pub async fn set_api_key_enabled(&self, id: Uuid, enabled: bool) -> Result<bool, StoreError> {
+        let mut tx = self.pool.begin().await?;
         let result = sqlx::query("UPDATE api_keys SET enabled = $1 WHERE id = $2")
             .bind(i64::from(enabled))
             .bind(id.to_string())
-            .execute(&self.pool)
+            .execute(&mut *tx)
             .await?;
+        self.publish(&mut tx, Revocation::Key(id)).await?;
+        tx.commit().await?;
         Ok(result.rows_affected() > 0)
     }
 
     /// Returns false when no such key.
     pub async fn delete_api_key(&self, id: Uuid) -> Result<bool, StoreError> {
+        let mut tx = self.pool.begin().await?;
         let result = sqlx::query("DELETE FROM api_keys WHERE id = $1")
             .bind(id.to_string())
-            .execute(&self.pool)
+            .execute(&mut *tx)
             .await?;
+        self.publish(&mut tx, Revocation::Key(id)).await?;
+        tx.commit().await?;
         Ok(result.rows_affected() > 0)
     }
 
@@ -436,11 +497,14 @@ impl Store {
 
     /// Ends a session: every token of it stops working.
     pub async fn end_session(&self, id: Uuid) -> Result<bool, StoreError> {
+        let mut tx = self.pool.begin().await?;
         let result = sqlx::query("UPDATE sessions SET ended = $1 WHERE id = $2")
             .bind(1_i64)
             .bind(id.to_string())
-            .execute(&self.pool)
+            .execute(&mut *tx)
             .await?;
+        self.publish(&mut tx, Revocation::Session(id)).await?;
+        tx.commit().await?;
         Ok(result.rows_affected() > 0)
     }
 }

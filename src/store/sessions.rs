@@ -4,7 +4,7 @@
 use sqlx::Row;
 use uuid::Uuid;
 
-use super::{Store, StoreError};
+use super::{Revocation, Store, StoreError};
 
 impl Store {
     /// Moves a live session from refresh token `old_jti` to `new_jti`. False
@@ -61,6 +61,7 @@ impl Store {
                 .bind(user_id.to_string())
                 .execute(&mut *tx)
                 .await?;
+            self.publish(&mut tx, Revocation::User(user_id)).await?;
         }
         tx.commit().await?;
         Ok(updated.rows_affected() > 0)
@@ -110,6 +111,7 @@ impl Store {
         .bind(user_id.to_string())
         .execute(&mut *tx)
         .await?;
+        self.publish(&mut tx, Revocation::User(user_id)).await?;
         tx.commit().await?;
         Ok(updated.rows_affected() > 0)
     }

@@ -243,6 +243,7 @@ request_timeout = "300ms"
             "tb_",
             "test key",
             expiration_time,
+            true,
         )
         .await
         .unwrap();

@@ -1,0 +1,175 @@
+//! API key endpoints: create, list, describe, enable/disable, delete.
+
+use serde::Deserialize;
+use uuid::Uuid;
+
+use super::access::{audit, check_manage, page_json, page_request, path_id};
+use super::{Api, OwnedRequest, empty_response, json_response, records};
+use crate::accounts::{self, AccountError};
+use crate::body::Body;
+use crate::error::ApiError;
+use crate::store::ApiKeyRecord;
+
+#[derive(Deserialize)]
+struct EntityRef {
+    id: Uuid,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct CreateKey {
+    user_id: EntityRef,
+    description: Option<String>,
+    enabled: Option<bool>,
+    expiration_time: Option<i64>,
+}
+
+impl Api {
+    /// The key of `id` if the caller may manage its owner; 404 otherwise, so
+    /// keys of users the caller cannot see do not reveal their existence.
+    async fn managed_key(&self, req: &OwnedRequest, id: &str) -> Result<ApiKeyRecord, ApiError> {
+        let actor = &req.identity()?.principal;
+        let id = path_id(id)?;
+        let key = self
+            .store
+            .api_key_by_id(id)
+            .await
+            .map_err(super::store_error)?;
+        let key = key.ok_or_else(ApiError::not_found)?;
+        let owner = self
+            .store
+            .user_by_id(key.user_id)
+            .await
+            .map_err(super::store_error)?;
+        check_manage(actor, owner.as_ref())?;
+        Ok(key)
+    }
+}
+
+pub async fn create(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>, ApiError> {
+    let identity = req.identity()?;
+    let body: CreateKey = req.json()?;
+    let owner = api
+        .store
+        .user_by_id(body.user_id.id)
+        .await
+        .map_err(super::store_error)?;
+    check_manage(&identity.principal, owner.as_ref())?;
+    let owner = owner.ok_or_else(ApiError::not_found)?;
+    let description = body.description.unwrap_or_default();
+    let expiration_time = body.expiration_time.unwrap_or(0);
+    if expiration_time != 0 && expiration_time <= crate::clock::now_ms() {
+        return Err(ApiError::bad_request(
+            "expirationTime must be in the future, or 0 for never",
+        ));
+    }
+    let enabled = body.enabled.unwrap_or(true);
+    let prefix = &api.settings.api_key_prefix;
+    let created = accounts::create_api_key(
+        &api.store,
+        &owner,
+        prefix,
+        &description,
+        expiration_time,
+        enabled,
+    )
+    .await
+    .map_err(|e| match e {
+        AccountError::Invalid(message) => ApiError::bad_request(message),
+        other => {
+            tracing::error!(error = %other, "creating an API key failed");
+            ApiError::internal()
+        }
+    })?;
+    let record = created.record;
+    audit(identity, "api_key.create", "API_KEY", record.id);
+    Ok(json_response(&records::api_key(
+        &record,
+        Some(created.value.expose()),
+    )))
+}
+
+pub async fn list(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>, ApiError> {
+    let actor = &req.identity()?.principal;
+    let user_id = path_id(&req.params[0])?;
+    let owner = api
+        .store
+        .user_by_id(user_id)
+        .await
+        .map_err(super::store_error)?;
+    check_manage(actor, owner.as_ref())?;
+    let page = page_request(req.query.as_deref())?;
+    let keys = api
+        .store
+        .api_keys_page(user_id, &page)
+        .await
+        .map_err(super::store_error)?;
+    Ok(json_response(&page_json(&keys, &page, |k| {
+        records::api_key(k, None)
+    })))
+}
+
+pub async fn describe(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>, ApiError> {
+    let identity = req.identity()?;
+    let mut key = api.managed_key(&req, &req.params[0]).await?;
+    // The body is the bare description; a JSON string is accepted too.
+    let text = std::str::from_utf8(&req.body)
+        .map_err(|_| ApiError::bad_request("description must be UTF-8 text"))?;
+    let description = serde_json::from_str::<String>(text).unwrap_or_else(|_| text.to_string());
+    let description = description.trim();
+    if description.is_empty() || description.chars().count() > 255 {
+        return Err(ApiError::bad_request(
+            "description must be non-blank and at most 255 characters",
+        ));
+    }
+    api.store
+        .set_api_key_description(key.id, description)
+        .await
+        .map_err(super::store_error)?;
+    key.description = description.to_string();
+    audit(identity, "api_key.describe", "API_KEY", key.id);
+    Ok(json_response(&records::api_key(&key, None)))
+}
+
+pub async fn set_enabled(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>, ApiError> {
+    let identity = req.identity()?;
+    let mut key = api.managed_key(&req, &req.params[0]).await?;
+    let enabled = match req.params[1].as_str() {
+        "true" => true,
+        "false" => false,
+        other => {
+            return Err(ApiError::bad_request(format!(
+                "enabled must be true or false, got {other:?}"
+            )));
+        }
+    };
+    api.store
+        .set_api_key_enabled(key.id, enabled)
+        .await
+        .map_err(super::store_error)?;
+    api.auth.caches().invalidate_key_id(key.id);
+    key.enabled = enabled;
+    audit(
+        identity,
+        if enabled {
+            "api_key.enable"
+        } else {
+            "api_key.disable"
+        },
+        "API_KEY",
+        key.id,
+    );
+    Ok(json_response(&records::api_key(&key, None)))
+}
+
+pub async fn delete(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>, ApiError> {
+    let identity = req.identity()?;
+    let key = api.managed_key(&req, &req.params[0]).await?;
+    api.store
+        .delete_api_key(key.id)
+        .await
+        .map_err(super::store_error)?;
+    api.auth.caches().invalidate_key_id(key.id);
+    audit(identity, "api_key.delete", "API_KEY", key.id);
+    Ok(empty_response())
+}

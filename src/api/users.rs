@@ -1,0 +1,258 @@
+//! User endpoints: create or update, get, list in scope, delete,
+//! enable/disable, and the activation flow.
+
+use serde::Deserialize;
+use uuid::Uuid;
+
+use super::access::{audit, check_manage, page_json, page_request, param, path_id, query_pairs};
+use super::{Api, OwnedRequest, empty_response, json_response, records, store_error};
+use crate::accounts::{self, AccountError, NewProfile, NewUser};
+use crate::auth::api_key::{self, KeyDigest};
+use crate::body::Body;
+use crate::error::ApiError;
+use crate::identity::{Authority, NULL_UUID};
+
+/// How long an activation link stays valid.
+pub const ACTIVATION_TTL_MS: i64 = 24 * 3600 * 1000;
+
+#[derive(Deserialize)]
+struct EntityRef {
+    id: Uuid,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct UserBody {
+    id: Option<EntityRef>,
+    email: Option<String>,
+    authority: Option<String>,
+    tenant_id: Option<EntityRef>,
+    customer_id: Option<EntityRef>,
+    first_name: Option<String>,
+    last_name: Option<String>,
+    phone: Option<String>,
+    additional_info: Option<serde_json::Value>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ActivateBody {
+    activate_token: String,
+    password: String,
+}
+
+fn account_error(error: AccountError) -> ApiError {
+    match error {
+        AccountError::Invalid(message) => ApiError::bad_request(message),
+        AccountError::Exists(email) => ApiError::bad_request(format!(
+            "User with email '{email}' already present in database!"
+        )),
+        other => {
+            tracing::error!(error = %other, "account operation failed");
+            ApiError::internal()
+        }
+    }
+}
+
+/// `POST /api/user`: creates a user without a password (they activate through
+/// a link), or updates the profile of an existing one when `id` is given.
+pub async fn save(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>, ApiError> {
+    let identity = req.identity()?;
+    let actor = &identity.principal;
+    let body: UserBody = req.json()?;
+    if let Some(id) = &body.id {
+        let existing = api.store.user_by_id(id.id).await.map_err(store_error)?;
+        check_manage(actor, existing.as_ref())?;
+        let mut user = existing.ok_or_else(ApiError::not_found)?;
+        user.first_name = body.first_name.unwrap_or(user.first_name);
+        user.last_name = body.last_name.unwrap_or(user.last_name);
+        user.phone = body.phone.unwrap_or(user.phone);
+        if let Some(info) = body.additional_info {
+            user.additional_info = (!info.is_null()).then(|| info.to_string());
+        }
+        api.store
+            .update_user_profile(&user)
+            .await
+            .map_err(store_error)?;
+        user.version += 1;
+        audit(identity, "user.update", "USER", user.id);
+        return Ok(json_response(&records::user(&user)));
+    }
+    let authority_text = body
+        .authority
+        .as_deref()
+        .ok_or_else(|| ApiError::bad_request("authority is required"))?;
+    let authority = Authority::parse(authority_text).ok_or_else(|| {
+        ApiError::bad_request(format!(
+            "authority must be SYS_ADMIN, TENANT_ADMIN or CUSTOMER_USER, got {authority_text:?}"
+        ))
+    })?;
+    let email = body
+        .email
+        .ok_or_else(|| ApiError::bad_request("email is required"))?;
+    let tenant_id = body.tenant_id.map(|t| t.id).filter(|t| *t != NULL_UUID);
+    let customer_id = body.customer_id.map(|c| c.id).filter(|c| *c != NULL_UUID);
+    let tenant_id = match actor.authority {
+        Authority::SysAdmin => tenant_id,
+        Authority::TenantAdmin => {
+            if authority == Authority::SysAdmin || tenant_id.is_some_and(|t| t != actor.tenant_id) {
+                return Err(ApiError::permission_denied());
+            }
+            Some(actor.tenant_id)
+        }
+        Authority::CustomerUser => return Err(ApiError::permission_denied()),
+    };
+    let new = NewUser {
+        email,
+        authority,
+        tenant_id,
+        customer_id,
+        first_name: body.first_name.unwrap_or_default(),
+        last_name: body.last_name.unwrap_or_default(),
+    };
+    let profile = NewProfile {
+        phone: body.phone.unwrap_or_default(),
+        additional_info: body
+            .additional_info
+            .filter(|i| !i.is_null())
+            .map(|i| i.to_string()),
+    };
+    let user = accounts::create_pending_user(&api.store, new, profile)
+        .await
+        .map_err(account_error)?;
+    audit(identity, "user.create", "USER", user.id);
+    Ok(json_response(&records::user(&user)))
+}
+
+pub async fn get(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>, ApiError> {
+    let actor = &req.identity()?.principal;
+    let user = api
+        .store
+        .user_by_id(path_id(&req.params[0])?)
+        .await
+        .map_err(store_error)?;
+    check_manage(actor, user.as_ref())?;
+    let user = user.ok_or_else(ApiError::not_found)?;
+    Ok(json_response(&records::user(&user)))
+}
+
+pub async fn list(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>, ApiError> {
+    let actor = &req.identity()?.principal;
+    let tenant = match actor.authority {
+        Authority::SysAdmin => None,
+        Authority::TenantAdmin => Some(actor.tenant_id),
+        Authority::CustomerUser => return Err(ApiError::permission_denied()),
+    };
+    let page = page_request(req.query.as_deref())?;
+    let users = api
+        .store
+        .users_page(tenant, &page)
+        .await
+        .map_err(store_error)?;
+    Ok(json_response(&page_json(&users, &page, records::user)))
+}
+
+pub async fn delete(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>, ApiError> {
+    let identity = req.identity()?;
+    let id = path_id(&req.params[0])?;
+    let user = api.store.user_by_id(id).await.map_err(store_error)?;
+    check_manage(&identity.principal, user.as_ref())?;
+    api.store.delete_user(id).await.map_err(store_error)?;
+    api.forget_user(id).await;
+    audit(identity, "user.delete", "USER", id);
+    Ok(empty_response())
+}
+
+pub async fn set_enabled(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>, ApiError> {
+    let identity = req.identity()?;
+    let id = path_id(&req.params[0])?;
+    let pairs = query_pairs(req.query.as_deref());
+    let enabled = match param(&pairs, "userCredentialsEnabled") {
+        Some("true") => true,
+        Some("false") => false,
+        _ => {
+            return Err(ApiError::bad_request(
+                "userCredentialsEnabled must be true or false",
+            ));
+        }
+    };
+    let user = api.store.user_by_id(id).await.map_err(store_error)?;
+    check_manage(&identity.principal, user.as_ref())?;
+    api.store
+        .set_user_enabled(id, enabled, crate::clock::now_secs())
+        .await
+        .map_err(store_error)?;
+    api.forget_user(id).await;
+    audit(
+        identity,
+        if enabled {
+            "user.enable"
+        } else {
+            "user.disable"
+        },
+        "USER",
+        id,
+    );
+    Ok(empty_response())
+}
+
+/// `GET /api/user/{id}/activationLink`: a new one-time link (older ones stop working).
+pub async fn activation_link(
+    api: &Api,
+    req: OwnedRequest,
+) -> Result<http::Response<Body>, ApiError> {
+    let identity = req.identity()?;
+    let id = path_id(&req.params[0])?;
+    let user = api.store.user_by_id(id).await.map_err(store_error)?;
+    check_manage(&identity.principal, user.as_ref())?;
+    let token = api_key::generate("").map_err(|_| ApiError::internal())?;
+    let expires_at = crate::clock::now_ms() + ACTIVATION_TTL_MS;
+    api.store
+        .replace_activation(id, &token.digest.to_hex(), expires_at)
+        .await
+        .map_err(store_error)?;
+    audit(identity, "user.activation_link", "USER", id);
+    let link = format!(
+        "{}/api/noauth/activate?activateToken={}",
+        req.base_url,
+        token.value.expose()
+    );
+    let mut response = http::Response::new(crate::body::full(link));
+    response.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("text/plain"),
+    );
+    response.headers_mut().insert(
+        http::header::CACHE_CONTROL,
+        http::HeaderValue::from_static("no-store"),
+    );
+    Ok(response)
+}
+
+/// `POST /api/noauth/activate`: sets the first password and logs the user in.
+pub async fn activate(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>, ApiError> {
+    let body: ActivateBody = req.json()?;
+    api.settings
+        .password_policy
+        .check(&body.password)
+        .map_err(ApiError::bad_request)?;
+    let hash = api.hash_password(&body.password).await?;
+    let digest = KeyDigest::of(&body.activate_token).to_hex();
+    let user_id = api
+        .store
+        .activate(&digest, &hash, crate::clock::now_ms())
+        .await
+        .map_err(store_error)?
+        .ok_or_else(|| ApiError::bad_request("Activation token is invalid or expired"))?;
+    let user = api
+        .store
+        .user_by_id(user_id)
+        .await
+        .map_err(store_error)?
+        .ok_or_else(ApiError::not_found)?;
+    if !user.enabled {
+        return Err(ApiError::not_active());
+    }
+    tracing::info!(target: "keygate::audit", user_id = %user.id, action = "user.activate", "audit");
+    Ok(json_response(&api.issue_pair(&user).await?))
+}

@@ -1,0 +1,107 @@
+//! Revocation across replicas: every replica on a PostgreSQL store listens on
+//! the revocation channel and drops the cache entries a change affects.
+//!
+//! If the listening connection is lost, notifications sent meanwhile are lost
+//! too: on every (re)connect the credential caches are flushed, and the cache
+//! TTL (`cache.ttl`) bounds staleness while the connection is down.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sqlx::postgres::PgListener;
+use tokio::sync::watch;
+
+use crate::auth::Authenticator;
+use crate::auth::cache::Caches;
+use crate::store::{REVOCATION_CHANNEL, Revocation};
+use crate::telemetry::Metrics;
+
+/// Drops what a revocation affects from this replica's caches.
+pub async fn apply(caches: &Caches, revocation: Revocation) {
+    match revocation {
+        Revocation::Key(id) => caches.invalidate_key_id(id),
+        Revocation::User(id) => {
+            caches.invalidate_user(id).await;
+            caches.invalidate_sessions_of(id);
+        }
+        Revocation::Session(id) => caches.invalidate_session(id).await,
+    }
+}
+
+/// Listens until shutdown, reconnecting with backoff.
+pub async fn listen(
+    url: String,
+    auth: Arc<Authenticator>,
+    metrics: Arc<Metrics>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let mut backoff = Duration::from_millis(200);
+    loop {
+        match connect(&url).await {
+            Ok(mut listener) => {
+                // Whatever was sent while no one listened is unknown: forget all.
+                auth.caches().invalidate_all();
+                metrics.revocation_listener(true);
+                tracing::info!("listening for revocations");
+                backoff = Duration::from_millis(200);
+                loop {
+                    tokio::select! {
+                        _ = shutdown.changed() => return,
+                        received = listener.try_recv() => match received {
+                            Ok(Some(notification)) => {
+                                metrics.revocation_received();
+                                match Revocation::parse(notification.payload()) {
+                                    Some(revocation) => apply(auth.caches(), revocation).await,
+                                    None => tracing::warn!(payload = notification.payload(), "ignored an unknown revocation"),
+                                }
+                            }
+                            Ok(None) => {
+                                tracing::warn!("revocation listener lost its connection");
+                                break;
+                            }
+                            Err(error) => {
+                                tracing::warn!(%error, "revocation listener failed");
+                                break;
+                            }
+                        }
+                    }
+                }
+            }
+            Err(error) => tracing::warn!(%error, "revocation listener cannot connect"),
+        }
+        metrics.revocation_listener(false);
+        tokio::select! {
+            _ = shutdown.changed() => return,
+            _ = tokio::time::sleep(backoff) => {}
+        }
+        backoff = (backoff * 2).min(Duration::from_secs(5));
+    }
+}
+
+async fn connect(url: &str) -> Result<PgListener, sqlx::Error> {
+    let mut listener = PgListener::connect(url).await?;
+    listener.listen(REVOCATION_CHANNEL).await?;
+    Ok(listener)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use uuid::Uuid;
+
+    #[test]
+    fn revocation_payloads_round_trip() {
+        for r in [
+            Revocation::Key(Uuid::new_v4()),
+            Revocation::User(Uuid::new_v4()),
+            Revocation::Session(Uuid::new_v4()),
+        ] {
+            assert_eq!(Revocation::parse(&r.payload()), Some(r));
+        }
+        assert_eq!(Revocation::parse("key:not-a-uuid"), None);
+        assert_eq!(
+            Revocation::parse("tenant:13814000-1dd2-11b2-8080-808080808080"),
+            None
+        );
+    }
+}

@@ -1,0 +1,218 @@
+//! Store operations of the management endpoints: paged listings, profile and
+//! description edits, and one-time activation tokens.
+
+use sqlx::{AssertSqlSafe, Row};
+use uuid::Uuid;
+
+use super::{
+    ApiKeyRecord, KEY_COLUMNS, Store, StoreError, USER_COLUMNS, UserRecord, key_from_row,
+    user_from_row,
+};
+
+/// Which slice of a listing to return.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PageRequest {
+    pub page_size: i64,
+    pub page: i64,
+    /// Case-insensitive substring filter.
+    pub text_search: Option<String>,
+}
+
+/// One page of a listing and the total count of matching items.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Page<T> {
+    pub data: Vec<T>,
+    pub total: i64,
+}
+
+/// `%text%` for `LIKE ... ESCAPE '\'`, with the pattern characters escaped.
+fn like_pattern(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 2);
+    out.push('%');
+    for c in text.to_lowercase().chars() {
+        if matches!(c, '%' | '_' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out.push('%');
+    out
+}
+
+impl Store {
+    /// Users, optionally of one tenant, by creation time.
+    pub async fn users_page(
+        &self,
+        tenant_id: Option<Uuid>,
+        page: &PageRequest,
+    ) -> Result<Page<UserRecord>, StoreError> {
+        let mut filter = String::from(" WHERE 1 = 1");
+        let mut binds: Vec<String> = Vec::new();
+        if let Some(tenant) = tenant_id {
+            binds.push(tenant.to_string());
+            filter.push_str(&format!(" AND tenant_id = ${}", binds.len()));
+        }
+        if let Some(text) = page.text_search.as_deref().filter(|t| !t.is_empty()) {
+            binds.push(like_pattern(text));
+            let n = binds.len();
+            filter.push_str(&format!(
+                " AND (LOWER(email) LIKE ${n} ESCAPE '\\' OR LOWER(first_name) LIKE ${n} ESCAPE '\\' OR LOWER(last_name) LIKE ${n} ESCAPE '\\')"
+            ));
+        }
+        let total = self.count("users", &filter, &binds).await?;
+        let sql = format!(
+            "SELECT {USER_COLUMNS} FROM users{filter} ORDER BY created_time, email LIMIT {} OFFSET {}",
+            page.page_size,
+            page.page_size.saturating_mul(page.page)
+        );
+        let mut query = sqlx::query(AssertSqlSafe(sql));
+        for bind in &binds {
+            query = query.bind(bind.clone());
+        }
+        let rows = query.fetch_all(&self.pool).await?;
+        let data = rows.iter().map(user_from_row).collect::<Result<_, _>>()?;
+        Ok(Page { data, total })
+    }
+
+    /// A user's API keys by creation time.
+    pub async fn api_keys_page(
+        &self,
+        user_id: Uuid,
+        page: &PageRequest,
+    ) -> Result<Page<ApiKeyRecord>, StoreError> {
+        let mut filter = String::from(" WHERE user_id = $1");
+        let mut binds = vec![user_id.to_string()];
+        if let Some(text) = page.text_search.as_deref().filter(|t| !t.is_empty()) {
+            binds.push(like_pattern(text));
+            filter.push_str(" AND LOWER(description) LIKE $2 ESCAPE '\\'");
+        }
+        let total = self.count("api_keys", &filter, &binds).await?;
+        let sql = format!(
+            "SELECT {KEY_COLUMNS} FROM api_keys{filter} ORDER BY created_time, id LIMIT {} OFFSET {}",
+            page.page_size,
+            page.page_size.saturating_mul(page.page)
+        );
+        let mut query = sqlx::query(AssertSqlSafe(sql));
+        for bind in &binds {
+            query = query.bind(bind.clone());
+        }
+        let rows = query.fetch_all(&self.pool).await?;
+        let data = rows.iter().map(key_from_row).collect::<Result<_, _>>()?;
+        Ok(Page { data, total })
+    }
+
+    async fn count(
+        &self,
+        table: &'static str,
+        filter: &str,
+        binds: &[String],
+    ) -> Result<i64, StoreError> {
+        let sql = format!("SELECT COUNT(*) FROM {table}{filter}");
+        let mut query = sqlx::query(AssertSqlSafe(sql));
+        for bind in binds {
+            query = query.bind(bind.clone());
+        }
+        Ok(query.fetch_one(&self.pool).await?.try_get::<i64, _>(0)?)
+    }
+
+    /// Updates the editable profile fields. Returns false when no such user.
+    pub async fn update_user_profile(&self, user: &UserRecord) -> Result<bool, StoreError> {
+        let result = sqlx::query(
+            "UPDATE users SET first_name = $1, last_name = $2, phone = $3, additional_info = $4, \
+             version = version + 1 WHERE id = $5",
+        )
+        .bind(&user.first_name)
+        .bind(&user.last_name)
+        .bind(&user.phone)
+        .bind(user.additional_info.clone())
+        .bind(user.id.to_string())
+        .execute(&self.pool)
+        .await?;
+        Ok(result.rows_affected() > 0)
+    }
+
+    /// Returns false when no such key.
+    pub async fn set_api_key_description(
+        &self,
+        id: Uuid,
+        description: &str,
+    ) -> Result<bool, StoreError> {
+        let result = sqlx::query("UPDATE api_keys SET description = $1 WHERE id = $2")
+            .bind(description)
+            .bind(id.to_string())
+            .execute(&self.pool)
+            .await?;
+        Ok(result.rows_affected() > 0)
+    }
+
+    /// Stores a new activation token digest for a user, replacing older ones.
+    pub async fn replace_activation(
+        &self,
+        user_id: Uuid,
+        digest: &str,
+        expires_at: i64,
+    ) -> Result<(), StoreError> {
+        let mut tx = self.pool.begin().await?;
+        sqlx::query("DELETE FROM activation_tokens WHERE user_id = $1")
+            .bind(user_id.to_string())
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query(
+            "INSERT INTO activation_tokens (digest, user_id, expires_at) VALUES ($1, $2, $3)",
+        )
+        .bind(digest)
+        .bind(user_id.to_string())
+        .bind(expires_at)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// Uses an activation token once: sets the password and consumes the token,
+    /// in one transaction. Returns the user id, or `None` for an unknown or
+    /// expired token.
+    pub async fn activate(
+        &self,
+        digest: &str,
+        password_hash: &str,
+        now_ms: i64,
+    ) -> Result<Option<Uuid>, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let row = sqlx::query(
+            "SELECT user_id FROM activation_tokens WHERE digest = $1 AND expires_at > $2",
+        )
+        .bind(digest)
+        .bind(now_ms)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some(row) = row else {
+            return Ok(None);
+        };
+        let user_id: String = row.try_get(0)?;
+        sqlx::query("DELETE FROM activation_tokens WHERE user_id = $1")
+            .bind(&user_id)
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query("UPDATE users SET password_hash = $1, version = version + 1 WHERE id = $2")
+            .bind(password_hash)
+            .bind(&user_id)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Uuid::parse_str(&user_id)
+            .map(Some)
+            .map_err(|_| StoreError::Corrupt(format!("bad uuid {user_id:?}")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::like_pattern;
+
+    #[test]
+    fn like_patterns_escape_wildcards() {
+        assert_eq!(like_pattern("Ab"), "%ab%");
+        assert_eq!(like_pattern("50%_x\\"), "%50\\%\\_x\\\\%");
+    }
+}

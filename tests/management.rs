@@ -1,0 +1,620 @@
+//! API keys and users over REST, with the authority matrix, end to end.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{Gateway, Upstream, error_body};
+use keygate::identity::Authority;
+use keygate::store::UserRecord;
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+/// A user of the test and an access token for them.
+struct Actor {
+    user: UserRecord,
+    bearer: String,
+}
+
+async fn actor(gw: &Gateway, user: UserRecord) -> Actor {
+    let (_, token) = gw.access_token(&user).await;
+    Actor {
+        user,
+        bearer: format!("Bearer {token}"),
+    }
+}
+
+async fn call(
+    gw: &Gateway,
+    who: &Actor,
+    method: reqwest::Method,
+    path: &str,
+    body: Option<Value>,
+) -> reqwest::Response {
+    let mut request = gw
+        .client()
+        .request(method, gw.https(path))
+        .header("X-Authorization", &who.bearer);
+    if let Some(body) = body {
+        request = request.json(&body);
+    }
+    request.send().await.unwrap()
+}
+
+async fn create_key(gw: &Gateway, who: &Actor, owner: Uuid) -> reqwest::Response {
+    let body = json!({"userId": {"entityType": "USER", "id": owner}, "description": "ci key", "enabled": true, "expirationTime": 0});
+    call(gw, who, reqwest::Method::POST, "/api/apiKey", Some(body)).await
+}
+
+async fn use_key(gw: &Gateway, value: &str) -> reqwest::Response {
+    gw.client()
+        .get(gw.https("/api/devices"))
+        .header("X-Authorization", format!("ApiKey {value}"))
+        .send()
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn api_key_lifecycle_create_use_disable_enable_delete() {
+    let upstream = Upstream::start().await;
+    let gw = Gateway::start(&upstream.url(), "").await;
+    let me = actor(
+        &gw,
+        gw.user("owner@example.com", Authority::TenantAdmin).await,
+    )
+    .await;
+
+    let response = create_key(&gw, &me, me.user.id).await;
+    assert_eq!(response.status(), 200);
+    let record: Value = response.json().await.unwrap();
+    let value = record["value"].as_str().unwrap().to_string();
+    let id = record["id"]["id"].as_str().unwrap().to_string();
+    assert!(value.starts_with("tb_"));
+    assert_eq!(record["id"]["entityType"], "API_KEY");
+    assert_eq!(record["userId"]["id"], me.user.id.to_string());
+    assert_eq!(record["tenantId"]["id"], me.user.tenant_id.to_string());
+    assert_eq!(
+        (record["enabled"].as_bool(), record["expired"].as_bool()),
+        (Some(true), Some(false))
+    );
+    assert_eq!(record["expirationTime"], 0);
+
+    assert_eq!(use_key(&gw, &value).await.status(), 200);
+    let disabled = call(
+        &gw,
+        &me,
+        reqwest::Method::PUT,
+        &format!("/api/apiKey/{id}/enabled/false"),
+        None,
+    )
+    .await;
+    assert_eq!(disabled.json::<Value>().await.unwrap()["enabled"], false);
+    let (status, json) = error_body(use_key(&gw, &value).await).await;
+    assert_eq!(
+        (status, json["message"].as_str()),
+        (401, Some("User account is not active"))
+    );
+    call(
+        &gw,
+        &me,
+        reqwest::Method::PUT,
+        &format!("/api/apiKey/{id}/enabled/true"),
+        None,
+    )
+    .await;
+    assert_eq!(use_key(&gw, &value).await.status(), 200);
+
+    let described = gw
+        .client()
+        .put(gw.https(&format!("/api/apiKey/{id}/description")))
+        .header("X-Authorization", &me.bearer)
+        .header("content-type", "text/plain")
+        .body("renamed key")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        described.json::<Value>().await.unwrap()["description"],
+        "renamed key"
+    );
+
+    let page: Value = call(
+        &gw,
+        &me,
+        reqwest::Method::GET,
+        &format!("/api/apiKeys/{}?pageSize=10&page=0", me.user.id),
+        None,
+    )
+    .await
+    .json()
+    .await
+    .unwrap();
+    assert_eq!(page["totalElements"], 1);
+    assert_eq!(page["hasNext"], false);
+    assert_eq!(page["data"][0]["description"], "renamed key");
+    assert!(
+        page["data"][0].get("value").is_none(),
+        "the value is shown only once"
+    );
+
+    let deleted = call(
+        &gw,
+        &me,
+        reqwest::Method::DELETE,
+        &format!("/api/apiKey/{id}"),
+        None,
+    )
+    .await;
+    assert_eq!(deleted.status(), 200);
+    let (status, json) = error_body(use_key(&gw, &value).await).await;
+    assert_eq!(
+        (status, json["message"].as_str()),
+        (401, Some("Invalid username or password"))
+    );
+    let (status, json) = error_body(
+        call(
+            &gw,
+            &me,
+            reqwest::Method::DELETE,
+            &format!("/api/apiKey/{id}"),
+            None,
+        )
+        .await,
+    )
+    .await;
+    assert_eq!((status, json["errorCode"].as_u64()), (404, Some(32)));
+}
+
+#[tokio::test]
+async fn api_key_authority_matrix_own_same_tenant_other_tenant_sys_admin() {
+    let upstream = Upstream::start().await;
+    let gw = Gateway::start(&upstream.url(), "").await;
+    let sys = actor(
+        &gw,
+        gw.running
+            .store
+            .user_by_email("sysadmin@keygate.local")
+            .await
+            .unwrap()
+            .unwrap(),
+    )
+    .await;
+    let admin_a = actor(
+        &gw,
+        gw.user("admin-a@example.com", Authority::TenantAdmin).await,
+    )
+    .await;
+    let mut customer = gw.user("cust-a@example.com", Authority::CustomerUser).await;
+    // Put the customer into tenant A.
+    gw.running.store.delete_user(customer.id).await.unwrap();
+    customer.tenant_id = admin_a.user.tenant_id;
+    customer.id = Uuid::new_v4();
+    gw.running.store.insert_user(&customer).await.unwrap();
+    let customer = actor(&gw, customer).await;
+    let admin_b = actor(
+        &gw,
+        gw.user("admin-b@example.com", Authority::TenantAdmin).await,
+    )
+    .await;
+
+    let status = |r: reqwest::Response| r.status().as_u16();
+    // own
+    assert_eq!(
+        status(create_key(&gw, &customer, customer.user.id).await),
+        200
+    );
+    assert_eq!(
+        status(create_key(&gw, &admin_b, admin_b.user.id).await),
+        200
+    );
+    // same tenant: an admin manages the tenant's users; a customer user only themselves
+    assert_eq!(
+        status(create_key(&gw, &admin_a, customer.user.id).await),
+        200
+    );
+    assert_eq!(
+        status(create_key(&gw, &customer, admin_a.user.id).await),
+        403
+    );
+    // other tenant: invisible
+    assert_eq!(
+        status(create_key(&gw, &admin_b, customer.user.id).await),
+        404
+    );
+    let listing = call(
+        &gw,
+        &admin_b,
+        reqwest::Method::GET,
+        &format!("/api/apiKeys/{}?pageSize=5&page=0", customer.user.id),
+        None,
+    )
+    .await;
+    let (code, json) = error_body(listing).await;
+    assert_eq!((code, json["errorCode"].as_u64()), (404, Some(32)));
+    // SYS_ADMIN manages everyone; tenant admins cannot see a SYS_ADMIN
+    assert_eq!(status(create_key(&gw, &sys, admin_b.user.id).await), 200);
+    assert_eq!(status(create_key(&gw, &admin_a, sys.user.id).await), 404);
+    // key-addressed calls follow the owner
+    let record: Value = create_key(&gw, &admin_a, admin_a.user.id)
+        .await
+        .json()
+        .await
+        .unwrap();
+    let id = record["id"]["id"].as_str().unwrap();
+    let path = format!("/api/apiKey/{id}/enabled/false");
+    let (code, json) =
+        error_body(call(&gw, &customer, reqwest::Method::PUT, &path, None).await).await;
+    assert_eq!((code, json["errorCode"].as_u64()), (403, Some(20)));
+    assert_eq!(
+        status(call(&gw, &admin_b, reqwest::Method::PUT, &path, None).await),
+        404
+    );
+    assert_eq!(
+        status(call(&gw, &sys, reqwest::Method::PUT, &path, None).await),
+        200
+    );
+}
+
+#[tokio::test]
+async fn bad_key_requests_are_400_naming_the_field_and_expired_keys_are_refused() {
+    let upstream = Upstream::start().await;
+    let gw = Gateway::start(&upstream.url(), "").await;
+    let me = actor(
+        &gw,
+        gw.user("bad@example.com", Authority::TenantAdmin).await,
+    )
+    .await;
+    for (body, field) in [
+        (json!({"description": "x"}), "userId"),
+        (
+            json!({"userId": {"id": me.user.id}, "description": "x".repeat(256)}),
+            "description",
+        ),
+        (
+            json!({"userId": {"id": me.user.id}, "description": "x", "expirationTime": 1000}),
+            "expirationTime",
+        ),
+        (
+            json!({"userId": {"id": "not-a-uuid"}, "description": "x"}),
+            "UUID",
+        ),
+    ] {
+        let (code, json) =
+            error_body(call(&gw, &me, reqwest::Method::POST, "/api/apiKey", Some(body)).await)
+                .await;
+        assert_eq!(
+            (code, json["errorCode"].as_u64()),
+            (400, Some(31)),
+            "{json}"
+        );
+        assert!(
+            json["message"].as_str().unwrap().contains(field),
+            "{field}: {json}"
+        );
+    }
+    let (code, _) = error_body(
+        call(
+            &gw,
+            &me,
+            reqwest::Method::PUT,
+            "/api/apiKey/not-a-uuid/enabled/true",
+            None,
+        )
+        .await,
+    )
+    .await;
+    assert_eq!(code, 400);
+    let (code, _) = error_body(
+        call(
+            &gw,
+            &me,
+            reqwest::Method::GET,
+            &format!("/api/apiKeys/{}", me.user.id),
+            None,
+        )
+        .await,
+    )
+    .await;
+    assert_eq!(code, 400, "pageSize is required");
+
+    let soon = keygate::clock::now_ms() + 1500;
+    let body =
+        json!({"userId": {"id": me.user.id}, "description": "short-lived", "expirationTime": soon});
+    let record: Value = call(&gw, &me, reqwest::Method::POST, "/api/apiKey", Some(body))
+        .await
+        .json()
+        .await
+        .unwrap();
+    let value = record["value"].as_str().unwrap();
+    assert_eq!(use_key(&gw, value).await.status(), 200);
+    tokio::time::sleep(Duration::from_millis(1600)).await;
+    let (code, json) = error_body(use_key(&gw, value).await).await;
+    assert_eq!(
+        (code, json["message"].as_str()),
+        (401, Some("API key is expired"))
+    );
+}
+
+#[tokio::test]
+async fn users_are_provisioned_over_rest_and_activate_into_a_working_login() {
+    let upstream = Upstream::start().await;
+    let gw = Gateway::start(&upstream.url(), "").await;
+    let sys = actor(
+        &gw,
+        gw.running
+            .store
+            .user_by_email("sysadmin@keygate.local")
+            .await
+            .unwrap()
+            .unwrap(),
+    )
+    .await;
+    let tenant = Uuid::new_v4();
+    let body = json!({"email": "New.Admin@example.com", "authority": "TENANT_ADMIN", "tenantId": {"entityType": "TENANT", "id": tenant}, "firstName": "Nia"});
+    let created: Value = call(&gw, &sys, reqwest::Method::POST, "/api/user", Some(body))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(created["email"], "new.admin@example.com");
+    assert_eq!(created["tenantId"]["id"], tenant.to_string());
+    let id = created["id"]["id"].as_str().unwrap().to_string();
+
+    let link = call(
+        &gw,
+        &sys,
+        reqwest::Method::GET,
+        &format!("/api/user/{id}/activationLink"),
+        None,
+    )
+    .await
+    .text()
+    .await
+    .unwrap();
+    let token = link.split("activateToken=").nth(1).unwrap();
+    assert!(link.starts_with("https://localhost:"), "{link}");
+    let activate = |password: &'static str, token: String| {
+        gw.client()
+            .post(gw.https("/api/noauth/activate"))
+            .json(&json!({"activateToken": token, "password": password}))
+            .send()
+    };
+    let (code, _) = error_body(activate("short", token.to_string()).await.unwrap()).await;
+    assert_eq!(code, 400, "the password policy applies");
+    let response = activate("activated-password", token.to_string())
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let pair: Value = response.json().await.unwrap();
+    assert!(pair["token"].is_string() && pair["refreshToken"].is_string());
+    let (code, _) = error_body(
+        activate("activated-password", token.to_string())
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(code, 400, "an activation token works once");
+    let login = gw
+        .client()
+        .post(gw.https("/api/auth/login"))
+        .json(&json!({"username": "new.admin@example.com", "password": "activated-password"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(login.status(), 200);
+
+    // The new tenant admin provisions within their tenant only.
+    let new_admin = actor(
+        &gw,
+        gw.running
+            .store
+            .user_by_email("new.admin@example.com")
+            .await
+            .unwrap()
+            .unwrap(),
+    )
+    .await;
+    let customer = json!({"email": "cu@example.com", "authority": "CUSTOMER_USER", "customerId": {"id": Uuid::new_v4()}});
+    let created: Value = call(
+        &gw,
+        &new_admin,
+        reqwest::Method::POST,
+        "/api/user",
+        Some(customer),
+    )
+    .await
+    .json()
+    .await
+    .unwrap();
+    assert_eq!(created["tenantId"]["id"], tenant.to_string());
+    let sys_body = json!({"email": "evil@example.com", "authority": "SYS_ADMIN"});
+    assert_eq!(
+        call(
+            &gw,
+            &new_admin,
+            reqwest::Method::POST,
+            "/api/user",
+            Some(sys_body)
+        )
+        .await
+        .status(),
+        403
+    );
+    let other = json!({"email": "o@example.com", "authority": "TENANT_ADMIN", "tenantId": {"id": Uuid::new_v4()}});
+    assert_eq!(
+        call(
+            &gw,
+            &new_admin,
+            reqwest::Method::POST,
+            "/api/user",
+            Some(other)
+        )
+        .await
+        .status(),
+        403
+    );
+    let dup = json!({"email": "cu@example.com", "authority": "CUSTOMER_USER", "customerId": {"id": Uuid::new_v4()}});
+    let (code, json) = error_body(
+        call(
+            &gw,
+            &new_admin,
+            reqwest::Method::POST,
+            "/api/user",
+            Some(dup),
+        )
+        .await,
+    )
+    .await;
+    assert_eq!(code, 400);
+    assert!(
+        json["message"]
+            .as_str()
+            .unwrap()
+            .contains("already present")
+    );
+
+    let page: Value = call(
+        &gw,
+        &new_admin,
+        reqwest::Method::GET,
+        "/api/users?pageSize=10&page=0",
+        None,
+    )
+    .await
+    .json()
+    .await
+    .unwrap();
+    assert_eq!(page["totalElements"], 2, "{page}");
+    let all: Value = call(
+        &gw,
+        &sys,
+        reqwest::Method::GET,
+        "/api/users?pageSize=1&page=0&textSearch=EXAMPLE",
+        None,
+    )
+    .await
+    .json()
+    .await
+    .unwrap();
+    assert_eq!(all["totalElements"], 2);
+    assert_eq!(all["hasNext"], true);
+    assert_eq!(
+        call(
+            &gw,
+            &sys,
+            reqwest::Method::GET,
+            &format!("/api/user/{id}"),
+            None
+        )
+        .await
+        .status(),
+        200
+    );
+}
+
+#[tokio::test]
+async fn disabling_or_deleting_a_user_ends_their_keys_and_tokens_at_once() {
+    let upstream = Upstream::start().await;
+    let gw = Gateway::start(&upstream.url(), "").await;
+    let admin = actor(
+        &gw,
+        gw.user("boss@example.com", Authority::TenantAdmin).await,
+    )
+    .await;
+    let mut worker = gw.user("worker@example.com", Authority::CustomerUser).await;
+    gw.running.store.delete_user(worker.id).await.unwrap();
+    worker.tenant_id = admin.user.tenant_id;
+    worker.id = Uuid::new_v4();
+    gw.running.store.insert_user(&worker).await.unwrap();
+    let worker = actor(&gw, worker).await;
+    let (_, key) = gw.api_key(&worker.user, 0).await;
+    assert_eq!(use_key(&gw, &key).await.status(), 200);
+    assert_eq!(
+        call(&gw, &worker, reqwest::Method::GET, "/api/auth/user", None)
+            .await
+            .status(),
+        200
+    );
+
+    let path = format!(
+        "/api/user/{}/userCredentialsEnabled?userCredentialsEnabled=false",
+        worker.user.id
+    );
+    assert_eq!(
+        call(&gw, &admin, reqwest::Method::POST, &path, None)
+            .await
+            .status(),
+        200
+    );
+    assert_eq!(use_key(&gw, &key).await.status(), 401);
+    assert_eq!(
+        call(&gw, &worker, reqwest::Method::GET, "/api/auth/user", None)
+            .await
+            .status(),
+        401
+    );
+    let path = format!(
+        "/api/user/{}/userCredentialsEnabled?userCredentialsEnabled=true",
+        worker.user.id
+    );
+    assert_eq!(
+        call(&gw, &admin, reqwest::Method::POST, &path, None)
+            .await
+            .status(),
+        200
+    );
+    assert_eq!(use_key(&gw, &key).await.status(), 200);
+
+    assert_eq!(
+        call(
+            &gw,
+            &admin,
+            reqwest::Method::DELETE,
+            &format!("/api/user/{}", worker.user.id),
+            None
+        )
+        .await
+        .status(),
+        200
+    );
+    assert_eq!(use_key(&gw, &key).await.status(), 401);
+    assert_eq!(
+        call(
+            &gw,
+            &admin,
+            reqwest::Method::GET,
+            &format!("/api/user/{}", worker.user.id),
+            None
+        )
+        .await
+        .status(),
+        404
+    );
+}
+
+#[tokio::test]
+async fn key_sent_over_plain_http_is_disabled_when_configured() {
+    let upstream = Upstream::start().await;
+    let gw = Gateway::start(&upstream.url(), "[api_keys]\ndisable_on_plaintext = true\n").await;
+    let user = gw.user("leaky@example.com", Authority::TenantAdmin).await;
+    let (_, key) = gw.api_key(&user, 0).await;
+    assert_eq!(use_key(&gw, &key).await.status(), 200);
+    let leaked = reqwest::Client::new()
+        .get(gw.http("/api/devices"))
+        .header("X-Authorization", format!("ApiKey {key}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(leaked.status(), 403);
+    let (code, json) = error_body(use_key(&gw, &key).await).await;
+    assert_eq!(
+        (code, json["message"].as_str()),
+        (401, Some("User account is not active"))
+    );
+    assert!(
+        gw.metrics()
+            .await
+            .contains("keygate_api_keys_disabled_on_plaintext_total 1")
+    );
+}
