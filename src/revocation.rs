@@ -8,8 +8,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use sqlx::postgres::PgListener;
+use std::str::FromStr;
+
+use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
 use tokio::sync::watch;
+use uuid::Uuid;
 
 use crate::auth::Authenticator;
 use crate::auth::cache::Caches;
@@ -31,13 +34,14 @@ pub async fn apply(caches: &Caches, revocation: Revocation) {
 /// Listens until shutdown, reconnecting with backoff.
 pub async fn listen(
     url: String,
+    instance: Uuid,
     auth: Arc<Authenticator>,
     metrics: Arc<Metrics>,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let mut backoff = Duration::from_millis(200);
     loop {
-        match connect(&url).await {
+        match connect(&url, instance).await {
             Ok(mut listener) => {
                 // Whatever was sent while no one listened is unknown: forget all.
                 auth.caches().invalidate_all();
@@ -78,8 +82,21 @@ pub async fn listen(
     }
 }
 
-async fn connect(url: &str) -> Result<PgListener, sqlx::Error> {
-    let mut listener = PgListener::connect(url).await?;
+/// The `application_name` of a replica's listening connection, so operators
+/// (and tests) can tell replicas apart in `pg_stat_activity`.
+pub fn application_name(instance: Uuid) -> String {
+    format!("keygate-revocations-{}", instance.simple())
+}
+
+async fn connect(url: &str, instance: Uuid) -> Result<PgListener, sqlx::Error> {
+    let options = PgConnectOptions::from_str(url)?.application_name(&application_name(instance));
+    let pool = PgPoolOptions::new()
+        .max_connections(1)
+        .max_lifetime(None)
+        .idle_timeout(None)
+        .connect_with(options)
+        .await?;
+    let mut listener = PgListener::connect_with(&pool).await?;
     listener.listen(REVOCATION_CHANNEL).await?;
     Ok(listener)
 }
@@ -87,7 +104,6 @@ async fn connect(url: &str) -> Result<PgListener, sqlx::Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use uuid::Uuid;
 
     #[test]
     fn revocation_payloads_round_trip() {

@@ -124,8 +124,17 @@ impl Gateway {
     /// Starts keygate with `/api/` (authenticated) and `/api/noauth/` (public)
     /// routed to `upstream`, plus `extra` TOML appended to the config.
     pub async fn start(upstream: &str, extra: &str) -> Gateway {
+        Gateway::start_on(upstream, extra, None).await
+    }
+
+    /// Like [`Gateway::start`], on the given store URL (default: SQLite in the
+    /// gateway's own directory).
+    pub async fn start_on(upstream: &str, extra: &str, store_url: Option<&str>) -> Gateway {
         let dir = tempfile::tempdir().unwrap();
         let data = dir.path().display().to_string();
+        let store_url = store_url
+            .map(str::to_owned)
+            .unwrap_or_else(|| format!("sqlite://{data}/keygate.db"));
         let text = format!(
             r#"
 [server]
@@ -136,7 +145,7 @@ https = "127.0.0.1:0"
 http = "127.0.0.1:0"
 admin = "127.0.0.1:0"
 [store]
-url = "sqlite://{data}/keygate.db"
+url = "{store_url}"
 [proxy]
 connect_timeout = "500ms"
 upstream_retry_after = "1s"

@@ -1,0 +1,157 @@
+//! Several replicas on one PostgreSQL store: a revocation made through one
+//! reaches the others within a second, also across a lost listening connection.
+//! Runs when KEYGATE_TEST_DATABASE_URL is set (CI sets it).
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{Gateway, Upstream};
+use keygate::identity::Authority;
+use sqlx::Connection;
+use sqlx::postgres::PgConnection;
+
+/// A fresh schema on the test database; returns the URL that selects it.
+async fn fresh_schema(base: &str) -> (String, String) {
+    let schema = format!("kg_replicas_{}", uuid::Uuid::new_v4().simple());
+    let mut conn = PgConnection::connect(base)
+        .await
+        .expect("KEYGATE_TEST_DATABASE_URL must be reachable");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    let separator = if base.contains('?') { '&' } else { '?' };
+    (
+        format!("{base}{separator}options=-c%20search_path%3D{schema}"),
+        schema,
+    )
+}
+
+async fn drop_schema(base: &str, schema: &str) {
+    if let Ok(mut conn) = PgConnection::connect(base).await {
+        let _ = sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP SCHEMA {schema} CASCADE")))
+            .execute(&mut conn)
+            .await;
+    }
+}
+
+async fn wait_for(what: &str, limit: Duration, mut done: impl AsyncFnMut() -> bool) -> Duration {
+    let started = Instant::now();
+    loop {
+        if done().await {
+            return started.elapsed();
+        }
+        assert!(started.elapsed() < limit, "{what}: not within {limit:?}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+async fn status_with_key(gw: &Gateway, key: &str) -> u16 {
+    gw.client()
+        .get(gw.https("/api/devices"))
+        .header("X-Authorization", format!("ApiKey {key}"))
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .as_u16()
+}
+
+async fn listener_up(gw: &Gateway) -> bool {
+    gw.metrics()
+        .await
+        .contains("keygate_revocation_listener_up 1")
+}
+
+#[tokio::test]
+async fn revocation_through_one_replica_reaches_the_other_within_a_second() {
+    let Ok(base) = std::env::var("KEYGATE_TEST_DATABASE_URL") else {
+        println!("KEYGATE_TEST_DATABASE_URL is not set: multi-replica test not run");
+        return;
+    };
+    let (url, schema) = fresh_schema(&base).await;
+    let upstream = Upstream::start().await;
+    let a = Gateway::start_on(&upstream.url(), "", Some(&url)).await;
+    let b = Gateway::start_on(&upstream.url(), "", Some(&url)).await;
+    wait_for("replica A listens", Duration::from_secs(10), async || {
+        listener_up(&a).await
+    })
+    .await;
+    wait_for("replica B listens", Duration::from_secs(10), async || {
+        listener_up(&b).await
+    })
+    .await;
+
+    let user = a
+        .user("replicated@example.com", Authority::TenantAdmin)
+        .await;
+    let (key_id, key) = a.api_key(&user, 0).await;
+    let (_, token) = a.access_token(&user).await;
+    assert_eq!(
+        status_with_key(&b, &key).await,
+        200,
+        "B shares the store and the signing key"
+    );
+    let bearer = format!("Bearer {token}");
+    let toggle = |enabled: bool| {
+        a.client()
+            .put(a.https(&format!("/api/apiKey/{key_id}/enabled/{enabled}")))
+            .header("X-Authorization", &bearer)
+            .send()
+    };
+
+    assert_eq!(toggle(false).await.unwrap().status(), 200);
+    let took = wait_for(
+        "B refuses the disabled key",
+        Duration::from_secs(1),
+        async || status_with_key(&b, &key).await == 401,
+    )
+    .await;
+    println!("revocation reached replica B after {took:?}");
+
+    assert_eq!(toggle(true).await.unwrap().status(), 200);
+    wait_for(
+        "B accepts the enabled key",
+        Duration::from_secs(1),
+        async || status_with_key(&b, &key).await == 200,
+    )
+    .await;
+
+    // Cut B's listening connection, and revoke while it reconnects.
+    let mut admin = PgConnection::connect(&base).await.unwrap();
+    let name = keygate::revocation::application_name(b.running.instance);
+    let killed: Vec<(bool,)> = sqlx::query_as(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1",
+    )
+    .bind(&name)
+    .fetch_all(&mut admin)
+    .await
+    .unwrap();
+    assert_eq!(
+        killed,
+        vec![(true,)],
+        "B's listener connection was found and terminated"
+    );
+    assert_eq!(toggle(false).await.unwrap().status(), 200);
+    let took = wait_for(
+        "B refuses the key revoked while it was disconnected",
+        Duration::from_secs(5),
+        async || status_with_key(&b, &key).await == 401,
+    )
+    .await;
+    println!("after a lost listener connection, B refused the revoked key after {took:?}");
+    wait_for("B listens again", Duration::from_secs(10), async || {
+        listener_up(&b).await
+    })
+    .await;
+    assert!(
+        b.metrics()
+            .await
+            .contains("keygate_revocation_notifications_total")
+    );
+
+    a.running.shutdown();
+    b.running.shutdown();
+    drop_schema(&base, &schema).await;
+}
