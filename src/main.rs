@@ -262,6 +262,7 @@ async fn user(cmd: UserCommand, settings: &Settings) -> anyhow::Result<()> {
             };
             let user =
                 accounts::create_user(&store, new, password, &settings.password_policy).await?;
+            audit("user.create", "USER", user.id);
             println!(
                 "created user {} ({}, {})",
                 user.email, user.authority, user.id
@@ -280,22 +281,22 @@ async fn user(cmd: UserCommand, settings: &Settings) -> anyhow::Result<()> {
                 );
             }
         }
-        UserCommand::Disable { email } | UserCommand::Enable { email } if email.is_empty() => {
-            bail!("an email is required")
-        }
         UserCommand::Disable { email } => {
             let u = find_user(&store, &email).await?;
             store.set_user_enabled(u.id, false, now).await?;
+            audit("user.disable", "USER", u.id);
             println!("disabled user {email}");
         }
         UserCommand::Enable { email } => {
             let u = find_user(&store, &email).await?;
             store.set_user_enabled(u.id, true, now).await?;
+            audit("user.enable", "USER", u.id);
             println!("enabled user {email}");
         }
         UserCommand::Delete { email } => {
             let u = find_user(&store, &email).await?;
             store.delete_user(u.id).await?;
+            audit("user.delete", "USER", u.id);
             println!("deleted user {email}");
         }
     }
@@ -327,6 +328,7 @@ async fn apikey(cmd: ApiKeyCommand, settings: &Settings) -> anyhow::Result<()> {
                 true,
             )
             .await?;
+            audit("api_key.create", "API_KEY", created.record.id);
             eprintln!(
                 "created API key {} for {} (shown once; store it now)",
                 created.record.id, u.email
@@ -350,14 +352,17 @@ async fn apikey(cmd: ApiKeyCommand, settings: &Settings) -> anyhow::Result<()> {
         }
         ApiKeyCommand::Disable { id } => {
             ensure(store.set_api_key_enabled(id, false).await?, id)?;
+            audit("api_key.disable", "API_KEY", id);
             println!("disabled API key {id}");
         }
         ApiKeyCommand::Enable { id } => {
             ensure(store.set_api_key_enabled(id, true).await?, id)?;
+            audit("api_key.enable", "API_KEY", id);
             println!("enabled API key {id}");
         }
         ApiKeyCommand::Delete { id } => {
             ensure(store.delete_api_key(id).await?, id)?;
+            audit("api_key.delete", "API_KEY", id);
             println!("deleted API key {id}");
         }
     }
@@ -370,4 +375,17 @@ fn ensure(found: bool, id: Uuid) -> anyhow::Result<()> {
     } else {
         bail!("no API key with id {id}")
     }
+}
+
+/// One structured audit event per change made from the command line.
+fn audit(action: &'static str, target_type: &'static str, target: Uuid) {
+    tracing::info!(
+        target: "keygate::audit",
+        actor = "cli",
+        action,
+        target_type,
+        target = %target,
+        at_ms = keygate::clock::now_ms(),
+        "audit"
+    );
 }
