@@ -12,6 +12,7 @@ use crate::api::{self, Access, Api, OwnedRequest};
 use crate::auth::credential::{self, Credential};
 use crate::auth::{AuthFailure, Authenticator};
 use crate::body::Body;
+use crate::browser::Browser;
 use crate::config::Settings;
 use crate::error::ApiError;
 use crate::identity::{self, Identity};
@@ -23,6 +24,7 @@ use crate::telemetry::Metrics;
 pub struct App {
     settings: Arc<Settings>,
     api: Api,
+    browser: Option<Arc<Browser>>,
     auth: Arc<Authenticator>,
     routes: RouteTable,
     proxy: Proxy,
@@ -41,6 +43,7 @@ impl App {
     pub fn new(
         settings: Arc<Settings>,
         api: Api,
+        browser: Option<Arc<Browser>>,
         auth: Arc<Authenticator>,
         metrics: Arc<Metrics>,
     ) -> App {
@@ -53,6 +56,7 @@ impl App {
         App {
             settings,
             api,
+            browser,
             auth,
             routes,
             proxy,
@@ -196,6 +200,17 @@ impl App {
         let normalized = path::normalize(req.uri().path())
             .map_err(|e| ApiError::bad_request(format!("Invalid request path: {e}")))?
             .into_owned();
+        if let Some(browser) = self.browser.as_ref().filter(|_| Browser::owns(&normalized)) {
+            outcome.route = Some("api_browser");
+            if !matches!(*req.method(), http::Method::GET | http::Method::HEAD) {
+                return Err(ApiError::with_message(
+                    http::StatusCode::METHOD_NOT_ALLOWED,
+                    crate::error::code::BAD_REQUEST_PARAMS,
+                    format!("Request method '{}' is not supported", req.method()),
+                ));
+            }
+            return Ok(browser.handle(&normalized));
+        }
         if let Some(matched) = api::find(req.method(), &normalized)? {
             outcome.route = Some(matched.route.pattern);
             let identity = match matched.route.access {

@@ -28,6 +28,7 @@ pub struct FileConfig {
     pub proxy: ProxySection,
     pub limits: LimitsSection,
     pub login: LoginSection,
+    pub api_browser: ApiBrowserSection,
     pub log: LogSection,
     #[serde(rename = "route")]
     pub routes: Vec<RouteSection>,
@@ -123,6 +124,24 @@ pub struct LoginSection {
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
+pub struct ApiBrowserSection {
+    pub enabled: bool,
+    pub refresh: String,
+    pub fetch_timeout: String,
+}
+
+impl Default for ApiBrowserSection {
+    fn default() -> Self {
+        ApiBrowserSection {
+            enabled: true,
+            refresh: "60s".into(),
+            fetch_timeout: "5s".into(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct LogSection {
     pub format: String,
     pub access_log: bool,
@@ -136,6 +155,7 @@ pub struct RouteSection {
     pub upstreams: Vec<String>,
     pub public: bool,
     pub request_timeout: String,
+    pub openapi: String,
 }
 
 impl Default for FileConfig {
@@ -151,6 +171,7 @@ impl Default for FileConfig {
             proxy: ProxySection::default(),
             limits: LimitsSection::default(),
             login: LoginSection::default(),
+            api_browser: ApiBrowserSection::default(),
             log: LogSection::default(),
             routes: vec![
                 RouteSection {
@@ -309,8 +330,16 @@ pub struct Settings {
     pub limits: Limits,
     pub login: LoginSettings,
     pub password_policy: PasswordPolicy,
+    pub api_browser: ApiBrowserSettings,
     pub log: LogSettings,
     pub routes: Vec<RouteSpec>,
+}
+
+#[derive(Debug, Clone)]
+pub struct ApiBrowserSettings {
+    pub enabled: bool,
+    pub refresh: Duration,
+    pub fetch_timeout: Duration,
 }
 
 #[derive(Debug, Clone)]
@@ -434,6 +463,8 @@ pub struct RouteSpec {
     pub upstreams: Vec<http::Uri>,
     pub public: bool,
     pub request_timeout: Duration,
+    /// Where the upstream publishes its OpenAPI document, if it does.
+    pub openapi: Option<http::Uri>,
 }
 
 /// Where configuration comes from.
@@ -675,6 +706,9 @@ fn validate(file: &FileConfig, errors: &mut Vec<String>) -> Settings {
         "limits.tls_handshake_timeout",
         &file.limits.tls_handshake_timeout,
     );
+    let browser_refresh = duration("api_browser.refresh", &file.api_browser.refresh);
+    let browser_fetch_timeout =
+        duration("api_browser.fetch_timeout", &file.api_browser.fetch_timeout);
     let account_window = duration("login.account_window", &file.login.account_window);
     let address_window = duration("login.address_window", &file.login.address_window);
 
@@ -833,6 +867,11 @@ fn validate(file: &FileConfig, errors: &mut Vec<String>) -> Settings {
             lockout_after: file.login.lockout_after.clamp(0, i64::from(u32::MAX)) as u32,
             max_concurrent_hashes,
         },
+        api_browser: ApiBrowserSettings {
+            enabled: file.api_browser.enabled,
+            refresh: browser_refresh,
+            fetch_timeout: browser_fetch_timeout,
+        },
         password_policy: PasswordPolicy {
             min_length: password_min_length as usize,
             max_length: password_max_length as usize,
@@ -956,7 +995,18 @@ fn validate_routes(
         } else {
             route.name.clone()
         };
+        let openapi = match route.openapi.trim() {
+            "" => None,
+            text => match openapi_url(text, upstreams.first()) {
+                Ok(uri) => Some(uri),
+                Err(e) => {
+                    errors.push(format!("{here}.openapi: {text:?}: {e}"));
+                    None
+                }
+            },
+        };
         specs.push(RouteSpec {
+            openapi,
             name,
             prefix: route.prefix.clone(),
             upstreams,
@@ -1005,6 +1055,19 @@ fn parse_upstream(text: &str) -> Result<http::Uri, String> {
         return Err("must not have a query".into());
     }
     Ok(uri)
+}
+
+/// An upstream's OpenAPI document: a path relative to the route's first
+/// upstream (`/v3/api-docs`), or a full `http://` URL.
+fn openapi_url(text: &str, upstream: Option<&http::Uri>) -> Result<http::Uri, String> {
+    if text.starts_with('/') {
+        let base = upstream.ok_or("the route has no upstream to resolve it against")?;
+        let base = base.to_string();
+        let joined = format!("{}{text}", base.trim_end_matches('/'));
+        return joined.parse().map_err(|e| format!("not a URL ({e})"));
+    }
+    parse_upstream(text.split('?').next().unwrap_or(text))
+        .and_then(|_| text.parse().map_err(|e| format!("not a URL ({e})")))
 }
 
 /// Parses `500ms`, `30s`, `5m`, `2h`, `7d` (one number, one unit).

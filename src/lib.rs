@@ -13,6 +13,7 @@ pub mod api;
 pub mod app;
 pub mod auth;
 pub mod body;
+pub mod browser;
 pub mod clock;
 pub mod config;
 pub mod error;

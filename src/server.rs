@@ -18,6 +18,7 @@ use crate::auth::Authenticator;
 use crate::auth::cache::Caches;
 use crate::auth::jwt::TokenKeys;
 use crate::auth::limiter::LoginLimiter;
+use crate::browser::Browser;
 use crate::config::Settings;
 use crate::listener;
 use crate::store::Store;
@@ -202,7 +203,18 @@ pub async fn start(settings: Settings, options: StartOptions) -> Result<Running,
         hashing: Semaphore::new(settings.login.max_concurrent_hashes),
         dummy_hash: dummy_hash().await?,
     };
-    let app = Arc::new(App::new(settings, api, auth.clone(), metrics.clone()));
+    let browser = settings
+        .api_browser
+        .enabled
+        .then(|| Arc::new(Browser::new(&settings.routes)));
+    let browser_settings = settings.api_browser.clone();
+    let app = Arc::new(App::new(
+        settings,
+        api,
+        browser.clone(),
+        auth.clone(),
+        metrics.clone(),
+    ));
     let (shutdown, shutdown_rx) = watch::channel(false);
     let ready = Arc::new(AtomicBool::new(false));
     let (admin_shutdown, admin_shutdown_rx) = watch::channel(false);
@@ -233,6 +245,13 @@ pub async fn start(settings: Settings, options: StartOptions) -> Result<Running,
             metrics.clone(),
             shutdown_rx.clone(),
         )));
+    }
+    if let Some(browser) = browser {
+        tokio::spawn(browser.refresh_loop(
+            browser_settings.refresh,
+            browser_settings.fetch_timeout,
+            shutdown_rx.clone(),
+        ));
     }
     drop(shutdown_rx);
     let admin_task = admin_listener.map(|listener| {

@@ -46,6 +46,22 @@ impl Api {
     }
 }
 
+#[utoipa::path(
+    post,
+    path = "/api/apiKey",
+    tag = "api-key-controller",
+    operation_id = "saveApiKey",
+    summary = "Create an API key; the value is shown only here",
+    request_body = super::openapi::ApiKeyCreateRequest,
+    responses(
+        (status = 200, description = "The key record with its value", body = super::openapi::ApiKey),
+        (status = 400, description = "Bad body or parameter", body = super::openapi::ErrorResponse, example = json!({"status": 400, "message": "Invalid request body: missing field `password`", "errorCode": 31, "timestamp": 1700000000000_i64})),
+        (status = 401, description = "No valid credential", body = super::openapi::ErrorResponse, example = json!({"status": 401, "message": "Authentication failed", "errorCode": 10, "timestamp": 1700000000000_i64})),
+        (status = 403, description = "Not allowed", body = super::openapi::ErrorResponse, example = json!({"status": 403, "message": "You don't have permission to perform this operation!", "errorCode": 20, "timestamp": 1700000000000_i64})),
+        (status = 404, description = "Not found or not visible", body = super::openapi::ErrorResponse, example = json!({"status": 404, "message": "Requested item wasn't found!", "errorCode": 32, "timestamp": 1700000000000_i64}))
+    ),
+    security(("HttpLoginForm" = []), ("ApiKeyForm" = []))
+)]
 pub async fn create(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>, ApiError> {
     let identity = req.identity()?;
     let body: CreateKey = req.json()?;
@@ -89,6 +105,22 @@ pub async fn create(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>
     )))
 }
 
+#[utoipa::path(
+    get,
+    path = "/api/apiKeys/{userId}",
+    tag = "api-key-controller",
+    operation_id = "getUserApiKeys",
+    summary = "A page of a user's API keys",
+    params(("userId" = String, Path, description = "User id"), ("pageSize" = i64, Query, description = "Items per page (1 to 1000)"), ("page" = i64, Query, description = "Page number, from 0"), ("textSearch" = Option<String>, Query, description = "Case-insensitive filter")),
+    responses(
+        (status = 200, description = "Page of key records", body = super::openapi::PageDataApiKey),
+        (status = 400, description = "Bad body or parameter", body = super::openapi::ErrorResponse, example = json!({"status": 400, "message": "Invalid request body: missing field `password`", "errorCode": 31, "timestamp": 1700000000000_i64})),
+        (status = 401, description = "No valid credential", body = super::openapi::ErrorResponse, example = json!({"status": 401, "message": "Authentication failed", "errorCode": 10, "timestamp": 1700000000000_i64})),
+        (status = 403, description = "Not allowed", body = super::openapi::ErrorResponse, example = json!({"status": 403, "message": "You don't have permission to perform this operation!", "errorCode": 20, "timestamp": 1700000000000_i64})),
+        (status = 404, description = "Not found or not visible", body = super::openapi::ErrorResponse, example = json!({"status": 404, "message": "Requested item wasn't found!", "errorCode": 32, "timestamp": 1700000000000_i64}))
+    ),
+    security(("HttpLoginForm" = []), ("ApiKeyForm" = []))
+)]
 pub async fn list(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>, ApiError> {
     let actor = &req.identity()?.principal;
     let user_id = path_id(&req.params[0])?;
@@ -109,6 +141,23 @@ pub async fn list(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>, 
     })))
 }
 
+#[utoipa::path(
+    put,
+    path = "/api/apiKey/{id}/description",
+    tag = "api-key-controller",
+    operation_id = "updateApiKeyDescription",
+    summary = "Change the description (the body is the bare text)",
+    request_body = String,
+    params(("id" = String, Path, description = "API key id")),
+    responses(
+        (status = 200, description = "The key record", body = super::openapi::ApiKey),
+        (status = 400, description = "Bad body or parameter", body = super::openapi::ErrorResponse, example = json!({"status": 400, "message": "Invalid request body: missing field `password`", "errorCode": 31, "timestamp": 1700000000000_i64})),
+        (status = 401, description = "No valid credential", body = super::openapi::ErrorResponse, example = json!({"status": 401, "message": "Authentication failed", "errorCode": 10, "timestamp": 1700000000000_i64})),
+        (status = 403, description = "Not allowed", body = super::openapi::ErrorResponse, example = json!({"status": 403, "message": "You don't have permission to perform this operation!", "errorCode": 20, "timestamp": 1700000000000_i64})),
+        (status = 404, description = "Not found or not visible", body = super::openapi::ErrorResponse, example = json!({"status": 404, "message": "Requested item wasn't found!", "errorCode": 32, "timestamp": 1700000000000_i64}))
+    ),
+    security(("HttpLoginForm" = []), ("ApiKeyForm" = []))
+)]
 pub async fn describe(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>, ApiError> {
     let identity = req.identity()?;
     let mut key = api.managed_key(&req, &req.params[0]).await?;
@@ -131,6 +180,22 @@ pub async fn describe(api: &Api, req: OwnedRequest) -> Result<http::Response<Bod
     Ok(json_response(&records::api_key(&key, None)))
 }
 
+#[utoipa::path(
+    put,
+    path = "/api/apiKey/{id}/enabled/{enabled}",
+    tag = "api-key-controller",
+    operation_id = "enableApiKey",
+    summary = "Enable or disable a key",
+    params(("id" = String, Path, description = "API key id"), ("enabled" = bool, Path, description = "true or false")),
+    responses(
+        (status = 200, description = "The key record", body = super::openapi::ApiKey),
+        (status = 400, description = "Bad body or parameter", body = super::openapi::ErrorResponse, example = json!({"status": 400, "message": "Invalid request body: missing field `password`", "errorCode": 31, "timestamp": 1700000000000_i64})),
+        (status = 401, description = "No valid credential", body = super::openapi::ErrorResponse, example = json!({"status": 401, "message": "Authentication failed", "errorCode": 10, "timestamp": 1700000000000_i64})),
+        (status = 403, description = "Not allowed", body = super::openapi::ErrorResponse, example = json!({"status": 403, "message": "You don't have permission to perform this operation!", "errorCode": 20, "timestamp": 1700000000000_i64})),
+        (status = 404, description = "Not found or not visible", body = super::openapi::ErrorResponse, example = json!({"status": 404, "message": "Requested item wasn't found!", "errorCode": 32, "timestamp": 1700000000000_i64}))
+    ),
+    security(("HttpLoginForm" = []), ("ApiKeyForm" = []))
+)]
 pub async fn set_enabled(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>, ApiError> {
     let identity = req.identity()?;
     let mut key = api.managed_key(&req, &req.params[0]).await?;
@@ -162,6 +227,22 @@ pub async fn set_enabled(api: &Api, req: OwnedRequest) -> Result<http::Response<
     Ok(json_response(&records::api_key(&key, None)))
 }
 
+#[utoipa::path(
+    delete,
+    path = "/api/apiKey/{id}",
+    tag = "api-key-controller",
+    operation_id = "deleteApiKey",
+    summary = "Delete a key",
+    params(("id" = String, Path, description = "API key id")),
+    responses(
+        (status = 200, description = "Deleted"),
+        (status = 400, description = "Bad body or parameter", body = super::openapi::ErrorResponse, example = json!({"status": 400, "message": "Invalid request body: missing field `password`", "errorCode": 31, "timestamp": 1700000000000_i64})),
+        (status = 401, description = "No valid credential", body = super::openapi::ErrorResponse, example = json!({"status": 401, "message": "Authentication failed", "errorCode": 10, "timestamp": 1700000000000_i64})),
+        (status = 403, description = "Not allowed", body = super::openapi::ErrorResponse, example = json!({"status": 403, "message": "You don't have permission to perform this operation!", "errorCode": 20, "timestamp": 1700000000000_i64})),
+        (status = 404, description = "Not found or not visible", body = super::openapi::ErrorResponse, example = json!({"status": 404, "message": "Requested item wasn't found!", "errorCode": 32, "timestamp": 1700000000000_i64}))
+    ),
+    security(("HttpLoginForm" = []), ("ApiKeyForm" = []))
+)]
 pub async fn delete(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>, ApiError> {
     let identity = req.identity()?;
     let key = api.managed_key(&req, &req.params[0]).await?;

@@ -4,6 +4,7 @@
 
 pub mod access;
 pub mod keys;
+pub mod openapi;
 pub mod records;
 pub mod session;
 pub mod users;

@@ -108,6 +108,20 @@ impl Api {
     }
 }
 
+#[utoipa::path(
+    post,
+    path = "/api/auth/login",
+    tag = "auth-controller",
+    operation_id = "login",
+    summary = "Log in: username and password for a token pair",
+    request_body = super::openapi::LoginRequest,
+    responses(
+        (status = 200, description = "Token pair", body = super::openapi::JwtPair),
+        (status = 400, description = "Bad body or parameter", body = super::openapi::ErrorResponse, example = json!({"status": 400, "message": "Invalid request body: missing field `password`", "errorCode": 31, "timestamp": 1700000000000_i64})),
+        (status = 401, description = "Wrong username or password, disabled or locked account", body = super::openapi::ErrorResponse, example = json!({"status": 401, "message": "Invalid username or password", "errorCode": 10, "timestamp": 1700000000000_i64})),
+        (status = 429, description = "Too many failed logins; see Retry-After", body = super::openapi::ErrorResponse, example = json!({"status": 429, "message": "Too many requests", "errorCode": 33, "timestamp": 1700000000000_i64}))
+    )
+)]
 pub async fn login(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>, ApiError> {
     let body: LoginRequest = req
         .json()
@@ -197,6 +211,19 @@ async fn failed_login(
     }
 }
 
+#[utoipa::path(
+    post,
+    path = "/api/auth/token",
+    tag = "auth-controller",
+    operation_id = "refreshToken",
+    summary = "Exchange a refresh token for a new pair; the old one is retired",
+    request_body = super::openapi::RefreshTokenRequest,
+    responses(
+        (status = 200, description = "New token pair", body = super::openapi::JwtPair),
+        (status = 400, description = "Bad body or parameter", body = super::openapi::ErrorResponse, example = json!({"status": 400, "message": "Invalid request body: missing field `password`", "errorCode": 31, "timestamp": 1700000000000_i64})),
+        (status = 401, description = "Token expired, badly signed or outdated", body = super::openapi::ErrorResponse, example = json!({"status": 401, "message": "Token has expired", "errorCode": 11, "timestamp": 1700000000000_i64}))
+    )
+)]
 pub async fn refresh(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>, ApiError> {
     let body: RefreshRequest = req.json()?;
     let claims = api
@@ -258,6 +285,18 @@ pub async fn refresh(api: &Api, req: OwnedRequest) -> Result<http::Response<Body
     Ok(json_response(&api.sign_pair(&user, session.id, &next_jti)?))
 }
 
+#[utoipa::path(
+    post,
+    path = "/api/auth/logout",
+    tag = "auth-controller",
+    operation_id = "logout",
+    summary = "End the session: its tokens stop working",
+    responses(
+        (status = 200, description = "Logged out"),
+        (status = 401, description = "No valid credential", body = super::openapi::ErrorResponse, example = json!({"status": 401, "message": "Authentication failed", "errorCode": 10, "timestamp": 1700000000000_i64}))
+    ),
+    security(("HttpLoginForm" = []), ("ApiKeyForm" = []))
+)]
 pub async fn logout(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>, ApiError> {
     let identity = req.identity()?;
     if let AuthMethod::Jwt { session_id } = identity.method {
@@ -271,6 +310,19 @@ pub async fn logout(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>
     Ok(empty_response())
 }
 
+#[utoipa::path(
+    get,
+    path = "/api/auth/user",
+    tag = "auth-controller",
+    operation_id = "getUser",
+    summary = "The authenticated user",
+    responses(
+        (status = 200, description = "The user record", body = super::openapi::User),
+        (status = 401, description = "No valid credential", body = super::openapi::ErrorResponse, example = json!({"status": 401, "message": "Authentication failed", "errorCode": 10, "timestamp": 1700000000000_i64})),
+        (status = 401, description = "Token expired, badly signed or outdated", body = super::openapi::ErrorResponse, example = json!({"status": 401, "message": "Token has expired", "errorCode": 11, "timestamp": 1700000000000_i64}))
+    ),
+    security(("HttpLoginForm" = []), ("ApiKeyForm" = []))
+)]
 pub async fn current_user(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>, ApiError> {
     let identity = req.identity()?;
     let user = api
@@ -282,6 +334,20 @@ pub async fn current_user(api: &Api, req: OwnedRequest) -> Result<http::Response
     Ok(json_response(&records::user(&user)))
 }
 
+#[utoipa::path(
+    post,
+    path = "/api/auth/changePassword",
+    tag = "auth-controller",
+    operation_id = "changePassword",
+    summary = "Change the password; every older token stops working",
+    request_body = super::openapi::ChangePasswordRequest,
+    responses(
+        (status = 200, description = "New token pair", body = super::openapi::JwtPair),
+        (status = 400, description = "Bad body or parameter", body = super::openapi::ErrorResponse, example = json!({"status": 400, "message": "Invalid request body: missing field `password`", "errorCode": 31, "timestamp": 1700000000000_i64})),
+        (status = 401, description = "No valid credential", body = super::openapi::ErrorResponse, example = json!({"status": 401, "message": "Authentication failed", "errorCode": 10, "timestamp": 1700000000000_i64}))
+    ),
+    security(("HttpLoginForm" = []), ("ApiKeyForm" = []))
+)]
 pub async fn change_password(
     api: &Api,
     req: OwnedRequest,

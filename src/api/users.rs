@@ -56,6 +56,22 @@ fn account_error(error: AccountError) -> ApiError {
 
 /// `POST /api/user`: creates a user without a password (they activate through
 /// a link), or updates the profile of an existing one when `id` is given.
+#[utoipa::path(
+    post,
+    path = "/api/user",
+    tag = "user-controller",
+    operation_id = "saveUser",
+    summary = "Create a user (activated through a link) or update a profile",
+    request_body = super::openapi::User,
+    responses(
+        (status = 200, description = "The user record", body = super::openapi::User),
+        (status = 400, description = "Bad body or parameter", body = super::openapi::ErrorResponse, example = json!({"status": 400, "message": "Invalid request body: missing field `password`", "errorCode": 31, "timestamp": 1700000000000_i64})),
+        (status = 401, description = "No valid credential", body = super::openapi::ErrorResponse, example = json!({"status": 401, "message": "Authentication failed", "errorCode": 10, "timestamp": 1700000000000_i64})),
+        (status = 403, description = "Not allowed", body = super::openapi::ErrorResponse, example = json!({"status": 403, "message": "You don't have permission to perform this operation!", "errorCode": 20, "timestamp": 1700000000000_i64})),
+        (status = 404, description = "Not found or not visible", body = super::openapi::ErrorResponse, example = json!({"status": 404, "message": "Requested item wasn't found!", "errorCode": 32, "timestamp": 1700000000000_i64}))
+    ),
+    security(("HttpLoginForm" = []), ("ApiKeyForm" = []))
+)]
 pub async fn save(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>, ApiError> {
     let identity = req.identity()?;
     let actor = &identity.principal;
@@ -124,6 +140,22 @@ pub async fn save(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>, 
     Ok(json_response(&records::user(&user)))
 }
 
+#[utoipa::path(
+    get,
+    path = "/api/user/{id}",
+    tag = "user-controller",
+    operation_id = "getUserById",
+    summary = "A user",
+    params(("id" = String, Path, description = "User id")),
+    responses(
+        (status = 200, description = "The user record", body = super::openapi::User),
+        (status = 400, description = "Bad body or parameter", body = super::openapi::ErrorResponse, example = json!({"status": 400, "message": "Invalid request body: missing field `password`", "errorCode": 31, "timestamp": 1700000000000_i64})),
+        (status = 401, description = "No valid credential", body = super::openapi::ErrorResponse, example = json!({"status": 401, "message": "Authentication failed", "errorCode": 10, "timestamp": 1700000000000_i64})),
+        (status = 403, description = "Not allowed", body = super::openapi::ErrorResponse, example = json!({"status": 403, "message": "You don't have permission to perform this operation!", "errorCode": 20, "timestamp": 1700000000000_i64})),
+        (status = 404, description = "Not found or not visible", body = super::openapi::ErrorResponse, example = json!({"status": 404, "message": "Requested item wasn't found!", "errorCode": 32, "timestamp": 1700000000000_i64}))
+    ),
+    security(("HttpLoginForm" = []), ("ApiKeyForm" = []))
+)]
 pub async fn get(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>, ApiError> {
     let actor = &req.identity()?.principal;
     let user = api
@@ -136,6 +168,21 @@ pub async fn get(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>, A
     Ok(json_response(&records::user(&user)))
 }
 
+#[utoipa::path(
+    get,
+    path = "/api/users",
+    tag = "user-controller",
+    operation_id = "getUsers",
+    summary = "Users in scope",
+    params(("pageSize" = i64, Query, description = "Items per page (1 to 1000)"), ("page" = i64, Query, description = "Page number, from 0"), ("textSearch" = Option<String>, Query, description = "Case-insensitive filter")),
+    responses(
+        (status = 200, description = "Page of user records", body = super::openapi::PageDataUser),
+        (status = 400, description = "Bad body or parameter", body = super::openapi::ErrorResponse, example = json!({"status": 400, "message": "Invalid request body: missing field `password`", "errorCode": 31, "timestamp": 1700000000000_i64})),
+        (status = 401, description = "No valid credential", body = super::openapi::ErrorResponse, example = json!({"status": 401, "message": "Authentication failed", "errorCode": 10, "timestamp": 1700000000000_i64})),
+        (status = 403, description = "Not allowed", body = super::openapi::ErrorResponse, example = json!({"status": 403, "message": "You don't have permission to perform this operation!", "errorCode": 20, "timestamp": 1700000000000_i64}))
+    ),
+    security(("HttpLoginForm" = []), ("ApiKeyForm" = []))
+)]
 pub async fn list(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>, ApiError> {
     let actor = &req.identity()?.principal;
     let tenant = match actor.authority {
@@ -152,6 +199,22 @@ pub async fn list(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>, 
     Ok(json_response(&page_json(&users, &page, records::user)))
 }
 
+#[utoipa::path(
+    delete,
+    path = "/api/user/{id}",
+    tag = "user-controller",
+    operation_id = "deleteUser",
+    summary = "Delete a user with their keys and sessions",
+    params(("id" = String, Path, description = "User id")),
+    responses(
+        (status = 200, description = "Deleted"),
+        (status = 400, description = "Bad body or parameter", body = super::openapi::ErrorResponse, example = json!({"status": 400, "message": "Invalid request body: missing field `password`", "errorCode": 31, "timestamp": 1700000000000_i64})),
+        (status = 401, description = "No valid credential", body = super::openapi::ErrorResponse, example = json!({"status": 401, "message": "Authentication failed", "errorCode": 10, "timestamp": 1700000000000_i64})),
+        (status = 403, description = "Not allowed", body = super::openapi::ErrorResponse, example = json!({"status": 403, "message": "You don't have permission to perform this operation!", "errorCode": 20, "timestamp": 1700000000000_i64})),
+        (status = 404, description = "Not found or not visible", body = super::openapi::ErrorResponse, example = json!({"status": 404, "message": "Requested item wasn't found!", "errorCode": 32, "timestamp": 1700000000000_i64}))
+    ),
+    security(("HttpLoginForm" = []), ("ApiKeyForm" = []))
+)]
 pub async fn delete(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>, ApiError> {
     let identity = req.identity()?;
     let id = path_id(&req.params[0])?;
@@ -163,6 +226,22 @@ pub async fn delete(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>
     Ok(empty_response())
 }
 
+#[utoipa::path(
+    post,
+    path = "/api/user/{id}/userCredentialsEnabled",
+    tag = "user-controller",
+    operation_id = "setUserCredentialsEnabled",
+    summary = "Enable or disable a user",
+    params(("id" = String, Path, description = "User id"), ("userCredentialsEnabled" = bool, Query, description = "true or false")),
+    responses(
+        (status = 200, description = "Done"),
+        (status = 400, description = "Bad body or parameter", body = super::openapi::ErrorResponse, example = json!({"status": 400, "message": "Invalid request body: missing field `password`", "errorCode": 31, "timestamp": 1700000000000_i64})),
+        (status = 401, description = "No valid credential", body = super::openapi::ErrorResponse, example = json!({"status": 401, "message": "Authentication failed", "errorCode": 10, "timestamp": 1700000000000_i64})),
+        (status = 403, description = "Not allowed", body = super::openapi::ErrorResponse, example = json!({"status": 403, "message": "You don't have permission to perform this operation!", "errorCode": 20, "timestamp": 1700000000000_i64})),
+        (status = 404, description = "Not found or not visible", body = super::openapi::ErrorResponse, example = json!({"status": 404, "message": "Requested item wasn't found!", "errorCode": 32, "timestamp": 1700000000000_i64}))
+    ),
+    security(("HttpLoginForm" = []), ("ApiKeyForm" = []))
+)]
 pub async fn set_enabled(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>, ApiError> {
     let identity = req.identity()?;
     let id = path_id(&req.params[0])?;
@@ -197,6 +276,22 @@ pub async fn set_enabled(api: &Api, req: OwnedRequest) -> Result<http::Response<
 }
 
 /// `GET /api/user/{id}/activationLink`: a new one-time link (older ones stop working).
+#[utoipa::path(
+    get,
+    path = "/api/user/{id}/activationLink",
+    tag = "user-controller",
+    operation_id = "getActivationLink",
+    summary = "A one-time activation link (24 h)",
+    params(("id" = String, Path, description = "User id")),
+    responses(
+        (status = 200, description = "The link, as text", body = String),
+        (status = 400, description = "Bad body or parameter", body = super::openapi::ErrorResponse, example = json!({"status": 400, "message": "Invalid request body: missing field `password`", "errorCode": 31, "timestamp": 1700000000000_i64})),
+        (status = 401, description = "No valid credential", body = super::openapi::ErrorResponse, example = json!({"status": 401, "message": "Authentication failed", "errorCode": 10, "timestamp": 1700000000000_i64})),
+        (status = 403, description = "Not allowed", body = super::openapi::ErrorResponse, example = json!({"status": 403, "message": "You don't have permission to perform this operation!", "errorCode": 20, "timestamp": 1700000000000_i64})),
+        (status = 404, description = "Not found or not visible", body = super::openapi::ErrorResponse, example = json!({"status": 404, "message": "Requested item wasn't found!", "errorCode": 32, "timestamp": 1700000000000_i64}))
+    ),
+    security(("HttpLoginForm" = []), ("ApiKeyForm" = []))
+)]
 pub async fn activation_link(
     api: &Api,
     req: OwnedRequest,
@@ -230,6 +325,19 @@ pub async fn activation_link(
 }
 
 /// `POST /api/noauth/activate`: sets the first password and logs the user in.
+#[utoipa::path(
+    post,
+    path = "/api/noauth/activate",
+    tag = "noauth-controller",
+    operation_id = "activateUser",
+    summary = "Set the first password with an activation token",
+    request_body = super::openapi::ActivateUserRequest,
+    responses(
+        (status = 200, description = "Token pair", body = super::openapi::JwtPair),
+        (status = 400, description = "Bad body or parameter", body = super::openapi::ErrorResponse, example = json!({"status": 400, "message": "Invalid request body: missing field `password`", "errorCode": 31, "timestamp": 1700000000000_i64})),
+        (status = 401, description = "No valid credential", body = super::openapi::ErrorResponse, example = json!({"status": 401, "message": "Authentication failed", "errorCode": 10, "timestamp": 1700000000000_i64}))
+    )
+)]
 pub async fn activate(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>, ApiError> {
     let body: ActivateBody = req.json()?;
     api.settings

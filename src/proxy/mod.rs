@@ -274,6 +274,7 @@ mod tests {
             upstreams: vec!["http://127.0.0.1:1".parse().unwrap()],
             public,
             request_timeout: Duration::from_secs(1),
+            openapi: None,
         }
     }
 

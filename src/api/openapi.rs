@@ -1,0 +1,283 @@
+//! The OpenAPI document of the endpoints keygate answers itself, generated from
+//! the handlers' annotations, and the schemas it names.
+
+use serde_json::Value;
+use utoipa::{OpenApi, ToSchema};
+
+use super::{keys, session, users};
+
+/// The contract's error body.
+#[derive(ToSchema)]
+#[schema(example = json!({"status": 401, "message": "Authentication failed", "errorCode": 10, "timestamp": 1_700_000_000_000_i64}))]
+#[allow(dead_code)]
+pub struct ErrorResponse {
+    status: u16,
+    message: String,
+    /// 2 general, 10 authentication, 11 token expired, 15 credentials expired,
+    /// 20 permission denied, 30/31 bad arguments, 32 not found, 33 too many requests.
+    #[schema(rename = "errorCode")]
+    error_code: u16,
+    /// Epoch milliseconds.
+    timestamp: i64,
+}
+
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub struct LoginRequest {
+    #[schema(example = "tenant@example.com")]
+    username: String,
+    #[schema(example = "a-long-password")]
+    password: String,
+}
+
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub struct JwtPair {
+    /// HS512 access token.
+    token: String,
+    #[schema(rename = "refreshToken")]
+    refresh_token: String,
+}
+
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub struct RefreshTokenRequest {
+    #[schema(rename = "refreshToken")]
+    refresh_token: String,
+}
+
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub struct ChangePasswordRequest {
+    #[schema(rename = "currentPassword")]
+    current_password: String,
+    #[schema(rename = "newPassword")]
+    new_password: String,
+}
+
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub struct ActivateUserRequest {
+    #[schema(rename = "activateToken")]
+    activate_token: String,
+    password: String,
+}
+
+/// `{"entityType": ..., "id": ...}`.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub struct EntityId {
+    #[schema(rename = "entityType", example = "USER")]
+    entity_type: String,
+    id: uuid::Uuid,
+}
+
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub struct User {
+    id: EntityId,
+    #[schema(rename = "createdTime")]
+    created_time: i64,
+    #[schema(rename = "tenantId")]
+    tenant_id: EntityId,
+    #[schema(rename = "customerId")]
+    customer_id: EntityId,
+    email: String,
+    #[schema(example = "TENANT_ADMIN")]
+    authority: String,
+    #[schema(rename = "firstName")]
+    first_name: Option<String>,
+    #[schema(rename = "lastName")]
+    last_name: Option<String>,
+    phone: Option<String>,
+    version: i64,
+    name: String,
+    #[schema(rename = "additionalInfo")]
+    additional_info: Option<Value>,
+}
+
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub struct ApiKey {
+    id: EntityId,
+    #[schema(rename = "createdTime")]
+    created_time: i64,
+    #[schema(rename = "tenantId")]
+    tenant_id: EntityId,
+    #[schema(rename = "userId")]
+    user_id: EntityId,
+    /// Epoch ms; 0 means never.
+    #[schema(rename = "expirationTime")]
+    expiration_time: i64,
+    description: String,
+    enabled: bool,
+    expired: bool,
+    /// Only in the create response.
+    value: Option<String>,
+}
+
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub struct ApiKeyCreateRequest {
+    #[schema(rename = "userId")]
+    user_id: EntityId,
+    description: String,
+    enabled: Option<bool>,
+    #[schema(rename = "expirationTime")]
+    expiration_time: Option<i64>,
+}
+
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub struct PageDataApiKey {
+    data: Vec<ApiKey>,
+    #[schema(rename = "totalPages")]
+    total_pages: i64,
+    #[schema(rename = "totalElements")]
+    total_elements: i64,
+    #[schema(rename = "hasNext")]
+    has_next: bool,
+}
+
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub struct PageDataUser {
+    data: Vec<User>,
+    #[schema(rename = "totalPages")]
+    total_pages: i64,
+    #[schema(rename = "totalElements")]
+    total_elements: i64,
+    #[schema(rename = "hasNext")]
+    has_next: bool,
+}
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "keygate",
+        description = "Authentication gateway of the device platform's REST API. Authorize with a username and password (HttpLoginForm) or an API key (ApiKeyForm); when both are authorized the token is sent.",
+    ),
+    paths(
+        session::login,
+        session::refresh,
+        session::logout,
+        session::current_user,
+        session::change_password,
+        keys::create,
+        keys::list,
+        keys::describe,
+        keys::set_enabled,
+        keys::delete,
+        users::save,
+        users::get,
+        users::list,
+        users::delete,
+        users::set_enabled,
+        users::activation_link,
+        users::activate,
+    ),
+    components(schemas(
+        ErrorResponse,
+        LoginRequest,
+        JwtPair,
+        RefreshTokenRequest,
+        ChangePasswordRequest,
+        ActivateUserRequest,
+        EntityId,
+        User,
+        ApiKey,
+        ApiKeyCreateRequest,
+        PageDataApiKey,
+        PageDataUser
+    ))
+)]
+struct KeygateApi;
+
+/// keygate's own document, with its security schemes, as JSON.
+pub fn document() -> Value {
+    let mut doc = serde_json::to_value(KeygateApi::openapi()).unwrap_or(Value::Null);
+    if let Some(components) = doc.get_mut("components").and_then(Value::as_object_mut) {
+        components.insert("securitySchemes".into(), security_schemes());
+    }
+    doc
+}
+
+/// `HttpLoginForm`: username and password, exchanged by the page for a token
+/// sent as `X-Authorization: Bearer`. `ApiKeyForm`: the key, sent as
+/// `X-Authorization: ApiKey <key>` (the page adds the prefix).
+pub fn security_schemes() -> Value {
+    serde_json::json!({
+        "HttpLoginForm": {
+            "type": "http",
+            "scheme": "basic",
+            "description": "Log in with username and password: the page posts them to /api/auth/login and sends X-Authorization: Bearer <token>. The password is not kept."
+        },
+        "ApiKeyForm": {
+            "type": "apiKey",
+            "in": "header",
+            "name": "X-Authorization",
+            "description": "Paste the API key only: the page sends X-Authorization: ApiKey <key>."
+        }
+    })
+}
+
+/// The security requirement of an authenticated operation.
+pub fn secured() -> Value {
+    serde_json::json!([{ "HttpLoginForm": [] }, { "ApiKeyForm": [] }])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::{Access, ROUTES};
+
+    #[test]
+    fn every_owned_route_is_in_the_document_with_its_security() {
+        let doc = document();
+        assert_eq!(doc["openapi"].as_str().map(|v| &v[..3]), Some("3.1"));
+        for route in ROUTES {
+            let method = route.method.as_str().to_lowercase();
+            let operation = &doc["paths"][route.pattern][&method];
+            assert!(
+                operation.is_object(),
+                "{} {} is missing from the document",
+                route.method,
+                route.pattern
+            );
+            let security = operation.get("security").cloned().unwrap_or(Value::Null);
+            match route.access {
+                Access::Authenticated => assert_eq!(security, secured(), "{}", route.pattern),
+                Access::Public => assert!(
+                    security.is_null() || security == serde_json::json!([{}]),
+                    "{}",
+                    route.pattern
+                ),
+            }
+            assert!(
+                operation["responses"]["200"].is_object(),
+                "{}",
+                route.pattern
+            );
+        }
+        let documented: usize = doc["paths"]
+            .as_object()
+            .unwrap()
+            .values()
+            .map(|p| p.as_object().unwrap().len())
+            .sum();
+        assert_eq!(
+            documented,
+            ROUTES.len(),
+            "the document lists an operation the router does not serve"
+        );
+    }
+
+    #[test]
+    fn error_responses_carry_examples() {
+        let doc = document();
+        let unauthorized = &doc["paths"]["/api/auth/login"]["post"]["responses"]["401"];
+        let example = &unauthorized["content"]["application/json"]["example"];
+        assert_eq!(example["errorCode"], 10, "{unauthorized}");
+        assert!(doc["components"]["securitySchemes"]["ApiKeyForm"].is_object());
+    }
+}
