@@ -524,3 +524,39 @@ async fn admin_listener_serves_health_readiness_and_metrics() {
         "unready as soon as shutdown starts, while still answering"
     );
 }
+
+#[tokio::test]
+async fn api_browser_loads_without_credentials_and_can_be_turned_off() {
+    let (upstream, gw) = setup().await;
+    let client = gw.client();
+    let page = client
+        .get(gw.https("/swagger-ui.html"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(page.status(), 200);
+    assert!(page.text().await.unwrap().contains("SwaggerUIBundle"));
+    let doc: serde_json::Value = client
+        .get(gw.https("/v3/api-docs"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(doc["paths"]["/api/auth/login"]["post"].is_object());
+    assert!(doc["components"]["securitySchemes"]["HttpLoginForm"].is_object());
+    let asset = client
+        .get(gw.https("/swagger-ui/swagger-ui-bundle.js"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(asset.headers()["content-type"], "application/javascript");
+    assert!(upstream.requests().is_empty());
+
+    let off = Gateway::start(&upstream.url(), "[api_browser]\nenabled = false\n").await;
+    for path in ["/swagger-ui.html", "/v3/api-docs"] {
+        let (status, _) = error_body(off.client().get(off.https(path)).send().await.unwrap()).await;
+        assert_eq!(status, 404, "{path}");
+    }
+}
