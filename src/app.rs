@@ -151,6 +151,7 @@ impl App {
         let trusted = self.trusted(&transport);
         let request_id = headers::request_id(req.headers(), trusted);
         let log_path = req.uri().path().to_owned();
+        let trace_id = trace_id(req.headers()).map(str::to_owned);
         let mut outcome = Outcome::default();
         let mut response = match self
             .process(req, transport, trusted, request_id.clone(), &mut outcome)
@@ -176,7 +177,9 @@ impl App {
                 route,
                 status = response.status().as_u16(),
                 duration_ms = elapsed.as_secs_f64() * 1000.0,
+                bytes = http_body::Body::size_hint(response.body()).exact(),
                 upstream = outcome.upstream.unwrap_or(""),
+                trace_id = trace_id.as_deref().unwrap_or(""),
                 peer = %transport.peer,
                 auth = identity.map(|i| i.method.label()).unwrap_or(""),
                 user_id = %identity.map(|i| i.principal.user_id.to_string()).unwrap_or_default(),
@@ -302,6 +305,14 @@ impl App {
     }
 }
 
+/// The trace id of a W3C `traceparent` header (`00-<trace id>-<span id>-<flags>`).
+fn trace_id(headers: &http::HeaderMap) -> Option<&str> {
+    let value = headers.get("traceparent")?.to_str().ok()?;
+    let id = value.split('-').nth(1)?;
+    (id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit()) && id.bytes().any(|b| b != b'0'))
+        .then_some(id)
+}
+
 /// Approximate size of the request head as sent: names, values and separators.
 fn header_block_size<B>(req: &Request<B>) -> usize {
     req.headers()
@@ -309,4 +320,26 @@ fn header_block_size<B>(req: &Request<B>) -> usize {
         .map(|(name, value)| name.as_str().len() + value.len() + 4)
         .sum::<usize>()
         + req.uri().path_and_query().map_or(0, |p| p.as_str().len())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn trace_ids_are_read_from_valid_traceparent_headers_only() {
+        let mut headers = http::HeaderMap::new();
+        headers.insert(
+            "traceparent",
+            HeaderValue::from_static("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"),
+        );
+        assert_eq!(trace_id(&headers), Some("4bf92f3577b34da6a3ce929d0e0e4736"));
+        headers.insert(
+            "traceparent",
+            HeaderValue::from_static("00-00000000000000000000000000000000-00f067aa0ba902b7-01"),
+        );
+        assert_eq!(trace_id(&headers), None);
+        headers.insert("traceparent", HeaderValue::from_static("garbage"));
+        assert_eq!(trace_id(&headers), None);
+    }
 }

@@ -560,3 +560,64 @@ async fn api_browser_loads_without_credentials_and_can_be_turned_off() {
         assert_eq!(status, 404, "{path}");
     }
 }
+
+/// keygate as a sidecar on plain HTTP behind a TLS-terminating ingress.
+#[tokio::test]
+async fn sidecar_behind_a_trusted_proxy_accepts_keys_only_from_that_proxy() {
+    let upstream = Upstream::start().await;
+    let gw = Gateway::start(
+        &upstream.url(),
+        "[proxy]\ntrusted_proxies = [\"127.0.0.1/32\"]\n",
+    )
+    .await;
+    let user = gw.user("sidecar@example.com", Authority::TenantAdmin).await;
+    let (_, key) = gw.api_key(&user, 0).await;
+    let from = |ip: [u8; 4]| {
+        reqwest::Client::builder()
+            .local_address(std::net::IpAddr::from(ip))
+            .build()
+            .unwrap()
+    };
+    let send = |client: reqwest::Client| {
+        client
+            .get(gw.http("/api/devices"))
+            .header("X-Authorization", format!("ApiKey {key}"))
+            .header("X-Forwarded-Proto", "https")
+            .header("X-Forwarded-For", "203.0.113.7")
+            .header("X-Request-Id", "ingress-req-1")
+            .send()
+    };
+    let trusted = send(from([127, 0, 0, 1])).await.unwrap();
+    assert_eq!(trusted.status(), 200);
+    let seen = upstream.last().headers;
+    assert_eq!(seen["x-forwarded-proto"], "https");
+    assert_eq!(seen["x-forwarded-for"], "203.0.113.7, 127.0.0.1");
+    assert_eq!(seen["x-request-id"], "ingress-req-1");
+
+    let untrusted = send(from([127, 0, 0, 2])).await.unwrap();
+    let (status, json) = error_body(untrusted).await;
+    assert_eq!((status, json["errorCode"].as_u64()), (403, Some(20)));
+    assert_eq!(
+        upstream.requests().len(),
+        1,
+        "the untrusted request was not forwarded"
+    );
+}
+
+#[tokio::test]
+async fn trace_context_passes_through_unchanged() {
+    let (upstream, gw) = setup().await;
+    let traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let response = gw
+        .client()
+        .get(gw.https("/api/noauth/trace"))
+        .header("traceparent", traceparent)
+        .header("tracestate", "vendor=opaque")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let seen = upstream.last().headers;
+    assert_eq!(seen["traceparent"], traceparent);
+    assert_eq!(seen["tracestate"], "vendor=opaque");
+}

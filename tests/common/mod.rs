@@ -166,11 +166,10 @@ name = "slow"
 prefix = "/api/slow"
 upstreams = ["{upstream}"]
 request_timeout = "300ms"
-{extra}
 "#
         );
         let path = dir.path().join("keygate.toml");
-        std::fs::write(&path, text).unwrap();
+        std::fs::write(&path, merge_toml(&text, extra)).unwrap();
         let settings = config::load(&Source {
             file: Some(&path),
             env: vec![],
@@ -284,6 +283,27 @@ request_timeout = "300ms"
             .await
             .unwrap()
     }
+}
+
+/// Overlays `extra` on `base`: its tables merge key by key, its `[[route]]`s
+/// are appended.
+fn merge_toml(base: &str, extra: &str) -> String {
+    fn merge(into: &mut toml::Table, from: toml::Table) {
+        for (key, value) in from {
+            match (into.get_mut(&key), value) {
+                (Some(toml::Value::Table(a)), toml::Value::Table(b)) => merge(a, b),
+                (Some(toml::Value::Array(a)), toml::Value::Array(b)) if key == "route" => {
+                    a.extend(b)
+                }
+                (_, value) => {
+                    into.insert(key, value);
+                }
+            }
+        }
+    }
+    let mut table: toml::Table = base.parse().unwrap();
+    merge(&mut table, extra.parse().unwrap());
+    toml::to_string(&table).unwrap()
 }
 
 /// Reads a contract error body and checks its shape.
