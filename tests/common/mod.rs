@@ -95,7 +95,7 @@ async fn answer(
         .path_and_query()
         .map(|p| p.to_string())
         .unwrap_or_default();
-    if path_and_query.starts_with("/api/slow") {
+    if path_and_query.contains("/slow") {
         tokio::time::sleep(Duration::from_secs(2)).await;
     }
     record.lock().unwrap().push(Recorded {
