@@ -480,7 +480,6 @@ const NON_CONFIG_ENV: &[&str] = &[
     "KEYGATE_CONFIG",
     "KEYGATE_BOOTSTRAP_PASSWORD",
     "KEYGATE_TEST_DATABASE_URL",
-    "KEYGATE_LOG_FORMAT_OVERRIDE",
 ];
 
 /// The platform's setting names, mapped onto `[jwt]`.

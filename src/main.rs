@@ -47,6 +47,8 @@ enum Command {
     Serve,
     /// Validate the configuration and print every problem found.
     CheckConfig,
+    /// Ask the running server's admin listener for /healthz (for container health checks).
+    Health,
     /// Manage users.
     #[command(subcommand)]
     User(UserCommand),
@@ -181,6 +183,7 @@ async fn run(command: Command, settings: Settings) -> anyhow::Result<()> {
     match command {
         Command::Serve => serve(settings).await,
         Command::CheckConfig => Ok(()),
+        Command::Health => health(&settings).await,
         Command::User(cmd) => user(cmd, &settings).await,
         Command::Apikey(cmd) => apikey(cmd, &settings).await,
     }
@@ -219,6 +222,30 @@ async fn shutdown_signal() {
     }
     #[cfg(not(unix))]
     let _ = tokio::signal::ctrl_c().await;
+}
+
+async fn health(settings: &Settings) -> anyhow::Result<()> {
+    use http_body_util::Empty;
+    use hyper_util::client::legacy::Client;
+    use hyper_util::rt::TokioExecutor;
+    let mut addr = settings
+        .listen
+        .admin
+        .context("the admin listener is turned off")?;
+    if addr.ip().is_unspecified() {
+        addr.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
+    }
+    let client: Client<_, Empty<bytes::Bytes>> = Client::builder(TokioExecutor::new())
+        .build(hyper_util::client::legacy::connect::HttpConnector::new());
+    let uri: http::Uri = format!("http://{addr}/healthz").parse()?;
+    let response = tokio::time::timeout(std::time::Duration::from_secs(3), client.get(uri))
+        .await
+        .context("no answer within 3 s")??;
+    if !response.status().is_success() {
+        bail!("healthz answered {}", response.status());
+    }
+    println!("healthy");
+    Ok(())
 }
 
 async fn open_store(settings: &Settings) -> anyhow::Result<Store> {
