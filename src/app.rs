@@ -2,6 +2,8 @@
 //! authentication, identity, forwarding; then the access log and metrics.
 
 use std::net::IpAddr;
+
+use arc_swap::ArcSwap;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -26,7 +28,8 @@ pub struct App {
     api: Api,
     browser: Option<Arc<Browser>>,
     auth: Arc<Authenticator>,
-    routes: RouteTable,
+    /// Swapped whole on reload; each request works on the table it loaded.
+    routes: ArcSwap<RouteTable>,
     proxy: Proxy,
     metrics: Arc<Metrics>,
 }
@@ -58,10 +61,16 @@ impl App {
             api,
             browser,
             auth,
-            routes,
+            routes: ArcSwap::from_pointee(routes),
             proxy,
             metrics,
         }
+    }
+
+    /// Replaces the route table atomically: requests already routed finish on
+    /// the old one, new requests see the new one.
+    pub fn replace_routes(&self, specs: &[crate::config::RouteSpec]) {
+        self.routes.store(Arc::new(RouteTable::new(specs)));
     }
 
     pub fn settings(&self) -> &Settings {
@@ -153,8 +162,16 @@ impl App {
         let log_path = req.uri().path().to_owned();
         let trace_id = trace_id(req.headers()).map(str::to_owned);
         let mut outcome = Outcome::default();
+        let routes = self.routes.load_full();
         let mut response = match self
-            .process(req, transport, trusted, request_id.clone(), &mut outcome)
+            .process(
+                &routes,
+                req,
+                transport,
+                trusted,
+                request_id.clone(),
+                &mut outcome,
+            )
             .await
         {
             Ok(response) => response,
@@ -191,6 +208,7 @@ impl App {
 
     async fn process<'a>(
         &'a self,
+        routes: &'a RouteTable,
         req: Request<Incoming>,
         transport: Transport,
         trusted: bool,
@@ -231,10 +249,7 @@ impl App {
             outcome.identity = identity;
             return self.api.handle(matched.route.endpoint, owned).await;
         }
-        let route = self
-            .routes
-            .find(&normalized)
-            .ok_or_else(ApiError::not_found)?;
+        let route = routes.find(&normalized).ok_or_else(ApiError::not_found)?;
         outcome.route = Some(&route.name);
 
         let identity = if route.public {

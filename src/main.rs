@@ -158,7 +158,8 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(run(cli.command, settings)) {
+    let config_file = file.map(Path::to_path_buf);
+    match runtime.block_on(run(cli.command, settings, config_file)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("keygate: {e:#}");
@@ -179,9 +180,13 @@ fn init_logging(format: LogFormat) {
     }
 }
 
-async fn run(command: Command, settings: Settings) -> anyhow::Result<()> {
+async fn run(
+    command: Command,
+    settings: Settings,
+    config_file: Option<PathBuf>,
+) -> anyhow::Result<()> {
     match command {
-        Command::Serve => serve(settings).await,
+        Command::Serve => serve(settings, config_file).await,
         Command::CheckConfig => Ok(()),
         Command::Health => health(&settings).await,
         Command::User(cmd) => user(cmd, &settings).await,
@@ -189,14 +194,14 @@ async fn run(command: Command, settings: Settings) -> anyhow::Result<()> {
     }
 }
 
-async fn serve(settings: Settings) -> anyhow::Result<()> {
+async fn serve(settings: Settings, config_file: Option<PathBuf>) -> anyhow::Result<()> {
     let options = StartOptions {
         bootstrap_password: std::env::var("KEYGATE_BOOTSTRAP_PASSWORD")
             .ok()
             .filter(|p| !p.is_empty()),
     };
     let running = server::start(settings, options).await?;
-    shutdown_signal().await;
+    wait_for_signals(&running, config_file.as_deref()).await;
     tracing::info!("shutting down: draining open connections");
     running.shutdown();
     running.wait().await;
@@ -204,23 +209,39 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn shutdown_signal() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = term.recv() => {}
-                    _ = tokio::signal::ctrl_c() => {}
+/// Runs until SIGTERM or SIGINT. SIGHUP reloads the routes and the TLS
+/// certificate from the same config file and environment; an invalid config
+/// changes nothing and is reported.
+#[cfg(unix)]
+async fn wait_for_signals(running: &server::Running, config_file: Option<&Path>) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut hup)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::hangup()),
+    ) else {
+        let _ = tokio::signal::ctrl_c().await;
+        return;
+    };
+    loop {
+        tokio::select! {
+            _ = term.recv() => return,
+            _ = tokio::signal::ctrl_c() => return,
+            _ = hup.recv() => {
+                let source = Source { file: config_file, env: std::env::vars().collect() };
+                match config::load(&source) {
+                    Ok(settings) => running.reload(&settings),
+                    Err(errors) => {
+                        running.reload_failed();
+                        tracing::error!(problems = ?errors.0, "reload refused: the configuration is invalid; nothing changed");
+                    }
                 }
-            }
-            Err(_) => {
-                let _ = tokio::signal::ctrl_c().await;
             }
         }
     }
-    #[cfg(not(unix))]
+}
+
+#[cfg(not(unix))]
+async fn wait_for_signals(_running: &server::Running, _config_file: Option<&Path>) {
     let _ = tokio::signal::ctrl_c().await;
 }
 

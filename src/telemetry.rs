@@ -26,6 +26,8 @@ pub struct Metrics {
     revocations: prometheus::IntCounter,
     keys_disabled_on_plaintext: prometheus::IntCounter,
     revocation_listener_up: IntGauge,
+    reloads: IntCounterVec,
+    last_reload: IntGauge,
     pub tls_cert_not_after: IntGauge,
 }
 
@@ -143,6 +145,19 @@ impl Metrics {
         registry
             .register(Box::new(revocation_listener_up.clone()))
             .expect("unique metric");
+        let reloads = counter(
+            "keygate_config_reloads_total",
+            "Reloads of routes or the TLS certificate, by what and outcome (success, failure).",
+            &["what", "outcome"],
+        );
+        let last_reload = IntGauge::new(
+            "keygate_config_last_reload_success_timestamp_seconds",
+            "When a reload last succeeded (Unix time; 0 before the first).",
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(last_reload.clone()))
+            .expect("unique metric");
         let tls_cert_not_after = IntGauge::new(
             "keygate_tls_certificate_expiry_timestamp_seconds",
             "When the served TLS certificate expires (Unix time).",
@@ -173,6 +188,8 @@ impl Metrics {
             revocations,
             keys_disabled_on_plaintext,
             revocation_listener_up,
+            reloads,
+            last_reload,
             tls_cert_not_after,
         }
     }
@@ -222,6 +239,15 @@ impl Metrics {
 
     pub fn key_disabled_on_plaintext(&self) {
         self.keys_disabled_on_plaintext.inc();
+    }
+
+    pub fn reload(&self, what: &str, ok: bool) {
+        self.reloads
+            .with_label_values(&[what, if ok { "success" } else { "failure" }])
+            .inc();
+        if ok {
+            self.last_reload.set(crate::clock::now_secs());
+        }
     }
 
     pub fn revocation_received(&self) {

@@ -91,3 +91,138 @@ async fn sigterm_lets_an_in_flight_request_finish_and_exits_zero() {
     };
     assert_eq!(exit.code(), Some(0));
 }
+
+fn write_config(path: &std::path::Path, data: &std::path::Path, upstream: &str, extra_route: &str) {
+    let data = data.display();
+    std::fs::write(
+        path,
+        format!(
+            "[server]\ndata_dir = \"{data}\"\n[listen]\nhttps = \"127.0.0.1:0\"\nhttp = \"127.0.0.1:0\"\nadmin = \"127.0.0.1:0\"\n\
+             [tls]\ncert = \"{data}/served-cert.pem\"\nkey = \"{data}/served-key.pem\"\n\
+             [store]\nurl = \"sqlite://{data}/k.db\"\n[[route]]\nprefix = \"/api/noauth/\"\nupstreams = [\"{upstream}\"]\npublic = true\n{extra_route}"
+        ),
+    )
+    .unwrap();
+}
+
+/// Generates a development CA and certificate in `dir`; returns the CA PEM.
+fn certificate_into(dir: &std::path::Path, data: &std::path::Path) -> Vec<u8> {
+    keygate::tls::load_or_generate_dev(dir).unwrap();
+    let (ca, cert, key) = keygate::tls::dev_paths(dir);
+    std::fs::copy(cert, data.join("served-cert.pem")).unwrap();
+    std::fs::copy(key, data.join("served-key.pem")).unwrap();
+    std::fs::read(ca).unwrap()
+}
+
+#[tokio::test]
+async fn sighup_reloads_routes_and_certificate_and_refuses_a_broken_config() {
+    let upstream = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    let first_ca = certificate_into(&dir.path().join("first"), &data);
+    let config = dir.path().join("keygate.toml");
+    write_config(&config, &data, &upstream.url(), "");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_keygate"))
+        .args(["--log-format", "json", "--config"])
+        .arg(&config)
+        .arg("serve")
+        .env("KEYGATE_BOOTSTRAP_PASSWORD", "bootstrap-password")
+        .env("RUST_LOG", "info")
+        .env_remove("KEYGATE_CONFIG")
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let serving = lines
+        .by_ref()
+        .map_while(Result::ok)
+        .find(|line| line.contains("keygate is serving"))
+        .expect("keygate started");
+    std::thread::spawn(move || lines.for_each(drop));
+    let json: serde_json::Value = serde_json::from_str(&serving).unwrap();
+    let port = |name: &str| -> u16 {
+        let text = json["fields"][name].as_str().unwrap();
+        text.trim_start_matches("Some(127.0.0.1:")
+            .trim_end_matches(')')
+            .parse()
+            .unwrap()
+    };
+    let (https, http, admin) = (port("https"), port("http"), port("admin"));
+    let hup = || {
+        let status = Command::new("kill")
+            .args(["-HUP", &child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+    };
+    let status_of = |path: &'static str| async move {
+        reqwest::get(format!("http://127.0.0.1:{http}{path}"))
+            .await
+            .unwrap()
+            .status()
+            .as_u16()
+    };
+    let trusting = |ca: &[u8]| {
+        reqwest::Client::builder()
+            .add_root_certificate(reqwest::Certificate::from_pem(ca).unwrap())
+            .build()
+            .unwrap()
+    };
+    let handshake = |client: reqwest::Client| async move {
+        client
+            .get(format!("https://localhost:{https}/api/noauth/x"))
+            .send()
+            .await
+            .is_ok()
+    };
+    assert!(handshake(trusting(&first_ca)).await);
+    assert_eq!(status_of("/other/x").await, 404);
+
+    // A new route and a new certificate, applied without a restart.
+    write_config(
+        &config,
+        &data,
+        &upstream.url(),
+        &format!(
+            "[[route]]\nprefix = \"/other/\"\nupstreams = [\"{}\"]\npublic = true\n",
+            upstream.url()
+        ),
+    );
+    let second_ca = certificate_into(&dir.path().join("second"), &data);
+    hup();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while status_of("/other/x").await != 200 {
+        assert!(Instant::now() < deadline, "the new route was not applied");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        handshake(trusting(&second_ca)).await,
+        "new handshakes get the new certificate"
+    );
+
+    // A broken config changes nothing.
+    std::fs::write(&config, "[[route]]\nprefix = \"no-slash\"\n").unwrap();
+    hup();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(status_of("/other/x").await, 200);
+    let metrics = reqwest::get(format!("http://127.0.0.1:{admin}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains(r#"keygate_config_reloads_total{outcome="failure",what="routes"} 1"#),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains(r#"keygate_config_reloads_total{outcome="success",what="tls"}"#),
+        "{metrics}"
+    );
+
+    let _ = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+    let _ = child.wait();
+}
