@@ -223,7 +223,7 @@ pub async fn start(settings: Settings, options: StartOptions) -> Result<Running,
         settings.jwt.access_ttl,
         settings.jwt.refresh_ttl,
     ));
-    let caches = Caches::new(&settings.cache);
+    let caches = Caches::new(&settings.cache, &metrics);
     let auth = Arc::new(Authenticator::new(
         store.clone(),
         tokens,

@@ -19,6 +19,7 @@ pub struct Metrics {
     upstream_errors: IntCounterVec,
     cache: IntCounterVec,
     cache_entries: IntGaugeVec,
+    cache_evictions: IntCounterVec,
     open_connections: IntGaugeVec,
     logins: IntCounterVec,
     rate_limited: IntCounterVec,
@@ -92,6 +93,11 @@ impl Metrics {
             "keygate_cache_requests_total",
             "Credential cache lookups, by cache and result (hit, miss).",
             &["cache", "result"],
+        );
+        let cache_evictions = counter(
+            "keygate_cache_evictions_total",
+            "Credential cache entries pushed out by the size bound, by cache.",
+            &["cache"],
         );
         let cache_entries = gauge(
             "keygate_cache_entries",
@@ -181,6 +187,7 @@ impl Metrics {
             upstream_errors,
             cache,
             cache_entries,
+            cache_evictions,
             open_connections,
             logins,
             rate_limited,
@@ -264,6 +271,10 @@ impl Metrics {
 
     pub fn cache_miss(&self, cache: &str) {
         self.cache.with_label_values(&[cache, "miss"]).inc();
+    }
+
+    pub fn cache_eviction(&self, cache: &str) {
+        self.cache_evictions.with_label_values(&[cache]).inc();
     }
 
     pub fn connection_opened(&self, listener: &str) {

@@ -621,3 +621,54 @@ async fn trace_context_passes_through_unchanged() {
     assert_eq!(seen["traceparent"], traceparent);
     assert_eq!(seen["tracestate"], "vendor=opaque");
 }
+
+/// `promtool check metrics` finds nothing to complain about. CI installs
+/// promtool; elsewhere the check is skipped when it is missing.
+#[tokio::test]
+async fn metrics_pass_promtool_check() {
+    let (_upstream, gw) = setup().await;
+    let user = gw.user("metrics@example.com", Authority::TenantAdmin).await;
+    let (_, key) = gw.api_key(&user, 0).await;
+    let client = gw.client();
+    for header in [
+        format!("ApiKey {key}"),
+        "ApiKey tb_unknown".into(),
+        "Bogus x".into(),
+    ] {
+        client
+            .get(gw.https("/api/devices"))
+            .header("X-Authorization", header)
+            .send()
+            .await
+            .unwrap();
+    }
+    let text = gw.metrics().await;
+    let Ok(mut child) = std::process::Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+    else {
+        assert!(std::env::var("CI").is_err(), "CI must have promtool");
+        println!("promtool not installed: metrics not checked");
+        return;
+    };
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let report = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success() && report.trim().is_empty(),
+        "promtool:\n{report}"
+    );
+}

@@ -13,12 +13,14 @@ use std::time::{Duration, Instant};
 use http::HeaderValue;
 use moka::Expiry;
 use moka::future::Cache;
+use moka::notification::RemovalCause;
 use uuid::Uuid;
 
 use super::api_key::KeyDigest;
 use super::jwt::AccessClaims;
 use crate::config::CacheSettings;
 use crate::identity::Principal;
+use crate::telemetry::Metrics;
 
 /// An API key's verifiable state.
 #[derive(Debug)]
@@ -83,6 +85,19 @@ impl Expiry<[u8; 32], Arc<VerifiedToken>> for TokenLifetime {
     }
 }
 
+/// Counts entries pushed out by the size bound (not expiry or invalidation).
+fn count_evictions<K, V>(
+    metrics: &Arc<Metrics>,
+    name: &'static str,
+) -> impl Fn(Arc<K>, V, RemovalCause) + Send + Sync + 'static {
+    let metrics = metrics.clone();
+    move |_key, _value, cause| {
+        if cause == RemovalCause::Size {
+            metrics.cache_eviction(name);
+        }
+    }
+}
+
 pub struct Caches {
     pub keys: Cache<KeyDigest, Lookup<KeyState>>,
     pub users: Cache<Uuid, Lookup<UserState>>,
@@ -91,12 +106,13 @@ pub struct Caches {
 }
 
 impl Caches {
-    pub fn new(settings: &CacheSettings) -> Caches {
+    pub fn new(settings: &CacheSettings, metrics: &Arc<Metrics>) -> Caches {
         let negative = settings.negative_ttl.min(settings.ttl);
         Caches {
             keys: Cache::builder()
                 .name("api_keys")
                 .max_capacity(settings.capacity)
+                .eviction_listener(count_evictions(metrics, "api_keys"))
                 .time_to_live(settings.ttl)
                 .expire_after(Lifetimes { negative })
                 .support_invalidation_closures()
@@ -104,12 +120,14 @@ impl Caches {
             users: Cache::builder()
                 .name("users")
                 .max_capacity(settings.capacity)
+                .eviction_listener(count_evictions(metrics, "users"))
                 .time_to_live(settings.ttl)
                 .expire_after(Lifetimes { negative })
                 .build(),
             sessions: Cache::builder()
                 .name("sessions")
                 .max_capacity(settings.capacity)
+                .eviction_listener(count_evictions(metrics, "sessions"))
                 .time_to_live(settings.ttl)
                 .expire_after(Lifetimes { negative })
                 .support_invalidation_closures()
@@ -117,6 +135,7 @@ impl Caches {
             tokens: Cache::builder()
                 .name("tokens")
                 .max_capacity(settings.capacity)
+                .eviction_listener(count_evictions(metrics, "tokens"))
                 .expire_after(TokenLifetime { max: settings.ttl })
                 .build(),
         }

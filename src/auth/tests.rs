@@ -36,11 +36,14 @@ impl Fixture {
         let store = Store::connect(&url, 4).await.unwrap();
         let tokens = Arc::new(token_keys(SECRET));
         let metrics = Arc::new(Metrics::new());
-        let caches = Caches::new(&CacheSettings {
-            capacity: 1000,
-            ttl: Duration::from_secs(60),
-            negative_ttl: Duration::from_secs(5),
-        });
+        let caches = Caches::new(
+            &CacheSettings {
+                capacity: 1000,
+                ttl: Duration::from_secs(60),
+                negative_ttl: Duration::from_secs(5),
+            },
+            &metrics,
+        );
         let auth = Authenticator::new(store.clone(), tokens.clone(), caches, metrics.clone());
         Fixture {
             auth,
