@@ -226,3 +226,134 @@ async fn sighup_reloads_routes_and_certificate_and_refuses_a_broken_config() {
         .status();
     let _ = child.wait();
 }
+
+/// No credential, password or token reaches the log, even at debug level.
+#[tokio::test]
+async fn secrets_never_reach_the_log_even_at_debug_level() {
+    let upstream = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().display().to_string();
+    let config = dir.path().join("keygate.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[server]\ndata_dir = \"{data}\"\n[listen]\nhttps = \"127.0.0.1:0\"\nhttp = \"127.0.0.1:0\"\nadmin = \"127.0.0.1:0\"\n\
+             [store]\nurl = \"sqlite://{data}/k.db\"\n[[route]]\nprefix = \"/api/\"\nupstreams = [\"{}\"]\n",
+            upstream.url()
+        ),
+    )
+    .unwrap();
+    let password = "Secret-Password-For-Log-Test";
+    let add = Command::new(env!("CARGO_BIN_EXE_keygate"))
+        .arg("--config")
+        .arg(&config)
+        .args([
+            "user",
+            "add",
+            "--email",
+            "logs@example.com",
+            "--authority",
+            "SYS_ADMIN",
+        ])
+        .env_remove("KEYGATE_CONFIG")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    add.stdin
+        .as_ref()
+        .unwrap()
+        .write_all(format!("{password}\n").as_bytes())
+        .unwrap();
+    assert!(add.wait_with_output().unwrap().status.success());
+    let log_path = dir.path().join("keygate.log");
+    let log = std::fs::File::create(&log_path).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_keygate"))
+        .args(["--log-format", "json", "--config"])
+        .arg(&config)
+        .arg("serve")
+        .env("KEYGATE_BOOTSTRAP_PASSWORD", "bootstrap-password")
+        .env("RUST_LOG", "debug")
+        .env_remove("KEYGATE_CONFIG")
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let http = loop {
+        let text = std::fs::read_to_string(&log_path).unwrap_or_default();
+        if let Some(line) = text.lines().find(|l| l.contains("keygate is serving")) {
+            let json: serde_json::Value = serde_json::from_str(line).unwrap();
+            let port: u16 = json["fields"]["http"]
+                .as_str()
+                .unwrap()
+                .trim_start_matches("Some(127.0.0.1:")
+                .trim_end_matches(')')
+                .parse()
+                .unwrap();
+            break port;
+        }
+        assert!(Instant::now() < deadline, "keygate did not start");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let base = format!("http://127.0.0.1:{http}");
+    let client = reqwest::Client::new();
+    let pair: serde_json::Value = client
+        .post(format!("{base}/api/auth/login"))
+        .json(&serde_json::json!({"username": "logs@example.com", "password": password}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let token = pair["token"].as_str().unwrap().to_string();
+    let refresh = pair["refreshToken"].as_str().unwrap().to_string();
+    let bad_login = client
+        .post(format!("{base}/api/auth/login"))
+        .json(
+            &serde_json::json!({"username": "logs@example.com", "password": "Wrong-Secret-Guess"}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(bad_login.status(), 401);
+    for header in [
+        format!("Bearer {token}"),
+        "ApiKey tb_Leaked-Key-Value".to_string(),
+    ] {
+        client
+            .get(format!("{base}/api/devices"))
+            .header("X-Authorization", header)
+            .send()
+            .await
+            .unwrap();
+    }
+    let _ = client
+        .post(format!("{base}/api/auth/token"))
+        .json(&serde_json::json!({"refreshToken": refresh}))
+        .send()
+        .await
+        .unwrap();
+    let _ = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+    let _ = child.wait();
+    let text = std::fs::read_to_string(&log_path).unwrap();
+    assert!(text.contains("keygate::access"), "debug logging ran");
+    for secret in [
+        password,
+        "Wrong-Secret-Guess",
+        "Leaked-Key-Value",
+        &token,
+        &refresh,
+        "bootstrap-password",
+    ] {
+        assert!(
+            !text.contains(secret),
+            "a secret reached the log: {}…",
+            &secret[..8]
+        );
+    }
+}
