@@ -2,11 +2,10 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::Upstream;
+use common::{Process, Upstream};
 
 #[tokio::test]
 async fn sigterm_lets_an_in_flight_request_finish_and_exits_zero() {
@@ -23,32 +22,8 @@ async fn sigterm_lets_an_in_flight_request_finish_and_exits_zero() {
         ),
     )
     .unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_keygate"))
-        .args(["--log-format", "json", "--config"])
-        .arg(&config)
-        .arg("serve")
-        .env("KEYGATE_BOOTSTRAP_PASSWORD", "bootstrap-password")
-        .env("RUST_LOG", "info")
-        .env_remove("KEYGATE_CONFIG")
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let serving = lines
-        .by_ref()
-        .map_while(Result::ok)
-        .find(|line| line.contains("keygate is serving"))
-        .expect("keygate started");
-    let port = |name: &str| -> u16 {
-        let json: serde_json::Value = serde_json::from_str(&serving).unwrap();
-        let text = json["fields"][name].as_str().unwrap().to_string();
-        text.trim_start_matches("Some(127.0.0.1:")
-            .trim_end_matches(')')
-            .parse()
-            .unwrap()
-    };
-    let (http, admin) = (port("http"), port("admin"));
-    std::thread::spawn(move || lines.for_each(drop));
+    let mut process = Process::spawn(&config, "info");
+    let (http, admin) = (process.http, process.admin);
 
     let slow = tokio::spawn(async move {
         let started = Instant::now();
@@ -58,11 +33,7 @@ async fn sigterm_lets_an_in_flight_request_finish_and_exits_zero() {
         (response.status().as_u16(), started.elapsed())
     });
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let status = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success());
+    process.signal("TERM");
     tokio::time::sleep(Duration::from_millis(200)).await;
     let ready = reqwest::get(format!("http://127.0.0.1:{admin}/readyz"))
         .await
@@ -80,7 +51,7 @@ async fn sigterm_lets_an_in_flight_request_finish_and_exits_zero() {
     assert!(took >= Duration::from_secs(2));
     let deadline = Instant::now() + Duration::from_secs(15);
     let exit = loop {
-        if let Some(exit) = child.try_wait().unwrap() {
+        if let Some(exit) = process.child.try_wait().unwrap() {
             break exit;
         }
         assert!(
@@ -123,39 +94,9 @@ async fn sighup_reloads_routes_and_certificate_and_refuses_a_broken_config() {
     let first_ca = certificate_into(&dir.path().join("first"), &data);
     let config = dir.path().join("keygate.toml");
     write_config(&config, &data, &upstream.url(), "");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_keygate"))
-        .args(["--log-format", "json", "--config"])
-        .arg(&config)
-        .arg("serve")
-        .env("KEYGATE_BOOTSTRAP_PASSWORD", "bootstrap-password")
-        .env("RUST_LOG", "info")
-        .env_remove("KEYGATE_CONFIG")
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let serving = lines
-        .by_ref()
-        .map_while(Result::ok)
-        .find(|line| line.contains("keygate is serving"))
-        .expect("keygate started");
-    std::thread::spawn(move || lines.for_each(drop));
-    let json: serde_json::Value = serde_json::from_str(&serving).unwrap();
-    let port = |name: &str| -> u16 {
-        let text = json["fields"][name].as_str().unwrap();
-        text.trim_start_matches("Some(127.0.0.1:")
-            .trim_end_matches(')')
-            .parse()
-            .unwrap()
-    };
-    let (https, http, admin) = (port("https"), port("http"), port("admin"));
-    let hup = || {
-        let status = Command::new("kill")
-            .args(["-HUP", &child.id().to_string()])
-            .status()
-            .unwrap();
-        assert!(status.success());
-    };
+    let mut process = Process::spawn(&config, "info");
+    let (https, http, admin) = (process.https, process.http, process.admin);
+    let hup = || process.signal("HUP");
     let status_of = |path: &'static str| async move {
         reqwest::get(format!("http://127.0.0.1:{http}{path}"))
             .await
@@ -221,10 +162,8 @@ async fn sighup_reloads_routes_and_certificate_and_refuses_a_broken_config() {
         "{metrics}"
     );
 
-    let _ = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status();
-    let _ = child.wait();
+    process.signal("TERM");
+    let _ = process.child.wait();
 }
 
 /// No credential, password or token reaches the log, even at debug level.
@@ -268,35 +207,8 @@ async fn secrets_never_reach_the_log_even_at_debug_level() {
         .write_all(format!("{password}\n").as_bytes())
         .unwrap();
     assert!(add.wait_with_output().unwrap().status.success());
-    let log_path = dir.path().join("keygate.log");
-    let log = std::fs::File::create(&log_path).unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_keygate"))
-        .args(["--log-format", "json", "--config"])
-        .arg(&config)
-        .arg("serve")
-        .env("KEYGATE_BOOTSTRAP_PASSWORD", "bootstrap-password")
-        .env("RUST_LOG", "debug")
-        .env_remove("KEYGATE_CONFIG")
-        .stderr(log)
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let http = loop {
-        let text = std::fs::read_to_string(&log_path).unwrap_or_default();
-        if let Some(line) = text.lines().find(|l| l.contains("keygate is serving")) {
-            let json: serde_json::Value = serde_json::from_str(line).unwrap();
-            let port: u16 = json["fields"]["http"]
-                .as_str()
-                .unwrap()
-                .trim_start_matches("Some(127.0.0.1:")
-                .trim_end_matches(')')
-                .parse()
-                .unwrap();
-            break port;
-        }
-        assert!(Instant::now() < deadline, "keygate did not start");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let mut process = Process::spawn(&config, "debug");
+    let http = process.http;
     let base = format!("http://127.0.0.1:{http}");
     let client = reqwest::Client::new();
     let pair: serde_json::Value = client
@@ -336,11 +248,9 @@ async fn secrets_never_reach_the_log_even_at_debug_level() {
         .send()
         .await
         .unwrap();
-    let _ = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status();
-    let _ = child.wait();
-    let text = std::fs::read_to_string(&log_path).unwrap();
+    process.signal("TERM");
+    let _ = process.child.wait();
+    let text = std::fs::read_to_string(&process.log).unwrap();
     assert!(text.contains("keygate::access"), "debug logging ran");
     for secret in [
         password,

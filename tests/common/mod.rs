@@ -285,6 +285,72 @@ request_timeout = "300ms"
     }
 }
 
+/// The real `keygate serve` binary, its stderr (JSON log) going to a file.
+pub struct Process {
+    pub child: std::process::Child,
+    pub https: u16,
+    pub http: u16,
+    pub admin: u16,
+    pub log: std::path::PathBuf,
+}
+
+impl Process {
+    /// Starts `keygate serve` with `config` (listeners on port 0) and waits
+    /// until it logs its bound ports.
+    pub fn spawn(config: &std::path::Path, rust_log: &str) -> Process {
+        let log = config.with_extension("log");
+        let file = std::fs::File::create(&log).unwrap();
+        let child = std::process::Command::new(env!("CARGO_BIN_EXE_keygate"))
+            .args(["--log-format", "json", "--config"])
+            .arg(config)
+            .arg("serve")
+            .env("KEYGATE_BOOTSTRAP_PASSWORD", "bootstrap-password")
+            .env("RUST_LOG", rust_log)
+            .env_remove("KEYGATE_CONFIG")
+            .stderr(file)
+            .spawn()
+            .unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        let line = loop {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            if let Some(line) = text.lines().find(|l| l.contains("keygate is serving")) {
+                break line.to_string();
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "keygate did not start:\n{text}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let json: serde_json::Value = serde_json::from_str(&line).unwrap();
+        let port = |name: &str| -> u16 {
+            let text = json["fields"][name].as_str().unwrap_or("");
+            text.trim_start_matches("Some(")
+                .trim_end_matches(')')
+                .rsplit(':')
+                .next()
+                .and_then(|p| p.parse().ok())
+                .unwrap_or(0)
+        };
+        Process {
+            https: port("https"),
+            http: port("http"),
+            admin: port("admin"),
+            child,
+            log,
+        }
+    }
+
+    /// Sends a signal (`TERM`, `HUP`, ...).
+    pub fn signal(&self, name: &str) {
+        let status = std::process::Command::new("kill")
+            .args([format!("-{name}"), self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+}
+
 /// Overlays `extra` on `base`: its tables merge key by key, its `[[route]]`s
 /// are appended.
 fn merge_toml(base: &str, extra: &str) -> String {
