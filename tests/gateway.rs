@@ -672,3 +672,38 @@ async fn metrics_pass_promtool_check() {
         "promtool:\n{report}"
     );
 }
+
+#[tokio::test]
+async fn an_upstream_with_a_broken_openapi_document_never_breaks_the_page() {
+    let upstream = Upstream::start().await;
+    // The recording upstream answers JSON that is not an OpenAPI document.
+    let extra = format!(
+        "[[route]]\nprefix = \"/broken/\"\nupstreams = [\"{}\"]\nopenapi = \"/v3/api-docs\"\n",
+        upstream.url()
+    );
+    let gw = Gateway::start(&upstream.url(), &extra).await;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while !upstream
+        .requests()
+        .iter()
+        .any(|r| r.path_and_query == "/v3/api-docs")
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the document was not fetched"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let response = gw
+        .client()
+        .get(gw.https("/v3/api-docs"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let doc: serde_json::Value = response.json().await.unwrap();
+    assert!(
+        doc["paths"]["/api/auth/user"]["get"].is_object(),
+        "keygate's own paths stay"
+    );
+}
