@@ -159,7 +159,8 @@ impl App {
         let method = req.method().clone();
         let trusted = self.trusted(&transport);
         let request_id = headers::request_id(req.headers(), trusted);
-        let log_path = req.uri().path().to_owned();
+        // A Uri clone shares its bytes: no copy of the path per request.
+        let log_uri = req.uri().clone();
         let trace_id = trace_id(req.headers()).map(str::to_owned);
         let mut outcome = Outcome::default();
         let routes = self.routes.load_full();
@@ -190,7 +191,7 @@ impl App {
                 target: "keygate::access",
                 request_id = request_id.to_str().unwrap_or(""),
                 method = %method,
-                path = %log_path,
+                path = %log_uri.path(),
                 route,
                 status = response.status().as_u16(),
                 duration_ms = elapsed.as_secs_f64() * 1000.0,
@@ -218,9 +219,11 @@ impl App {
         if header_block_size(&req) > self.settings.limits.max_header_bytes {
             return Err(ApiError::headers_too_large());
         }
-        let normalized = path::normalize(req.uri().path())
-            .map_err(|e| ApiError::bad_request(format!("Invalid request path: {e}")))?
-            .into_owned();
+        // Normalise from a shared copy of the Uri, so the (usually borrowed)
+        // path outlives moving the request on.
+        let uri = req.uri().clone();
+        let normalized = path::normalize(uri.path())
+            .map_err(|e| ApiError::bad_request(format!("Invalid request path: {e}")))?;
         if let Some(browser) = self.browser.as_ref().filter(|_| Browser::owns(&normalized)) {
             outcome.route = Some("api_browser");
             if !matches!(*req.method(), http::Method::GET | http::Method::HEAD) {
