@@ -77,6 +77,26 @@ pub async fn create_user(
     .await
 }
 
+/// Sets a user's password (an administrator's reset): like a password change,
+/// every earlier session and token of the user ends, on every replica.
+pub async fn set_password(
+    store: &Store,
+    user_id: Uuid,
+    password: String,
+    policy: &PasswordPolicy,
+) -> Result<(), AccountError> {
+    policy.check(&password).map_err(AccountError::Invalid)?;
+    let hash = password::hash(password).await?;
+    if store
+        .update_password(user_id, &hash, Some(crate::clock::now_secs()))
+        .await?
+    {
+        Ok(())
+    } else {
+        Err(AccountError::Invalid(format!("no user with id {user_id}")))
+    }
+}
+
 /// Creates a user without a password: they set one through an activation
 /// link, and no password logs them in before that.
 pub async fn create_pending_user(
@@ -96,21 +116,27 @@ pub async fn create_pending_user(
     .await
 }
 
+/// A tenant or customer id that must name a real one: absent or the "no
+/// tenant / no customer" id is refused (a TENANT_ADMIN without a tenant would
+/// share the SYS_ADMINs' scope).
+fn required_id(id: Option<Uuid>, what: &str, authority: Authority) -> Result<Uuid, AccountError> {
+    match id {
+        Some(id) if id != NULL_UUID => Ok(id),
+        _ => Err(AccountError::Invalid(format!(
+            "a {authority} needs a {what} id other than the \"no {what}\" id {NULL_UUID}"
+        ))),
+    }
+}
+
 fn new_record(new: NewUser, password_hash: String) -> Result<UserRecord, AccountError> {
     let email = check_email(&new.email)?;
-    let (tenant_id, customer_id) = match new.authority {
+    let authority = new.authority;
+    let (tenant_id, customer_id) = match authority {
         Authority::SysAdmin => (NULL_UUID, NULL_UUID),
-        Authority::TenantAdmin => (
-            new.tenant_id
-                .ok_or_else(|| AccountError::Invalid("a TENANT_ADMIN needs a tenant id".into()))?,
-            NULL_UUID,
-        ),
+        Authority::TenantAdmin => (required_id(new.tenant_id, "tenant", authority)?, NULL_UUID),
         Authority::CustomerUser => (
-            new.tenant_id
-                .ok_or_else(|| AccountError::Invalid("a CUSTOMER_USER needs a tenant id".into()))?,
-            new.customer_id.ok_or_else(|| {
-                AccountError::Invalid("a CUSTOMER_USER needs a customer id".into())
-            })?,
+            required_id(new.tenant_id, "tenant", authority)?,
+            required_id(new.customer_id, "customer", authority)?,
         ),
     };
     Ok(UserRecord {
@@ -235,5 +261,33 @@ mod tests {
         for bad in ["", "no-at", "@example.com", "a b@example.com", "a@nodot"] {
             assert!(check_email(bad).is_err(), "{bad}");
         }
+    }
+
+    fn tenant_admin(tenant_id: Option<Uuid>) -> NewUser {
+        NewUser {
+            email: "ta@example.com".into(),
+            authority: Authority::TenantAdmin,
+            tenant_id,
+            customer_id: None,
+            first_name: String::new(),
+            last_name: String::new(),
+        }
+    }
+
+    #[test]
+    fn tenant_admin_with_the_no_tenant_id_is_refused() {
+        for tenant in [None, Some(NULL_UUID)] {
+            let error = new_record(tenant_admin(tenant), String::new()).unwrap_err();
+            assert!(error.to_string().contains("tenant id"), "{error}");
+        }
+        let customer = NewUser {
+            authority: Authority::CustomerUser,
+            tenant_id: Some(Uuid::from_u128(7)),
+            customer_id: Some(NULL_UUID),
+            ..tenant_admin(None)
+        };
+        assert!(new_record(customer, String::new()).is_err());
+        let ok = new_record(tenant_admin(Some(Uuid::from_u128(7))), String::new()).unwrap();
+        assert_eq!(ok.tenant_id, Uuid::from_u128(7));
     }
 }

@@ -39,6 +39,7 @@ pub struct FileConfig {
 pub struct ServerSection {
     pub data_dir: String,
     pub shutdown_grace: String,
+    pub public_base_url: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -48,6 +49,7 @@ pub struct ListenSection {
     pub http: String,
     pub admin: String,
     pub max_connections: i64,
+    pub allow_plaintext_credentials: bool,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -112,6 +114,7 @@ pub struct LimitsSection {
 #[serde(default, deny_unknown_fields)]
 pub struct LoginSection {
     pub account_max_failures: i64,
+    pub account_address_max_failures: i64,
     pub account_window: String,
     pub address_max_failures: i64,
     pub address_window: String,
@@ -197,6 +200,7 @@ impl Default for ServerSection {
         ServerSection {
             data_dir: "data".into(),
             shutdown_grace: "30s".into(),
+            public_base_url: String::new(),
         }
     }
 }
@@ -207,6 +211,7 @@ impl Default for ListenSection {
             http: "127.0.0.1:8080".into(),
             admin: "127.0.0.1:9090".into(),
             max_connections: 10_000,
+            allow_plaintext_credentials: false,
         }
     }
 }
@@ -270,7 +275,8 @@ impl Default for LimitsSection {
 impl Default for LoginSection {
     fn default() -> Self {
         LoginSection {
-            account_max_failures: 10,
+            account_max_failures: 100,
+            account_address_max_failures: 10,
             account_window: "15m".into(),
             address_max_failures: 100,
             address_window: "15m".into(),
@@ -316,6 +322,8 @@ impl std::error::Error for ConfigErrors {}
 pub struct Settings {
     pub data_dir: PathBuf,
     pub shutdown_grace: Duration,
+    /// `scheme://host[:port]` clients use to reach keygate, for links it builds.
+    pub public_base_url: Option<String>,
     pub listen: Listen,
     /// Certificate and key files; `None` means a generated development certificate.
     pub tls_files: Option<(PathBuf, PathBuf)>,
@@ -393,6 +401,9 @@ pub struct Listen {
     pub http: Option<SocketAddr>,
     pub admin: Option<SocketAddr>,
     pub max_connections: usize,
+    /// Accept passwords and Bearer tokens over plain HTTP from any peer, not
+    /// only from loopback and trusted proxies that report https.
+    pub allow_plaintext_credentials: bool,
 }
 
 #[derive(Clone)]
@@ -734,6 +745,10 @@ fn validate(file: &FileConfig, errors: &mut Vec<String>) -> Settings {
         "login.account_max_failures",
         file.login.account_max_failures,
     );
+    let account_address_max_failures = positive(
+        "login.account_address_max_failures",
+        file.login.account_address_max_failures,
+    );
     let address_max_failures = positive(
         "login.address_max_failures",
         file.login.address_max_failures,
@@ -760,6 +775,7 @@ fn validate(file: &FileConfig, errors: &mut Vec<String>) -> Settings {
         http: optional_addr("listen.http", &file.listen.http, errors),
         admin: optional_addr("listen.admin", &file.listen.admin, errors),
         max_connections,
+        allow_plaintext_credentials: file.listen.allow_plaintext_credentials,
     };
     if file.listen.https.trim().is_empty() && file.listen.http.trim().is_empty() {
         errors.push("listen: at least one of https and http must be set".into());
@@ -829,10 +845,12 @@ fn validate(file: &FileConfig, errors: &mut Vec<String>) -> Settings {
     };
 
     let routes = validate_routes(&file.routes, request_timeout, errors);
+    let public_base_url = public_base_url(&file.server.public_base_url, errors);
 
     Settings {
         data_dir: PathBuf::from(&file.server.data_dir),
         shutdown_grace,
+        public_base_url,
         listen,
         tls_files,
         store_url,
@@ -858,6 +876,8 @@ fn validate(file: &FileConfig, errors: &mut Vec<String>) -> Settings {
         login: LoginSettings {
             limiter: crate::auth::limiter::LimiterSettings {
                 account_max_failures: account_max_failures.min(u64::from(u32::MAX)) as u32,
+                account_address_max_failures: account_address_max_failures.min(u64::from(u32::MAX))
+                    as u32,
                 account_window,
                 address_max_failures: address_max_failures.min(u64::from(u32::MAX)) as u32,
                 address_window,
@@ -1014,6 +1034,27 @@ fn validate_routes(
         });
     }
     specs
+}
+
+/// `server.public_base_url`: empty, or an absolute http(s) URL without path,
+/// query or fragment; kept without a trailing slash.
+fn public_base_url(text: &str, errors: &mut Vec<String>) -> Option<String> {
+    let text = text.trim().trim_end_matches('/');
+    if text.is_empty() {
+        return None;
+    }
+    let valid = text.parse::<http::Uri>().ok().is_some_and(|uri| {
+        matches!(uri.scheme_str(), Some("http" | "https"))
+            && uri.authority().is_some()
+            && uri.path_and_query().is_none_or(|pq| pq.as_str() == "/")
+    });
+    if !valid {
+        errors.push(format!(
+            "server.public_base_url: must be http(s)://host[:port] without a path, got {text:?}"
+        ));
+        return None;
+    }
+    Some(text.to_string())
 }
 
 fn optional_addr(name: &str, text: &str, errors: &mut Vec<String>) -> Option<SocketAddr> {

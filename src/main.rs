@@ -82,6 +82,9 @@ enum UserCommand {
     Enable { email: String },
     /// Delete a user with their keys and sessions.
     Delete { email: String },
+    /// Set a user's password (read from the first line of standard input); every
+    /// earlier session and token of the user stops working.
+    SetPassword { email: String },
 }
 
 #[derive(Subcommand)]
@@ -294,12 +297,7 @@ async fn user(cmd: UserCommand, settings: &Settings) -> anyhow::Result<()> {
             first_name,
             last_name,
         } => {
-            let mut line = String::new();
-            std::io::stdin()
-                .lock()
-                .read_line(&mut line)
-                .context("reading the password from stdin")?;
-            let password = line.trim_end_matches(['\r', '\n']).to_string();
+            let password = read_password()?;
             let new = NewUser {
                 email,
                 authority,
@@ -347,8 +345,25 @@ async fn user(cmd: UserCommand, settings: &Settings) -> anyhow::Result<()> {
             audit("user.delete", "USER", u.id);
             println!("deleted user {email}");
         }
+        UserCommand::SetPassword { email } => {
+            let u = find_user(&store, &email).await?;
+            let password = read_password()?;
+            accounts::set_password(&store, u.id, password, &settings.password_policy).await?;
+            audit("user.set_password", "USER", u.id);
+            println!("set the password of {email}; their earlier sessions and tokens ended");
+        }
     }
     Ok(())
+}
+
+/// The first line of standard input, without its line ending.
+fn read_password() -> anyhow::Result<String> {
+    let mut line = String::new();
+    std::io::stdin()
+        .lock()
+        .read_line(&mut line)
+        .context("reading the password from stdin")?;
+    Ok(line.trim_end_matches(['\r', '\n']).to_string())
 }
 
 async fn apikey(cmd: ApiKeyCommand, settings: &Settings) -> anyhow::Result<()> {

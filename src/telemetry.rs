@@ -23,6 +23,7 @@ pub struct Metrics {
     open_connections: IntGaugeVec,
     logins: IntCounterVec,
     rate_limited: IntCounterVec,
+    password_hashes: IntCounterVec,
     refresh_reuse: prometheus::IntCounter,
     revocations: prometheus::IntCounter,
     keys_disabled_on_plaintext: prometheus::IntCounter,
@@ -119,6 +120,11 @@ impl Metrics {
             "Requests refused by a rate limit, by limiter (account, address).",
             &["limiter"],
         );
+        let password_hashes = counter(
+            "keygate_password_hashes_total",
+            "Argon2id / bcrypt computations, by allowance (login, other).",
+            &["purpose"],
+        );
         let refresh_reuse = prometheus::IntCounter::new(
             "keygate_refresh_token_reuse_total",
             "Retired refresh tokens presented again; each ended its session.",
@@ -191,6 +197,7 @@ impl Metrics {
             open_connections,
             logins,
             rate_limited,
+            password_hashes,
             refresh_reuse,
             revocations,
             keys_disabled_on_plaintext,
@@ -234,6 +241,10 @@ impl Metrics {
 
     pub fn login(&self, outcome: &str) {
         self.logins.with_label_values(&[outcome]).inc();
+    }
+
+    pub fn password_hash(&self, purpose: &str) {
+        self.password_hashes.with_label_values(&[purpose]).inc();
     }
 
     pub fn rate_limited(&self, limiter: &str) {
@@ -307,6 +318,31 @@ impl Default for Metrics {
     }
 }
 
+/// A keyed digest for logging what must not be logged as typed (the name of a
+/// failed login, where people sometimes type their password). The key is
+/// derived from the deployment's signing key, so every replica writes the same
+/// digest for the same text and lines can be correlated, while the text cannot
+/// be recovered or guessed offline from the log.
+pub struct LogDigest(aws_lc_rs::hmac::Key);
+
+impl LogDigest {
+    pub fn new(secret: &[u8]) -> LogDigest {
+        use aws_lc_rs::hmac;
+        let root = hmac::Key::new(hmac::HMAC_SHA256, secret);
+        let derived = hmac::sign(&root, b"keygate log digest v1");
+        LogDigest(hmac::Key::new(hmac::HMAC_SHA256, derived.as_ref()))
+    }
+
+    /// 12 hex characters of HMAC-SHA256 over the trimmed, lower-cased text.
+    pub fn of(&self, text: &str) -> String {
+        let tag = aws_lc_rs::hmac::sign(&self.0, text.trim().to_lowercase().as_bytes());
+        tag.as_ref()[..6]
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect()
+    }
+}
+
 pub fn method_class(method: &http::Method) -> &'static str {
     match *method {
         http::Method::GET => "GET",
@@ -333,6 +369,18 @@ pub fn status_class(status: http::StatusCode) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn log_digests_hide_the_text_but_match_across_replicas() {
+        let a = LogDigest::new(b"shared signing key");
+        let b = LogDigest::new(b"shared signing key");
+        let other = LogDigest::new(b"another deployment");
+        let digest = a.of("Hunter2-typed-as-name");
+        assert_eq!(digest.len(), 12);
+        assert!(!digest.contains("unter"));
+        assert_eq!(digest, b.of(" hunter2-typed-as-name "));
+        assert_ne!(digest, other.of("hunter2-typed-as-name"));
+    }
 
     #[test]
     fn metrics_render_in_text_format_with_bounded_labels() {

@@ -193,3 +193,85 @@ async fn first_start_creates_the_bootstrap_admin_once() {
         None
     );
 }
+
+#[tokio::test]
+async fn cli_refuses_a_tenant_admin_with_the_no_tenant_id() {
+    let upstream = Upstream::start().await;
+    let gw = Gateway::start(&upstream.url(), "").await;
+    let config = gw.dir.path().join("keygate.toml");
+    let out = keygate(
+        &config,
+        &[
+            "user",
+            "add",
+            "--email",
+            "sneaky@example.com",
+            "--authority",
+            "TENANT_ADMIN",
+            "--tenant-id",
+            "13814000-1dd2-11b2-8080-808080808080",
+        ],
+        "a-long-password\n",
+    );
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("tenant id other than"),
+        "{}",
+        text(&out.stderr)
+    );
+    let stored = gw
+        .running
+        .store
+        .user_by_email("sneaky@example.com")
+        .await
+        .unwrap();
+    assert!(stored.is_none(), "nothing half-created");
+}
+
+#[tokio::test]
+async fn admin_password_reset_from_the_cli_ends_every_earlier_session() {
+    let upstream = Upstream::start().await;
+    let gw = Gateway::start(&upstream.url(), "[cache]\nttl = \"1s\"\n").await;
+    let config = gw.dir.path().join("keygate.toml");
+    let user = gw
+        .user(
+            "reset@example.com",
+            keygate::identity::Authority::TenantAdmin,
+        )
+        .await;
+    let (_, token) = gw.access_token(&user).await;
+    let call = || {
+        gw.client()
+            .get(gw.https("/api/devices"))
+            .header("X-Authorization", format!("Bearer {token}"))
+            .send()
+    };
+    assert_eq!(call().await.unwrap().status(), 200);
+    // Tokens issued in the same second as the reset would still count as new.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let out = keygate(
+        &config,
+        &["user", "set-password", "reset@example.com"],
+        "reset-by-admin-password\n",
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    // The CLI is another process: the server's caches see it within their TTL,
+    // the store at once (the session ended).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let status = call().await.unwrap().status();
+        if status == 401 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the old token still works");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let login = gw
+        .client()
+        .post(gw.https("/api/auth/login"))
+        .json(&serde_json::json!({"username": "reset@example.com", "password": "reset-by-admin-password"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(login.status(), 200);
+}

@@ -231,6 +231,14 @@ async fn secrets_never_reach_the_log_even_at_debug_level() {
         .await
         .unwrap();
     assert_eq!(bad_login.status(), 401);
+    // People type their password into the name field: it is never logged as typed.
+    let typed_as_name = client
+        .post(format!("{base}/api/auth/login"))
+        .json(&serde_json::json!({"username": "Password-Typed-As-Username", "password": "x"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(typed_as_name.status(), 401);
     for header in [
         format!("Bearer {token}"),
         "ApiKey tb_Leaked-Key-Value".to_string(),
@@ -255,6 +263,8 @@ async fn secrets_never_reach_the_log_even_at_debug_level() {
     for secret in [
         password,
         "Wrong-Secret-Guess",
+        "Password-Typed-As-Username",
+        "password-typed-as-username",
         "Leaked-Key-Value",
         &token,
         &refresh,

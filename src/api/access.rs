@@ -10,11 +10,14 @@ use crate::store::{Page, PageRequest, UserRecord};
 /// Largest page a listing returns.
 pub const MAX_PAGE_SIZE: i64 = 1000;
 
-/// May `actor` see `target` at all? Not visible answers 404, as if absent.
+/// May `actor` see `target` at all? Not visible answers 404, as if absent, so
+/// an answer never tells that a user the caller may not see exists. A
+/// CUSTOMER_USER sees only itself.
 pub fn visible(actor: &Principal, target: &UserRecord) -> bool {
     match actor.authority {
         Authority::SysAdmin => true,
-        Authority::TenantAdmin | Authority::CustomerUser => target.tenant_id == actor.tenant_id,
+        Authority::TenantAdmin => target.tenant_id == actor.tenant_id,
+        Authority::CustomerUser => target.id == actor.user_id,
     }
 }
 
@@ -198,13 +201,14 @@ mod tests {
         }
         // same tenant
         assert!(check_manage(&principal(&admin_a), Some(&customer_a)).is_ok());
+        // A CUSTOMER_USER sees only itself: others of its tenant are "not found".
         assert_eq!(
             check_manage(&principal(&customer_a), Some(&other_customer_a)),
-            Err(ApiError::permission_denied())
+            Err(ApiError::not_found())
         );
         assert_eq!(
             check_manage(&principal(&customer_a), Some(&admin_a)),
-            Err(ApiError::permission_denied())
+            Err(ApiError::not_found())
         );
         // other tenant
         assert_eq!(

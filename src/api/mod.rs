@@ -226,7 +226,12 @@ pub struct OwnedRequest {
     pub query: Option<String>,
     pub body: Bytes,
     pub client_ip: IpAddr,
-    /// `scheme://host` as the client reached keygate, for links.
+    /// May the request carry a password or token: it came over HTTPS (here or
+    /// at a trusted proxy), from loopback, or plain HTTP credentials are allowed.
+    pub may_send_secrets: bool,
+    /// `scheme://host` clients use to reach keygate, for links: the configured
+    /// public base URL, a trusted proxy's forwarded host, or the listener's
+    /// address; never a client's own Host header.
     pub base_url: String,
 }
 
@@ -291,9 +296,28 @@ pub struct Api {
     pub metrics: Arc<Metrics>,
     pub settings: Arc<Settings>,
     /// Bounds concurrent password hashing, so a login storm leaves cores for proxying.
-    pub hashing: tokio::sync::Semaphore,
+    pub hashing: Hashing,
     /// Verified against when the user is unknown, so both cost the same.
     pub dummy_hash: String,
+    /// Digests typed account names for the security log.
+    pub log_digest: crate::telemetry::LogDigest,
+}
+
+/// Password-hashing allowances: logins have their own, and everything else
+/// (password changes, activations, re-hashes) another of the same size, so no
+/// other endpoint can ever take the hashing capacity logins need.
+pub struct Hashing {
+    pub login: tokio::sync::Semaphore,
+    pub other: tokio::sync::Semaphore,
+}
+
+impl Hashing {
+    pub fn new(per_purpose: usize) -> Hashing {
+        Hashing {
+            login: tokio::sync::Semaphore::new(per_purpose),
+            other: tokio::sync::Semaphore::new(per_purpose),
+        }
+    }
 }
 
 impl Api {

@@ -6,6 +6,7 @@ use uuid::Uuid;
 
 use super::{Api, OwnedRequest, empty_response, json_response, records, store_error};
 use crate::auth::jwt::TokenError;
+use crate::auth::limiter::{Attempt, Limited};
 use crate::auth::password;
 use crate::body::Body;
 use crate::error::ApiError;
@@ -32,19 +33,37 @@ struct ChangePasswordRequest {
     new_password: String,
 }
 
+/// Which allowance a password hash is computed on: logins have their own, so
+/// password changes and activations can never starve them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum HashFor {
+    Login,
+    Other,
+}
+
 impl Api {
-    /// Verifies a password on the blocking pool, at most `hashing` at a time.
+    async fn hashing_permit(
+        &self,
+        purpose: HashFor,
+    ) -> Result<tokio::sync::SemaphorePermit<'_>, ApiError> {
+        let (pool, label) = match purpose {
+            HashFor::Login => (&self.hashing.login, "login"),
+            HashFor::Other => (&self.hashing.other, "other"),
+        };
+        let permit = pool.acquire().await.map_err(|_| ApiError::unavailable())?;
+        self.metrics.password_hash(label);
+        Ok(permit)
+    }
+
+    /// Verifies a password on the blocking pool, within `purpose`'s allowance.
     /// `None` (unknown user) verifies against a dummy hash so both cost the same.
     pub(super) async fn verify_password(
         &self,
+        purpose: HashFor,
         password: &str,
         stored: Option<&str>,
     ) -> Result<bool, ApiError> {
-        let _permit = self
-            .hashing
-            .acquire()
-            .await
-            .map_err(|_| ApiError::unavailable())?;
+        let _permit = self.hashing_permit(purpose).await?;
         // A user who has not activated yet has no hash: same cost as unknown.
         let stored = stored.filter(|h| !h.is_empty());
         let hash = stored.unwrap_or(&self.dummy_hash).to_string();
@@ -54,12 +73,12 @@ impl Api {
         Ok(ok && stored.is_some())
     }
 
-    pub(super) async fn hash_password(&self, password: &str) -> Result<String, ApiError> {
-        let _permit = self
-            .hashing
-            .acquire()
-            .await
-            .map_err(|_| ApiError::unavailable())?;
+    pub(super) async fn hash_password(
+        &self,
+        purpose: HashFor,
+        password: &str,
+    ) -> Result<String, ApiError> {
+        let _permit = self.hashing_permit(purpose).await?;
         password::hash(password.to_string())
             .await
             .map_err(|_| ApiError::internal())
@@ -106,6 +125,41 @@ impl Api {
         caches.invalidate_user(user_id).await;
         caches.invalidate_sessions_of(user_id);
     }
+
+    /// Takes a password-attempt slot for `account` from the client, or answers
+    /// 429 (logged without the account name: people type passwords there).
+    pub(super) async fn password_attempt(
+        &self,
+        account: &str,
+        req: &OwnedRequest,
+    ) -> Result<Attempt, ApiError> {
+        self.limiter
+            .acquire(account, req.client_ip)
+            .await
+            .map_err(|limited| self.rate_limited(limited, Some(account), req))
+    }
+
+    pub(super) fn rate_limited(
+        &self,
+        limited: Limited,
+        account: Option<&str>,
+        req: &OwnedRequest,
+    ) -> ApiError {
+        self.metrics.rate_limited(limited.by);
+        let account = account.map(|a| self.log_digest.of(a)).unwrap_or_default();
+        tracing::warn!(target: "keygate::security", account, client = %req.client_ip, by = limited.by, "password attempt rate limited");
+        ApiError::too_many_requests(limited.retry_after.as_secs())
+    }
+
+    /// Refuses a password or token sent in clear (see [`OwnedRequest::may_send_secrets`]).
+    pub(super) fn require_confidential(&self, req: &OwnedRequest) -> Result<(), ApiError> {
+        if req.may_send_secrets {
+            return Ok(());
+        }
+        self.metrics.auth("password", "plaintext_refused");
+        tracing::warn!(target: "keygate::security", client = %req.client_ip, "refused a password or token sent over plain HTTP");
+        Err(ApiError::credentials_over_plain_http())
+    }
 }
 
 #[utoipa::path(
@@ -123,16 +177,16 @@ impl Api {
     )
 )]
 pub async fn login(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>, ApiError> {
+    api.require_confidential(&req)?;
     let body: LoginRequest = req
         .json()
         .inspect_err(|_| api.metrics.login("bad_request"))?;
     let username = body.username.trim();
-    if let Err(limited) = api.limiter.check(username, req.client_ip).await {
-        api.metrics.login("rate_limited");
-        api.metrics.rate_limited(limited.by);
-        tracing::warn!(target: "keygate::security", username, client = %req.client_ip, by = limited.by, "login rate limited");
-        return Err(ApiError::too_many_requests(limited.retry_after.as_secs()));
-    }
+    // The slot is taken before the hash: parallel guesses cannot overrun the limit.
+    let attempt = api
+        .password_attempt(username, &req)
+        .await
+        .inspect_err(|_| api.metrics.login("rate_limited"))?;
     let user = api
         .store
         .user_by_email(username)
@@ -140,6 +194,7 @@ pub async fn login(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>,
         .map_err(store_error)?;
     let verified = api
         .verify_password(
+            HashFor::Login,
             &body.password,
             user.as_ref().map(|u| u.password_hash.as_str()),
         )
@@ -148,6 +203,7 @@ pub async fn login(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>,
         Some(user) if verified => user,
         other => return Err(failed_login(api, username, other.as_ref(), &req).await),
     };
+    api.limiter.succeeded(attempt).await;
     if api.store.is_locked(user.id).await.map_err(store_error)? {
         api.metrics.login("locked");
         return Err(ApiError::locked());
@@ -156,13 +212,12 @@ pub async fn login(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>,
         api.metrics.login("disabled");
         return Err(ApiError::not_active());
     }
-    api.limiter.record_success(username).await;
     api.store
         .clear_login_failures(user.id)
         .await
         .map_err(store_error)?;
     if password::needs_rehash(&user.password_hash) {
-        let rehashed = api.hash_password(&body.password).await?;
+        let rehashed = api.hash_password(HashFor::Other, &body.password).await?;
         api.store
             .update_password(user.id, &rehashed, None)
             .await
@@ -175,16 +230,24 @@ pub async fn login(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>,
     Ok(json_response(&pair))
 }
 
-/// Counts a failed login and applies the optional lockout.
+/// Counts a failed login (its limiter slot stays taken) and applies the
+/// optional lockout. The typed name is logged as a keyed digest, never as
+/// typed: people type passwords there.
 async fn failed_login(
     api: &Api,
     username: &str,
     user: Option<&UserRecord>,
     req: &OwnedRequest,
 ) -> ApiError {
-    api.limiter.record_failure(username, req.client_ip).await;
     api.metrics.login("bad_credentials");
-    tracing::info!(target: "keygate::security", username, client = %req.client_ip, "login failed");
+    match user {
+        Some(user) => {
+            tracing::info!(target: "keygate::security", user_id = %user.id, client = %req.client_ip, "login failed")
+        }
+        None => {
+            tracing::info!(target: "keygate::security", account = api.log_digest.of(username), client = %req.client_ip, "login failed: unknown account")
+        }
+    }
     let lockout_after = api.settings.login.lockout_after;
     if lockout_after == 0 {
         return ApiError::invalid_credentials();
@@ -225,6 +288,7 @@ async fn failed_login(
     )
 )]
 pub async fn refresh(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>, ApiError> {
+    api.require_confidential(&req)?;
     let body: RefreshRequest = req.json()?;
     let claims = api
         .auth
@@ -353,6 +417,7 @@ pub async fn change_password(
     req: OwnedRequest,
 ) -> Result<http::Response<Body>, ApiError> {
     let identity = req.identity()?;
+    api.require_confidential(&req)?;
     let body: ChangePasswordRequest = req.json()?;
     let user = api
         .store
@@ -360,12 +425,20 @@ pub async fn change_password(
         .await
         .map_err(store_error)?
         .ok_or_else(ApiError::not_active)?;
+    // Limited like login: an API key must not buy unlimited password guesses.
+    let attempt = api.password_attempt(&user.email, &req).await?;
     if !api
-        .verify_password(&body.current_password, Some(&user.password_hash))
+        .verify_password(
+            HashFor::Other,
+            &body.current_password,
+            Some(&user.password_hash),
+        )
         .await?
     {
+        tracing::info!(target: "keygate::security", user_id = %user.id, client = %req.client_ip, "password change refused: wrong current password");
         return Err(ApiError::bad_request("Current password doesn't match!"));
     }
+    api.limiter.succeeded(attempt).await;
     if body.new_password == body.current_password {
         return Err(ApiError::bad_request(
             "New password should be different from existing!",
@@ -375,7 +448,9 @@ pub async fn change_password(
         .password_policy
         .check(&body.new_password)
         .map_err(ApiError::bad_request)?;
-    let hash = api.hash_password(&body.new_password).await?;
+    let hash = api
+        .hash_password(HashFor::Other, &body.new_password)
+        .await?;
     let now = crate::clock::now_secs();
     api.store
         .update_password(user.id, &hash, Some(now))

@@ -5,6 +5,7 @@ use serde::Deserialize;
 use uuid::Uuid;
 
 use super::access::{audit, check_manage, page_json, page_request, param, path_id, query_pairs};
+use super::session::HashFor;
 use super::{Api, OwnedRequest, empty_response, json_response, records, store_error};
 use crate::accounts::{self, AccountError, NewProfile, NewUser};
 use crate::auth::api_key::{self, KeyDigest};
@@ -300,6 +301,11 @@ pub async fn activation_link(
     let id = path_id(&req.params[0])?;
     let user = api.store.user_by_id(id).await.map_err(store_error)?;
     check_manage(&identity.principal, user.as_ref())?;
+    // A link sets a first password, nothing else: for an account that has one,
+    // it would let whoever holds the link take the account over.
+    if user.is_some_and(|u| !u.password_hash.is_empty()) {
+        return Err(ApiError::bad_request("User is already active"));
+    }
     let token = api_key::generate("").map_err(|_| ApiError::internal())?;
     let expires_at = crate::clock::now_ms() + ACTIVATION_TTL_MS;
     api.store
@@ -339,19 +345,44 @@ pub async fn activation_link(
     )
 )]
 pub async fn activate(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>, ApiError> {
+    api.require_confidential(&req)?;
     let body: ActivateBody = req.json()?;
     api.settings
         .password_policy
         .check(&body.password)
         .map_err(ApiError::bad_request)?;
-    let hash = api.hash_password(&body.password).await?;
+    // Bogus tokens count against the client's address, like failed logins.
+    let attempt = api
+        .limiter
+        .acquire_address(req.client_ip)
+        .await
+        .map_err(|limited| api.rate_limited(limited, None, &req))?;
+    let invalid = || ApiError::bad_request("Activation token is invalid or expired");
     let digest = KeyDigest::of(&body.activate_token).to_hex();
-    let user_id = api
+    // The token is checked before anything is hashed: a flood of bogus tokens
+    // costs a lookup each, never an Argon2 computation.
+    let now_ms = crate::clock::now_ms();
+    if api
         .store
-        .activate(&digest, &hash, crate::clock::now_ms())
+        .activation_user(&digest, now_ms)
         .await
         .map_err(store_error)?
-        .ok_or_else(|| ApiError::bad_request("Activation token is invalid or expired"))?;
+        .is_none()
+    {
+        tracing::info!(target: "keygate::security", client = %req.client_ip, "activation with an unknown or expired token");
+        return Err(invalid());
+    }
+    api.limiter.succeeded(attempt).await;
+    let hash = api.hash_password(HashFor::Other, &body.password).await?;
+    let now = crate::clock::now_secs();
+    // Consumed once, atomically, and only for an account without a password.
+    let user_id = api
+        .store
+        .activate(&digest, &hash, crate::clock::now_ms(), now)
+        .await
+        .map_err(store_error)?
+        .ok_or_else(invalid)?;
+    api.forget_user(user_id).await;
     let user = api
         .store
         .user_by_id(user_id)

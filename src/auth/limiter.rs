@@ -1,10 +1,23 @@
-//! Brute-force defence for the login endpoint: failed attempts counted per
-//! account and per client address in fixed windows.
+//! Brute-force defence for the endpoints that check a password: attempts
+//! counted per client address, per account from one address, and per account
+//! over every address, in fixed windows.
 //!
-//! Both counters live in bounded moka caches, so memory stays bounded however
+//! An attempt takes its slot in every window *before* the password is checked
+//! (check and count are one atomic step), so however many guesses arrive at
+//! once, no more than the limit are ever evaluated. A successful attempt gives
+//! its slots back and clears its own (account, address) window; a failed one
+//! keeps them.
+//!
+//! The limit is meant to cost the attacker, not the owner: the tight limit is
+//! per account *and* address, so guessing from one place never locks the owner
+//! out from another. The per-account ceiling over all addresses is higher and
+//! stops a spread-out attack; only an attacker with many addresses can reach it,
+//! and then the owner is refused too until the window ends (the trade-off).
+//!
+//! Every counter lives in a bounded moka cache, so memory stays bounded however
 //! many distinct usernames or addresses an attacker sprays: past the capacity
 //! the least useful windows are evicted (an evicted window only forgets
-//! failures; it never blocks anyone wrongly).
+//! attempts; it never blocks anyone wrongly).
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -19,8 +32,12 @@ const MAX_ACCOUNT_KEY: usize = 256;
 
 #[derive(Debug, Clone)]
 pub struct LimiterSettings {
+    /// Failed attempts per account over every address (the ceiling).
     pub account_max_failures: u32,
+    /// Failed attempts per account from one address.
+    pub account_address_max_failures: u32,
     pub account_window: Duration,
+    /// Failed attempts per client address over every account.
     pub address_max_failures: u32,
     pub address_window: Duration,
     pub capacity: u64,
@@ -29,7 +46,37 @@ pub struct LimiterSettings {
 #[derive(Debug)]
 struct Window {
     started: Instant,
-    failures: AtomicU32,
+    taken: AtomicU32,
+}
+
+impl Window {
+    fn fresh() -> Arc<Window> {
+        Arc::new(Window {
+            started: Instant::now(),
+            taken: AtomicU32::new(0),
+        })
+    }
+
+    /// Takes one slot if fewer than `limit` are taken: check and count in one step.
+    fn take(&self, limit: u32) -> bool {
+        self.taken
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < limit).then_some(n + 1)
+            })
+            .is_ok()
+    }
+
+    fn give_back(&self) {
+        let _ = self
+            .taken
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
+    }
+
+    fn retry_after(&self, length: Duration) -> Duration {
+        length
+            .saturating_sub(self.started.elapsed())
+            .max(Duration::from_secs(1))
+    }
 }
 
 /// Which limit refused an attempt, and for how long.
@@ -39,25 +86,28 @@ pub struct Limited {
     pub retry_after: Duration,
 }
 
+/// The slots one attempt holds. Dropping it counts the attempt as a failure;
+/// [`LoginLimiter::succeeded`] gives the slots back.
+#[must_use = "an attempt is a failure unless reported as succeeded"]
+pub struct Attempt {
+    taken: Vec<Arc<Window>>,
+    pair: Option<(IpAddr, String)>,
+}
+
 pub struct LoginLimiter {
     settings: LimiterSettings,
     accounts: Cache<String, Arc<Window>>,
+    pairs: Cache<(IpAddr, String), Arc<Window>>,
     addresses: Cache<IpAddr, Arc<Window>>,
 }
 
 impl LoginLimiter {
     pub fn new(settings: LimiterSettings) -> LoginLimiter {
+        let capacity = settings.capacity;
         LoginLimiter {
-            accounts: Cache::builder()
-                .name("login_accounts")
-                .max_capacity(settings.capacity)
-                .time_to_live(settings.account_window)
-                .build(),
-            addresses: Cache::builder()
-                .name("login_addresses")
-                .max_capacity(settings.capacity)
-                .time_to_live(settings.address_window)
-                .build(),
+            accounts: windows("login_accounts", capacity, settings.account_window),
+            pairs: windows("login_account_addresses", capacity, settings.account_window),
+            addresses: windows("login_addresses", capacity, settings.address_window),
             settings,
         }
     }
@@ -70,131 +120,248 @@ impl LoginLimiter {
         }
     }
 
-    /// Refuses when either counter has reached its limit in the current window.
-    pub async fn check(&self, account: &str, address: IpAddr) -> Result<(), Limited> {
-        if let Some(window) = self.addresses.get(&address).await {
-            over(
-                &window,
-                self.settings.address_max_failures,
-                self.settings.address_window,
-                "address",
-            )?;
-        }
-        if let Some(window) = self.accounts.get(&Self::account_key(account)).await {
-            over(
-                &window,
-                self.settings.account_max_failures,
-                self.settings.account_window,
-                "account",
-            )?;
-        }
-        Ok(())
-    }
-
-    pub async fn record_failure(&self, account: &str, address: IpAddr) {
-        let fresh = || {
-            Arc::new(Window {
-                started: Instant::now(),
-                failures: AtomicU32::new(0),
-            })
-        };
-        let by_address = self.addresses.get_with(address, async { fresh() }).await;
-        by_address.failures.fetch_add(1, Ordering::Relaxed);
+    /// Takes a slot for a password attempt on `account` from `address`, in the
+    /// address, (account, address) and account windows; refused, it holds none.
+    pub async fn acquire(&self, account: &str, address: IpAddr) -> Result<Attempt, Limited> {
+        let s = &self.settings;
+        let account = Self::account_key(account);
+        let mut attempt = self.acquire_address(address).await?;
+        let pair = (address, account.clone());
+        let by_pair = self
+            .pairs
+            .get_with(pair.clone(), async { Window::fresh() })
+            .await;
+        attempt.hold(
+            by_pair,
+            s.account_address_max_failures,
+            s.account_window,
+            "account",
+        )?;
         let by_account = self
             .accounts
-            .get_with(Self::account_key(account), async { fresh() })
+            .get_with(account, async { Window::fresh() })
             .await;
-        by_account.failures.fetch_add(1, Ordering::Relaxed);
+        attempt.hold(
+            by_account,
+            s.account_max_failures,
+            s.account_window,
+            "account",
+        )?;
+        attempt.pair = Some(pair);
+        Ok(attempt)
     }
 
-    /// A successful login clears the account's window (not the address's).
-    pub async fn record_success(&self, account: &str) {
-        self.accounts.invalidate(&Self::account_key(account)).await;
+    /// Takes a slot in the address window only: for unauthenticated endpoints
+    /// that name no account (activation).
+    pub async fn acquire_address(&self, address: IpAddr) -> Result<Attempt, Limited> {
+        let mut attempt = Attempt {
+            taken: Vec::with_capacity(3),
+            pair: None,
+        };
+        let window = self
+            .addresses
+            .get_with(address, async { Window::fresh() })
+            .await;
+        attempt.hold(
+            window,
+            self.settings.address_max_failures,
+            self.settings.address_window,
+            "address",
+        )?;
+        Ok(attempt)
     }
 
-    /// Entries held, for the memory bound: (accounts, addresses).
-    pub async fn entries(&self) -> (u64, u64) {
+    /// The attempt succeeded: its slots are given back and its own (account,
+    /// address) window is cleared. The account ceiling keeps what others spent.
+    pub async fn succeeded(&self, attempt: Attempt) {
+        for window in &attempt.taken {
+            window.give_back();
+        }
+        if let Some(pair) = &attempt.pair {
+            self.pairs.invalidate(pair).await;
+        }
+    }
+
+    /// Entries held, for the memory bound: (accounts, pairs, addresses).
+    pub async fn entries(&self) -> (u64, u64, u64) {
         self.accounts.run_pending_tasks().await;
+        self.pairs.run_pending_tasks().await;
         self.addresses.run_pending_tasks().await;
-        (self.accounts.entry_count(), self.addresses.entry_count())
+        (
+            self.accounts.entry_count(),
+            self.pairs.entry_count(),
+            self.addresses.entry_count(),
+        )
     }
 }
 
-fn over(window: &Window, limit: u32, length: Duration, by: &'static str) -> Result<(), Limited> {
-    if window.failures.load(Ordering::Relaxed) < limit {
-        return Ok(());
+/// A bounded cache of windows that end `length` after they start.
+fn windows<K>(name: &str, capacity: u64, length: Duration) -> Cache<K, Arc<Window>>
+where
+    K: std::hash::Hash + Eq + Send + Sync + 'static,
+{
+    Cache::builder()
+        .name(name)
+        .max_capacity(capacity)
+        .time_to_live(length)
+        .build()
+}
+
+impl Attempt {
+    /// Takes a slot in `window`; when refused, gives back the slots already held.
+    fn hold(
+        &mut self,
+        window: Arc<Window>,
+        limit: u32,
+        length: Duration,
+        by: &'static str,
+    ) -> Result<(), Limited> {
+        if window.take(limit) {
+            self.taken.push(window);
+            return Ok(());
+        }
+        for held in self.taken.drain(..) {
+            held.give_back();
+        }
+        Err(Limited {
+            by,
+            retry_after: window.retry_after(length),
+        })
     }
-    let retry_after = length
-        .saturating_sub(window.started.elapsed())
-        .max(Duration::from_secs(1));
-    Err(Limited { by, retry_after })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn limiter(account: u32, address: u32, window: Duration, capacity: u64) -> LoginLimiter {
+    fn limiter(pair: u32, account: u32, address: u32, window: Duration) -> LoginLimiter {
         LoginLimiter::new(LimiterSettings {
             account_max_failures: account,
+            account_address_max_failures: pair,
             account_window: window,
             address_max_failures: address,
             address_window: window,
-            capacity,
+            capacity: 1000,
         })
     }
 
     const HOME: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(192, 0, 2, 1));
+    const ATTACKER: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(198, 51, 100, 7));
 
     #[tokio::test]
-    async fn account_is_limited_after_its_failures_and_reset_after_the_window() {
-        let l = limiter(3, 100, Duration::from_millis(300), 1000);
+    async fn account_is_limited_from_one_address_and_reset_after_the_window() {
+        let l = limiter(3, 100, 100, Duration::from_millis(300));
         for _ in 0..3 {
-            l.check("victim@example.com", HOME).await.unwrap();
-            l.record_failure("Victim@Example.com", HOME).await;
+            drop(l.acquire("Victim@Example.com", HOME).await.unwrap());
         }
-        let limited = l.check("victim@example.com", HOME).await.unwrap_err();
+        let limited = l.acquire("victim@example.com", HOME).await.err().unwrap();
         assert_eq!(limited.by, "account");
         assert!(limited.retry_after >= Duration::from_secs(1));
-        l.check("other@example.com", HOME).await.unwrap();
+        drop(l.acquire("other@example.com", HOME).await.unwrap());
         tokio::time::sleep(Duration::from_millis(400)).await;
-        l.check("victim@example.com", HOME).await.unwrap();
+        drop(l.acquire("victim@example.com", HOME).await.unwrap());
+    }
+
+    #[tokio::test]
+    async fn guesses_from_one_address_do_not_lock_the_owner_out_elsewhere() {
+        let l = limiter(3, 100, 100, Duration::from_secs(60));
+        for _ in 0..10 {
+            let _ = l.acquire("owner@example.com", ATTACKER).await;
+        }
+        assert!(l.acquire("owner@example.com", ATTACKER).await.is_err());
+        let attempt = l.acquire("owner@example.com", HOME).await.unwrap();
+        l.succeeded(attempt).await;
+    }
+
+    #[tokio::test]
+    async fn the_account_ceiling_stops_guesses_spread_over_addresses() {
+        let l = limiter(3, 5, 100, Duration::from_secs(60));
+        for i in 0..5u8 {
+            let from = IpAddr::V4(std::net::Ipv4Addr::new(203, 0, 113, i));
+            drop(l.acquire("owner@example.com", from).await.unwrap());
+        }
+        let limited = l.acquire("owner@example.com", HOME).await.err().unwrap();
+        assert_eq!(limited.by, "account");
     }
 
     #[tokio::test]
     async fn address_is_limited_across_accounts() {
-        let l = limiter(100, 5, Duration::from_secs(60), 1000);
+        let l = limiter(100, 100, 5, Duration::from_secs(60));
         for i in 0..5 {
-            l.record_failure(&format!("user{i}@example.com"), HOME)
-                .await;
+            drop(
+                l.acquire(&format!("user{i}@example.com"), HOME)
+                    .await
+                    .unwrap(),
+            );
         }
-        assert_eq!(
-            l.check("fresh@example.com", HOME).await.unwrap_err().by,
-            "address"
-        );
-        let elsewhere: IpAddr = "198.51.100.7".parse().unwrap();
-        l.check("fresh@example.com", elsewhere).await.unwrap();
+        let limited = l.acquire("fresh@example.com", HOME).await.err().unwrap();
+        assert_eq!(limited.by, "address");
+        drop(l.acquire("fresh@example.com", ATTACKER).await.unwrap());
     }
 
     #[tokio::test]
-    async fn success_clears_the_account_window() {
-        let l = limiter(2, 100, Duration::from_secs(60), 1000);
-        l.record_failure("a@example.com", HOME).await;
-        l.record_success("a@example.com").await;
-        l.record_failure("a@example.com", HOME).await;
-        l.check("a@example.com", HOME).await.unwrap();
+    async fn success_gives_the_slots_back() {
+        let l = limiter(2, 2, 2, Duration::from_secs(60));
+        for _ in 0..10 {
+            let attempt = l.acquire("a@example.com", HOME).await.unwrap();
+            l.succeeded(attempt).await;
+        }
+        drop(l.acquire("a@example.com", HOME).await.unwrap());
+        drop(l.acquire("a@example.com", HOME).await.unwrap());
+    }
+
+    #[tokio::test]
+    async fn a_refused_attempt_holds_no_slot() {
+        let l = limiter(1, 100, 3, Duration::from_secs(60));
+        drop(l.acquire("a@example.com", HOME).await.unwrap());
+        // Refused by the pair limit: the address slot it took is given back.
+        for _ in 0..5 {
+            assert!(l.acquire("a@example.com", HOME).await.is_err());
+        }
+        drop(l.acquire("b@example.com", HOME).await.unwrap());
+        drop(l.acquire("c@example.com", HOME).await.unwrap());
+        assert_eq!(
+            l.acquire("d@example.com", HOME).await.err().unwrap().by,
+            "address"
+        );
+    }
+
+    #[tokio::test]
+    async fn parallel_attempts_never_exceed_the_limit() {
+        let l = Arc::new(limiter(10, 100, 100, Duration::from_secs(60)));
+        let tasks: Vec<_> = (0..40)
+            .map(|_| {
+                let l = l.clone();
+                tokio::spawn(async move { l.acquire("victim@example.com", HOME).await.is_ok() })
+            })
+            .collect();
+        let mut admitted = 0;
+        for task in tasks {
+            admitted += usize::from(task.await.unwrap());
+        }
+        assert_eq!(admitted, 10);
     }
 
     #[tokio::test]
     async fn memory_stays_bounded_under_a_username_spray() {
-        let l = limiter(5, 1_000_000, Duration::from_secs(60), 2_000);
+        let l = LoginLimiter::new(LimiterSettings {
+            account_max_failures: 5,
+            account_address_max_failures: 5,
+            account_window: Duration::from_secs(60),
+            address_max_failures: 1_000_000,
+            address_window: Duration::from_secs(60),
+            capacity: 2_000,
+        });
         for i in 0..50_000u32 {
             let address = IpAddr::from((i.wrapping_mul(2_654_435_761)).to_be_bytes());
-            l.record_failure(&format!("spray-{i}-{}", "x".repeat(500)), address)
-                .await;
+            drop(
+                l.acquire(&format!("spray-{i}-{}", "x".repeat(500)), address)
+                    .await,
+            );
         }
-        let (accounts, addresses) = l.entries().await;
+        let (accounts, pairs, addresses) = l.entries().await;
         assert!(accounts <= 2_000, "{accounts} account windows kept");
+        assert!(pairs <= 2_000, "{pairs} account-address windows kept");
         assert!(addresses <= 2_000, "{addresses} address windows kept");
     }
 }

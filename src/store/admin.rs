@@ -5,8 +5,8 @@ use sqlx::{AssertSqlSafe, Row};
 use uuid::Uuid;
 
 use super::{
-    ApiKeyRecord, KEY_COLUMNS, Store, StoreError, USER_COLUMNS, UserRecord, key_from_row,
-    user_from_row,
+    ApiKeyRecord, KEY_COLUMNS, Revocation, Store, StoreError, USER_COLUMNS, UserRecord,
+    key_from_row, user_from_row,
 };
 
 /// Which slice of a listing to return.
@@ -169,18 +169,38 @@ impl Store {
         Ok(())
     }
 
-    /// Uses an activation token once: sets the password and consumes the token,
-    /// in one transaction. Returns the user id, or `None` for an unknown or
-    /// expired token.
+    /// The user an unexpired activation token belongs to, without using it.
+    pub async fn activation_user(
+        &self,
+        digest: &str,
+        now_ms: i64,
+    ) -> Result<Option<Uuid>, StoreError> {
+        let row = sqlx::query(
+            "SELECT user_id FROM activation_tokens WHERE digest = $1 AND expires_at > $2",
+        )
+        .bind(digest)
+        .bind(now_ms)
+        .fetch_optional(&self.pool)
+        .await?;
+        row.map(|row| parse_uuid(row.try_get(0)?)).transpose()
+    }
+
+    /// Uses an activation token once, atomically: the token is consumed by a
+    /// single `DELETE ... RETURNING` (of two concurrent uses, one wins), and the
+    /// password is set only when the account has none yet. Every earlier
+    /// session and token of the user ends, as with any password set. Returns
+    /// the user id, or `None` for an unknown, expired or already used token or
+    /// an account that already has a password.
     pub async fn activate(
         &self,
         digest: &str,
         password_hash: &str,
         now_ms: i64,
+        now_secs: i64,
     ) -> Result<Option<Uuid>, StoreError> {
         let mut tx = self.pool.begin().await?;
         let row = sqlx::query(
-            "SELECT user_id FROM activation_tokens WHERE digest = $1 AND expires_at > $2",
+            "DELETE FROM activation_tokens WHERE digest = $1 AND expires_at > $2 RETURNING user_id",
         )
         .bind(digest)
         .bind(now_ms)
@@ -194,16 +214,31 @@ impl Store {
             .bind(&user_id)
             .execute(&mut *tx)
             .await?;
-        sqlx::query("UPDATE users SET password_hash = $1, version = version + 1 WHERE id = $2")
-            .bind(password_hash)
-            .bind(&user_id)
-            .execute(&mut *tx)
-            .await?;
+        let updated = sqlx::query(
+            "UPDATE users SET password_hash = $1, tokens_valid_after = $2, version = version + 1 \
+             WHERE id = $3 AND password_hash = ''",
+        )
+        .bind(password_hash)
+        .bind(now_secs)
+        .bind(&user_id)
+        .execute(&mut *tx)
+        .await?;
+        let user_id = parse_uuid(user_id)?;
+        if updated.rows_affected() == 1 {
+            sqlx::query("UPDATE sessions SET ended = 1 WHERE user_id = $1")
+                .bind(user_id.to_string())
+                .execute(&mut *tx)
+                .await?;
+            self.publish(&mut tx, Revocation::User(user_id)).await?;
+        }
+        // Consumed either way: a token of an account that has a password is void.
         tx.commit().await?;
-        Uuid::parse_str(&user_id)
-            .map(Some)
-            .map_err(|_| StoreError::Corrupt(format!("bad uuid {user_id:?}")))
+        Ok((updated.rows_affected() == 1).then_some(user_id))
     }
+}
+
+fn parse_uuid(text: String) -> Result<Uuid, StoreError> {
+    Uuid::parse_str(&text).map_err(|_| StoreError::Corrupt(format!("bad uuid {text:?}")))
 }
 
 #[cfg(test)]

@@ -132,6 +132,9 @@ store_tests!(
     check_refresh_rotation_accepts_only_the_current_token,
     check_password_change_outdates_tokens_and_ends_sessions_but_rehash_does_not,
     check_lockout_counts_locks_and_is_lifted_by_enabling,
+    check_activation_token_is_used_once_when_raced,
+    check_activation_never_sets_the_password_of_an_active_account,
+    check_activation_ends_earlier_sessions_of_the_user,
 );
 
 fn user(email: &str, created_time: i64) -> UserRecord {
@@ -468,4 +471,80 @@ async fn check_lockout_counts_locks_and_is_lifted_by_enabling(store: &Store) {
         .unwrap();
     assert!(!store.is_locked(u.id).await.unwrap());
     assert!(store.user_by_id(u.id).await.unwrap().unwrap().enabled);
+}
+
+fn pending(email: &str) -> UserRecord {
+    UserRecord {
+        password_hash: String::new(),
+        ..user(email, 1)
+    }
+}
+
+async fn check_activation_token_is_used_once_when_raced(store: &Store) {
+    let u = pending("race@example.com");
+    store.insert_user(&u).await.unwrap();
+    store
+        .replace_activation(u.id, "tok", i64::MAX)
+        .await
+        .unwrap();
+    assert_eq!(store.activation_user("tok", 0).await.unwrap(), Some(u.id));
+    let (a, b) = tokio::join!(
+        store.activate("tok", "hash-a", 0, 1_800_000_000),
+        store.activate("tok", "hash-b", 0, 1_800_000_000),
+    );
+    let winners = [a.unwrap(), b.unwrap()];
+    assert_eq!(winners.iter().flatten().count(), 1, "{winners:?}");
+    let after = store.user_by_id(u.id).await.unwrap().unwrap();
+    assert!(matches!(after.password_hash.as_str(), "hash-a" | "hash-b"));
+    assert_eq!(store.activation_user("tok", 0).await.unwrap(), None);
+    assert_eq!(store.activate("tok", "hash-c", 0, 1).await.unwrap(), None);
+}
+
+async fn check_activation_never_sets_the_password_of_an_active_account(store: &Store) {
+    let u = user("active@example.com", 1);
+    store.insert_user(&u).await.unwrap();
+    store
+        .replace_activation(u.id, "tok", i64::MAX)
+        .await
+        .unwrap();
+    assert_eq!(
+        store
+            .activate("tok", "attacker", 0, 1_800_000_000)
+            .await
+            .unwrap(),
+        None
+    );
+    let after = store.user_by_id(u.id).await.unwrap().unwrap();
+    assert_eq!(after.password_hash, u.password_hash);
+    assert_eq!(after.tokens_valid_after, 0);
+    // The void token is consumed, not left for another try.
+    assert_eq!(store.activation_user("tok", 0).await.unwrap(), None);
+}
+
+async fn check_activation_ends_earlier_sessions_of_the_user(store: &Store) {
+    let u = pending("sessions@example.com");
+    store.insert_user(&u).await.unwrap();
+    let s = session(&u);
+    store.insert_session(&s).await.unwrap();
+    store.replace_activation(u.id, "tok", 10).await.unwrap();
+    assert_eq!(
+        store.activation_user("tok", 10).await.unwrap(),
+        None,
+        "expired"
+    );
+    store
+        .replace_activation(u.id, "tok", i64::MAX)
+        .await
+        .unwrap();
+    assert_eq!(
+        store
+            .activate("tok", "first", 0, 1_800_000_000)
+            .await
+            .unwrap(),
+        Some(u.id)
+    );
+    let after = store.user_by_id(u.id).await.unwrap().unwrap();
+    assert_eq!(after.tokens_valid_after, 1_800_000_000);
+    assert_eq!(after.version, u.version + 1);
+    assert!(store.session_by_id(s.id).await.unwrap().unwrap().ended);
 }
