@@ -1,5 +1,6 @@
-//! The request path, one stage a line: limits, path normalisation, routing,
-//! authentication, identity, forwarding; then the access log and metrics.
+//! The request path, one stage a line: limits and framing, path normalisation,
+//! cleartext rules, routing, authentication, header editing, forwarding; then
+//! the access log and metrics.
 
 use std::net::IpAddr;
 
@@ -16,8 +17,9 @@ use crate::auth::{AuthFailure, Authenticator};
 use crate::body::Body;
 use crate::browser::Browser;
 use crate::config::Settings;
+use crate::conn::Client;
 use crate::error::ApiError;
-use crate::identity::{self, Identity};
+use crate::identity::Identity;
 use crate::listener::Transport;
 use crate::proxy::headers::{self, X_REQUEST_ID};
 use crate::proxy::{Proxy, RouteTable, path};
@@ -32,6 +34,9 @@ pub struct App {
     routes: ArcSwap<RouteTable>,
     proxy: Proxy,
     metrics: Arc<Metrics>,
+    /// Base of the links keygate builds when no public base URL is configured
+    /// and no trusted proxy forwarded a host: this machine's own listener.
+    listener_base_url: String,
 }
 
 /// What the access log and metrics learn about one request.
@@ -49,6 +54,7 @@ impl App {
         browser: Option<Arc<Browser>>,
         auth: Arc<Authenticator>,
         metrics: Arc<Metrics>,
+        listener_base_url: String,
     ) -> App {
         let routes = RouteTable::new(&settings.routes);
         let proxy = Proxy::new(
@@ -64,6 +70,7 @@ impl App {
             routes: ArcSwap::from_pointee(routes),
             proxy,
             metrics,
+            listener_base_url,
         }
     }
 
@@ -85,39 +92,36 @@ impl App {
         &self.auth
     }
 
-    /// Is the peer one of the configured trusted proxies?
-    fn trusted(&self, transport: &Transport) -> bool {
-        let ip = transport.peer.ip();
+    fn is_trusted(&self, ip: &IpAddr) -> bool {
         self.settings
             .proxy
             .trusted_proxies
             .iter()
-            .any(|net| net.contains(&ip))
+            .any(|net| net.contains(ip))
     }
 
-    /// Did this request reach keygate over HTTPS (here, or at a trusted proxy)?
-    fn is_https(&self, transport: &Transport, trusted: bool, req: &Request<Incoming>) -> bool {
-        transport.tls
+    fn client(&self, transport: Transport, req: &Request<Incoming>) -> Client {
+        let trusted = self.is_trusted(&transport.peer.ip());
+        let secure = transport.tls
             || (trusted
                 && req
                     .headers()
                     .get(&headers::X_FORWARDED_PROTO)
-                    .is_some_and(|v| v == "https"))
+                    .is_some_and(|v| v == "https"));
+        Client {
+            transport,
+            trusted,
+            secure,
+        }
     }
 
     /// The real client address: the peer, or, behind trusted proxies, the
     /// right-most `X-Forwarded-For` entry that is not itself a trusted proxy.
-    fn client_ip(&self, transport: &Transport, trusted: bool, headers: &http::HeaderMap) -> IpAddr {
-        if !trusted {
-            return transport.peer.ip();
+    fn client_ip(&self, client: &Client, headers: &http::HeaderMap) -> IpAddr {
+        let peer = client.transport.peer.ip();
+        if !client.trusted {
+            return peer;
         }
-        let is_trusted = |ip: &IpAddr| {
-            self.settings
-                .proxy
-                .trusted_proxies
-                .iter()
-                .any(|n| n.contains(ip))
-        };
         let chain: Vec<IpAddr> = headers
             .get_all(&headers::X_FORWARDED_FOR)
             .iter()
@@ -128,51 +132,47 @@ impl App {
         chain
             .iter()
             .rev()
-            .find(|ip| !is_trusted(ip))
+            .find(|ip| !self.is_trusted(ip))
             .or(chain.first())
             .copied()
-            .unwrap_or_else(|| transport.peer.ip())
+            .unwrap_or(peer)
     }
 
-    /// `scheme://host` as the client reached keygate (or the trusted proxy in front).
-    fn base_url(&self, transport: &Transport, trusted: bool, req: &Request<Incoming>) -> String {
-        let scheme = if self.is_https(transport, trusted, req) {
-            "https"
-        } else {
-            "http"
-        };
-        let forwarded_host = trusted
+    /// `scheme://host` for links: the configured public base URL; else what a
+    /// trusted proxy forwarded; else this machine's listener. A client's own
+    /// Host header is never used: it would let anyone choose where a link points.
+    fn base_url(&self, client: &Client, req: &Request<Incoming>) -> String {
+        if let Some(base) = &self.settings.public_base_url {
+            return base.clone();
+        }
+        let forwarded_host = client
+            .trusted
             .then(|| req.headers().get(&headers::X_FORWARDED_HOST))
-            .flatten();
-        let host = forwarded_host
-            .or_else(|| req.headers().get(http::header::HOST))
+            .flatten()
             .and_then(|h| h.to_str().ok())
-            .map(str::to_owned)
-            .or_else(|| req.uri().authority().map(|a| a.to_string()))
-            .unwrap_or_else(|| "localhost".into());
-        format!("{scheme}://{host}")
+            .filter(|h| !h.is_empty() && h.parse::<http::uri::Authority>().is_ok());
+        match forwarded_host {
+            Some(host) => {
+                let scheme = if client.secure { "https" } else { "http" };
+                format!("{scheme}://{host}")
+            }
+            None => self.listener_base_url.clone(),
+        }
     }
 
     /// Handles one request; every error becomes a contract response here.
     pub async fn handle(&self, req: Request<Incoming>, transport: Transport) -> Response<Body> {
         let started = Instant::now();
         let method = req.method().clone();
-        let trusted = self.trusted(&transport);
-        let request_id = headers::request_id(req.headers(), trusted);
+        let client = self.client(transport, &req);
+        let request_id = headers::request_id(req.headers(), client.trusted);
         // A Uri clone shares its bytes: no copy of the path per request.
         let log_uri = req.uri().clone();
         let trace_id = trace_id(req.headers()).map(str::to_owned);
         let mut outcome = Outcome::default();
         let routes = self.routes.load_full();
         let mut response = match self
-            .process(
-                &routes,
-                req,
-                transport,
-                trusted,
-                request_id.clone(),
-                &mut outcome,
-            )
+            .process(&routes, req, &client, request_id.clone(), &mut outcome)
             .await
         {
             Ok(response) => response,
@@ -211,8 +211,7 @@ impl App {
         &'a self,
         routes: &'a RouteTable,
         req: Request<Incoming>,
-        transport: Transport,
-        trusted: bool,
+        client: &Client,
         request_id: HeaderValue,
         outcome: &mut Outcome<'a>,
     ) -> Result<Response<Body>, ApiError> {
@@ -224,6 +223,7 @@ impl App {
         let uri = req.uri().clone();
         let normalized = path::normalize(uri.path())
             .map_err(|e| ApiError::bad_request(format!("Invalid request path: {e}")))?;
+        self.refuse_secrets_in_clear(client, &req).await?;
         if let Some(browser) = self.browser.as_ref().filter(|_| Browser::owns(&normalized)) {
             outcome.route = Some("api_browser");
             if !matches!(*req.method(), http::Method::GET | http::Method::HEAD) {
@@ -239,11 +239,13 @@ impl App {
             outcome.route = Some(matched.route.pattern);
             let identity = match matched.route.access {
                 Access::Public => None,
-                Access::Authenticated => Some(self.authenticate(&transport, trusted, &req).await?),
+                Access::Authenticated => Some(self.authenticate(&req).await?),
             };
             let owned = OwnedRequest {
-                base_url: self.base_url(&transport, trusted, &req),
-                client_ip: self.client_ip(&transport, trusted, req.headers()),
+                base_url: self.base_url(client, &req),
+                client_ip: self.client_ip(client, req.headers()),
+                may_send_secrets: client
+                    .may_send_secrets(self.settings.listen.allow_plaintext_credentials),
                 query: req.uri().query().map(str::to_owned),
                 body: api::read_body(req.into_body()).await?,
                 identity: identity.clone(),
@@ -258,46 +260,56 @@ impl App {
         let identity = if route.public {
             None
         } else {
-            Some(self.authenticate(&transport, trusted, &req).await?)
+            Some(self.authenticate(&req).await?)
         };
 
         let (mut parts, body) = req.into_parts();
-        let authority = parts.uri.authority().map(|a| a.as_str().to_owned());
-        headers::remove_hop_by_hop(&mut parts.headers);
-        identity::strip_client_identity(&mut parts.headers);
-        headers::set_forwarding(
-            &mut parts.headers,
-            &transport,
-            trusted,
-            authority.as_deref(),
-            request_id,
-        );
-        parts.headers.remove(http::header::HOST);
-        if let Some(identity) = &identity {
-            identity::inject(&mut parts.headers, identity);
-        }
+        headers::to_upstream(&mut parts, client, request_id, identity.as_ref());
         outcome.identity = identity;
         let (response, upstream) = self.proxy.forward(route, parts, body, &normalized).await?;
         outcome.upstream = Some(upstream);
         Ok(response)
     }
 
-    /// Parses and verifies the credential, counting the outcome.
-    async fn authenticate(
+    /// Secrets sent in clear, on any route, public ones included: an API key is
+    /// refused always (and, when configured, disabled: it crossed the wire in
+    /// clear whatever the route); a Bearer token unless the peer may send
+    /// secrets in clear ([`Client::may_send_secrets`]).
+    async fn refuse_secrets_in_clear(
         &self,
-        transport: &Transport,
-        trusted: bool,
+        client: &Client,
         req: &Request<Incoming>,
-    ) -> Result<Identity, ApiError> {
-        let result = match credential::parse(req.headers()) {
-            Err(e) => Err(("none", AuthFailure::from(e))),
-            Ok(Credential::ApiKey(key)) if !self.is_https(transport, trusted, req) => {
-                tracing::warn!(peer = %transport.peer, "refused an API key sent over plain HTTP");
+    ) -> Result<(), ApiError> {
+        if client.secure {
+            return Ok(());
+        }
+        match credential::parse(req.headers()) {
+            Ok(Credential::ApiKey(key)) => {
+                tracing::warn!(target: "keygate::security", peer = %client.transport.peer, "refused an API key sent over plain HTTP");
                 if self.settings.disable_key_on_plaintext {
                     self.auth.disable_exposed_key(&key).await;
                 }
-                Err(("api_key", AuthFailure::PlaintextRefused))
+                self.metrics
+                    .auth("api_key", AuthFailure::PlaintextRefused.label());
+                Err(AuthFailure::PlaintextRefused.to_api_error())
             }
+            Ok(Credential::Bearer(_))
+                if !client.may_send_secrets(self.settings.listen.allow_plaintext_credentials) =>
+            {
+                tracing::warn!(target: "keygate::security", peer = %client.transport.peer, "refused a Bearer token sent over plain HTTP");
+                self.metrics
+                    .auth("jwt", AuthFailure::PlaintextRefused.label());
+                Err(ApiError::credentials_over_plain_http())
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Parses and verifies the credential, counting the outcome. Secrets sent
+    /// in clear were refused before routing.
+    async fn authenticate(&self, req: &Request<Incoming>) -> Result<Identity, ApiError> {
+        let result = match credential::parse(req.headers()) {
+            Err(e) => Err(("none", AuthFailure::from(e))),
             Ok(credential) => {
                 let method = match credential {
                     Credential::ApiKey(_) => "api_key",

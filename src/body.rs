@@ -27,3 +27,20 @@ where
 {
     body.map_err(Into::into).boxed_unsync()
 }
+
+/// An error reading a client's request body (a malformed chunk, a connection
+/// that broke off): the client's fault, told apart from an upstream's.
+#[derive(Debug)]
+pub struct ClientBodyError(pub hyper::Error);
+
+impl std::fmt::Display for ClientBodyError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "reading the client's request body: {}", self.0)
+    }
+}
+
+impl std::error::Error for ClientBodyError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.0)
+    }
+}

@@ -113,6 +113,15 @@ impl ApiError {
             "API keys are accepted only over HTTPS",
         )
     }
+    /// A password, refresh token or Bearer token sent in clear from a peer that
+    /// is neither loopback nor a trusted proxy reporting https.
+    pub const fn credentials_over_plain_http() -> Self {
+        Self::new(
+            StatusCode::FORBIDDEN,
+            code::PERMISSION_DENIED,
+            "Passwords and tokens are accepted only over HTTPS",
+        )
+    }
     pub const fn not_found() -> Self {
         Self::new(
             StatusCode::NOT_FOUND,

@@ -16,6 +16,7 @@ pub mod body;
 pub mod browser;
 pub mod clock;
 pub mod config;
+pub mod conn;
 pub mod error;
 pub mod identity;
 pub mod listener;

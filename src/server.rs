@@ -189,6 +189,23 @@ async fn watch_certificate(
     }
 }
 
+/// `scheme://address` of this machine's HTTPS listener (else its HTTP one): the
+/// base of links when no public base URL is configured. An unspecified
+/// address (0.0.0.0, ::) reads as localhost.
+fn listener_base_url(https: Option<SocketAddr>, http: Option<SocketAddr>) -> String {
+    let Some((scheme, addr)) = https
+        .map(|a| ("https", a))
+        .or_else(|| http.map(|a| ("http", a)))
+    else {
+        return "https://localhost".into();
+    };
+    if addr.ip().is_unspecified() {
+        format!("{scheme}://localhost:{}", addr.port())
+    } else {
+        format!("{scheme}://{addr}")
+    }
+}
+
 async fn bind(addr: SocketAddr) -> Result<TcpListener, StartError> {
     TcpListener::bind(addr)
         .await
@@ -216,9 +233,9 @@ pub async fn start(settings: Settings, options: StartOptions) -> Result<Running,
         );
     }
 
-    let key = signing_key(&settings, &store).await?;
+    let secret = signing_key(&settings, &store).await?;
     let tokens = Arc::new(TokenKeys::new(
-        &key,
+        &secret,
         &settings.jwt.issuer,
         settings.jwt.access_ttl,
         settings.jwt.refresh_ttl,
@@ -278,8 +295,9 @@ pub async fn start(settings: Settings, options: StartOptions) -> Result<Running,
         limiter: LoginLimiter::new(settings.login.limiter.clone()),
         metrics: metrics.clone(),
         settings: settings.clone(),
-        hashing: Semaphore::new(settings.login.max_concurrent_hashes),
+        hashing: crate::api::Hashing::new(settings.login.max_concurrent_hashes),
         dummy_hash: dummy_hash().await?,
+        log_digest: crate::telemetry::LogDigest::new(&secret),
     };
     let browser = settings
         .api_browser
@@ -292,6 +310,7 @@ pub async fn start(settings: Settings, options: StartOptions) -> Result<Running,
         browser.clone(),
         auth.clone(),
         metrics.clone(),
+        listener_base_url(https, http),
     ));
     let (shutdown, shutdown_rx) = watch::channel(false);
     let ready = Arc::new(AtomicBool::new(false));

@@ -122,26 +122,30 @@ impl Authenticator {
     }
 
     /// Disables a key that was exposed (sent over plain HTTP), if it exists.
+    /// Disables the key `value` names, if it is a live one: it crossed the wire
+    /// in clear. The lookup goes through the caches (and the negative cache), so
+    /// random keys sent in clear cannot hammer the store.
     pub async fn disable_exposed_key(&self, value: &Secret) {
-        let digest = KeyDigest::of(value.expose());
-        match self.store.api_key_by_digest(&digest.to_hex()).await {
-            Ok(Some(key)) if key.enabled => {
-                match self.store.set_api_key_enabled(key.id, false).await {
-                    Ok(_) => {
-                        self.caches.invalidate_key(&digest).await;
-                        self.metrics.key_disabled_on_plaintext();
-                        tracing::warn!(
-                            target: "keygate::security",
-                            key_id = %key.id,
-                            user_id = %key.user_id,
-                            "disabled an API key that was sent over plain HTTP"
-                        );
-                    }
-                    Err(error) => tracing::error!(%error, "disabling an exposed API key failed"),
-                }
+        let Ok(identity) = self.verify_api_key(value).await else {
+            return;
+        };
+        let Some(key_id) = identity.api_key_id() else {
+            return;
+        };
+        match self.store.set_api_key_enabled(key_id, false).await {
+            Ok(_) => {
+                self.caches
+                    .invalidate_key(&KeyDigest::of(value.expose()))
+                    .await;
+                self.metrics.key_disabled_on_plaintext();
+                tracing::warn!(
+                    target: "keygate::security",
+                    key_id = %key_id,
+                    user_id = %identity.principal.user_id,
+                    "disabled an API key that was sent over plain HTTP"
+                );
             }
-            Ok(_) => {}
-            Err(error) => tracing::error!(%error, "looking up an exposed API key failed"),
+            Err(error) => tracing::error!(%error, "disabling an exposed API key failed"),
         }
     }
 

@@ -1,15 +1,17 @@
-//! Hop-by-hop removal (RFC 9110 section 7.6.1) and the forwarding headers.
+//! Every header edit between a client and an upstream, each direction in one
+//! function: [`to_upstream`] and [`to_client`]. Hop-by-hop removal follows
+//! RFC 9110 section 7.6.1.
 
 use http::header::{CONNECTION, HOST, TE, TRAILER, TRANSFER_ENCODING, UPGRADE};
 use http::{HeaderMap, HeaderName, HeaderValue};
 
-use crate::listener::Transport;
+use crate::conn::Client;
+use crate::identity::{self, Identity};
 
 pub static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 pub static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 pub static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 pub static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
-static FORWARDED: HeaderName = HeaderName::from_static("forwarded");
 static KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
 static PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
 static PROXY_AUTHENTICATE: HeaderName = HeaderName::from_static("proxy-authenticate");
@@ -18,7 +20,7 @@ static PROXY_AUTHORIZATION: HeaderName = HeaderName::from_static("proxy-authoriz
 /// Removes the connection-specific headers and every header the `Connection`
 /// header names. Runs before identity injection, so a client cannot name an
 /// identity header away.
-pub fn remove_hop_by_hop(headers: &mut HeaderMap) {
+fn remove_hop_by_hop(headers: &mut HeaderMap) {
     if headers.contains_key(&CONNECTION) {
         let named: Vec<HeaderName> = headers
             .get_all(&CONNECTION)
@@ -63,16 +65,98 @@ pub fn request_id(headers: &HeaderMap, trusted: bool) -> HeaderValue {
         .expect("uuid is ASCII")
 }
 
-/// Sets `X-Forwarded-*` and `X-Request-Id`. What a trusted proxy sent is kept
-/// (and the chain extended); from anyone else it is replaced.
-pub fn set_forwarding(
+/// Headers that tell an upstream about the client, scheme, host, port or
+/// original URL, beyond every `X-Forwarded-*` (matched as a prefix). From an
+/// untrusted peer all of them are removed before keygate sets its own; from a
+/// trusted proxy they pass. Names are compared lower-cased with every
+/// non-alphanumeric separator read as `-`, as CGI-style servers fold them.
+pub const FORWARDING_PREFIX: &str = "x-forwarded-";
+pub const FORWARDING: &[&str] = &[
+    "forwarded",
+    "x-real-ip",
+    "true-client-ip",
+    "x-client-ip",
+    "client-ip",
+    "x-cluster-client-ip",
+    "cf-connecting-ip",
+    "fastly-client-ip",
+    "x-proxyuser-ip",
+    "x-original-forwarded-for",
+    "x-original-url",
+    "x-original-uri",
+    "x-original-host",
+    "x-original-proto",
+    "x-rewrite-url",
+    "x-host",
+    "x-http-host-override",
+    "x-url-scheme",
+    "front-end-https",
+    "x-arr-ssl",
+    "via",
+];
+
+/// Is `name` one of the forwarding headers ([`FORWARDING`] or `X-Forwarded-*`)?
+pub fn is_forwarding(name: &HeaderName) -> bool {
+    let bytes = name.as_str().as_bytes();
+    identity::folded_starts_with(bytes, FORWARDING_PREFIX.as_bytes())
+        || FORWARDING
+            .iter()
+            .any(|known| identity::folded_eq(bytes, known.as_bytes()))
+}
+
+/// Every edit of a request on its way upstream, in this order: hop-by-hop
+/// headers out (so a `Connection` header can never name away what is set
+/// later); the client's identity, credential and (from an untrusted peer)
+/// forwarding headers out; keygate's forwarding headers and request id in;
+/// `Host` out (the upstream URI carries the authority); the verified identity in.
+pub fn to_upstream(
+    parts: &mut http::request::Parts,
+    client: &Client,
+    request_id: HeaderValue,
+    identity: Option<&Identity>,
+) {
+    let headers = &mut parts.headers;
+    remove_hop_by_hop(headers);
+    let doomed: Vec<HeaderName> = headers
+        .keys()
+        .filter(|name| {
+            identity::is_reserved(name)
+                || identity::is_credential(name)
+                || (!client.trusted && is_forwarding(name))
+        })
+        .cloned()
+        .collect();
+    for name in doomed {
+        headers.remove(&name);
+    }
+    set_forwarding(
+        headers,
+        client,
+        parts.uri.authority().map(|a| a.as_str()),
+        request_id,
+    );
+    headers.remove(HOST);
+    if let Some(identity) = identity {
+        identity::inject(headers, identity);
+    }
+}
+
+/// Every edit of an upstream response on its way to the client.
+pub fn to_client(headers: &mut HeaderMap) {
+    remove_hop_by_hop(headers);
+}
+
+/// Sets `X-Forwarded-For`, `-Proto`, `-Host` and `X-Request-Id`. What a trusted
+/// proxy sent is kept (and the chain extended); from anyone else the headers
+/// were removed and are set from the connection.
+fn set_forwarding(
     headers: &mut HeaderMap,
-    transport: &Transport,
-    trusted: bool,
+    client: &Client,
     authority: Option<&str>,
     request_id: HeaderValue,
 ) {
-    let peer_ip = transport.peer.ip().to_string();
+    let trusted = client.trusted;
+    let peer_ip = client.transport.peer.ip().to_string();
     let forwarded_for = match headers.get(&X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
         Some(chain) if trusted && !chain.trim().is_empty() => format!("{chain}, {peer_ip}"),
         _ => peer_ip,
@@ -85,7 +169,11 @@ pub fn set_forwarding(
             .get(&X_FORWARDED_PROTO)
             .is_some_and(|v| v == "https" || v == "http");
     if !proto_ok {
-        let proto = if transport.tls { "https" } else { "http" };
+        let proto = if client.transport.tls {
+            "https"
+        } else {
+            "http"
+        };
         headers.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static(proto));
     }
     if !(trusted && headers.contains_key(&X_FORWARDED_HOST)) {
@@ -102,9 +190,6 @@ pub fn set_forwarding(
             }
         }
     }
-    if !trusted {
-        headers.remove(&FORWARDED);
-    }
     headers.insert(X_REQUEST_ID.clone(), request_id);
 }
 
@@ -113,12 +198,24 @@ mod tests {
     use super::*;
     use crate::listener::Transport;
 
-    fn transport(tls: bool) -> Transport {
-        Transport {
-            tls,
-            peer: "10.1.2.3:5555".parse().unwrap(),
-            listener: "https",
+    fn client(tls: bool, trusted: bool) -> Client {
+        Client {
+            transport: Transport {
+                tls,
+                peer: "10.1.2.3:5555".parse().unwrap(),
+                listener: "https",
+            },
+            trusted,
+            secure: tls,
         }
+    }
+
+    fn parts(pairs: &[(&str, &str)]) -> http::request::Parts {
+        let mut builder = http::Request::builder().uri("/api/x");
+        for (name, value) in pairs {
+            builder = builder.header(*name, *value);
+        }
+        builder.body(()).unwrap().into_parts().0
     }
 
     #[test]
@@ -133,41 +230,106 @@ mod tests {
         headers.insert(TE, HeaderValue::from_static("trailers"));
         headers.insert("proxy-authorization", HeaderValue::from_static("Basic x"));
         headers.insert("accept", HeaderValue::from_static("*/*"));
-        remove_hop_by_hop(&mut headers);
+        to_client(&mut headers);
         assert_eq!(headers.len(), 1);
         assert!(headers.contains_key("accept"));
     }
 
     #[test]
-    fn forwarding_headers_from_untrusted_clients_are_replaced() {
-        let mut headers = HeaderMap::new();
-        headers.insert(&X_FORWARDED_FOR, HeaderValue::from_static("1.1.1.1"));
-        headers.insert(&X_FORWARDED_PROTO, HeaderValue::from_static("https"));
-        headers.insert(&X_FORWARDED_HOST, HeaderValue::from_static("evil"));
-        headers.insert(HOST, HeaderValue::from_static("gw.example:8080"));
-        headers.insert("forwarded", HeaderValue::from_static("for=1.1.1.1"));
-        let id = request_id(&headers, false);
-        set_forwarding(&mut headers, &transport(false), false, None, id);
-        assert_eq!(headers[&X_FORWARDED_FOR], "10.1.2.3");
-        assert_eq!(headers[&X_FORWARDED_PROTO], "http");
-        assert_eq!(headers[&X_FORWARDED_HOST], "gw.example:8080");
-        assert!(!headers.contains_key("forwarded"));
-        assert_eq!(headers[&X_REQUEST_ID].len(), 36);
+    fn forwarding_headers_from_untrusted_clients_are_removed_in_any_spelling() {
+        let mut spoofed: Vec<(String, &str)> = FORWARDING
+            .iter()
+            .map(|name| (name.to_string(), "evil"))
+            .collect();
+        for name in [
+            "X-Forwarded-Prefix",
+            "X-Forwarded-Port",
+            "X-Forwarded-Ssl",
+            "X-Forwarded-Server",
+            "X-Forwarded-Scheme",
+            "x_forwarded_for",
+            "X.Real.IP",
+            "true_client_ip",
+            "X-Original-URL",
+            "x~rewrite~url",
+        ] {
+            spoofed.push((name.to_string(), "evil"));
+        }
+        let pairs: Vec<(&str, &str)> = spoofed.iter().map(|(n, v)| (n.as_str(), *v)).collect();
+        let mut p = parts(&pairs);
+        p.headers
+            .insert(HOST, HeaderValue::from_static("gw.example:8080"));
+        p.headers.insert("accept", HeaderValue::from_static("*/*"));
+        let id = request_id(&p.headers, false);
+        to_upstream(&mut p, &client(false, false), id, None);
+        let left: Vec<&str> = p.headers.keys().map(|k| k.as_str()).collect();
+        assert_eq!(
+            left.len(),
+            5,
+            "only accept and keygate's own headers remain: {left:?}"
+        );
+        assert_eq!(p.headers[&X_FORWARDED_FOR], "10.1.2.3");
+        assert_eq!(p.headers[&X_FORWARDED_PROTO], "http");
+        assert_eq!(p.headers[&X_FORWARDED_HOST], "gw.example:8080");
+        assert_eq!(p.headers[&X_REQUEST_ID].len(), 36);
+        assert!(p.headers.values().all(|v| v != "evil"));
     }
 
     #[test]
     fn forwarding_headers_from_trusted_proxies_are_kept_and_extended() {
-        let mut headers = HeaderMap::new();
-        headers.insert(&X_FORWARDED_FOR, HeaderValue::from_static("203.0.113.9"));
-        headers.insert(&X_FORWARDED_PROTO, HeaderValue::from_static("https"));
-        headers.insert(&X_FORWARDED_HOST, HeaderValue::from_static("api.example"));
-        headers.insert(&X_REQUEST_ID, HeaderValue::from_static("req-123"));
-        let id = request_id(&headers, true);
+        let mut p = parts(&[
+            ("x-forwarded-for", "203.0.113.9"),
+            ("x-forwarded-proto", "https"),
+            ("x-forwarded-host", "api.example"),
+            ("x-forwarded-prefix", "/gw"),
+            ("x-real-ip", "203.0.113.9"),
+            ("x-request-id", "req-123"),
+        ]);
+        let id = request_id(&p.headers, true);
         assert_eq!(id, "req-123");
-        set_forwarding(&mut headers, &transport(false), true, None, id);
-        assert_eq!(headers[&X_FORWARDED_FOR], "203.0.113.9, 10.1.2.3");
-        assert_eq!(headers[&X_FORWARDED_PROTO], "https");
-        assert_eq!(headers[&X_FORWARDED_HOST], "api.example");
-        assert_eq!(headers[&X_REQUEST_ID], "req-123");
+        to_upstream(&mut p, &client(false, true), id, None);
+        assert_eq!(p.headers[&X_FORWARDED_FOR], "203.0.113.9, 10.1.2.3");
+        assert_eq!(p.headers[&X_FORWARDED_PROTO], "https");
+        assert_eq!(p.headers[&X_FORWARDED_HOST], "api.example");
+        assert_eq!(p.headers["x-forwarded-prefix"], "/gw");
+        assert_eq!(p.headers["x-real-ip"], "203.0.113.9");
+        assert_eq!(p.headers[&X_REQUEST_ID], "req-123");
+    }
+
+    #[test]
+    fn identity_is_set_after_a_connection_header_tried_to_name_it_away() {
+        use crate::identity::{AuthMethod, Authority, Principal, id_header_value};
+        let principal = std::sync::Arc::new(Principal::new(
+            uuid::Uuid::from_u128(1),
+            uuid::Uuid::from_u128(2),
+            crate::identity::NULL_UUID,
+            Authority::TenantAdmin,
+            "ta@example.com".into(),
+        ));
+        let key_id = uuid::Uuid::from_u128(3);
+        let identity = Identity::new(
+            principal,
+            AuthMethod::ApiKey { key_id },
+            id_header_value(&key_id),
+        );
+        let mut p = parts(&[
+            ("connection", "x-auth-user-id, x-forwarded-for"),
+            ("x.auth.user-id", "evil"),
+            ("x-authorization", "ApiKey secret"),
+        ]);
+        to_upstream(
+            &mut p,
+            &client(true, false),
+            request_id(&HeaderMap::new(), false),
+            Some(&identity),
+        );
+        assert_eq!(
+            p.headers["x-auth-user-id"],
+            uuid::Uuid::from_u128(1).to_string()
+        );
+        assert_eq!(p.headers.get_all("x-auth-user-id").iter().count(), 1);
+        assert!(!p.headers.contains_key("x.auth.user-id"));
+        assert!(!p.headers.contains_key("x-authorization"));
+        assert_eq!(p.headers[&X_FORWARDED_PROTO], "https");
     }
 }

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use http::uri::PathAndQuery;
 use http::{Request, Response, Uri, Version};
 use http_body::Body as _;
+use http_body_util::BodyExt as _;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
@@ -118,6 +119,8 @@ enum Failure {
     Connect,
     Timeout,
     BodyTooLarge,
+    /// The client's body, not the upstream, failed: not counted against it.
+    ClientBody,
     Other,
 }
 
@@ -180,6 +183,9 @@ impl Proxy {
         }
         // Only an empty body can be sent again to another upstream.
         let replayable = incoming.is_end_stream() && route.upstreams.len() > 1;
+        // Errors reading the client's body are marked, so a broken body is the
+        // client's 400, not the upstream's 502.
+        let incoming = incoming.map_err(body::ClientBodyError);
         let mut body = Some(if declared.is_some() {
             body::boxed(incoming)
         } else {
@@ -212,7 +218,7 @@ impl Proxy {
                     upstream.down_until.store(0, Ordering::Relaxed);
                     self.metrics.upstream(&upstream.label, started.elapsed());
                     let (mut head, incoming) = response.into_parts();
-                    headers::remove_hop_by_hop(&mut head.headers);
+                    headers::to_client(&mut head.headers);
                     return Ok((
                         Response::from_parts(head, body::boxed(incoming)),
                         upstream.label.as_str(),
@@ -239,6 +245,10 @@ impl Proxy {
                     return Err(ApiError::gateway_timeout());
                 }
                 Failure::BodyTooLarge => return Err(ApiError::body_too_large()),
+                Failure::ClientBody => {
+                    tracing::debug!(upstream = %upstream.label, "the client's request body broke off or was malformed");
+                    return Err(ApiError::bad_request("Request body could not be read"));
+                }
                 Failure::Other => {
                     self.metrics.upstream_error(&upstream.label, "reset");
                     return Err(ApiError::bad_gateway());
@@ -256,6 +266,9 @@ fn classify(error: &hyper_util::client::legacy::Error) -> Failure {
     while let Some(e) = source {
         if e.is::<http_body_util::LengthLimitError>() {
             return Failure::BodyTooLarge;
+        }
+        if e.is::<body::ClientBodyError>() {
+            return Failure::ClientBody;
         }
         source = e.source();
     }

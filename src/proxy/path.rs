@@ -1,9 +1,18 @@
 //! One normalised path decides the route and the auth policy, and the upstream
 //! receives that same path.
 //!
-//! Dot-segments are resolved (RFC 3986 section 5.2.4); a percent-encoded `/`,
-//! `\`, `.` or NUL, a raw `\`, a broken escape, or a `..` above the root is
-//! refused rather than repaired, so no later decoding can change the meaning.
+//! Dot-segments are resolved (RFC 3986 section 5.2.4). Refused rather than
+//! repaired, so no later decoding can change the meaning:
+//! - a percent-encoded `/`, `\`, `.` or NUL, a raw `\`, a broken escape, or a
+//!   `..` above the root;
+//! - a `;` anywhere in the path: servlet containers (the platform's among them)
+//!   strip `;` parameters from segments, so `/api/noauth/..;/x` would be `..`
+//!   to them and a plain name to us;
+//! - an encoded `%` (`%25`), the mark of a double encoding: `%252e` is `%2e`
+//!   after one decoding and `.` after two (`%25%32%65` likewise);
+//! - percent-escapes that do not decode to UTF-8 (overlong forms such as
+//!   `%c0%ae` for `.`), and segments made only of dots where some are Unicode
+//!   look-alikes (`%ef%bc%8e`, U+FF0E) that some servers fold to `.`.
 
 use std::borrow::Cow;
 
@@ -19,6 +28,51 @@ pub enum PathError {
     AboveRoot,
     #[error("path contains a backslash")]
     Backslash,
+    #[error("path contains ';' (path parameters are not accepted)")]
+    Semicolon,
+    #[error("path contains an encoded '%' (double encoding)")]
+    DoubleEncoded,
+    #[error("path does not decode to UTF-8")]
+    BadEncoding,
+}
+
+/// Characters some servers fold to `.` (fullwidth full stop, one dot leader,
+/// small full stop).
+const DOT_LOOKALIKES: &[char] = &['\u{FF0E}', '\u{2024}', '\u{FE52}'];
+
+/// Checks what the escapes of a path decode to (only called when some decode
+/// to a non-ASCII byte): valid UTF-8, and no segment of dots and dot look-alikes.
+fn check_decoded(path: &str) -> Result<(), PathError> {
+    let bytes = path.as_bytes();
+    let mut decoded = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            // Escapes were validated by the caller.
+            let hex =
+                std::str::from_utf8(&bytes[i + 1..i + 3]).map_err(|_| PathError::BadEscape)?;
+            decoded.push(u8::from_str_radix(hex, 16).map_err(|_| PathError::BadEscape)?);
+            i += 3;
+        } else {
+            decoded.push(bytes[i]);
+            i += 1;
+        }
+    }
+    let text = std::str::from_utf8(&decoded).map_err(|_| PathError::BadEncoding)?;
+    let dotlike = |c: char| c == '.' || DOT_LOOKALIKES.contains(&c);
+    if text
+        .split('/')
+        .any(|seg| !seg.is_empty() && seg.chars().all(dotlike) && !seg.is_ascii())
+    {
+        return Err(PathError::EncodedSeparator);
+    }
+    Ok(())
+}
+
+/// The byte two hex digits stand for.
+fn hex_byte(hex: Option<&[u8]>) -> Option<u8> {
+    let hex = std::str::from_utf8(hex?).ok()?;
+    u8::from_str_radix(hex, 16).ok()
 }
 
 /// Normalises a request path. Borrows when nothing needs changing.
@@ -28,26 +82,31 @@ pub fn normalize(path: &str) -> Result<Cow<'_, str>, PathError> {
     }
     let bytes = path.as_bytes();
     let mut needs_dot_work = false;
+    let mut non_ascii_escape = false;
     let mut i = 0;
     while i < bytes.len() {
         match bytes[i] {
             b'%' => {
-                let hex = bytes.get(i + 1..i + 3).ok_or(PathError::BadEscape)?;
-                let value = std::str::from_utf8(hex)
-                    .ok()
-                    .and_then(|h| u8::from_str_radix(h, 16).ok())
-                    .ok_or(PathError::BadEscape)?;
+                let value = hex_byte(bytes.get(i + 1..i + 3)).ok_or(PathError::BadEscape)?;
                 if matches!(value, b'/' | b'\\' | b'.' | 0) {
                     return Err(PathError::EncodedSeparator);
                 }
+                if value == b'%' {
+                    return Err(PathError::DoubleEncoded);
+                }
+                non_ascii_escape |= !value.is_ascii();
                 i += 3;
                 continue;
             }
             b'\\' => return Err(PathError::Backslash),
+            b';' => return Err(PathError::Semicolon),
             b'.' if bytes[i - 1] == b'/' => needs_dot_work = true,
             _ => {}
         }
         i += 1;
+    }
+    if non_ascii_escape {
+        check_decoded(path)?;
     }
     if !needs_dot_work {
         return Ok(Cow::Borrowed(path));
@@ -142,5 +201,41 @@ mod tests {
         assert_eq!(normalize("/api/%zz"), Err(PathError::BadEscape));
         assert_eq!(normalize("/api/%2"), Err(PathError::BadEscape));
         assert_eq!(normalize("api"), Err(PathError::NotAbsolute));
+    }
+
+    #[test]
+    fn semicolon_path_parameters_are_refused() {
+        for p in [
+            "/api/noauth/..;/device/x",
+            "/api/noauth/.;/x",
+            "/api/device;jsessionid=1",
+            "/api/;/x",
+        ] {
+            assert_eq!(normalize(p), Err(PathError::Semicolon), "{p}");
+        }
+        // An encoded ';' is data, not a parameter separator.
+        assert!(normalize("/api/a%3Bb").is_ok());
+    }
+
+    #[test]
+    fn double_encoded_and_overlong_dots_are_refused() {
+        for p in ["/api/noauth/%252e%252e/x", "/api/%252f", "/api/%25%32%65"] {
+            assert!(normalize(p).is_err(), "{p}");
+        }
+        assert_eq!(normalize("/api/%252e"), Err(PathError::DoubleEncoded));
+        for p in [
+            "/api/%c0%ae%c0%ae/x",
+            "/api/%e0%80%ae/x",
+            "/api/%c0%af",
+            "/api/%ff",
+        ] {
+            assert_eq!(normalize(p), Err(PathError::BadEncoding), "{p}");
+        }
+        for p in ["/api/noauth/%ef%bc%8e%ef%bc%8e/x", "/api/.%e2%80%a4/x"] {
+            assert_eq!(normalize(p), Err(PathError::EncodedSeparator), "{p}");
+        }
+        assert_eq!(normalize("/api/100%25"), Err(PathError::DoubleEncoded));
+        // Non-ASCII names that are plain UTF-8 data still pass.
+        assert!(normalize("/api/caf%c3%a9").is_ok());
     }
 }

@@ -1,0 +1,685 @@
+//! Attacks found in review, each replayed against the real server on loopback:
+//! the test is named after the attack it stops.
+
+mod common;
+
+use common::{Gateway, PASSWORD, Upstream, error_body, raw_http};
+use keygate::accounts::{self, NewUser};
+use keygate::identity::Authority;
+use keygate::store::UserRecord;
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+async fn user_in(
+    gw: &Gateway,
+    email: &str,
+    authority: Authority,
+    tenant: Uuid,
+    customer: Option<Uuid>,
+) -> UserRecord {
+    let new = NewUser {
+        email: email.into(),
+        authority,
+        tenant_id: Some(tenant),
+        customer_id: customer,
+        first_name: String::new(),
+        last_name: String::new(),
+    };
+    accounts::create_user(&gw.running.store, new, PASSWORD.into(), &Default::default())
+        .await
+        .unwrap()
+}
+
+async fn get(gw: &Gateway, path: &str, credential: &str) -> reqwest::Response {
+    gw.client()
+        .get(gw.https(path))
+        .header("X-Authorization", credential)
+        .send()
+        .await
+        .unwrap()
+}
+
+async fn login(gw: &Gateway, url: String, username: &str, password: &str) -> reqwest::Response {
+    gw.client()
+        .post(url)
+        .json(&json!({"username": username, "password": password}))
+        .send()
+        .await
+        .unwrap()
+}
+
+/// The value of a counter line in the metrics exposition, 0 when absent.
+fn counter(metrics: &str, series: &str) -> u64 {
+    metrics
+        .lines()
+        .find(|line| line.starts_with(series))
+        .and_then(|line| line.rsplit(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test]
+async fn activation_link_cannot_reset_an_active_account() {
+    let upstream = Upstream::start().await;
+    let gw = Gateway::start(&upstream.url(), "").await;
+    let tenant = Uuid::new_v4();
+    let victim = user_in(
+        &gw,
+        "victim@example.com",
+        Authority::TenantAdmin,
+        tenant,
+        None,
+    )
+    .await;
+    let peer = user_in(
+        &gw,
+        "peer@example.com",
+        Authority::TenantAdmin,
+        tenant,
+        None,
+    )
+    .await;
+    let customer = user_in(
+        &gw,
+        "customer@example.com",
+        Authority::CustomerUser,
+        tenant,
+        Some(Uuid::new_v4()),
+    )
+    .await;
+    let (_, victim_token) = gw.access_token(&victim).await;
+    let (_, peer_token) = gw.access_token(&peer).await;
+    let (_, customer_key) = gw.api_key(&customer, 0).await;
+
+    // Another TENANT_ADMIN of the same tenant, and a key holder for itself.
+    for (path, credential) in [
+        (
+            format!("/api/user/{}/activationLink", victim.id),
+            format!("Bearer {peer_token}"),
+        ),
+        (
+            format!("/api/user/{}/activationLink", customer.id),
+            format!("ApiKey {customer_key}"),
+        ),
+    ] {
+        let (code, json) = error_body(get(&gw, &path, &credential).await).await;
+        assert_eq!(
+            (code, json["errorCode"].as_u64()),
+            (400, Some(31)),
+            "{json}"
+        );
+        assert_eq!(json["message"], "User is already active");
+    }
+    // The owner is not locked out and keeps working.
+    assert_eq!(
+        login(
+            &gw,
+            gw.https("/api/auth/login"),
+            "victim@example.com",
+            PASSWORD
+        )
+        .await
+        .status(),
+        200
+    );
+    assert_eq!(
+        get(&gw, "/api/devices", &format!("Bearer {victim_token}"))
+            .await
+            .status(),
+        200
+    );
+}
+
+/// A pending user created over REST, and its activation token.
+async fn pending_user_with_token(gw: &Gateway) -> (Uuid, String) {
+    let sys = gw
+        .running
+        .store
+        .user_by_email("sysadmin@keygate.local")
+        .await
+        .unwrap()
+        .unwrap();
+    let (_, token) = gw.access_token(&sys).await;
+    let bearer = format!("Bearer {token}");
+    let created: Value = gw
+        .client()
+        .post(gw.https("/api/user"))
+        .header("X-Authorization", &bearer)
+        .json(&json!({"email": "pending@example.com", "authority": "TENANT_ADMIN", "tenantId": {"entityType": "TENANT", "id": Uuid::new_v4()}}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let id: Uuid = created["id"]["id"].as_str().unwrap().parse().unwrap();
+    let link = get(gw, &format!("/api/user/{id}/activationLink"), &bearer)
+        .await
+        .text()
+        .await
+        .unwrap();
+    let token = link.split("activateToken=").nth(1).unwrap().to_string();
+    (id, token)
+}
+
+async fn activate(gw: &Gateway, token: &str, password: &str) -> reqwest::Response {
+    gw.client()
+        .post(gw.https("/api/noauth/activate"))
+        .json(&json!({"activateToken": token, "password": password}))
+        .send()
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn activation_token_raced_twice_sets_one_password() {
+    let upstream = Upstream::start().await;
+    let gw = Gateway::start(&upstream.url(), "").await;
+    let (_, token) = pending_user_with_token(&gw).await;
+    let (a, b) = tokio::join!(
+        activate(&gw, &token, "first-password-a"),
+        activate(&gw, &token, "first-password-b"),
+    );
+    let mut statuses = [a.status().as_u16(), b.status().as_u16()];
+    statuses.sort();
+    assert_eq!(statuses, [200, 400]);
+    let winners = [
+        login(
+            &gw,
+            gw.https("/api/auth/login"),
+            "pending@example.com",
+            "first-password-a",
+        )
+        .await,
+        login(
+            &gw,
+            gw.https("/api/auth/login"),
+            "pending@example.com",
+            "first-password-b",
+        )
+        .await,
+    ];
+    let ok = winners.iter().filter(|r| r.status() == 200).count();
+    assert_eq!(ok, 1, "exactly one of the racing passwords was set");
+}
+
+#[tokio::test]
+async fn activation_flood_with_bogus_tokens_never_hashes_and_is_limited_per_address() {
+    let upstream = Upstream::start().await;
+    let gw = Gateway::start(&upstream.url(), "[login]\naddress_max_failures = 20\n").await;
+    let before = gw.metrics().await;
+    let mut statuses = Vec::new();
+    for i in 0..30 {
+        let response = activate(&gw, &format!("bogus-token-{i}"), "a-long-enough-password").await;
+        statuses.push(response.status().as_u16());
+    }
+    assert!(statuses[..20].iter().all(|s| *s == 400), "{statuses:?}");
+    assert!(statuses[20..].iter().all(|s| *s == 429), "{statuses:?}");
+    let after = gw.metrics().await;
+    let hashes = r#"keygate_password_hashes_total{purpose="other"}"#;
+    assert_eq!(
+        counter(&after, hashes),
+        counter(&before, hashes),
+        "a bogus token costs no hash"
+    );
+    // The limit is the flooder's address: its logins are limited too.
+    assert_eq!(
+        login(
+            &gw,
+            gw.https("/api/auth/login"),
+            "sysadmin@keygate.local",
+            PASSWORD
+        )
+        .await
+        .status(),
+        429,
+        "the flooding address itself is limited for logins too"
+    );
+}
+
+#[tokio::test]
+async fn activation_with_a_valid_token_sets_the_password_once() {
+    let upstream = Upstream::start().await;
+    let gw = Gateway::start(&upstream.url(), "").await;
+    let (_, token) = pending_user_with_token(&gw).await;
+    let response = activate(&gw, &token, "chosen-password").await;
+    assert_eq!(response.status(), 200);
+    let (code, _) = error_body(activate(&gw, &token, "attacker-password").await).await;
+    assert_eq!(code, 400);
+    assert_eq!(
+        login(
+            &gw,
+            gw.https("/api/auth/login"),
+            "pending@example.com",
+            "chosen-password"
+        )
+        .await
+        .status(),
+        200
+    );
+}
+
+#[tokio::test]
+async fn parallel_wrong_passwords_never_exceed_the_login_limit() {
+    let upstream = Upstream::start().await;
+    let gw = Gateway::start(&upstream.url(), "").await;
+    gw.user("target@example.com", Authority::TenantAdmin).await;
+    let before = gw.metrics().await;
+    let guesses = (0..40).map(|i| {
+        let gw = &gw;
+        async move {
+            let guess = format!("wrong-guess-{i}");
+            login(
+                gw,
+                gw.https("/api/auth/login"),
+                "target@example.com",
+                &guess,
+            )
+            .await
+        }
+    });
+    let responses = futures_util::future::join_all(guesses).await;
+    let evaluated = responses.iter().filter(|r| r.status() == 401).count();
+    let limited = responses.iter().filter(|r| r.status() == 429).count();
+    assert_eq!((evaluated, limited), (10, 30));
+    let after = gw.metrics().await;
+    let hashes = r#"keygate_password_hashes_total{purpose="login"}"#;
+    assert_eq!(counter(&after, hashes) - counter(&before, hashes), 10);
+}
+
+const TRUSTING_LOOPBACK: &str = "[proxy]\ntrusted_proxies = [\"127.0.0.1/32\"]\n";
+
+async fn login_from(gw: &Gateway, client_ip: &str, password: &str) -> u16 {
+    gw.client()
+        .post(gw.https("/api/auth/login"))
+        .header("X-Forwarded-For", client_ip)
+        .json(&json!({"username": "owner@example.com", "password": password}))
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .as_u16()
+}
+
+#[tokio::test]
+async fn password_guesses_from_one_address_do_not_lock_the_owner_out() {
+    let upstream = Upstream::start().await;
+    let gw = Gateway::start(&upstream.url(), TRUSTING_LOOPBACK).await;
+    gw.user("owner@example.com", Authority::TenantAdmin).await;
+    for _ in 0..10 {
+        assert_eq!(login_from(&gw, "198.51.100.7", "guess").await, 401);
+    }
+    assert_eq!(login_from(&gw, "198.51.100.7", PASSWORD).await, 429);
+    assert_eq!(login_from(&gw, "203.0.113.5", PASSWORD).await, 200);
+}
+
+#[tokio::test]
+async fn password_guesses_spread_over_addresses_reach_the_account_ceiling() {
+    let upstream = Upstream::start().await;
+    let gw = Gateway::start(
+        &upstream.url(),
+        &format!("{TRUSTING_LOOPBACK}[login]\naccount_max_failures = 6\naccount_address_max_failures = 3\n"),
+    )
+    .await;
+    gw.user("owner@example.com", Authority::TenantAdmin).await;
+    for i in 0..6 {
+        assert_eq!(
+            login_from(&gw, &format!("198.51.100.{i}"), "guess").await,
+            401
+        );
+    }
+    assert_eq!(login_from(&gw, "203.0.113.5", PASSWORD).await, 429);
+}
+
+#[tokio::test]
+async fn change_password_cannot_be_used_to_brute_force_the_account_password() {
+    let upstream = Upstream::start().await;
+    let gw = Gateway::start(&upstream.url(), "").await;
+    let user = gw
+        .user("keyholder@example.com", Authority::TenantAdmin)
+        .await;
+    let (_, key) = gw.api_key(&user, 0).await;
+    let attempt = |current: &'static str| {
+        gw.client()
+            .post(gw.https("/api/auth/changePassword"))
+            .header("X-Authorization", format!("ApiKey {key}"))
+            .json(&json!({"currentPassword": current, "newPassword": "brand-new-password"}))
+            .send()
+    };
+    for _ in 0..10 {
+        assert_eq!(attempt("wrong-guess").await.unwrap().status(), 400);
+    }
+    let (code, json) = error_body(attempt(PASSWORD).await.unwrap()).await;
+    assert_eq!((code, json["errorCode"].as_u64()), (429, Some(33)));
+}
+
+#[tokio::test]
+async fn forwarding_headers_from_an_untrusted_client_never_reach_the_upstream() {
+    let upstream = Upstream::start().await;
+    let gw = Gateway::start(&upstream.url(), "").await;
+    let user = gw.user("fwd@example.com", Authority::TenantAdmin).await;
+    let (_, key) = gw.api_key(&user, 0).await;
+    let spoofed = [
+        "X-Forwarded-For",
+        "X-Forwarded-Proto",
+        "X-Forwarded-Host",
+        "X-Forwarded-Prefix",
+        "X-Forwarded-Port",
+        "X-Forwarded-Ssl",
+        "X-Forwarded-Server",
+        "X-Forwarded-Scheme",
+        "Forwarded",
+        "X-Real-IP",
+        "True-Client-IP",
+        "X-Client-IP",
+        "X-Original-URL",
+        "X-Rewrite-URL",
+        "X_Real_IP",
+    ];
+    for path in ["/api/devices", "/api/noauth/info"] {
+        let mut request = gw
+            .client()
+            .get(gw.https(path))
+            .header("X-Authorization", format!("ApiKey {key}"));
+        for name in spoofed {
+            request = request.header(name, "spoofed");
+        }
+        assert_eq!(request.send().await.unwrap().status(), 200);
+        let seen = upstream.last();
+        let leaked: Vec<_> = seen
+            .headers
+            .iter()
+            .filter(|(_, v)| v.as_bytes() == b"spoofed")
+            .map(|(n, _)| n.as_str().to_string())
+            .collect();
+        assert!(leaked.is_empty(), "{path}: {leaked:?} reached the upstream");
+        assert_eq!(seen.headers["x-forwarded-for"], "127.0.0.1");
+        assert_eq!(seen.headers["x-forwarded-proto"], "https");
+    }
+}
+
+#[tokio::test]
+async fn forwarding_headers_from_a_trusted_proxy_pass() {
+    let upstream = Upstream::start().await;
+    let gw = Gateway::start(&upstream.url(), TRUSTING_LOOPBACK).await;
+    let response = gw
+        .client()
+        .get(gw.https("/api/noauth/info"))
+        .header("X-Forwarded-Prefix", "/edge")
+        .header("X-Real-IP", "203.0.113.5")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let seen = upstream.last();
+    assert_eq!(seen.headers["x-forwarded-prefix"], "/edge");
+    assert_eq!(seen.headers["x-real-ip"], "203.0.113.5");
+}
+
+#[tokio::test]
+async fn separator_spelled_identity_headers_cannot_spoof_a_user() {
+    let upstream = Upstream::start().await;
+    let gw = Gateway::start(&upstream.url(), "").await;
+    let user = gw.user("spoof@example.com", Authority::CustomerUser).await;
+    let (_, key) = gw.api_key(&user, 0).await;
+    for path in ["/api/devices", "/api/noauth/info"] {
+        let response = gw
+            .client()
+            .get(gw.https(path))
+            .header("X-Authorization", format!("ApiKey {key}"))
+            .header("X.Auth.User-Id", "evil")
+            .header("X~Auth~Authority", "SYS_ADMIN")
+            .header("x_auth_email", "evil@example.com")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+        let seen = upstream.last();
+        assert!(
+            seen.headers.values().all(|v| v.as_bytes() != b"evil"
+                && v.as_bytes() != b"SYS_ADMIN"
+                && v.as_bytes() != b"evil@example.com"),
+            "{path}: {:?}",
+            seen.headers
+        );
+    }
+}
+
+#[tokio::test]
+async fn semicolon_and_double_encoded_paths_cannot_reach_a_protected_route_as_public() {
+    let upstream = Upstream::start().await;
+    let gw = Gateway::start(&upstream.url(), "").await;
+    for path in [
+        "/api/noauth/..;/tenant/devices",
+        "/api/noauth/..;jsessionid=x/tenant/devices",
+        "/api/noauth/%252e%252e/tenant/devices",
+        "/api/noauth/%c0%ae%c0%ae/tenant/devices",
+        "/api/noauth/%ef%bc%8e%ef%bc%8e/tenant/devices",
+    ] {
+        let (code, json) = error_body(
+            gw.client()
+                .get(format!("{}{path}", gw.https("")))
+                .send()
+                .await
+                .unwrap(),
+        )
+        .await;
+        assert_eq!(
+            (code, json["errorCode"].as_u64()),
+            (400, Some(31)),
+            "{path}"
+        );
+    }
+    assert!(upstream.requests().is_empty(), "nothing was forwarded");
+}
+
+#[tokio::test]
+async fn api_key_sent_in_clear_to_a_public_route_is_refused_and_disabled() {
+    let upstream = Upstream::start().await;
+    let gw = Gateway::start(&upstream.url(), "[api_keys]\ndisable_on_plaintext = true\n").await;
+    let user = gw.user("clear@example.com", Authority::TenantAdmin).await;
+    let (_, key) = gw.api_key(&user, 0).await;
+    let response = gw
+        .client()
+        .get(gw.http("/api/noauth/info"))
+        .header("X-Authorization", format!("ApiKey {key}"))
+        .send()
+        .await
+        .unwrap();
+    let (code, json) = error_body(response).await;
+    assert_eq!((code, json["errorCode"].as_u64()), (403, Some(20)));
+    assert!(upstream.requests().is_empty());
+    let (code, json) = error_body(get(&gw, "/api/devices", &format!("ApiKey {key}")).await).await;
+    assert_eq!(
+        (code, json["message"].as_str()),
+        (401, Some("User account is not active")),
+        "the exposed key was disabled"
+    );
+}
+
+#[tokio::test]
+async fn passwords_and_tokens_in_clear_are_refused_when_a_proxy_saw_them_cross_in_clear() {
+    let upstream = Upstream::start().await;
+    let gw = Gateway::start(&upstream.url(), TRUSTING_LOOPBACK).await;
+    let user = gw.user("clear@example.com", Authority::TenantAdmin).await;
+    let (_, token) = gw.access_token(&user).await;
+    let over = |proto: &'static str, path: &str| {
+        gw.client()
+            .post(gw.http(path))
+            .header("X-Forwarded-Proto", proto)
+    };
+    let login_body = json!({"username": "clear@example.com", "password": PASSWORD});
+    let (code, json) = error_body(
+        over("http", "/api/auth/login")
+            .json(&login_body)
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!((code, json["errorCode"].as_u64()), (403, Some(20)));
+    let (code, _) = error_body(
+        over("http", "/api/devices")
+            .header("X-Authorization", format!("Bearer {token}"))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(code, 403);
+    let (code, _) = error_body(
+        over("http", "/api/auth/token")
+            .json(&json!({"refreshToken": "x.y.z"}))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(code, 403);
+    assert!(upstream.requests().is_empty());
+    // The same proxy reporting https: accepted.
+    let response = over("https", "/api/auth/login")
+        .json(&login_body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    // A loopback client that is not a proxy (a sidecar's neighbour) may.
+    let plain = Gateway::start(&upstream.url(), "").await;
+    let user = plain.user("side@example.com", Authority::TenantAdmin).await;
+    let (_, token) = plain.access_token(&user).await;
+    let response = plain
+        .client()
+        .get(plain.http("/api/devices"))
+        .header("X-Authorization", format!("Bearer {token}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+}
+
+#[tokio::test]
+async fn customer_user_cannot_learn_that_another_user_exists() {
+    let upstream = Upstream::start().await;
+    let gw = Gateway::start(&upstream.url(), "").await;
+    let tenant = Uuid::new_v4();
+    let admin = user_in(
+        &gw,
+        "admin@example.com",
+        Authority::TenantAdmin,
+        tenant,
+        None,
+    )
+    .await;
+    let customer = user_in(
+        &gw,
+        "cu@example.com",
+        Authority::CustomerUser,
+        tenant,
+        Some(Uuid::new_v4()),
+    )
+    .await;
+    let (_, key) = gw.api_key(&customer, 0).await;
+    let credential = format!("ApiKey {key}");
+    let existing =
+        error_body(get(&gw, &format!("/api/user/{}", admin.id), &credential).await).await;
+    let unknown =
+        error_body(get(&gw, &format!("/api/user/{}", Uuid::new_v4()), &credential).await).await;
+    assert_eq!(existing.0, 404);
+    assert_eq!(
+        (existing.0, &existing.1["message"], &existing.1["errorCode"]),
+        (unknown.0, &unknown.1["message"], &unknown.1["errorCode"])
+    );
+    assert_eq!(
+        get(&gw, &format!("/api/user/{}", customer.id), &credential)
+            .await
+            .status(),
+        200
+    );
+}
+
+#[tokio::test]
+async fn malformed_chunked_body_is_the_clients_400_not_the_upstreams_502() {
+    let upstream = Upstream::start().await;
+    let gw = Gateway::start(&upstream.url(), "").await;
+    let request = "POST /api/noauth/upload HTTP/1.1\r\nHost: localhost\r\n\
+                   Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\nzz\r\nbroken\r\n0\r\n\r\n";
+    let response = raw_http(gw.running.http.unwrap(), request).await;
+    assert!(response.starts_with("HTTP/1.1 400"), "{response}");
+    assert!(response.contains(r#""errorCode":31"#), "{response}");
+    let metrics = gw.metrics().await;
+    assert!(
+        !metrics.contains("keygate_upstream_errors_total{"),
+        "no upstream was blamed: {metrics}"
+    );
+}
+
+#[tokio::test]
+async fn activation_link_ignores_a_spoofed_host_header() {
+    let upstream = Upstream::start().await;
+    let gw = Gateway::start(&upstream.url(), "").await;
+    let (id, _) = pending_user_with_token(&gw).await;
+    let sys = gw
+        .running
+        .store
+        .user_by_email("sysadmin@keygate.local")
+        .await
+        .unwrap()
+        .unwrap();
+    let (_, token) = gw.access_token(&sys).await;
+    let link_for = |gw: &Gateway, host: Option<&'static str>| {
+        let mut request = gw
+            .client()
+            .get(gw.https(&format!("/api/user/{id}/activationLink")))
+            .header("X-Authorization", format!("Bearer {token}"));
+        if let Some(host) = host {
+            request = request
+                .header("Host", host)
+                .header("X-Forwarded-Host", host);
+        }
+        request.send()
+    };
+    let link = link_for(&gw, Some("evil.example"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(!link.contains("evil.example"), "{link}");
+    assert!(
+        link.starts_with(&format!("https://{}/", gw.running.https.unwrap())),
+        "{link}"
+    );
+}
+
+#[tokio::test]
+async fn activation_links_use_the_configured_public_base_url() {
+    let upstream = Upstream::start().await;
+    let gw = Gateway::start(
+        &upstream.url(),
+        "[server]\npublic_base_url = \"https://gw.example.com/\"\n",
+    )
+    .await;
+    let (id, _) = pending_user_with_token(&gw).await;
+    let sys = gw
+        .running
+        .store
+        .user_by_email("sysadmin@keygate.local")
+        .await
+        .unwrap()
+        .unwrap();
+    let (_, token) = gw.access_token(&sys).await;
+    let link = get(
+        &gw,
+        &format!("/api/user/{id}/activationLink"),
+        &format!("Bearer {token}"),
+    )
+    .await
+    .text()
+    .await
+    .unwrap();
+    assert!(
+        link.starts_with("https://gw.example.com/api/noauth/activate?activateToken="),
+        "{link}"
+    );
+}
