@@ -22,6 +22,7 @@ pub struct FileConfig {
     pub listen: ListenSection,
     pub tls: TlsSection,
     pub store: StoreSection,
+    pub retention: RetentionSection,
     pub jwt: JwtSection,
     pub api_keys: ApiKeySection,
     pub cache: CacheSection,
@@ -64,6 +65,29 @@ pub struct TlsSection {
 pub struct StoreSection {
     pub url: String,
     pub max_connections: i64,
+}
+
+/// Pruning of dead store rows.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RetentionSection {
+    pub interval: String,
+    pub sessions: String,
+    pub activation_tokens: String,
+    pub batch_size: i64,
+    pub max_rows_per_run: i64,
+}
+
+impl Default for RetentionSection {
+    fn default() -> Self {
+        RetentionSection {
+            interval: "1h".into(),
+            sessions: "30d".into(),
+            activation_tokens: "7d".into(),
+            batch_size: 500,
+            max_rows_per_run: 10_000,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -168,6 +192,7 @@ impl Default for FileConfig {
             listen: ListenSection::default(),
             tls: TlsSection::default(),
             store: StoreSection::default(),
+            retention: RetentionSection::default(),
             jwt: JwtSection::default(),
             api_keys: ApiKeySection::default(),
             cache: CacheSection::default(),
@@ -329,6 +354,7 @@ pub struct Settings {
     pub tls_files: Option<(PathBuf, PathBuf)>,
     pub store_url: String,
     pub store_max_connections: u32,
+    pub retention: RetentionSettings,
     pub jwt: JwtSettings,
     pub api_key_prefix: String,
     /// Disable a key at once when it arrives over plain HTTP (it is exposed).
@@ -342,6 +368,25 @@ pub struct Settings {
     pub log: LogSettings,
     pub routes: Vec<RouteSpec>,
 }
+
+/// How dead store rows are pruned.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RetentionSettings {
+    /// Time between runs; `None` turns pruning off.
+    pub interval: Option<Duration>,
+    /// How long a session is kept once it is dead (ended, or its refresh
+    /// token expired).
+    pub sessions: Duration,
+    /// How long an activation token is kept once it expired.
+    pub activation_tokens: Duration,
+    /// Rows deleted by one statement.
+    pub batch_size: u32,
+    /// Rows of one kind deleted by one run.
+    pub max_rows_per_run: u64,
+}
+
+/// Largest `retention.batch_size`: one statement stays short.
+const MAX_PRUNE_BATCH: i64 = 100_000;
 
 #[derive(Debug, Clone)]
 pub struct ApiBrowserSettings {
@@ -811,6 +856,7 @@ fn validate(file: &FileConfig, errors: &mut Vec<String>) -> Settings {
     }
 
     let jwt = validate_jwt(&file.jwt, errors);
+    let retention = validate_retention(&file.retention, errors);
 
     let prefix = &file.api_keys.prefix;
     if prefix.len() > 16
@@ -855,6 +901,7 @@ fn validate(file: &FileConfig, errors: &mut Vec<String>) -> Settings {
         tls_files,
         store_url,
         store_max_connections,
+        retention,
         jwt,
         api_key_prefix: prefix.clone(),
         disable_key_on_plaintext: file.api_keys.disable_on_plaintext,
@@ -947,6 +994,40 @@ fn validate_jwt(jwt: &JwtSection, errors: &mut Vec<String>) -> JwtSettings {
         refresh_ttl: Duration::from_secs(refresh.max(0) as u64),
         issuer: jwt.token_issuer.clone(),
         signing_key,
+    }
+}
+
+fn validate_retention(section: &RetentionSection, errors: &mut Vec<String>) -> RetentionSettings {
+    let mut duration = |name: &str, text: &str| match parse_duration(text) {
+        Ok(d) => d,
+        Err(e) => {
+            errors.push(format!("retention.{name}: {e}"));
+            Duration::ZERO
+        }
+    };
+    let interval = match section.interval.trim() {
+        "" => None,
+        text => Some(duration("interval", text)).filter(|d| !d.is_zero()),
+    };
+    let sessions = duration("sessions", &section.sessions);
+    let activation_tokens = duration("activation_tokens", &section.activation_tokens);
+    let (batch, per_run) = (section.batch_size, section.max_rows_per_run);
+    if !(1..=MAX_PRUNE_BATCH).contains(&batch) {
+        errors.push(format!(
+            "retention.batch_size: from 1 to {MAX_PRUNE_BATCH}, got {batch}"
+        ));
+    }
+    if per_run < batch {
+        errors.push(format!(
+            "retention.max_rows_per_run: at least retention.batch_size ({batch}), got {per_run}"
+        ));
+    }
+    RetentionSettings {
+        interval,
+        sessions,
+        activation_tokens,
+        batch_size: batch.clamp(1, MAX_PRUNE_BATCH) as u32,
+        max_rows_per_run: per_run.max(1) as u64,
     }
 }
 
@@ -1317,6 +1398,40 @@ mod tests {
         assert!(parse_duration("30").is_err());
         assert!(parse_duration("s").is_err());
         assert!(parse_duration("3 weeks").is_err());
+    }
+
+    #[test]
+    fn retention_defaults_zero_interval_and_bounds() {
+        let defaults = load_text("", &[]).unwrap().retention;
+        assert_eq!(
+            defaults,
+            RetentionSettings {
+                interval: Some(Duration::from_secs(3600)),
+                sessions: Duration::from_secs(30 * 86_400),
+                activation_tokens: Duration::from_secs(7 * 86_400),
+                batch_size: 500,
+                max_rows_per_run: 10_000,
+            }
+        );
+        for off in ["0s", ""] {
+            let settings = load_text("", &[("KEYGATE_RETENTION_INTERVAL", off)]).unwrap();
+            assert_eq!(settings.retention.interval, None, "{off:?}");
+        }
+        let settings = load_text("[retention]\nsessions = \"0s\"\n", &[]).unwrap();
+        assert_eq!(settings.retention.sessions, Duration::ZERO);
+        let errors = load_text(
+            "[retention]\nbatch_size = 0\nmax_rows_per_run = -1\nactivation_tokens = \"soon\"\n",
+            &[],
+        )
+        .unwrap_err();
+        let text = errors.0.join("\n");
+        for needle in [
+            "retention.batch_size: from 1 to 100000, got 0",
+            "retention.max_rows_per_run: at least",
+            "retention.activation_tokens",
+        ] {
+            assert!(text.contains(needle), "missing {needle:?} in:\n{text}");
+        }
     }
 
     #[test]

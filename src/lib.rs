@@ -21,6 +21,7 @@ pub mod error;
 pub mod identity;
 pub mod listener;
 pub mod proxy;
+pub mod retention;
 pub mod revocation;
 pub mod server;
 pub mod store;

@@ -343,6 +343,15 @@ pub async fn start(settings: Settings, options: StartOptions) -> Result<Running,
             shutdown_rx.clone(),
         )));
     }
+    if let Some(interval) = app.settings().retention.interval {
+        let pruner = crate::retention::Pruner {
+            store: store.clone(),
+            settings: app.settings().retention.clone(),
+            refresh_ttl: app.settings().jwt.refresh_ttl,
+            metrics: metrics.clone(),
+        };
+        tokio::spawn(pruner.run(interval, shutdown_rx.clone()));
+    }
     if let Some(browser) = browser {
         tokio::spawn(browser.refresh_loop(
             browser_settings.refresh,

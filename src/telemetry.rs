@@ -31,6 +31,8 @@ pub struct Metrics {
     reloads: IntCounterVec,
     last_reload: IntGauge,
     pub tls_cert_not_after: IntGauge,
+    pruned_rows: IntCounterVec,
+    prune_runs: IntCounterVec,
 }
 
 const LATENCY_BUCKETS: &[f64] = &[
@@ -178,6 +180,16 @@ impl Metrics {
         registry
             .register(Box::new(tls_cert_not_after.clone()))
             .expect("unique metric");
+        let pruned_rows = counter(
+            "keygate_store_pruned_rows_total",
+            "Dead rows deleted from the store, by kind (ended_sessions, expired_sessions, activation_tokens).",
+            &["kind"],
+        );
+        let prune_runs = counter(
+            "keygate_store_prune_runs_total",
+            "Runs of the store pruning, by outcome (success, failure).",
+            &["outcome"],
+        );
         let build = gauge(
             "keygate_build_info",
             "Build information; the value is always 1.",
@@ -205,6 +217,8 @@ impl Metrics {
             reloads,
             last_reload,
             tls_cert_not_after,
+            pruned_rows,
+            prune_runs,
         }
     }
 
@@ -266,6 +280,16 @@ impl Metrics {
         if ok {
             self.last_reload.set(crate::clock::now_secs());
         }
+    }
+
+    pub fn pruned(&self, kind: &str, rows: u64) {
+        self.pruned_rows.with_label_values(&[kind]).inc_by(rows);
+    }
+
+    pub fn prune_run(&self, ok: bool) {
+        self.prune_runs
+            .with_label_values(&[if ok { "success" } else { "failure" }])
+            .inc();
     }
 
     pub fn revocation_received(&self) {

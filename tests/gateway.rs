@@ -284,7 +284,11 @@ async fn logged_out_session_token_is_refused() {
             .send()
     };
     assert_eq!(send().await.unwrap().status(), 200);
-    gw.running.store.end_session(session_id).await.unwrap();
+    gw.running
+        .store
+        .end_session(session_id, keygate::clock::now_ms())
+        .await
+        .unwrap();
     gw.running
         .app
         .authenticator()

@@ -268,6 +268,82 @@ async fn logout_ends_the_session_at_once() {
     );
 }
 
+/// The value of a counter line `name` in a metrics exposition, 0 if absent.
+fn counter(metrics: &str, name: &str) -> u64 {
+    metrics
+        .lines()
+        .find_map(|line| line.strip_prefix(name)?.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test]
+async fn pruned_session_cannot_be_refreshed() {
+    let (_up, gw) = setup("[retention]\ninterval = \"100ms\"\nsessions = \"0s\"\n").await;
+    gw.user("pruned@example.com", Authority::TenantAdmin).await;
+    let (access, retired_refresh) = login_pair(&gw, "pruned@example.com", PASSWORD).await;
+    let (live_access, live_refresh) = login_pair(&gw, "pruned@example.com", PASSWORD).await;
+    let response = refresh(&gw, &retired_refresh).await;
+    assert_eq!(response.status(), 200);
+    let pair: Value = response.json().await.unwrap();
+    let refresh_token = pair["refreshToken"].as_str().unwrap().to_string();
+    let session_id: uuid::Uuid = claims(&access)["sessionId"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let bearer = format!("Bearer {access}");
+    let response = gw
+        .client()
+        .post(gw.https("/api/auth/logout"))
+        .header("X-Authorization", &bearer)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+
+    // The running server deletes the ended session's row on its own.
+    let store = &gw.running.store;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while store.session_by_id(session_id).await.unwrap().is_some() {
+        assert!(
+            Instant::now() < deadline,
+            "the ended session was not pruned"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    // Gone is refused exactly like ended: neither the current nor a retired
+    // refresh token, nor the access token, brings the session back.
+    for token in [&refresh_token, &retired_refresh] {
+        let (status, json) = error_body(refresh(&gw, token).await).await;
+        assert_eq!((status, json["errorCode"].as_u64()), (401, Some(11)));
+    }
+    let (status, json) = error_body(get_user(&gw, &bearer).await).await;
+    assert_eq!((status, json["errorCode"].as_u64()), (401, Some(11)));
+    assert!(
+        store.session_by_id(session_id).await.unwrap().is_none(),
+        "nothing recreated the session"
+    );
+
+    // The live session of the same user is never pruned.
+    let live = format!("Bearer {live_access}");
+    assert_eq!(get_user(&gw, &live).await.status(), 200);
+    assert_eq!(refresh(&gw, &live_refresh).await.status(), 200);
+    let metrics = gw.metrics().await;
+    let pruned = counter(
+        &metrics,
+        r#"keygate_store_pruned_rows_total{kind="ended_sessions"}"#,
+    );
+    assert_eq!(pruned, 1, "{metrics}");
+    assert!(
+        counter(
+            &metrics,
+            r#"keygate_store_prune_runs_total{outcome="success"}"#
+        ) >= 1,
+        "{metrics}"
+    );
+}
+
 #[tokio::test]
 async fn password_change_outdates_every_older_token_of_the_user() {
     let (_up, gw) = setup("").await;

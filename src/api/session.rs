@@ -89,13 +89,8 @@ impl Api {
         &self,
         user: &UserRecord,
     ) -> Result<serde_json::Value, ApiError> {
-        let session = SessionRecord {
-            id: Uuid::new_v4(),
-            user_id: user.id,
-            created_time: crate::clock::now_ms(),
-            ended: false,
-            refresh_jti: Uuid::new_v4().to_string(),
-        };
+        let session =
+            SessionRecord::open(user.id, crate::clock::now_ms(), Uuid::new_v4().to_string());
         self.store
             .insert_session(&session)
             .await
@@ -303,6 +298,7 @@ pub async fn refresh(api: &Api, req: OwnedRequest) -> Result<http::Response<Body
         .session_by_id(claims.session_id)
         .await
         .map_err(store_error)?;
+    // A pruned session is gone: refused exactly like an ended one.
     let Some(session) = session.filter(|s| !s.ended && s.user_id == claims.user_id) else {
         return Err(ApiError::token_expired());
     };
@@ -326,13 +322,13 @@ pub async fn refresh(api: &Api, req: OwnedRequest) -> Result<http::Response<Body
     let next_jti = Uuid::new_v4().to_string();
     let rotated = api
         .store
-        .rotate_refresh(session.id, &claims.jti, &next_jti)
+        .rotate_refresh(session.id, &claims.jti, &next_jti, crate::clock::now_ms())
         .await
         .map_err(store_error)?;
     if !rotated {
         // A retired refresh token came back: someone holds a copy. End the session.
         api.store
-            .end_session(session.id)
+            .end_session(session.id, crate::clock::now_ms())
             .await
             .map_err(store_error)?;
         api.auth.caches().invalidate_session(session.id).await;
@@ -365,7 +361,7 @@ pub async fn logout(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>
     let identity = req.identity()?;
     if let AuthMethod::Jwt { session_id } = identity.method {
         api.store
-            .end_session(session_id)
+            .end_session(session_id, crate::clock::now_ms())
             .await
             .map_err(store_error)?;
         api.auth.caches().invalidate_session(session_id).await;

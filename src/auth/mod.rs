@@ -196,6 +196,8 @@ impl Authenticator {
         if claims.iat < user.tokens_valid_after {
             return Err(AuthFailure::Outdated);
         }
+        // A session that is gone (never stored, or pruned once dead) is
+        // refused exactly like an ended one.
         let session = self
             .session_state(claims.session_id)
             .await?

@@ -79,13 +79,7 @@ impl Fixture {
 
     /// A stored session of `user` and an access token of it issued at `iat`.
     async fn token(&self, user: &UserRecord, iat: i64) -> (Uuid, Credential) {
-        let session = SessionRecord {
-            id: Uuid::new_v4(),
-            user_id: user.id,
-            created_time: crate::clock::now_ms(),
-            ended: false,
-            refresh_jti: "jti".into(),
-        };
+        let session = SessionRecord::open(user.id, crate::clock::now_ms(), "jti".into());
         self.store.insert_session(&session).await.unwrap();
         let signed = self.tokens.sign_access(user, session.id, iat).unwrap();
         (session.id, bearer(&signed.token))
@@ -274,7 +268,12 @@ async fn token_of_ended_session_is_outdated() {
     let user = f.user("jwt@example.com").await;
     let (session_id, token) = f.token(&user, now()).await;
     f.accepted(&token).await;
-    assert!(f.store.end_session(session_id).await.unwrap());
+    assert!(
+        f.store
+            .end_session(session_id, crate::clock::now_ms())
+            .await
+            .unwrap()
+    );
     f.caches().invalidate_session(session_id).await;
     assert_eq!(f.refused(&token).await, AuthFailure::Outdated);
 }

@@ -225,7 +225,8 @@ impl Store {
         .await?;
         let user_id = parse_uuid(user_id)?;
         if updated.rows_affected() == 1 {
-            sqlx::query("UPDATE sessions SET ended = 1 WHERE user_id = $1")
+            sqlx::query(super::END_SESSIONS_OF_USER)
+                .bind(now_secs.saturating_mul(1000))
                 .bind(user_id.to_string())
                 .execute(&mut *tx)
                 .await?;

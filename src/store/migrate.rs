@@ -21,6 +21,11 @@ const SQLITE: &[(i64, &str, &str)] = &[
         "activation_tokens",
         include_str!("../../migrations/sqlite/0003_activation_tokens.sql"),
     ),
+    (
+        4,
+        "session_times",
+        include_str!("../../migrations/sqlite/0004_session_times.sql"),
+    ),
 ];
 const POSTGRES: &[(i64, &str, &str)] = &[
     (
@@ -38,6 +43,11 @@ const POSTGRES: &[(i64, &str, &str)] = &[
         "activation_tokens",
         include_str!("../../migrations/postgres/0003_activation_tokens.sql"),
     ),
+    (
+        4,
+        "session_times",
+        include_str!("../../migrations/postgres/0004_session_times.sql"),
+    ),
 ];
 
 /// How many migrations the dialect has.
@@ -49,12 +59,14 @@ pub fn count(dialect: Dialect) -> usize {
     }
 }
 
-/// Applies every migration not yet recorded, each in its own transaction.
-pub async fn run(pool: &AnyPool, dialect: Dialect) -> Result<(), StoreError> {
+/// Applies every migration up to version `last` (`i64::MAX`: all) not yet
+/// recorded, each in its own transaction.
+pub async fn run_through(pool: &AnyPool, dialect: Dialect, last: i64) -> Result<(), StoreError> {
     let migrations = match dialect {
         Dialect::Sqlite => SQLITE,
         Dialect::Postgres => POSTGRES,
     };
+    let migrations = migrations.iter().filter(|(version, _, _)| *version <= last);
     sqlx::raw_sql(
         "CREATE TABLE IF NOT EXISTS keygate_migrations (version BIGINT PRIMARY KEY, name TEXT NOT NULL, applied_at BIGINT NOT NULL)",
     )

@@ -7,21 +7,25 @@ use uuid::Uuid;
 use super::{Revocation, Store, StoreError};
 
 impl Store {
-    /// Moves a live session from refresh token `old_jti` to `new_jti`. False
-    /// when the session is ended or `old_jti` is no longer current (a retired
-    /// refresh token came back, or a concurrent refresh won).
+    /// Moves a live session from refresh token `old_jti` to `new_jti`, issued
+    /// at `now_ms`. False when the session is ended or gone, or `old_jti` is no
+    /// longer current (a retired refresh token came back, or a concurrent
+    /// refresh won).
     pub async fn rotate_refresh(
         &self,
         session_id: Uuid,
         old_jti: &str,
         new_jti: &str,
+        now_ms: i64,
     ) -> Result<bool, StoreError> {
         let result = sqlx::query(
-            "UPDATE sessions SET refresh_jti = $1 WHERE id = $2 AND refresh_jti = $3 AND ended = 0",
+            "UPDATE sessions SET refresh_jti = $1, refreshed_time = $4 \
+             WHERE id = $2 AND refresh_jti = $3 AND ended = 0",
         )
         .bind(new_jti)
         .bind(session_id.to_string())
         .bind(old_jti)
+        .bind(now_ms)
         .execute(&self.pool)
         .await?;
         Ok(result.rows_affected() == 1)
@@ -56,8 +60,9 @@ impl Store {
                     .await?
             }
         };
-        if outdate_at.is_some() {
-            sqlx::query("UPDATE sessions SET ended = 1 WHERE user_id = $1")
+        if let Some(now_secs) = outdate_at {
+            sqlx::query(super::END_SESSIONS_OF_USER)
+                .bind(now_secs.saturating_mul(1000))
                 .bind(user_id.to_string())
                 .execute(&mut *tx)
                 .await?;
@@ -100,7 +105,8 @@ impl Store {
         .bind(user_id.to_string())
         .execute(&mut *tx)
         .await?;
-        sqlx::query("UPDATE sessions SET ended = 1 WHERE user_id = $1")
+        sqlx::query(super::END_SESSIONS_OF_USER)
+            .bind(now_secs.saturating_mul(1000))
             .bind(user_id.to_string())
             .execute(&mut *tx)
             .await?;

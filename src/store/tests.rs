@@ -5,13 +5,18 @@
 //! once per backend, so both dialects are held to the same expectations.
 
 use std::ops::Deref;
+use std::sync::Arc;
+use std::time::Duration;
 
 use sqlx::Connection;
 use sqlx::postgres::PgConnection;
 use uuid::Uuid;
 
 use super::*;
+use crate::config::RetentionSettings;
 use crate::identity::NULL_UUID;
+use crate::retention::{CLOCK_SLACK, Pruned, Pruner};
+use crate::telemetry::Metrics;
 
 const PG_ENV: &str = "KEYGATE_TEST_DATABASE_URL";
 
@@ -33,9 +38,14 @@ impl Deref for TestDb {
 
 impl TestDb {
     async fn sqlite() -> TestDb {
+        TestDb::sqlite_through(i64::MAX).await
+    }
+
+    /// A database migrated up to version `last` only.
+    async fn sqlite_through(last: i64) -> TestDb {
         let dir = tempfile::tempdir().unwrap();
         let url = format!("sqlite://{}/t.db", dir.path().display());
-        let store = Store::connect(&url, 4).await.unwrap();
+        let store = Store::connect_through(&url, 4, last).await.unwrap();
         assert_eq!(store.dialect(), Dialect::Sqlite);
         TestDb {
             store,
@@ -47,6 +57,18 @@ impl TestDb {
 
     /// None when PostgreSQL is not configured; panics when it is but fails.
     async fn postgres() -> Option<TestDb> {
+        TestDb::postgres_through(i64::MAX).await
+    }
+
+    /// Another database of the same dialect as `self`, migrated up to `last`.
+    async fn another_through(&self, last: i64) -> TestDb {
+        match self.dialect() {
+            Dialect::Sqlite => TestDb::sqlite_through(last).await,
+            Dialect::Postgres => TestDb::postgres_through(last).await.unwrap(),
+        }
+    }
+
+    async fn postgres_through(last: i64) -> Option<TestDb> {
         let Ok(base) = std::env::var(PG_ENV) else {
             println!("{PG_ENV} is not set: PostgreSQL variant not run");
             return None;
@@ -62,7 +84,7 @@ impl TestDb {
         let _ = admin.close().await;
         let separator = if base.contains('?') { '&' } else { '?' };
         let url = format!("{base}{separator}options=-c%20search_path%3D{schema}");
-        let store = Store::connect(&url, 2).await.unwrap();
+        let store = Store::connect_through(&url, 2, last).await.unwrap();
         assert_eq!(store.dialect(), Dialect::Postgres);
         let current = sqlx::query("SELECT current_schema()::text")
             .fetch_one(&store.pool)
@@ -135,6 +157,12 @@ store_tests!(
     check_activation_token_is_used_once_when_raced,
     check_activation_never_sets_the_password_of_an_active_account,
     check_activation_ends_earlier_sessions_of_the_user,
+    check_sessions_record_rotation_and_first_end_times,
+    check_pruning_deletes_dead_sessions_past_retention_only,
+    check_pruning_deletes_expired_activation_tokens_only,
+    check_pruning_respects_batch_and_run_bounds,
+    check_concurrent_pruners_delete_each_row_once,
+    check_upgrade_keeps_existing_sessions_for_a_refresh_lifetime,
 );
 
 fn user(email: &str, created_time: i64) -> UserRecord {
@@ -170,13 +198,7 @@ fn key(user: &UserRecord, digest: &str, created_time: i64) -> ApiKeyRecord {
 }
 
 fn session(user: &UserRecord) -> SessionRecord {
-    SessionRecord {
-        id: Uuid::new_v4(),
-        user_id: user.id,
-        created_time: 1_700_000_000_000,
-        ended: false,
-        refresh_jti: "jti-1".into(),
-    }
+    SessionRecord::open(user.id, 1_700_000_000_000, "jti-1".into())
 }
 
 async fn check_migrations_are_idempotent(db: &TestDb) {
@@ -246,7 +268,9 @@ async fn check_disabling_a_user_outdates_tokens_and_ends_sessions(store: &Store)
     assert!(!off.enabled);
     assert_eq!(off.version, 2);
     assert_eq!(off.tokens_valid_after, t1);
-    assert!(store.session_by_id(s.id).await.unwrap().unwrap().ended);
+    let ended = store.session_by_id(s.id).await.unwrap().unwrap();
+    assert!(ended.ended);
+    assert_eq!(ended.ended_time, t1 * 1000);
     // Nobody else is touched.
     assert_eq!(
         store.session_by_id(other_s.id).await.unwrap(),
@@ -333,10 +357,16 @@ async fn check_sessions_are_found_and_ended(store: &Store) {
     assert_eq!(store.session_by_id(s.id).await.unwrap(), Some(s.clone()));
     assert_eq!(store.session_by_id(Uuid::new_v4()).await.unwrap(), None);
 
-    assert!(store.end_session(s.id).await.unwrap());
+    assert!(store.end_session(s.id, 1_700_000_000_500).await.unwrap());
     let ended = store.session_by_id(s.id).await.unwrap().unwrap();
-    assert_eq!(ended, SessionRecord { ended: true, ..s });
-    assert!(!store.end_session(Uuid::new_v4()).await.unwrap());
+    let expected = SessionRecord {
+        ended: true,
+        ended_time: 1_700_000_000_500,
+        ..s
+    };
+    assert_eq!(ended, expected);
+    let nobody = Uuid::new_v4();
+    assert!(!store.end_session(nobody, 1_700_000_000_500).await.unwrap());
 }
 
 async fn check_settings_first_value_wins(store: &Store) {
@@ -378,6 +408,8 @@ async fn check_flags_and_i64_round_trip(store: &Store) {
     let mut s = session(&u);
     s.ended = true;
     s.created_time = -1;
+    s.refreshed_time = i64::MAX;
+    s.ended_time = i64::MIN;
     store.insert_session(&s).await.unwrap();
     assert_eq!(store.session_by_id(s.id).await.unwrap(), Some(s));
 }
@@ -387,9 +419,18 @@ async fn check_refresh_rotation_accepts_only_the_current_token(store: &Store) {
     store.insert_user(&u).await.unwrap();
     let s = session(&u);
     store.insert_session(&s).await.unwrap();
-    assert!(store.rotate_refresh(s.id, "jti-1", "jti-2").await.unwrap());
+    let t = 1_700_000_900_000;
     assert!(
-        !store.rotate_refresh(s.id, "jti-1", "jti-3").await.unwrap(),
+        store
+            .rotate_refresh(s.id, "jti-1", "jti-2", t)
+            .await
+            .unwrap()
+    );
+    assert!(
+        !store
+            .rotate_refresh(s.id, "jti-1", "jti-3", t)
+            .await
+            .unwrap(),
         "retired token"
     );
     assert_eq!(
@@ -401,10 +442,21 @@ async fn check_refresh_rotation_accepts_only_the_current_token(store: &Store) {
             .refresh_jti,
         "jti-2"
     );
-    store.end_session(s.id).await.unwrap();
+    store.end_session(s.id, t).await.unwrap();
     assert!(
-        !store.rotate_refresh(s.id, "jti-2", "jti-4").await.unwrap(),
+        !store
+            .rotate_refresh(s.id, "jti-2", "jti-4", t)
+            .await
+            .unwrap(),
         "ended session"
+    );
+    let gone = Uuid::new_v4();
+    assert!(
+        !store
+            .rotate_refresh(gone, "jti-2", "jti-4", t)
+            .await
+            .unwrap(),
+        "no such session"
     );
 }
 
@@ -438,7 +490,8 @@ async fn check_password_change_outdates_tokens_and_ends_sessions_but_rehash_does
         ("changed", 1_800_000_000)
     );
     assert_eq!(after.version, u.version + 1);
-    assert!(store.session_by_id(s.id).await.unwrap().unwrap().ended);
+    let ended = store.session_by_id(s.id).await.unwrap().unwrap();
+    assert_eq!((ended.ended, ended.ended_time), (true, 1_800_000_000_000));
     assert!(
         !store
             .update_password(Uuid::new_v4(), "x", None)
@@ -547,4 +600,285 @@ async fn check_activation_ends_earlier_sessions_of_the_user(store: &Store) {
     assert_eq!(after.tokens_valid_after, 1_800_000_000);
     assert_eq!(after.version, u.version + 1);
     assert!(store.session_by_id(s.id).await.unwrap().unwrap().ended);
+}
+
+async fn check_sessions_record_rotation_and_first_end_times(store: &Store) {
+    let u = user("times@example.com", 1);
+    store.insert_user(&u).await.unwrap();
+    let s = session(&u);
+    store.insert_session(&s).await.unwrap();
+    let read = store.session_by_id(s.id).await.unwrap().unwrap();
+    assert_eq!((read.refreshed_time, read.ended_time), (s.created_time, 0));
+
+    let rotated_at = s.created_time + 60_000;
+    assert!(
+        store
+            .rotate_refresh(s.id, "jti-1", "jti-2", rotated_at)
+            .await
+            .unwrap()
+    );
+    let read = store.session_by_id(s.id).await.unwrap().unwrap();
+    assert_eq!(
+        (read.created_time, read.refreshed_time),
+        (s.created_time, rotated_at)
+    );
+
+    // The first end is the one kept: a later logout, reuse detection, lock
+    // or password change does not push the session's death forward.
+    let first_end = rotated_at + 1;
+    store.end_session(s.id, first_end).await.unwrap();
+    store.end_session(s.id, first_end + 5).await.unwrap();
+    store.lock_user(u.id, 1_900_000_000).await.unwrap();
+    store
+        .update_password(u.id, "new", Some(1_900_000_001))
+        .await
+        .unwrap();
+    store
+        .set_user_enabled(u.id, false, 1_900_000_002)
+        .await
+        .unwrap();
+    let read = store.session_by_id(s.id).await.unwrap().unwrap();
+    assert_eq!((read.ended, read.ended_time), (true, first_end));
+}
+
+/// A pruner of `store` with these retentions, a one-day refresh lifetime and
+/// generous bounds.
+fn pruner(store: &Store, sessions: Duration, activation_tokens: Duration) -> Pruner {
+    Pruner {
+        store: store.clone(),
+        settings: RetentionSettings {
+            interval: Some(Duration::from_secs(3600)),
+            sessions,
+            activation_tokens,
+            batch_size: 2,
+            max_rows_per_run: 1000,
+        },
+        refresh_ttl: DAY,
+        metrics: Arc::new(Metrics::new()),
+    }
+}
+
+const DAY: Duration = Duration::from_secs(86_400);
+const HOUR_MS: i64 = 3_600_000;
+const NOW: i64 = 1_800_000_000_000;
+
+async fn count(store: &Store, table: &str) -> i64 {
+    let sql = format!("SELECT COUNT(*) FROM {table}");
+    let row = sqlx::query(AssertSqlSafe(sql))
+        .fetch_one(&store.pool)
+        .await
+        .unwrap();
+    row.try_get::<i64, _>(0).unwrap()
+}
+
+/// Stores a session of `u` last rotated at `refreshed`, ended at `ended`.
+async fn session_at(store: &Store, u: &UserRecord, refreshed: i64, ended: Option<i64>) -> Uuid {
+    let mut s = SessionRecord::open(u.id, refreshed, "jti".into());
+    if let Some(at) = ended {
+        s.ended = true;
+        s.ended_time = at;
+    }
+    store.insert_session(&s).await.unwrap();
+    s.id
+}
+
+async fn check_pruning_deletes_dead_sessions_past_retention_only(store: &Store) {
+    let u = user("prune@example.com", 1);
+    store.insert_user(&u).await.unwrap();
+    let (tx, rx) = tokio::sync::watch::channel(false);
+    let p = pruner(store, Duration::from_secs(3600), DAY);
+    let expired_before = NOW - 86_400_000 - CLOCK_SLACK.as_millis() as i64 - HOUR_MS;
+
+    let ended_long_ago = session_at(store, &u, NOW - 2 * HOUR_MS, Some(NOW - HOUR_MS - 1)).await;
+    let ended_recently = session_at(store, &u, NOW - 2 * HOUR_MS, Some(NOW - HOUR_MS + 1)).await;
+    let expired_long_ago = session_at(store, &u, expired_before - 1, None).await;
+    // Its refresh token expired, but not a whole retention (and the clock
+    // slack) ago: kept.
+    let expired_recently = session_at(store, &u, expired_before + 1, None).await;
+    let live = session_at(store, &u, NOW - HOUR_MS, None).await;
+    // Opened long ago but rotated since: the rotation is what counts.
+    let rotated = session_at(store, &u, expired_before - 10 * HOUR_MS, None).await;
+    assert!(
+        store
+            .rotate_refresh(rotated, "jti", "jti-2", NOW - HOUR_MS)
+            .await
+            .unwrap()
+    );
+    // Ended through the store's own paths, long enough ago.
+    let logged_out = session_at(store, &u, NOW - 3 * HOUR_MS, None).await;
+    store
+        .end_session(logged_out, NOW - 2 * HOUR_MS)
+        .await
+        .unwrap();
+
+    let pruned = p.run_once(NOW, &rx).await.unwrap();
+    assert_eq!(
+        pruned,
+        Pruned {
+            ended_sessions: 2,
+            expired_sessions: 1,
+            activation_tokens: 0
+        }
+    );
+    for gone in [ended_long_ago, expired_long_ago, logged_out] {
+        assert_eq!(store.session_by_id(gone).await.unwrap(), None);
+    }
+    for kept in [ended_recently, expired_recently, live, rotated] {
+        assert!(store.session_by_id(kept).await.unwrap().is_some());
+    }
+    let metrics = p.metrics.render();
+    assert!(
+        metrics.contains(r#"keygate_store_pruned_rows_total{kind="ended_sessions"} 2"#),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains(r#"keygate_store_pruned_rows_total{kind="expired_sessions"} 1"#),
+        "{metrics}"
+    );
+    // Nothing left to do: a second run deletes nothing.
+    assert_eq!(p.run_once(NOW, &rx).await.unwrap().total(), 0);
+    drop(tx);
+}
+
+async fn check_pruning_deletes_expired_activation_tokens_only(store: &Store) {
+    let p = pruner(store, DAY, Duration::from_secs(3600));
+    let (_tx, rx) = tokio::sync::watch::channel(false);
+    let mut users = Vec::new();
+    for (i, expires_at) in [NOW - HOUR_MS - 1, NOW - HOUR_MS + 1, NOW + HOUR_MS]
+        .into_iter()
+        .enumerate()
+    {
+        let mut u = user(&format!("act{i}@example.com"), 1);
+        u.password_hash = String::new();
+        store.insert_user(&u).await.unwrap();
+        let digest = format!("digest-{i}");
+        store
+            .replace_activation(u.id, &digest, expires_at)
+            .await
+            .unwrap();
+        users.push((u, digest));
+    }
+    let pruned = p.run_once(NOW, &rx).await.unwrap();
+    assert_eq!(pruned.activation_tokens, 1);
+    assert_eq!(count(store, "activation_tokens").await, 2);
+    // The unexpired token still activates its user.
+    let (fresh, digest) = &users[2];
+    assert_eq!(
+        store
+            .activate(digest, "hash", NOW, NOW / 1000)
+            .await
+            .unwrap(),
+        Some(fresh.id)
+    );
+    // Pruning removed tokens only, never their users.
+    assert_eq!(store.user_count().await.unwrap(), 3);
+}
+
+async fn check_pruning_respects_batch_and_run_bounds(store: &Store) {
+    let u = user("bounds@example.com", 1);
+    store.insert_user(&u).await.unwrap();
+    for _ in 0..7 {
+        session_at(store, &u, NOW - 3 * HOUR_MS, Some(NOW - 2 * HOUR_MS)).await;
+    }
+    let live = session_at(store, &u, NOW, None).await;
+    // One statement deletes at most its limit.
+    let cutoff = NOW - HOUR_MS;
+    assert_eq!(
+        store
+            .prune(PruneKind::EndedSessions, cutoff, 3)
+            .await
+            .unwrap(),
+        3
+    );
+    assert_eq!(count(store, "sessions").await, 5);
+    // One run deletes at most max_rows_per_run of a kind, in batches.
+    let mut p = pruner(store, Duration::from_secs(3600), DAY);
+    p.settings.max_rows_per_run = 3;
+    let (_tx, rx) = tokio::sync::watch::channel(false);
+    assert_eq!(p.run_once(NOW, &rx).await.unwrap().ended_sessions, 3);
+    assert_eq!(count(store, "sessions").await, 2);
+    assert_eq!(p.run_once(NOW, &rx).await.unwrap().ended_sessions, 1);
+    assert_eq!(p.run_once(NOW, &rx).await.unwrap().ended_sessions, 0);
+    assert!(store.session_by_id(live).await.unwrap().is_some());
+    // A shutdown stops a run before its next batch.
+    for _ in 0..3 {
+        session_at(store, &u, NOW - 3 * HOUR_MS, Some(NOW - 2 * HOUR_MS)).await;
+    }
+    let (tx, rx) = tokio::sync::watch::channel(false);
+    tx.send(true).unwrap();
+    assert_eq!(p.run_once(NOW, &rx).await.unwrap().total(), 0);
+    assert_eq!(count(store, "sessions").await, 4);
+}
+
+async fn check_concurrent_pruners_delete_each_row_once(db: &TestDb) {
+    let u = user("replicas@example.com", 1);
+    db.insert_user(&u).await.unwrap();
+    for _ in 0..40 {
+        session_at(db, &u, NOW - 3 * HOUR_MS, Some(NOW - 2 * HOUR_MS)).await;
+    }
+    let live = session_at(db, &u, NOW, None).await;
+    // Two replicas: separate pools on the same database, pruning at once.
+    let other = Store::connect(&db.url, 2).await.unwrap();
+    let (a, b) = (
+        pruner(db, Duration::from_secs(3600), DAY),
+        pruner(&other, Duration::from_secs(3600), DAY),
+    );
+    let (_tx, rx) = tokio::sync::watch::channel(false);
+    let (ra, rb) = tokio::join!(a.run_once(NOW, &rx), b.run_once(NOW, &rx));
+    let (ra, rb) = (ra.unwrap(), rb.unwrap());
+    assert_eq!(ra.ended_sessions + rb.ended_sessions, 40, "{ra:?} {rb:?}");
+    assert_eq!(count(db, "sessions").await, 1);
+    assert!(db.session_by_id(live).await.unwrap().is_some());
+    other.close().await;
+}
+
+async fn check_upgrade_keeps_existing_sessions_for_a_refresh_lifetime(db: &TestDb) {
+    // A store written before sessions recorded their rotation and end times.
+    let old = db.another_through(3).await;
+    let u = user("upgrade@example.com", 1);
+    old.insert_user(&u).await.unwrap();
+    let (live, ended) = (Uuid::new_v4(), Uuid::new_v4());
+    for (id, flag) in [(live, 0_i64), (ended, 1)] {
+        sqlx::query(
+            "INSERT INTO sessions (id, user_id, created_time, ended, refresh_jti) VALUES ($1, $2, $3, $4, $5)",
+        )
+        .bind(id.to_string())
+        .bind(u.id.to_string())
+        .bind(1_000_i64)
+        .bind(flag)
+        .bind("jti")
+        .execute(&old.pool)
+        .await
+        .unwrap();
+    }
+    let before = crate::clock::now_ms() - 1000;
+    migrate::run_through(&old.pool, old.dialect(), i64::MAX)
+        .await
+        .unwrap();
+    let after = crate::clock::now_ms() + 1000;
+
+    // Both count from the upgrade: the live one's refresh token may have been
+    // rotated right before it, whatever its creation time says.
+    let live_read = old.session_by_id(live).await.unwrap().unwrap();
+    assert!(
+        (before..after).contains(&live_read.refreshed_time),
+        "{live_read:?}"
+    );
+    assert_eq!((live_read.ended, live_read.ended_time), (false, 0));
+    let ended_read = old.session_by_id(ended).await.unwrap().unwrap();
+    assert!(
+        (before..after).contains(&ended_read.ended_time),
+        "{ended_read:?}"
+    );
+
+    let (_tx, rx) = tokio::sync::watch::channel(false);
+    let p = pruner(&old, Duration::ZERO, Duration::ZERO);
+    let now = crate::clock::now_ms();
+    let pruned = p.run_once(now, &rx).await.unwrap();
+    assert_eq!(pruned.expired_sessions, 0, "a live session was pruned");
+    assert!(old.session_by_id(live).await.unwrap().is_some());
+    // Once a refresh lifetime (and the slack) has passed, it goes.
+    let later = after + DAY.as_millis() as i64 + CLOCK_SLACK.as_millis() as i64;
+    assert_eq!(p.run_once(later, &rx).await.unwrap().expired_sessions, 1);
+    old.finish().await;
 }

@@ -260,13 +260,7 @@ request_timeout = "300ms"
 
     /// Issues an access token in a new stored session; returns (session id, token).
     pub async fn access_token(&self, user: &UserRecord) -> (Uuid, String) {
-        let session = SessionRecord {
-            id: Uuid::new_v4(),
-            user_id: user.id,
-            created_time: keygate::clock::now_ms(),
-            ended: false,
-            refresh_jti: String::new(),
-        };
+        let session = SessionRecord::open(user.id, keygate::clock::now_ms(), String::new());
         self.running.store.insert_session(&session).await.unwrap();
         let keys = self.running.app.authenticator().token_keys();
         let signed = keys
