@@ -175,9 +175,12 @@
       deepLinking: true,
       persistAuthorization: true,
       displayRequestDuration: true,
-      presets: [SwaggerUIBundle.presets.apis, SwaggerUIStandalonePreset],
-      plugins: [SwaggerUIBundle.plugins.DownloadUrl, LoginPlugin],
-      layout: "StandaloneLayout",
+      // BaseLayout: no top bar. The standalone layout's bar only offers a URL
+      // box for other documents, and its logo carries an inline <style> that
+      // the page's policy refuses.
+      presets: [SwaggerUIBundle.presets.apis],
+      plugins: [LoginPlugin],
+      layout: "BaseLayout",
       requestInterceptor: requestInterceptor,
       // No badge from validator.swagger.io: the page talks to its origin only.
       validatorUrl: null,
