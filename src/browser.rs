@@ -402,7 +402,11 @@ fn for_each_operation(item: &mut Value, apply: &mut dyn FnMut(&mut Map<String, V
                 }
             }
             "additionalOperations" => {
-                for op in value.as_object_mut().into_iter().flat_map(|m| m.values_mut()) {
+                for op in value
+                    .as_object_mut()
+                    .into_iter()
+                    .flat_map(|m| m.values_mut())
+                {
                     if let Some(op) = op.as_object_mut() {
                         apply(op);
                     }
@@ -427,7 +431,11 @@ pub fn strip_servers(item: &mut Value) {
         op.remove("servers");
         if let Some(callbacks) = op.get_mut("callbacks").and_then(Value::as_object_mut) {
             for callback in callbacks.values_mut() {
-                for path_item in callback.as_object_mut().into_iter().flat_map(|m| m.values_mut()) {
+                for path_item in callback
+                    .as_object_mut()
+                    .into_iter()
+                    .flat_map(|m| m.values_mut())
+                {
                     strip_servers(path_item);
                 }
             }
@@ -632,8 +640,8 @@ mod tests {
     fn strip_servers_keeps_schema_properties_called_servers() {
         let mut item = hostile_path_item();
         strip_servers(&mut item);
-        let properties = &item["get"]["responses"]["200"]["content"]["application/json"]
-            ["schema"]["properties"];
+        let properties =
+            &item["get"]["responses"]["200"]["content"]["application/json"]["schema"]["properties"];
         assert_eq!(properties["servers"], json!({"type": "array"}));
         assert_eq!(properties["server"], json!({"type": "string"}));
     }
@@ -649,9 +657,11 @@ mod tests {
         });
         strip_external_refs(&mut doc);
         assert_eq!(mentions(&doc, EVIL), Vec::<String>::new());
-        assert!(doc["components"]["schemas"]["B"]["properties"]["c"]
-            .get("$ref")
-            .is_none());
+        assert!(
+            doc["components"]["schemas"]["B"]["properties"]["c"]
+                .get("$ref")
+                .is_none()
+        );
         assert_eq!(
             doc["paths"]["/api/b"]["get"]["responses"]["200"]["content"]["application/json"]["schema"]
                 ["$ref"],
@@ -730,7 +740,11 @@ mod tests {
     fn the_page_has_no_inline_script_or_style() {
         let lower = PAGE.to_ascii_lowercase();
         assert_eq!(lower.matches("<script").count(), 2);
-        assert_eq!(lower.matches("<script src=").count(), 2, "every script is a file");
+        assert_eq!(
+            lower.matches("<script src=").count(),
+            2,
+            "every script is a file"
+        );
         assert!(!lower.contains("<style") && !lower.contains("style="));
         let handlers = lower.split(|c: char| c.is_whitespace()).filter(|word| {
             word.strip_prefix("on")
