@@ -9,6 +9,14 @@
 //! requirement (none on public routes). Clashes resolve predictably: keygate's
 //! own paths and schemas win, then upstreams in route order; a clashing schema
 //! of a later upstream is renamed `<Name>_<route>` and its references follow.
+//!
+//! The page sends the user's credential with its calls, so every call it makes
+//! must stay on keygate's origin: the merged document names no server at all
+//! (upstream `servers` at path and operation level, in callbacks and in links
+//! are removed, as are `$ref`s to anything outside the document), and Swagger
+//! UI then builds every URL on the page's own origin. The page's script checks
+//! the origin again before it attaches a credential, and every response of the
+//! browser carries a Content-Security-Policy that only allows keygate's origin.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
@@ -28,6 +36,29 @@ use crate::body::{self, Body};
 use crate::config::RouteSpec;
 
 const PAGE: &str = include_str!("../assets/swagger-ui.html");
+/// The page's own script and style, served as files so that the policy needs
+/// no `'unsafe-inline'`.
+const SCRIPT: &str = include_str!("../assets/api-browser.js");
+const STYLE: &str = include_str!("../assets/api-browser.css");
+const SCRIPT_PATH: &str = "/swagger-ui/keygate-api-browser.js";
+const STYLE_PATH: &str = "/swagger-ui/keygate-api-browser.css";
+
+/// The Swagger UI files the page loads; nothing else of the distribution
+/// (its own index page, initializer and OAuth redirect page) is served.
+const SWAGGER_FILES: &[&str] = &[
+    "swagger-ui-bundle.js",
+    "swagger-ui.css",
+    "favicon-32x32.png",
+    "favicon-16x16.png",
+];
+
+/// The policy of every response of the browser: scripts, styles, calls and
+/// frames from keygate's origin only. Swagger UI's stylesheet draws its icons
+/// from `data:` images; its React components set styles through the DOM,
+/// which the policy allows without `'unsafe-inline'`.
+pub const CONTENT_SECURITY_POLICY: &str = "default-src 'self'; script-src 'self'; \
+    style-src 'self'; img-src 'self' data:; connect-src 'self'; font-src 'self'; \
+    object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'";
 
 /// An upstream document source: the route it belongs to and where to fetch it.
 #[derive(Debug, Clone)]
@@ -79,25 +110,35 @@ impl Browser {
     }
 
     pub fn handle(&self, path: &str) -> Response<Body> {
-        match path {
+        let mut response = match path {
             "/swagger-ui.html" => respond(
                 "text/html; charset=utf-8",
                 Bytes::from_static(PAGE.as_bytes()),
             ),
+            SCRIPT_PATH => respond(
+                "application/javascript",
+                Bytes::from_static(SCRIPT.as_bytes()),
+            ),
+            STYLE_PATH => respond("text/css", Bytes::from_static(STYLE.as_bytes())),
             "/v3/api-docs" => {
                 let doc = self.merged.read().map(|d| d.clone()).unwrap_or_default();
                 respond("application/json", doc)
             }
             _ => {
                 let file = path.trim_start_matches("/swagger-ui/");
-                match utoipa_swagger_ui::serve(file, self.assets.clone()) {
-                    Ok(Some(found)) => {
+                let found = SWAGGER_FILES
+                    .contains(&file)
+                    .then(|| utoipa_swagger_ui::serve(file, self.assets.clone()));
+                match found {
+                    Some(Ok(Some(found))) => {
                         respond(content_type(file), Bytes::from(found.bytes.into_owned()))
                     }
                     _ => crate::error::ApiError::not_found().into_response(),
                 }
             }
-        }
+        };
+        protect(response.headers_mut());
+        response
     }
 
     /// Fetches every upstream document now, then every `refresh`, until shutdown.
@@ -149,6 +190,24 @@ impl Browser {
             *slot = Bytes::from(merged.to_string());
         }
     }
+}
+
+/// The headers every response of the browser carries: the content policy,
+/// no framing, no type sniffing, no referrer.
+fn protect(headers: &mut http::HeaderMap) {
+    headers.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(CONTENT_SECURITY_POLICY),
+    );
+    headers.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+    headers.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    headers.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("no-referrer"),
+    );
 }
 
 fn respond(content_type: &'static str, bytes: Bytes) -> Response<Body> {
@@ -204,8 +263,13 @@ async fn fetch(
 /// Joins keygate's document with upstream documents (see the module docs).
 pub fn merge(own: &Value, upstreams: &[(Source, Value)]) -> Value {
     let mut merged = own.clone();
+    if let Some(map) = merged.as_object_mut() {
+        // No server at the top either: Swagger UI uses the page's origin.
+        map.remove("servers");
+    }
     for (source, doc) in upstreams {
         let mut doc = doc.clone();
+        strip_external_refs(&mut doc);
         let renames = merge_schemas(&mut merged, &doc, source);
         if !renames.is_empty() {
             rewrite_refs(&mut doc, &renames);
@@ -315,18 +379,97 @@ fn merge_paths(merged: &mut Value, doc: &Value, source: &Source) {
             continue;
         }
         let mut item = item.clone();
-        if let Some(operations) = item.as_object_mut() {
-            for (method, operation) in operations.iter_mut() {
-                let is_operation = matches!(
-                    method.as_str(),
-                    "get" | "put" | "post" | "delete" | "patch" | "head" | "options" | "trace"
-                );
-                if let (true, Some(op)) = (is_operation, operation.as_object_mut()) {
-                    op.insert("security".into(), security.clone());
+        strip_servers(&mut item);
+        for_each_operation(&mut item, &mut |op| {
+            op.insert("security".into(), security.clone());
+        });
+        target.insert(path.clone(), item);
+    }
+}
+
+/// The operations of a path item: the HTTP methods OpenAPI names, `query`
+/// and `additionalOperations` of OpenAPI 3.2 included.
+fn for_each_operation(item: &mut Value, apply: &mut dyn FnMut(&mut Map<String, Value>)) {
+    let Some(item) = item.as_object_mut() else {
+        return;
+    };
+    for (key, value) in item.iter_mut() {
+        match key.as_str() {
+            "get" | "put" | "post" | "delete" | "patch" | "head" | "options" | "trace"
+            | "query" => {
+                if let Some(op) = value.as_object_mut() {
+                    apply(op);
+                }
+            }
+            "additionalOperations" => {
+                for op in value
+                    .as_object_mut()
+                    .into_iter()
+                    .flat_map(|m| m.values_mut())
+                {
+                    if let Some(op) = op.as_object_mut() {
+                        apply(op);
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Removes every server an upstream's path item names, wherever OpenAPI lets
+/// it name one: the path item's and each operation's `servers`, the path
+/// items of its callbacks, and the `server` of the links in its responses.
+/// Without them Swagger UI sends every call to the page's own origin, so a
+/// hostile document cannot make the page send a credential elsewhere.
+/// Schemas and examples are left alone: a property called `servers` is data.
+pub fn strip_servers(item: &mut Value) {
+    if let Some(map) = item.as_object_mut() {
+        map.remove("servers");
+    }
+    for_each_operation(item, &mut |op| {
+        op.remove("servers");
+        if let Some(callbacks) = op.get_mut("callbacks").and_then(Value::as_object_mut) {
+            for callback in callbacks.values_mut() {
+                for path_item in callback
+                    .as_object_mut()
+                    .into_iter()
+                    .flat_map(|m| m.values_mut())
+                {
+                    strip_servers(path_item);
                 }
             }
         }
-        target.insert(path.clone(), item);
+        if let Some(responses) = op.get_mut("responses").and_then(Value::as_object_mut) {
+            for response in responses.values_mut() {
+                let links = response.get_mut("links").and_then(Value::as_object_mut);
+                for link in links.into_iter().flat_map(|m| m.values_mut()) {
+                    if let Some(link) = link.as_object_mut() {
+                        link.remove("server");
+                    }
+                }
+            }
+        }
+    });
+}
+
+/// Removes every `$ref` that points outside the document (`https://...`,
+/// `other.json#/...`): Swagger UI would fetch it, and what it fetched could
+/// name servers again. References inside the document (`#/...`) stay.
+pub fn strip_external_refs(value: &mut Value) {
+    match value {
+        Value::Object(map) => {
+            let external = map
+                .get("$ref")
+                .and_then(Value::as_str)
+                .is_some_and(|r| !r.starts_with('#'));
+            if external {
+                map.remove("$ref");
+            }
+            map.values_mut().for_each(strip_external_refs);
+        }
+        Value::Array(items) => items.iter_mut().for_each(strip_external_refs),
+        _ => {}
     }
 }
 
@@ -418,6 +561,216 @@ mod tests {
             json!([]),
             "public routes need nothing"
         );
+    }
+
+    /// Every string anywhere in `value` that names `origin`.
+    fn mentions(value: &Value, origin: &str) -> Vec<String> {
+        match value {
+            Value::String(s) if s.contains(origin) => vec![s.clone()],
+            Value::Object(map) => map
+                .iter()
+                .flat_map(|(k, v)| {
+                    let mut found = mentions(v, origin);
+                    if k.contains(origin) {
+                        found.push(k.clone());
+                    }
+                    found
+                })
+                .collect(),
+            Value::Array(items) => items.iter().flat_map(|v| mentions(v, origin)).collect(),
+            _ => Vec::new(),
+        }
+    }
+
+    const EVIL: &str = "https://attacker.example";
+
+    fn hostile_path_item() -> Value {
+        json!({
+            "servers": [{"url": EVIL}],
+            "parameters": [{"name": "id", "in": "path", "required": true}],
+            "get": {
+                "operationId": "steal",
+                "servers": [{"url": format!("{EVIL}/op")}],
+                "callbacks": {
+                    "onEvent": {
+                        "{$request.body#/callbackUrl}": {
+                            "servers": [{"url": format!("{EVIL}/callback-item")}],
+                            "post": {"servers": [{"url": format!("{EVIL}/callback-op")}], "responses": {}}
+                        }
+                    }
+                },
+                "responses": {
+                    "200": {
+                        "description": "ok",
+                        "links": {"next": {"operationId": "steal", "server": {"url": format!("{EVIL}/link")}}},
+                        "content": {"application/json": {"schema": {
+                            "type": "object",
+                            "properties": {"servers": {"type": "array"}, "server": {"type": "string"}}
+                        }}}
+                    }
+                }
+            },
+            "additionalOperations": {
+                "COPY": {"servers": [{"url": format!("{EVIL}/additional")}], "responses": {}}
+            }
+        })
+    }
+
+    #[test]
+    fn strip_servers_removes_every_server_a_path_item_can_name() {
+        let mut item = hostile_path_item();
+        strip_servers(&mut item);
+        assert_eq!(mentions(&item, EVIL), Vec::<String>::new(), "{item:#}");
+        assert!(item.get("servers").is_none());
+        assert!(item["get"].get("servers").is_none());
+        assert!(
+            item["get"]["responses"]["200"]["links"]["next"]
+                .get("server")
+                .is_none()
+        );
+        assert_eq!(
+            item["get"]["responses"]["200"]["links"]["next"]["operationId"],
+            "steal"
+        );
+        assert_eq!(item["get"]["operationId"], "steal", "the rest stays");
+        assert_eq!(item["parameters"][0]["name"], "id");
+    }
+
+    #[test]
+    fn strip_servers_keeps_schema_properties_called_servers() {
+        let mut item = hostile_path_item();
+        strip_servers(&mut item);
+        let properties =
+            &item["get"]["responses"]["200"]["content"]["application/json"]["schema"]["properties"];
+        assert_eq!(properties["servers"], json!({"type": "array"}));
+        assert_eq!(properties["server"], json!({"type": "string"}));
+    }
+
+    #[test]
+    fn strip_external_refs_keeps_references_inside_the_document() {
+        let mut doc = json!({
+            "paths": {
+                "/api/a": {"$ref": format!("{EVIL}/paths.json#/a")},
+                "/api/b": {"get": {"responses": {"200": {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/B"}}}}}}}
+            },
+            "components": {"schemas": {"B": {"properties": {"c": {"$ref": "other.json#/C"}}}}}
+        });
+        strip_external_refs(&mut doc);
+        assert_eq!(mentions(&doc, EVIL), Vec::<String>::new());
+        assert!(
+            doc["components"]["schemas"]["B"]["properties"]["c"]
+                .get("$ref")
+                .is_none()
+        );
+        assert_eq!(
+            doc["paths"]["/api/b"]["get"]["responses"]["200"]["content"]["application/json"]["schema"]
+                ["$ref"],
+            "#/components/schemas/B"
+        );
+    }
+
+    #[test]
+    fn hostile_upstream_servers_never_reach_the_merged_document() {
+        let mut own = openapi::document();
+        own["servers"] = json!([{"url": format!("{EVIL}/own")}]);
+        let upstream = json!({
+            "servers": [{"url": EVIL}],
+            "paths": {
+                "/api/steal/{id}": hostile_path_item(),
+                "/api/elsewhere": {"$ref": format!("{EVIL}/more.json#/paths/x")}
+            },
+            "components": {
+                "schemas": {"Loot": {"$ref": format!("{EVIL}/loot.json")}},
+                "links": {"away": {"server": {"url": EVIL}}},
+                "callbacks": {"away": {"{$url}": {"servers": [{"url": EVIL}]}}}
+            },
+            "webhooks": {"w": {"servers": [{"url": EVIL}]}}
+        });
+        let merged = merge(&own, &[(source("api", "/api/", false), upstream)]);
+        assert_eq!(mentions(&merged, EVIL), Vec::<String>::new(), "{merged:#}");
+        assert!(merged.get("servers").is_none());
+        assert_eq!(
+            merged["paths"]["/api/steal/{id}"]["get"]["security"],
+            openapi::secured(),
+            "the operation is still there, with keygate's security"
+        );
+    }
+
+    #[test]
+    fn every_browser_response_carries_the_content_policy_and_frame_protection() {
+        let browser = Browser::new(&[]);
+        for path in [
+            "/swagger-ui.html",
+            SCRIPT_PATH,
+            STYLE_PATH,
+            "/swagger-ui/swagger-ui-bundle.js",
+            "/swagger-ui/swagger-ui.css",
+            "/v3/api-docs",
+            "/swagger-ui/nope.js",
+        ] {
+            let response = browser.handle(path);
+            let headers = response.headers();
+            assert_eq!(
+                headers[header::CONTENT_SECURITY_POLICY],
+                CONTENT_SECURITY_POLICY,
+                "{path}"
+            );
+            assert_eq!(headers[header::X_FRAME_OPTIONS], "DENY", "{path}");
+            assert_eq!(headers[header::X_CONTENT_TYPE_OPTIONS], "nosniff", "{path}");
+            assert_eq!(headers[header::REFERRER_POLICY], "no-referrer", "{path}");
+        }
+        for directive in [
+            "default-src 'self'",
+            "script-src 'self'",
+            "connect-src 'self'",
+            "frame-ancestors 'none'",
+            "object-src 'none'",
+            "base-uri 'none'",
+            "form-action 'self'",
+        ] {
+            assert!(
+                CONTENT_SECURITY_POLICY.split("; ").any(|d| d == directive),
+                "{directive}"
+            );
+        }
+        assert!(!CONTENT_SECURITY_POLICY.contains("unsafe-"));
+    }
+
+    #[test]
+    fn the_page_has_no_inline_script_or_style() {
+        let lower = PAGE.to_ascii_lowercase();
+        assert_eq!(lower.matches("<script").count(), 2);
+        assert_eq!(
+            lower.matches("<script src=").count(),
+            2,
+            "every script is a file"
+        );
+        assert!(!lower.contains("<style") && !lower.contains("style="));
+        let handlers = lower.split(|c: char| c.is_whitespace()).filter(|word| {
+            word.strip_prefix("on")
+                .and_then(|rest| rest.split_once('='))
+                .is_some_and(|(name, _)| name.chars().all(|c| c.is_ascii_alphabetic()))
+        });
+        assert_eq!(handlers.count(), 0, "no inline event handler");
+        assert!(PAGE.contains(SCRIPT_PATH) && PAGE.contains(STYLE_PATH));
+    }
+
+    #[test]
+    fn swagger_ui_pages_without_keygates_credential_rule_are_not_served() {
+        let browser = Browser::new(&[]);
+        for path in [
+            "/swagger-ui/",
+            "/swagger-ui/index.html",
+            "/swagger-ui/swagger-initializer.js",
+            "/swagger-ui/oauth2-redirect.html",
+            "/swagger-ui/oauth2-redirect.js",
+        ] {
+            assert_eq!(
+                browser.handle(path).status(),
+                StatusCode::NOT_FOUND,
+                "{path}"
+            );
+        }
     }
 
     #[test]

