@@ -18,6 +18,7 @@ pub mod clock;
 pub mod config;
 pub mod conn;
 pub mod error;
+pub mod framing;
 pub mod identity;
 pub mod listener;
 pub mod proxy;
