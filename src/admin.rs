@@ -1,18 +1,16 @@
-//! The admin listener: `/metrics`, `/healthz`, `/readyz`. Never public.
+//! The admin listener's handler: `/metrics`, `/healthz`, `/readyz`. Never
+//! public. Its connections go through the same accept loop, limits and
+//! deadlines as every other listener ([`crate::listener`]).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use http::{HeaderValue, Request, Response, StatusCode, header};
 use hyper::body::Incoming;
-use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::server::conn::auto;
-use tokio::net::TcpListener;
-use tokio::sync::watch;
 
 use crate::auth::Authenticator;
 use crate::body::{self, Body};
+use crate::listener::{Handler, Transport};
 use crate::store::Store;
 use crate::telemetry::Metrics;
 
@@ -61,6 +59,12 @@ impl Admin {
     }
 }
 
+impl Handler for Admin {
+    async fn handle(&self, req: Request<Incoming>, _transport: Transport) -> Response<Body> {
+        Admin::handle(self, req).await
+    }
+}
+
 fn text(status: StatusCode, content_type: &'static str, body_text: String) -> Response<Body> {
     let mut response = Response::new(body::full(body_text));
     *response.status_mut() = status;
@@ -68,27 +72,4 @@ fn text(status: StatusCode, content_type: &'static str, body_text: String) -> Re
         .headers_mut()
         .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
     response
-}
-
-/// Serves the admin endpoints until shutdown.
-pub async fn serve(listener: TcpListener, admin: Arc<Admin>, mut shutdown: watch::Receiver<bool>) {
-    loop {
-        let (stream, _) = tokio::select! {
-            _ = shutdown.changed() => break,
-            accepted = listener.accept() => match accepted {
-                Ok(pair) => pair,
-                Err(_) => continue,
-            },
-        };
-        let admin = admin.clone();
-        tokio::spawn(async move {
-            let service = service_fn(move |req| {
-                let admin = admin.clone();
-                async move { Ok::<_, std::convert::Infallible>(admin.handle(req).await) }
-            });
-            let _ = auto::Builder::new(TokioExecutor::new())
-                .serve_connection(TokioIo::new(stream), service)
-                .await;
-        });
-    }
 }

@@ -247,7 +247,8 @@ impl App {
                 may_send_secrets: client
                     .may_send_secrets(self.settings.listen.allow_plaintext_credentials),
                 query: req.uri().query().map(str::to_owned),
-                body: api::read_body(req.into_body()).await?,
+                body: api::read_body(req.into_body(), self.settings.limits.body_read_timeout)
+                    .await?,
                 identity: identity.clone(),
                 params: matched.params,
             };
@@ -332,6 +333,12 @@ impl App {
                 Err(failure.to_api_error())
             }
         }
+    }
+}
+
+impl crate::listener::Handler for App {
+    async fn handle(&self, req: Request<Incoming>, transport: Transport) -> Response<Body> {
+        App::handle(self, req, transport).await
     }
 }
 

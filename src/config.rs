@@ -51,6 +51,9 @@ pub struct ListenSection {
     pub admin: String,
     pub max_connections: i64,
     pub allow_plaintext_credentials: bool,
+    pub max_connections_per_address: i64,
+    pub max_connections_per_trusted_proxy: i64,
+    pub admin_max_connections: i64,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -132,6 +135,10 @@ pub struct LimitsSection {
     pub max_body_bytes: i64,
     pub header_read_timeout: String,
     pub tls_handshake_timeout: String,
+    pub idle_timeout: String,
+    pub body_read_timeout: String,
+    pub http2_keep_alive_interval: String,
+    pub http2_keep_alive_timeout: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -237,6 +244,9 @@ impl Default for ListenSection {
             admin: "127.0.0.1:9090".into(),
             max_connections: 10_000,
             allow_plaintext_credentials: false,
+            max_connections_per_address: 256,
+            max_connections_per_trusted_proxy: 0,
+            admin_max_connections: 64,
         }
     }
 }
@@ -294,6 +304,10 @@ impl Default for LimitsSection {
             max_body_bytes: 10 * 1024 * 1024,
             header_read_timeout: "10s".into(),
             tls_handshake_timeout: "10s".into(),
+            idle_timeout: "60s".into(),
+            body_read_timeout: "10s".into(),
+            http2_keep_alive_interval: "20s".into(),
+            http2_keep_alive_timeout: "20s".into(),
         }
     }
 }
@@ -449,6 +463,12 @@ pub struct Listen {
     /// Accept passwords and Bearer tokens over plain HTTP from any peer, not
     /// only from loopback and trusted proxies that report https.
     pub allow_plaintext_credentials: bool,
+    /// Connections one client address may hold open at once, over all listeners.
+    pub max_connections_per_address: usize,
+    /// The same for a configured trusted proxy; `None`: only `max_connections`.
+    pub max_connections_per_trusted_proxy: Option<usize>,
+    /// Connections open at once on the admin listener (its own budget).
+    pub admin_max_connections: usize,
 }
 
 #[derive(Clone)]
@@ -497,6 +517,12 @@ pub struct Limits {
     pub max_body_bytes: u64,
     pub header_read_timeout: Duration,
     pub tls_handshake_timeout: Duration,
+    /// A connection with no request in flight for this long is closed.
+    pub idle_timeout: Duration,
+    /// Time an owned endpoint waits for the whole request body.
+    pub body_read_timeout: Duration,
+    pub http2_keep_alive_interval: Duration,
+    pub http2_keep_alive_timeout: Duration,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -761,6 +787,16 @@ fn validate(file: &FileConfig, errors: &mut Vec<String>) -> Settings {
         "limits.tls_handshake_timeout",
         &file.limits.tls_handshake_timeout,
     );
+    let idle_timeout = duration("limits.idle_timeout", &file.limits.idle_timeout);
+    let body_read_timeout = duration("limits.body_read_timeout", &file.limits.body_read_timeout);
+    let http2_keep_alive_interval = duration(
+        "limits.http2_keep_alive_interval",
+        &file.limits.http2_keep_alive_interval,
+    );
+    let http2_keep_alive_timeout = duration(
+        "limits.http2_keep_alive_timeout",
+        &file.limits.http2_keep_alive_timeout,
+    );
     let browser_refresh = duration("api_browser.refresh", &file.api_browser.refresh);
     let browser_fetch_timeout =
         duration("api_browser.fetch_timeout", &file.api_browser.fetch_timeout);
@@ -776,6 +812,14 @@ fn validate(file: &FileConfig, errors: &mut Vec<String>) -> Settings {
         }
     };
     let max_connections = positive("listen.max_connections", file.listen.max_connections) as usize;
+    let max_connections_per_address = positive(
+        "listen.max_connections_per_address",
+        file.listen.max_connections_per_address,
+    ) as usize;
+    let admin_max_connections = positive(
+        "listen.admin_max_connections",
+        file.listen.admin_max_connections,
+    ) as usize;
     let store_max_connections =
         positive("store.max_connections", file.store.max_connections) as u32;
     let capacity = positive("cache.capacity", file.cache.capacity);
@@ -821,6 +865,18 @@ fn validate(file: &FileConfig, errors: &mut Vec<String>) -> Settings {
         admin: optional_addr("listen.admin", &file.listen.admin, errors),
         max_connections,
         allow_plaintext_credentials: file.listen.allow_plaintext_credentials,
+        max_connections_per_address,
+        max_connections_per_trusted_proxy: match file.listen.max_connections_per_trusted_proxy {
+            0 => None,
+            n if n > 0 => Some(n as usize),
+            n => {
+                errors.push(format!(
+                    "listen.max_connections_per_trusted_proxy: must not be negative, got {n}"
+                ));
+                None
+            }
+        },
+        admin_max_connections,
     };
     if file.listen.https.trim().is_empty() && file.listen.http.trim().is_empty() {
         errors.push("listen: at least one of https and http must be set".into());
@@ -919,6 +975,10 @@ fn validate(file: &FileConfig, errors: &mut Vec<String>) -> Settings {
             max_body_bytes,
             header_read_timeout,
             tls_handshake_timeout,
+            idle_timeout,
+            body_read_timeout,
+            http2_keep_alive_interval,
+            http2_keep_alive_timeout,
         },
         login: LoginSettings {
             limiter: crate::auth::limiter::LimiterSettings {

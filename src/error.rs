@@ -139,6 +139,15 @@ impl ApiError {
             "Request body is too large",
         )
     }
+    /// The body did not arrive in time. The response also closes the
+    /// connection (RFC 9110, 15.5.9): what is left of the body is never read.
+    pub const fn request_timeout() -> Self {
+        Self::new(
+            StatusCode::REQUEST_TIMEOUT,
+            code::BAD_REQUEST_PARAMS,
+            "Request body was not received in time",
+        )
+    }
     pub const fn headers_too_large() -> Self {
         Self::new(
             StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
@@ -212,6 +221,9 @@ impl ApiError {
         if let Some(secs) = self.retry_after {
             headers.insert(header::RETRY_AFTER, HeaderValue::from(secs));
         }
+        if self.status == StatusCode::REQUEST_TIMEOUT {
+            headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
         response
     }
 }
@@ -246,6 +258,13 @@ mod tests {
         assert_eq!(json["errorCode"], 11);
         assert_eq!(json["message"], "Token has expired");
         assert!(json["timestamp"].as_u64().unwrap() > 1_600_000_000_000);
+    }
+
+    #[test]
+    fn request_timeout_closes_the_connection() {
+        let response = ApiError::request_timeout().into_response();
+        assert_eq!(response.status(), StatusCode::REQUEST_TIMEOUT);
+        assert_eq!(response.headers()[header::CONNECTION], "close");
     }
 
     #[test]

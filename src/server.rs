@@ -11,7 +11,7 @@ use tokio::task::JoinHandle;
 use tokio_rustls::TlsAcceptor;
 
 use crate::accounts;
-use crate::admin::{self, Admin};
+use crate::admin::Admin;
 use crate::api::Api;
 use crate::app::App;
 use crate::auth::Authenticator;
@@ -20,7 +20,8 @@ use crate::auth::jwt::TokenKeys;
 use crate::auth::limiter::LoginLimiter;
 use crate::browser::Browser;
 use crate::config::Settings;
-use crate::listener;
+use crate::listener::address_cap::AddressCap;
+use crate::listener::{self, Listener};
 use crate::store::Store;
 use crate::telemetry::Metrics;
 use crate::tls;
@@ -288,6 +289,18 @@ pub async fn start(settings: Settings, options: StartOptions) -> Result<Running,
     );
 
     let connections = Arc::new(Semaphore::new(settings.listen.max_connections));
+    let admin_connections = Arc::new(Semaphore::new(settings.listen.admin_max_connections));
+    let per_address = Arc::new(AddressCap::new(
+        settings.listen.max_connections_per_address,
+        settings.listen.max_connections_per_trusted_proxy,
+        settings.proxy.trusted_proxies.clone(),
+    ));
+    let shared = Arc::new(listener::Shared::new(
+        &settings.limits,
+        per_address,
+        metrics.clone(),
+        settings.shutdown_grace,
+    ));
     let settings = Arc::new(settings);
     let api = Api {
         store: store.clone(),
@@ -316,23 +329,27 @@ pub async fn start(settings: Settings, options: StartOptions) -> Result<Running,
     let ready = Arc::new(AtomicBool::new(false));
     let (admin_shutdown, admin_shutdown_rx) = watch::channel(false);
     let mut tasks = Vec::new();
-    if let (Some(listener), Some(acceptor)) = (https_listener, tls_acceptor) {
-        tasks.push(tokio::spawn(listener::serve(
-            listener,
-            Some(acceptor),
-            app.clone(),
-            connections.clone(),
-            shutdown_rx.clone(),
-        )));
+    if let (Some(tcp), Some(acceptor)) = (https_listener, tls_acceptor) {
+        let listener = Listener {
+            name: "https",
+            tcp,
+            tls: Some(acceptor),
+            handler: app.clone(),
+            connections: connections.clone(),
+            shutdown: shutdown_rx.clone(),
+        };
+        tasks.push(tokio::spawn(listener::serve(listener, shared.clone())));
     }
-    if let Some(listener) = http_listener {
-        tasks.push(tokio::spawn(listener::serve(
-            listener,
-            None,
-            app.clone(),
-            connections.clone(),
-            shutdown_rx.clone(),
-        )));
+    if let Some(tcp) = http_listener {
+        let listener = Listener {
+            name: "http",
+            tcp,
+            tls: None,
+            handler: app.clone(),
+            connections: connections.clone(),
+            shutdown: shutdown_rx.clone(),
+        };
+        tasks.push(tokio::spawn(listener::serve(listener, shared.clone())));
     }
     if store.dialect() == crate::store::Dialect::Postgres {
         tasks.push(tokio::spawn(crate::revocation::listen(
@@ -370,14 +387,24 @@ pub async fn start(settings: Settings, options: StartOptions) -> Result<Running,
     }
     let reload_metrics = metrics.clone();
     drop(shutdown_rx);
-    let admin_task = admin_listener.map(|listener| {
+    // The admin listener has its own budget and shutdown: it outlives the
+    // drain, so probes see "not ready" meanwhile.
+    let admin_task = admin_listener.map(|tcp| {
         let admin = Arc::new(Admin {
             metrics,
             auth,
             store: store.clone(),
             ready: ready.clone(),
         });
-        tokio::spawn(admin::serve(listener, admin, admin_shutdown_rx))
+        let listener = Listener {
+            name: "admin",
+            tcp,
+            tls: None,
+            handler: admin,
+            connections: admin_connections,
+            shutdown: admin_shutdown_rx,
+        };
+        tokio::spawn(listener::serve(listener, shared))
     });
     ready.store(true, Ordering::Relaxed);
     tracing::info!(https = ?https, http = ?http, admin = ?admin_addr, "keygate is serving");

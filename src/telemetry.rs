@@ -21,6 +21,7 @@ pub struct Metrics {
     cache_entries: IntGaugeVec,
     cache_evictions: IntCounterVec,
     open_connections: IntGaugeVec,
+    connections_closed: IntCounterVec,
     logins: IntCounterVec,
     rate_limited: IntCounterVec,
     password_hashes: IntCounterVec,
@@ -111,6 +112,12 @@ impl Metrics {
             "keygate_open_connections",
             "Client connections currently open, by listener.",
             &["listener"],
+        );
+        let connections_closed = counter(
+            "keygate_connections_closed_total",
+            "Client connections keygate closed for a limit, by listener and reason \
+             (per_address_cap, tls_handshake_timeout, head_timeout, idle, keep_alive_timeout, body_timeout).",
+            &["listener", "reason"],
         );
         let logins = counter(
             "keygate_login_attempts_total",
@@ -207,6 +214,7 @@ impl Metrics {
             cache_entries,
             cache_evictions,
             open_connections,
+            connections_closed,
             logins,
             rate_limited,
             password_hashes,
@@ -318,6 +326,13 @@ impl Metrics {
 
     pub fn connection_closed(&self, listener: &str) {
         self.open_connections.with_label_values(&[listener]).dec();
+    }
+
+    /// Counts a connection closed by a limit; `reason` is one fixed word.
+    pub fn connection_closed_by(&self, listener: &str, reason: &str) {
+        self.connections_closed
+            .with_label_values(&[listener, reason])
+            .inc();
     }
 
     pub fn set_cache_entries(&self, sizes: &[(&str, u64)]) {

@@ -253,12 +253,20 @@ impl OwnedRequest {
     }
 }
 
-/// Reads a request body up to [`MAX_BODY`]; larger is a 413.
-pub async fn read_body(body: hyper::body::Incoming) -> Result<Bytes, ApiError> {
-    match http_body_util::Limited::new(body, MAX_BODY).collect().await {
-        Ok(collected) => Ok(collected.to_bytes()),
-        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(ApiError::body_too_large()),
-        Err(_) => Err(ApiError::bad_request("Request body could not be read")),
+/// Reads a request body up to [`MAX_BODY`] within `deadline`; larger is a 413,
+/// slower a 408 that also closes the connection (a trickled body must not hold
+/// a connection and a handler open).
+pub async fn read_body<B>(body: B, deadline: std::time::Duration) -> Result<Bytes, ApiError>
+where
+    B: http_body::Body<Data = Bytes>,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let collect = http_body_util::Limited::new(body, MAX_BODY).collect();
+    match tokio::time::timeout(deadline, collect).await {
+        Ok(Ok(collected)) => Ok(collected.to_bytes()),
+        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => Err(ApiError::body_too_large()),
+        Ok(Err(_)) => Err(ApiError::bad_request("Request body could not be read")),
+        Err(_) => Err(ApiError::request_timeout()),
     }
 }
 
@@ -364,6 +372,36 @@ mod tests {
         assert!(find(&Method::GET, "/api/tenant/devices").unwrap().is_none());
         let err = find(&Method::GET, "/api/auth/login").unwrap_err();
         assert_eq!(err.status, StatusCode::METHOD_NOT_ALLOWED);
+    }
+
+    /// A body that sends one chunk, then nothing.
+    struct Stalled(bool);
+
+    impl http_body::Body for Stalled {
+        type Data = Bytes;
+        type Error = std::convert::Infallible;
+        fn poll_frame(
+            mut self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+            if std::mem::replace(&mut self.0, true) {
+                std::task::Poll::Pending
+            } else {
+                std::task::Poll::Ready(Some(Ok(http_body::Frame::data(Bytes::from_static(b"{")))))
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn stalled_body_is_a_408_after_the_deadline() {
+        let err = read_body(Stalled(false), std::time::Duration::from_millis(50))
+            .await
+            .unwrap_err();
+        assert_eq!(err.status, StatusCode::REQUEST_TIMEOUT);
+        assert_eq!(err.code, crate::error::code::BAD_REQUEST_PARAMS);
+        let full = http_body_util::Full::new(Bytes::from_static(b"{}"));
+        let body = read_body(full, std::time::Duration::from_secs(10)).await;
+        assert_eq!(body.unwrap(), Bytes::from_static(b"{}"));
     }
 
     #[test]

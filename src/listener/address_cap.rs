@@ -1,0 +1,167 @@
+//! The per-client-address connection cap, counted over every listener, so one
+//! address cannot take the whole connection limit.
+//!
+//! An IPv4 address counts alone; IPv6 addresses count per /64, the block one
+//! subscriber or host is normally given (otherwise one host could open the cap
+//! again from each of its 2^64 addresses). A configured trusted proxy counts by
+//! its exact address against its own cap, or no cap of its own: a load
+//! balancer carries many clients on one address.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, Ipv6Addr};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use ipnet::IpNet;
+
+pub struct AddressCap {
+    limit: usize,
+    /// `None`: trusted proxies are not capped here (only `max_connections`).
+    trusted_limit: Option<usize>,
+    trusted: Vec<IpNet>,
+    /// Open connections per address key; an entry lives while it has one.
+    open: Mutex<HashMap<IpAddr, usize>>,
+}
+
+/// One admitted connection; dropping it gives the place back.
+pub struct Slot {
+    cap: Arc<AddressCap>,
+    key: Option<IpAddr>,
+}
+
+impl AddressCap {
+    pub fn new(limit: usize, trusted_limit: Option<usize>, trusted: Vec<IpNet>) -> AddressCap {
+        AddressCap {
+            limit,
+            trusted_limit,
+            trusted,
+            open: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HashMap<IpAddr, usize>> {
+        self.open
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Admits one more connection from `peer`, or `None` when its address
+    /// already holds its cap.
+    pub fn admit(self: &Arc<Self>, peer: IpAddr) -> Option<Slot> {
+        let peer = peer.to_canonical();
+        let (key, limit) = if self.trusted.iter().any(|net| net.contains(&peer)) {
+            match self.trusted_limit {
+                Some(limit) => (peer, limit),
+                None => {
+                    return Some(Slot {
+                        cap: self.clone(),
+                        key: None,
+                    });
+                }
+            }
+        } else {
+            (key_of(peer), self.limit)
+        };
+        let mut open = self.lock();
+        let count = open.entry(key).or_insert(0);
+        if *count >= limit {
+            return None;
+        }
+        *count += 1;
+        Some(Slot {
+            cap: self.clone(),
+            key: Some(key),
+        })
+    }
+
+    /// Connections open for the address key of `peer` (for tests and logs).
+    pub fn open_for(&self, peer: IpAddr) -> usize {
+        let peer = peer.to_canonical();
+        self.lock().get(&key_of(peer)).copied().unwrap_or(0)
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let Some(key) = self.key else { return };
+        let mut open = self.cap.lock();
+        if let Some(count) = open.get_mut(&key) {
+            *count -= 1;
+            if *count == 0 {
+                open.remove(&key);
+            }
+        }
+    }
+}
+
+/// The address an untrusted peer is counted under.
+fn key_of(peer: IpAddr) -> IpAddr {
+    match peer {
+        IpAddr::V4(_) => peer,
+        IpAddr::V6(v6) => {
+            let prefix = u128::from(v6) & !(u128::MAX >> 64);
+            IpAddr::V6(Ipv6Addr::from(prefix))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ip(text: &str) -> IpAddr {
+        text.parse().unwrap()
+    }
+
+    #[test]
+    fn an_address_over_its_cap_is_refused_until_a_connection_closes() {
+        let cap = Arc::new(AddressCap::new(2, None, vec![]));
+        let a = cap.admit(ip("192.0.2.1")).unwrap();
+        let _b = cap.admit(ip("192.0.2.1")).unwrap();
+        assert!(cap.admit(ip("192.0.2.1")).is_none());
+        assert!(
+            cap.admit(ip("192.0.2.2")).is_some(),
+            "other addresses unaffected"
+        );
+        drop(a);
+        assert!(cap.admit(ip("192.0.2.1")).is_some());
+    }
+
+    #[test]
+    fn ipv6_addresses_count_per_64_and_mapped_ipv4_as_ipv4() {
+        let cap = Arc::new(AddressCap::new(1, None, vec![]));
+        let _a = cap.admit(ip("2001:db8:1:2::1")).unwrap();
+        assert!(cap.admit(ip("2001:db8:1:2:ffff::9")).is_none());
+        assert!(cap.admit(ip("2001:db8:1:3::1")).is_some());
+        let _v4 = cap.admit(ip("192.0.2.7")).unwrap();
+        assert!(cap.admit(ip("::ffff:192.0.2.7")).is_none());
+    }
+
+    #[test]
+    fn trusted_proxies_have_their_own_cap_or_none() {
+        let trusted = vec!["10.0.0.0/8".parse().unwrap()];
+        let uncapped = Arc::new(AddressCap::new(1, None, trusted.clone()));
+        let slots: Vec<_> = (0..10)
+            .map(|_| uncapped.admit(ip("10.1.2.3")).unwrap())
+            .collect();
+        assert_eq!(uncapped.open_for(ip("10.1.2.3")), 0, "not counted");
+        drop(slots);
+        let capped = Arc::new(AddressCap::new(1, Some(3), trusted));
+        let _slots: Vec<_> = (0..3)
+            .map(|_| capped.admit(ip("10.1.2.3")).unwrap())
+            .collect();
+        assert!(capped.admit(ip("10.1.2.3")).is_none());
+        assert!(
+            capped.admit(ip("10.1.2.4")).is_some(),
+            "each proxy counts alone"
+        );
+    }
+
+    #[test]
+    fn entries_are_removed_when_their_last_connection_closes() {
+        let cap = Arc::new(AddressCap::new(4, None, vec![]));
+        let slot = cap.admit(ip("192.0.2.1")).unwrap();
+        assert_eq!(cap.open_for(ip("192.0.2.1")), 1);
+        drop(slot);
+        assert!(cap.lock().is_empty());
+    }
+}

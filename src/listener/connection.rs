@@ -1,0 +1,405 @@
+//! One client connection after accept (and TLS): HTTP/1.1 or HTTP/2 served by
+//! hyper, and the deadlines that keep a silent, idle or dead peer from holding
+//! the connection, with the in-flight tracking they need.
+//!
+//! - head: from accept (or the end of the TLS handshake) to the first complete
+//!   request head, covering the first bytes and the HTTP/1.1 / HTTP/2
+//!   detection, for which hyper has no timeout of its own. Later heads of an
+//!   HTTP/1.1 connection are hyper's `header_read_timeout`, which starts again
+//!   as soon as a response is written, so it also closes idle HTTP/1.1
+//!   connections.
+//! - idle: no request in flight (head received, response not yet fully sent)
+//!   for the idle time: closed gracefully (HTTP/2: GOAWAY).
+//! - close: a connection asked to close gracefully (idle, or a response that
+//!   says `Connection: close`) is dropped if it has not closed within this.
+//! - HTTP/2 keep-alive pings are hyper's (`keep_alive_interval`, `_timeout`).
+
+use std::convert::Infallible;
+use std::pin::{Pin, pin};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderValue, Request, Response, StatusCode, Version, header};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::{Notify, watch};
+use tokio::time::Instant;
+
+use super::{Handler, Transport};
+use crate::body::{Body, BoxError};
+
+/// Why keygate closed a connection; the label of
+/// `keygate_connections_closed_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reason {
+    /// The client address already holds its cap of connections.
+    PerAddressCap,
+    TlsHandshakeTimeout,
+    /// No complete request head (or not even a protocol) in time.
+    HeadTimeout,
+    /// No request in flight for the idle time.
+    Idle,
+    /// An HTTP/2 keep-alive ping was not answered in time.
+    KeepAliveTimeout,
+    /// An owned endpoint's request body did not arrive in time (408).
+    BodyTimeout,
+}
+
+impl Reason {
+    pub fn label(self) -> &'static str {
+        match self {
+            Reason::PerAddressCap => "per_address_cap",
+            Reason::TlsHandshakeTimeout => "tls_handshake_timeout",
+            Reason::HeadTimeout => "head_timeout",
+            Reason::Idle => "idle",
+            Reason::KeepAliveTimeout => "keep_alive_timeout",
+            Reason::BodyTimeout => "body_timeout",
+        }
+    }
+}
+
+/// The connection deadlines, from `[limits]`.
+#[derive(Debug, Clone, Copy)]
+pub struct Deadlines {
+    /// First complete request head (`header_read_timeout`).
+    pub head: Duration,
+    /// No request in flight (`idle_timeout`).
+    pub idle: Duration,
+    /// Finishing a graceful close (`http2_keep_alive_timeout`).
+    pub close: Duration,
+}
+
+/// What the driver learns from the requests of its connection.
+#[derive(Debug)]
+struct State {
+    /// Requests whose head arrived and whose response is not fully sent.
+    in_flight: usize,
+    /// Requests seen so far.
+    requests: u64,
+    /// When `in_flight` last fell to zero.
+    idle_since: Instant,
+    /// The requests came over HTTP/2.
+    http2: bool,
+    /// A response asked to close the connection (and why, when it counts).
+    close: Option<Option<Reason>>,
+}
+
+/// Shared by the connection's driver and its requests.
+struct Activity {
+    state: Mutex<State>,
+    /// Woken when the connection goes idle or a response asks to close it.
+    wake: Notify,
+}
+
+impl Activity {
+    fn new() -> Activity {
+        Activity {
+            state: Mutex::new(State {
+                in_flight: 0,
+                requests: 0,
+                idle_since: Instant::now(),
+                http2: false,
+                close: None,
+            }),
+            wake: Notify::new(),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn start(self: &Arc<Self>, version: Version) -> InFlight {
+        let mut state = self.lock();
+        state.in_flight += 1;
+        state.requests += 1;
+        state.http2 = version == Version::HTTP_2;
+        InFlight(self.clone())
+    }
+
+    fn request_close(&self, reason: Option<Reason>) {
+        self.lock().close.get_or_insert(reason);
+        self.wake.notify_one();
+    }
+
+    /// When the driver must next look: the head deadline until a request
+    /// arrived, then the end of the current idle period.
+    fn next_check(&self, opened: Instant, deadlines: Deadlines) -> Instant {
+        let state = self.lock();
+        if state.requests == 0 {
+            opened + deadlines.head
+        } else if state.in_flight == 0 {
+            state.idle_since + deadlines.idle
+        } else {
+            // Busy: the last response to finish wakes the driver.
+            Instant::now() + deadlines.idle
+        }
+    }
+
+    /// Which deadline, if any, has passed at `now`.
+    fn due(&self, now: Instant, opened: Instant, deadlines: Deadlines) -> Option<Reason> {
+        let state = self.lock();
+        if state.requests == 0 {
+            (now >= opened + deadlines.head).then_some(Reason::HeadTimeout)
+        } else {
+            (state.in_flight == 0 && now >= state.idle_since + deadlines.idle)
+                .then_some(Reason::Idle)
+        }
+    }
+
+    /// Why hyper ended the connection, when it was one of our limits.
+    fn classify(&self, result: &Result<(), BoxError>, deadlines: Deadlines) -> Option<Reason> {
+        let state = self.lock();
+        match result {
+            Err(error)
+                if error
+                    .downcast_ref::<hyper::Error>()
+                    .is_some_and(hyper::Error::is_timeout) =>
+            {
+                Some(if state.http2 && state.requests > 0 {
+                    Reason::KeepAliveTimeout
+                } else {
+                    Reason::HeadTimeout
+                })
+            }
+            // hyper ends an idle HTTP/1.1 keep-alive connection without an
+            // error when `header_read_timeout` runs out before a next request.
+            Ok(())
+                if !state.http2
+                    && state.requests > 0
+                    && state.in_flight == 0
+                    && state.idle_since.elapsed() >= deadlines.head =>
+            {
+                Some(Reason::Idle)
+            }
+            _ => None,
+        }
+    }
+}
+
+/// One request in flight, until its response body is finished or dropped.
+struct InFlight(Arc<Activity>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let mut state = self.0.lock();
+        state.in_flight = state.in_flight.saturating_sub(1);
+        if state.in_flight == 0 {
+            state.idle_since = Instant::now();
+            drop(state);
+            self.0.wake.notify_one();
+        }
+    }
+}
+
+/// A response body that keeps its request counted as in flight.
+pub struct Tracked {
+    inner: Body,
+    _in_flight: InFlight,
+}
+
+impl http_body::Body for Tracked {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, BoxError>>> {
+        Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// Serves one connection until it closes or a deadline closes it; returns why
+/// keygate closed it, when it did.
+pub async fn serve<I, H>(
+    io: I,
+    builder: &auto::Builder<TokioExecutor>,
+    handler: Arc<H>,
+    transport: Transport,
+    deadlines: Deadlines,
+    mut drain: watch::Receiver<bool>,
+) -> Option<Reason>
+where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    H: Handler,
+{
+    let opened = Instant::now();
+    let activity = Arc::new(Activity::new());
+    let requests = activity.clone();
+    let service = service_fn(move |req: Request<Incoming>| {
+        let in_flight = requests.start(req.version());
+        let handler = handler.clone();
+        let activity = requests.clone();
+        async move {
+            let version = req.version();
+            let mut response = handler.handle(req, transport).await;
+            if asks_to_close(&response) {
+                let reason = (response.status() == StatusCode::REQUEST_TIMEOUT)
+                    .then_some(Reason::BodyTimeout);
+                activity.request_close(reason);
+                if version == Version::HTTP_2 {
+                    // Connection-specific headers are not allowed in HTTP/2;
+                    // the driver sends GOAWAY instead.
+                    response.headers_mut().remove(header::CONNECTION);
+                }
+            }
+            Ok::<_, Infallible>(response.map(|inner| Tracked {
+                inner,
+                _in_flight: in_flight,
+            }))
+        }
+    });
+    let mut conn = pin!(builder.serve_connection(TokioIo::new(io), service));
+
+    // Once a graceful close has started: its hard deadline and why it started.
+    let mut closing: Option<(Instant, Option<Reason>)> = None;
+    let mut shut_down = false;
+    let mut shut = |conn: Pin<&mut auto::Connection<'_, _, _, _>>| {
+        if !std::mem::replace(&mut shut_down, true) {
+            conn.graceful_shutdown();
+        }
+    };
+    let mut draining = false;
+    loop {
+        let next = match closing {
+            Some((at, _)) => at,
+            None => activity.next_check(opened, deadlines),
+        };
+        tokio::select! {
+            result = conn.as_mut() => {
+                return match closing {
+                    Some((_, reason)) => reason,
+                    None => activity.classify(&result, deadlines),
+                };
+            }
+            () = tokio::time::sleep_until(next) => {
+                if let Some((_, reason)) = closing {
+                    // The graceful close did not finish in time: drop it.
+                    return reason;
+                }
+                match activity.due(Instant::now(), opened, deadlines) {
+                    Some(Reason::HeadTimeout) => return Some(Reason::HeadTimeout),
+                    Some(reason) => {
+                        shut(conn.as_mut());
+                        closing = Some((Instant::now() + deadlines.close, Some(reason)));
+                    }
+                    None => {}
+                }
+            }
+            () = activity.wake.notified(), if closing.is_none() => {
+                let close = activity.lock().close;
+                if let Some(reason) = close {
+                    shut(conn.as_mut());
+                    closing = Some((Instant::now() + deadlines.close, reason));
+                }
+            }
+            _ = drain.changed(), if !draining => {
+                // The listener bounds the drain by the shutdown grace period.
+                draining = true;
+                shut(conn.as_mut());
+            }
+        }
+    }
+}
+
+fn asks_to_close<B>(response: &Response<B>) -> bool {
+    response
+        .headers()
+        .get(header::CONNECTION)
+        .is_some_and(|v| v == HeaderValue::from_static("close"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const DEADLINES: Deadlines = Deadlines {
+        head: Duration::from_secs(10),
+        idle: Duration::from_secs(60),
+        close: Duration::from_secs(20),
+    };
+
+    #[tokio::test]
+    async fn head_deadline_runs_until_the_first_request_then_idle_takes_over() {
+        let activity = Arc::new(Activity::new());
+        let opened = Instant::now();
+        assert_eq!(
+            activity.next_check(opened, DEADLINES),
+            opened + DEADLINES.head
+        );
+        assert_eq!(
+            activity.due(opened + DEADLINES.head, opened, DEADLINES),
+            Some(Reason::HeadTimeout)
+        );
+        let request = activity.start(Version::HTTP_11);
+        assert_eq!(
+            activity.due(opened + DEADLINES.idle * 2, opened, DEADLINES),
+            None
+        );
+        drop(request);
+        let idle_since = activity.lock().idle_since;
+        assert_eq!(
+            activity.next_check(opened, DEADLINES),
+            idle_since + DEADLINES.idle
+        );
+        assert_eq!(
+            activity.due(idle_since + DEADLINES.idle, opened, DEADLINES),
+            Some(Reason::Idle)
+        );
+    }
+
+    #[tokio::test]
+    async fn a_request_in_flight_is_not_idle_until_its_response_ends() {
+        let activity = Arc::new(Activity::new());
+        let opened = Instant::now();
+        let first = activity.start(Version::HTTP_2);
+        let second = activity.start(Version::HTTP_2);
+        drop(first);
+        let later = Instant::now() + DEADLINES.idle * 2;
+        assert_eq!(activity.due(later, opened, DEADLINES), None);
+        drop(second);
+        assert_eq!(activity.due(later, opened, DEADLINES), Some(Reason::Idle));
+    }
+
+    #[test]
+    fn close_reasons_have_fixed_labels() {
+        let labels: Vec<_> = [
+            Reason::PerAddressCap,
+            Reason::TlsHandshakeTimeout,
+            Reason::HeadTimeout,
+            Reason::Idle,
+            Reason::KeepAliveTimeout,
+            Reason::BodyTimeout,
+        ]
+        .iter()
+        .map(|r| r.label())
+        .collect();
+        assert_eq!(
+            labels,
+            [
+                "per_address_cap",
+                "tls_handshake_timeout",
+                "head_timeout",
+                "idle",
+                "keep_alive_timeout",
+                "body_timeout"
+            ]
+        );
+    }
+}

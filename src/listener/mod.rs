@@ -1,0 +1,225 @@
+//! The one accept loop, for every listener (https, http, admin): TCP, optional
+//! TLS, the connection limits (a budget per listener group and a cap per client
+//! address), the connection deadlines ([`connection`]), and a graceful drain
+//! on shutdown. What a listener serves is its [`Handler`].
+
+pub mod address_cap;
+pub mod connection;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{Request, Response};
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use hyper_util::server::conn::auto;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{Semaphore, watch};
+use tokio_rustls::TlsAcceptor;
+
+use crate::body::Body;
+use crate::config::Limits;
+use crate::telemetry::Metrics;
+use address_cap::AddressCap;
+use connection::{Deadlines, Reason};
+
+/// What the connection tells about a request: was TLS terminated here, and who
+/// is the peer.
+#[derive(Debug, Clone, Copy)]
+pub struct Transport {
+    pub tls: bool,
+    pub peer: SocketAddr,
+    /// Listener name, for metrics: "https", "http" or "admin".
+    pub listener: &'static str,
+}
+
+/// What a listener serves: every request of its connections.
+pub trait Handler: Send + Sync + 'static {
+    fn handle(
+        &self,
+        req: Request<Incoming>,
+        transport: Transport,
+    ) -> impl Future<Output = Response<Body>> + Send;
+}
+
+/// One bound listener and what it serves.
+pub struct Listener<H> {
+    /// "https", "http" or "admin": the metric label.
+    pub name: &'static str,
+    pub tcp: TcpListener,
+    pub tls: Option<TlsAcceptor>,
+    pub handler: Arc<H>,
+    /// The budget of open connections this listener draws from; further
+    /// connections wait in the accept queue.
+    pub connections: Arc<Semaphore>,
+    /// Turns true when the listener is to stop accepting and drain.
+    pub shutdown: watch::Receiver<bool>,
+}
+
+/// What every listener shares.
+pub struct Shared {
+    builder: auto::Builder<TokioExecutor>,
+    per_address: Arc<AddressCap>,
+    metrics: Arc<Metrics>,
+    deadlines: Deadlines,
+    tls_handshake_timeout: Duration,
+    /// How long open connections may take to finish after shutdown.
+    grace: Duration,
+}
+
+impl Shared {
+    pub fn new(
+        limits: &Limits,
+        per_address: Arc<AddressCap>,
+        metrics: Arc<Metrics>,
+        grace: Duration,
+    ) -> Shared {
+        let mut builder = auto::Builder::new(TokioExecutor::new());
+        builder
+            .http1()
+            .timer(TokioTimer::new())
+            .header_read_timeout(limits.header_read_timeout)
+            .max_buf_size((limits.max_header_bytes * 2).max(8192));
+        builder
+            .http2()
+            .timer(TokioTimer::new())
+            .max_header_list_size((limits.max_header_bytes * 2) as u32)
+            .keep_alive_interval(Some(limits.http2_keep_alive_interval))
+            .keep_alive_timeout(limits.http2_keep_alive_timeout);
+        Shared {
+            builder,
+            per_address,
+            metrics,
+            deadlines: Deadlines {
+                head: limits.header_read_timeout,
+                idle: limits.idle_timeout,
+                close: limits.http2_keep_alive_timeout,
+            },
+            tls_handshake_timeout: limits.tls_handshake_timeout,
+            grace,
+        }
+    }
+}
+
+/// Serves one listener until its shutdown turns true, then drains open
+/// connections for at most the grace period.
+pub async fn serve<H: Handler>(listener: Listener<H>, shared: Arc<Shared>) {
+    let Listener {
+        name,
+        tcp,
+        tls,
+        handler,
+        connections,
+        mut shutdown,
+    } = listener;
+    // Each connection holds a receiver: the signal to drain, and by being
+    // dropped, the sign that the connection is gone.
+    let (drain, draining) = watch::channel(false);
+    loop {
+        let permit = tokio::select! {
+            _ = shutdown.changed() => break,
+            permit = connections.clone().acquire_owned() => match permit {
+                Ok(permit) => permit,
+                Err(_) => break,
+            },
+        };
+        let (stream, peer) = tokio::select! {
+            _ = shutdown.changed() => break,
+            accepted = tcp.accept() => match accepted {
+                Ok(pair) => pair,
+                Err(error) => {
+                    tracing::warn!(%error, listener = name, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let Some(slot) = shared.per_address.admit(peer.ip()) else {
+            tracing::debug!(%peer, listener = name, "connection over the per-address cap closed");
+            shared
+                .metrics
+                .connection_closed_by(name, Reason::PerAddressCap.label());
+            drop(stream);
+            continue;
+        };
+        let _ = stream.set_nodelay(true);
+        let transport = Transport {
+            tls: tls.is_some(),
+            peer,
+            listener: name,
+        };
+        let shared = shared.clone();
+        let handler = handler.clone();
+        let tls = tls.clone();
+        let draining = draining.clone();
+        tokio::spawn(async move {
+            let _permit = permit;
+            let _slot = slot;
+            shared.metrics.connection_opened(name);
+            let reason = connection(stream, tls, handler, transport, &shared, draining).await;
+            if let Some(reason) = reason {
+                tracing::debug!(%peer, listener = name, reason = reason.label(), "connection closed");
+                shared.metrics.connection_closed_by(name, reason.label());
+            }
+            shared.metrics.connection_closed(name);
+        });
+    }
+    drop(tcp);
+    drop(draining);
+    let _ = drain.send(true);
+    if tokio::time::timeout(shared.grace, drain.closed())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            listener = name,
+            "shutdown grace period ended with connections still open"
+        );
+    }
+}
+
+/// One accepted connection: the TLS handshake (bounded), then HTTP.
+async fn connection<H: Handler>(
+    stream: TcpStream,
+    tls: Option<TlsAcceptor>,
+    handler: Arc<H>,
+    transport: Transport,
+    shared: &Shared,
+    draining: watch::Receiver<bool>,
+) -> Option<Reason> {
+    let Some(acceptor) = tls else {
+        return connection::serve(
+            stream,
+            &shared.builder,
+            handler,
+            transport,
+            shared.deadlines,
+            draining,
+        )
+        .await;
+    };
+    let peer = transport.peer;
+    match tokio::time::timeout(shared.tls_handshake_timeout, acceptor.accept(stream)).await {
+        Ok(Ok(tls_stream)) => {
+            connection::serve(
+                tls_stream,
+                &shared.builder,
+                handler,
+                transport,
+                shared.deadlines,
+                draining,
+            )
+            .await
+        }
+        Ok(Err(error)) => {
+            tracing::debug!(%error, %peer, "TLS handshake failed");
+            None
+        }
+        Err(_) => {
+            tracing::debug!(%peer, "TLS handshake timed out");
+            Some(Reason::TlsHandshakeTimeout)
+        }
+    }
+}
