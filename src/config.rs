@@ -1449,6 +1449,49 @@ mod tests {
     }
 
     #[test]
+    fn connection_limits_have_documented_defaults_and_are_checked() {
+        let settings = load_text("", &[]).unwrap();
+        assert_eq!(settings.listen.max_connections_per_address, 256);
+        assert_eq!(settings.listen.max_connections_per_trusted_proxy, None);
+        assert_eq!(settings.listen.admin_max_connections, 64);
+        assert_eq!(settings.limits.idle_timeout, Duration::from_secs(60));
+        assert_eq!(settings.limits.body_read_timeout, Duration::from_secs(10));
+        assert_eq!(
+            settings.limits.http2_keep_alive_interval,
+            Duration::from_secs(20)
+        );
+        assert_eq!(
+            settings.limits.http2_keep_alive_timeout,
+            Duration::from_secs(20)
+        );
+        let settings = load_text(
+            "[listen]\nmax_connections_per_trusted_proxy = 2000\n",
+            &[("KEYGATE_LIMITS_IDLE_TIMEOUT", "5s")],
+        )
+        .unwrap();
+        assert_eq!(
+            settings.listen.max_connections_per_trusted_proxy,
+            Some(2000)
+        );
+        assert_eq!(settings.limits.idle_timeout, Duration::from_secs(5));
+        let errors = load_text(
+            "[listen]\nmax_connections_per_address = 0\nmax_connections_per_trusted_proxy = -1\n\
+             [limits]\nidle_timeout = \"0s\"\nbody_read_timeout = \"soon\"\n",
+            &[],
+        )
+        .unwrap_err();
+        let text = errors.0.join("\n");
+        for needle in [
+            "listen.max_connections_per_address: must be a positive integer",
+            "listen.max_connections_per_trusted_proxy: must not be negative",
+            "limits.idle_timeout: must be greater than zero",
+            "limits.body_read_timeout",
+        ] {
+            assert!(text.contains(needle), "missing {needle:?} in:\n{text}");
+        }
+    }
+
+    #[test]
     fn durations_parse_with_units() {
         assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
         assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));

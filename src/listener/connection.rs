@@ -16,6 +16,7 @@
 
 use std::convert::Infallible;
 use std::pin::{Pin, pin};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -26,7 +27,7 @@ use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
-use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 
@@ -83,6 +84,8 @@ struct State {
     requests: u64,
     /// When `in_flight` last fell to zero.
     idle_since: Instant,
+    /// `Activity::bytes_read` at that moment.
+    read_at_idle: u64,
     /// The requests came over HTTP/2.
     http2: bool,
     /// A response asked to close the connection (and why, when it counts).
@@ -94,6 +97,8 @@ struct Activity {
     state: Mutex<State>,
     /// Woken when the connection goes idle or a response asks to close it.
     wake: Notify,
+    /// Bytes received so far: tells an idle connection from a slow next head.
+    bytes_read: AtomicU64,
 }
 
 impl Activity {
@@ -103,10 +108,12 @@ impl Activity {
                 in_flight: 0,
                 requests: 0,
                 idle_since: Instant::now(),
+                read_at_idle: 0,
                 http2: false,
                 close: None,
             }),
             wake: Notify::new(),
+            bytes_read: AtomicU64::new(0),
         }
     }
 
@@ -155,29 +162,32 @@ impl Activity {
     }
 
     /// Why hyper ended the connection, when it was one of our limits.
-    fn classify(&self, result: &Result<(), BoxError>, deadlines: Deadlines) -> Option<Reason> {
+    fn classify(&self, result: &Result<(), BoxError>) -> Option<Reason> {
         let state = self.lock();
+        if let Some(reason) = state.close {
+            // A response closed it (HTTP/1.1 closes on its own, maybe before
+            // the driver heard of it).
+            return reason;
+        }
         match result {
             Err(error)
                 if error
                     .downcast_ref::<hyper::Error>()
                     .is_some_and(hyper::Error::is_timeout) =>
             {
-                Some(if state.http2 && state.requests > 0 {
+                Some(if state.requests == 0 {
+                    Reason::HeadTimeout
+                } else if state.http2 {
                     Reason::KeepAliveTimeout
+                } else if state.in_flight == 0
+                    && state.read_at_idle == self.bytes_read.load(Ordering::Relaxed)
+                {
+                    // hyper's `header_read_timeout` restarts when a response
+                    // is sent: with not one byte since, the connection was idle.
+                    Reason::Idle
                 } else {
                     Reason::HeadTimeout
                 })
-            }
-            // hyper ends an idle HTTP/1.1 keep-alive connection without an
-            // error when `header_read_timeout` runs out before a next request.
-            Ok(())
-                if !state.http2
-                    && state.requests > 0
-                    && state.in_flight == 0
-                    && state.idle_since.elapsed() >= deadlines.head =>
-            {
-                Some(Reason::Idle)
             }
             _ => None,
         }
@@ -193,6 +203,7 @@ impl Drop for InFlight {
         state.in_flight = state.in_flight.saturating_sub(1);
         if state.in_flight == 0 {
             state.idle_since = Instant::now();
+            state.read_at_idle = self.0.bytes_read.load(Ordering::Relaxed);
             drop(state);
             self.0.wake.notify_one();
         }
@@ -222,6 +233,60 @@ impl http_body::Body for Tracked {
 
     fn size_hint(&self) -> http_body::SizeHint {
         self.inner.size_hint()
+    }
+}
+
+/// The connection's transport, counting the bytes it receives.
+struct Counted<I> {
+    io: I,
+    activity: Arc<Activity>,
+}
+
+impl<I: AsyncRead + Unpin> AsyncRead for Counted<I> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut self.io).poll_read(cx, buf);
+        let read = buf.filled().len() - before;
+        if read > 0 {
+            self.activity
+                .bytes_read
+                .fetch_add(read as u64, Ordering::Relaxed);
+        }
+        polled
+    }
+}
+
+impl<I: AsyncWrite + Unpin> AsyncWrite for Counted<I> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
     }
 }
 
@@ -265,6 +330,10 @@ where
             }))
         }
     });
+    let io = Counted {
+        io,
+        activity: activity.clone(),
+    };
     let mut conn = pin!(builder.serve_connection(TokioIo::new(io), service));
 
     // Once a graceful close has started: its hard deadline and why it started.
@@ -285,7 +354,7 @@ where
             result = conn.as_mut() => {
                 return match closing {
                     Some((_, reason)) => reason,
-                    None => activity.classify(&result, deadlines),
+                    None => activity.classify(&result),
                 };
             }
             () = tokio::time::sleep_until(next) => {
