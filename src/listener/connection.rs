@@ -310,14 +310,13 @@ where
     let service = service_fn(move |req: Request<Incoming>| {
         let in_flight = requests.start(req.version());
         let handler = handler.clone();
-        let activity = requests.clone();
         async move {
             let version = req.version();
             let mut response = handler.handle(req, transport).await;
             if asks_to_close(&response) {
                 let reason = (response.status() == StatusCode::REQUEST_TIMEOUT)
                     .then_some(Reason::BodyTimeout);
-                activity.request_close(reason);
+                in_flight.0.request_close(reason);
                 if version == Version::HTTP_2 {
                     // Connection-specific headers are not allowed in HTTP/2;
                     // the driver sends GOAWAY instead.
