@@ -19,6 +19,7 @@ use crate::browser::Browser;
 use crate::config::Settings;
 use crate::conn::Client;
 use crate::error::ApiError;
+use crate::framing::AmbiguousFraming;
 use crate::identity::Identity;
 use crate::listener::Transport;
 use crate::proxy::headers::{self, X_REQUEST_ID};
@@ -218,6 +219,9 @@ impl App {
         if header_block_size(&req) > self.settings.limits.max_header_bytes {
             return Err(ApiError::headers_too_large());
         }
+        if req.extensions().get::<AmbiguousFraming>().is_some() {
+            return Ok(ambiguous_framing());
+        }
         // Normalise from a shared copy of the Uri, so the (usually borrowed)
         // path outlives moving the request on.
         let uri = req.uri().clone();
@@ -340,6 +344,20 @@ impl crate::listener::Handler for App {
     async fn handle(&self, req: Request<Incoming>, transport: Transport) -> Response<Body> {
         App::handle(self, req, transport).await
     }
+}
+
+/// A request that stated its body length two ways (`Content-Length` and
+/// `Transfer-Encoding`) is refused, not repaired: a server behind keygate might
+/// read it the other way (request smuggling). The connection is closed, as what
+/// follows on it cannot be trusted to start a new request.
+fn ambiguous_framing() -> Response<Body> {
+    let mut response =
+        ApiError::bad_request("Request has both Content-Length and Transfer-Encoding")
+            .into_response();
+    response
+        .headers_mut()
+        .insert(http::header::CONNECTION, HeaderValue::from_static("close"));
+    response
 }
 
 /// The trace id of a W3C `traceparent` header (`00-<trace id>-<span id>-<flags>`).

@@ -15,6 +15,11 @@
 //! that only matters for a chunked request on the same connection, and errs on
 //! the side of refusing.
 
+/// Marks a request (in its extensions) that carries `Transfer-Encoding` on a
+/// connection where a head named both lengths: the request path refuses it.
+#[derive(Debug, Clone, Copy)]
+pub struct AmbiguousFraming;
+
 const CONTENT_LENGTH: &[u8] = b"content-length:";
 const TRANSFER_ENCODING: &[u8] = b"transfer-encoding:";
 /// The longest line prefix compared.

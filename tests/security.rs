@@ -3,6 +3,8 @@
 
 mod common;
 
+use std::time::Duration;
+
 use common::{Gateway, PASSWORD, Upstream, error_body, raw_http};
 use keygate::accounts::{self, NewUser};
 use keygate::identity::Authority;
@@ -682,4 +684,35 @@ async fn activation_links_use_the_configured_public_base_url() {
         link.starts_with("https://gw.example.com/api/noauth/activate?activateToken="),
         "{link}"
     );
+}
+
+#[tokio::test]
+async fn content_length_with_transfer_encoding_is_refused_and_the_connection_closed() {
+    let upstream = Upstream::start().await;
+    let gw = Gateway::start(&upstream.url(), "").await;
+    // The smuggled second request must never be read.
+    let request = "POST /api/noauth/upload HTTP/1.1\r\nHost: localhost\r\n\
+                   Content-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n\
+                   0\r\n\r\nGET /api/noauth/smuggled HTTP/1.1\r\nHost: localhost\r\n\r\n";
+    let started = std::time::Instant::now();
+    let response = raw_http(gw.running.http.unwrap(), request).await;
+    assert!(response.starts_with("HTTP/1.1 400"), "{response}");
+    assert!(response.contains("connection: close"), "{response}");
+    assert_eq!(response.matches("HTTP/1.1").count(), 1, "{response}");
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "the connection closed"
+    );
+    assert!(upstream.requests().is_empty());
+}
+
+#[tokio::test]
+async fn a_plain_chunked_request_still_passes_the_framing_check() {
+    let upstream = Upstream::start().await;
+    let gw = Gateway::start(&upstream.url(), "").await;
+    let request = "POST /api/noauth/upload HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\
+                   Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n";
+    let response = raw_http(gw.running.http.unwrap(), request).await;
+    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+    assert_eq!(upstream.last().body_len, 5);
 }

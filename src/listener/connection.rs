@@ -33,6 +33,7 @@ use tokio::time::Instant;
 
 use super::{Handler, Transport};
 use crate::body::{Body, BoxError};
+use crate::framing::{AmbiguousFraming, FramingScanner};
 
 /// Why keygate closed a connection; the label of
 /// `keygate_connections_closed_total`.
@@ -99,6 +100,9 @@ struct Activity {
     wake: Notify,
     /// Bytes received so far: tells an idle connection from a slow next head.
     bytes_read: AtomicU64,
+    /// A request head on this connection named both `Content-Length` and
+    /// `Transfer-Encoding` ([`crate::framing`]).
+    ambiguous_framing: std::sync::atomic::AtomicBool,
 }
 
 impl Activity {
@@ -114,6 +118,7 @@ impl Activity {
             }),
             wake: Notify::new(),
             bytes_read: AtomicU64::new(0),
+            ambiguous_framing: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -236,10 +241,14 @@ impl http_body::Body for Tracked {
     }
 }
 
-/// The connection's transport, counting the bytes it receives.
+/// The connection's transport, counting the bytes it receives and watching
+/// HTTP/1 request heads for ambiguous framing.
 struct Counted<I> {
     io: I,
     activity: Arc<Activity>,
+    /// `None` once the connection turned out to speak HTTP/2, whose framing
+    /// has no such ambiguity.
+    framing: Option<FramingScanner>,
 }
 
 impl<I: AsyncRead + Unpin> AsyncRead for Counted<I> {
@@ -252,9 +261,25 @@ impl<I: AsyncRead + Unpin> AsyncRead for Counted<I> {
         let polled = Pin::new(&mut self.io).poll_read(cx, buf);
         let read = buf.filled().len() - before;
         if read > 0 {
-            self.activity
+            let first = self
+                .activity
                 .bytes_read
-                .fetch_add(read as u64, Ordering::Relaxed);
+                .fetch_add(read as u64, Ordering::Relaxed)
+                == 0;
+            let this = &mut *self;
+            let bytes = &buf.filled()[before..];
+            if first && bytes.starts_with(b"PRI ") {
+                this.framing = None;
+            }
+            if let Some(scanner) = this.framing.as_mut() {
+                scanner.feed(bytes);
+                if scanner.ambiguous() {
+                    this.activity
+                        .ambiguous_framing
+                        .store(true, Ordering::Relaxed);
+                    this.framing = None;
+                }
+            }
         }
         polled
     }
@@ -307,8 +332,13 @@ where
     let opened = Instant::now();
     let activity = Arc::new(Activity::new());
     let requests = activity.clone();
-    let service = service_fn(move |req: Request<Incoming>| {
+    let service = service_fn(move |mut req: Request<Incoming>| {
         let in_flight = requests.start(req.version());
+        if requests.ambiguous_framing.load(Ordering::Relaxed)
+            && req.headers().contains_key(header::TRANSFER_ENCODING)
+        {
+            req.extensions_mut().insert(AmbiguousFraming);
+        }
         let handler = handler.clone();
         async move {
             let version = req.version();
@@ -332,6 +362,7 @@ where
     let io = Counted {
         io,
         activity: activity.clone(),
+        framing: Some(FramingScanner::default()),
     };
     let mut conn = pin!(builder.serve_connection(TokioIo::new(io), service));
 
