@@ -405,6 +405,19 @@ mod tests {
     }
 
     #[test]
+    fn other_endpoints_can_never_take_the_hashing_capacity_of_logins() {
+        let hashing = Hashing::new(2);
+        let _held: Vec<_> = (0..2)
+            .map(|_| hashing.other.try_acquire().unwrap())
+            .collect();
+        assert!(
+            hashing.other.try_acquire().is_err(),
+            "others are at their cap"
+        );
+        assert!(hashing.login.try_acquire().is_ok(), "logins still hash");
+    }
+
+    #[test]
     fn pattern_parameters_are_captured() {
         assert_eq!(
             match_pattern(
