@@ -132,8 +132,8 @@ async fn activation_link_cannot_reset_an_active_account() {
     );
 }
 
-/// A pending user created over REST, and its activation token.
-async fn pending_user_with_token(gw: &Gateway) -> (Uuid, String) {
+/// An access token of the bootstrap SYS_ADMIN.
+async fn sys_admin_token(gw: &Gateway) -> String {
     let sys = gw
         .running
         .store
@@ -141,7 +141,12 @@ async fn pending_user_with_token(gw: &Gateway) -> (Uuid, String) {
         .await
         .unwrap()
         .unwrap();
-    let (_, token) = gw.access_token(&sys).await;
+    gw.access_token(&sys).await.1
+}
+
+/// A pending user created over REST, and its activation token.
+async fn pending_user_with_token(gw: &Gateway) -> (Uuid, String) {
+    let token = sys_admin_token(&gw).await;
     let bearer = format!("Bearer {token}");
     let created: Value = gw
         .client()
@@ -621,14 +626,7 @@ async fn activation_link_ignores_a_spoofed_host_header() {
     let upstream = Upstream::start().await;
     let gw = Gateway::start(&upstream.url(), "").await;
     let (id, _) = pending_user_with_token(&gw).await;
-    let sys = gw
-        .running
-        .store
-        .user_by_email("sysadmin@keygate.local")
-        .await
-        .unwrap()
-        .unwrap();
-    let (_, token) = gw.access_token(&sys).await;
+    let token = sys_admin_token(&gw).await;
     let link_for = |gw: &Gateway, host: Option<&'static str>| {
         let mut request = gw
             .client()
@@ -663,14 +661,7 @@ async fn activation_links_use_the_configured_public_base_url() {
     )
     .await;
     let (id, _) = pending_user_with_token(&gw).await;
-    let sys = gw
-        .running
-        .store
-        .user_by_email("sysadmin@keygate.local")
-        .await
-        .unwrap()
-        .unwrap();
-    let (_, token) = gw.access_token(&sys).await;
+    let token = sys_admin_token(&gw).await;
     let link = get(
         &gw,
         &format!("/api/user/{id}/activationLink"),
