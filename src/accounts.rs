@@ -164,15 +164,25 @@ async fn insert(store: &Store, user: UserRecord) -> Result<UserRecord, AccountEr
     }
 }
 
-/// Creates the first SYS_ADMIN when the store has no user at all. Returns the
-/// generated password when none was given, so the caller can show it once.
+/// What [`bootstrap_admin`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Bootstrap {
+    /// The store was empty: the first SYS_ADMIN exists now (or another replica
+    /// created it at the same moment). `generated` is the password when none was
+    /// given, to be shown once.
+    Created { generated: Option<String> },
+    /// The store already had users; nothing was created.
+    StoreHasUsers,
+}
+
+/// Creates the first SYS_ADMIN when the store has no user at all.
 pub async fn bootstrap_admin(
     store: &Store,
     password: Option<String>,
     policy: &PasswordPolicy,
-) -> Result<Option<String>, AccountError> {
+) -> Result<Bootstrap, AccountError> {
     if store.user_count().await? > 0 {
-        return Ok(None);
+        return Ok(Bootstrap::StoreHasUsers);
     }
     let (password, generated) = match password {
         Some(p) => (p, false),
@@ -194,9 +204,11 @@ pub async fn bootstrap_admin(
         last_name: String::new(),
     };
     match create_user(store, new, password.clone(), policy).await {
-        Ok(_) => Ok(generated.then_some(password)),
+        Ok(_) => Ok(Bootstrap::Created {
+            generated: generated.then_some(password),
+        }),
         // Another replica bootstrapped first.
-        Err(AccountError::Exists(_)) => Ok(None),
+        Err(AccountError::Exists(_)) => Ok(Bootstrap::Created { generated: None }),
         Err(e) => Err(e),
     }
 }

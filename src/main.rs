@@ -44,7 +44,13 @@ enum LogFormatArg {
 #[derive(Subcommand)]
 enum Command {
     /// Run the gateway.
-    Serve,
+    Serve {
+        /// Development mode: the embedded defaults with the reference entity
+        /// service behind keygate, in this process, and a console that says
+        /// what to try next (a fresh API key included). Not for production.
+        #[arg(long)]
+        dev: bool,
+    },
     /// Validate the configuration and print every problem found.
     CheckConfig,
     /// Ask the running server's admin listener for /healthz (for container health checks).
@@ -161,6 +167,13 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if matches!(cli.command, Command::Serve { dev: true }) && explicit {
+        eprintln!(
+            "keygate: serve --dev runs on the embedded defaults with the reference upstream; \
+             drop --config (or KEYGATE_CONFIG) to use it, or drop --dev to serve that configuration"
+        );
+        return ExitCode::from(EXIT_CONFIG);
+    }
     let config_file = file.map(Path::to_path_buf);
     match runtime.block_on(run(cli.command, settings, config_file)) {
         Ok(()) => ExitCode::SUCCESS,
@@ -189,7 +202,7 @@ async fn run(
     config_file: Option<PathBuf>,
 ) -> anyhow::Result<()> {
     match command {
-        Command::Serve => serve(settings, config_file).await,
+        Command::Serve { dev } => serve(settings, config_file, dev).await,
         Command::CheckConfig => Ok(()),
         Command::Health => health(&settings).await,
         Command::User(cmd) => user(cmd, &settings).await,
@@ -197,14 +210,28 @@ async fn run(
     }
 }
 
-async fn serve(settings: Settings, config_file: Option<PathBuf>) -> anyhow::Result<()> {
+async fn serve(
+    mut settings: Settings,
+    config_file: Option<PathBuf>,
+    dev: bool,
+) -> anyhow::Result<()> {
     let options = StartOptions {
         bootstrap_password: std::env::var("KEYGATE_BOOTSTRAP_PASSWORD")
             .ok()
             .filter(|p| !p.is_empty()),
     };
+    if dev {
+        keygate::dev::start_reference(&mut settings).await?;
+    }
+    let shown = dev.then(|| settings.clone());
     let running = server::start(settings, options).await?;
-    wait_for_signals(&running, config_file.as_deref()).await;
+    if let Some(settings) = shown {
+        eprintln!("{}", keygate::dev::quick_start(&running, &settings).await?);
+    }
+    // In development mode the routes point at the in-process upstream: a
+    // reload from the (default) configuration would point them elsewhere, so
+    // SIGHUP is ignored there.
+    wait_for_signals(&running, config_file.as_deref(), dev).await;
     tracing::info!("shutting down: draining open connections");
     running.shutdown();
     running.wait().await;
@@ -216,7 +243,7 @@ async fn serve(settings: Settings, config_file: Option<PathBuf>) -> anyhow::Resu
 /// certificate from the same config file and environment; an invalid config
 /// changes nothing and is reported.
 #[cfg(unix)]
-async fn wait_for_signals(running: &server::Running, config_file: Option<&Path>) {
+async fn wait_for_signals(running: &server::Running, config_file: Option<&Path>, dev: bool) {
     use tokio::signal::unix::{SignalKind, signal};
     let (Ok(mut term), Ok(mut hup)) = (
         signal(SignalKind::terminate()),
@@ -229,7 +256,7 @@ async fn wait_for_signals(running: &server::Running, config_file: Option<&Path>)
         tokio::select! {
             _ = term.recv() => return,
             _ = tokio::signal::ctrl_c() => return,
-            _ = hup.recv() => {
+            _ = hup.recv(), if !dev => {
                 let source = Source { file: config_file, env: std::env::vars().collect() };
                 match config::load(&source) {
                     Ok(settings) => running.reload(&settings),
@@ -244,7 +271,7 @@ async fn wait_for_signals(running: &server::Running, config_file: Option<&Path>)
 }
 
 #[cfg(not(unix))]
-async fn wait_for_signals(_running: &server::Running, _config_file: Option<&Path>) {
+async fn wait_for_signals(_running: &server::Running, _config_file: Option<&Path>, _dev: bool) {
     let _ = tokio::signal::ctrl_c().await;
 }
 

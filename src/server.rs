@@ -32,12 +32,15 @@ pub enum StartError {
     Store(#[from] crate::store::StoreError),
     #[error(transparent)]
     Tls(#[from] tls::TlsError),
-    #[error("binding {addr}: {source}")]
+    /// The cause is the source, so a chain of causes names it once.
+    #[error("cannot listen on {addr}{hint}")]
     Bind {
         addr: SocketAddr,
+        hint: &'static str,
+        #[source]
         source: std::io::Error,
     },
-    #[error("creating the bootstrap admin: {0}")]
+    #[error("creating the bootstrap admin")]
     Bootstrap(#[from] accounts::AccountError),
     #[error("stored JWT signing key is unusable")]
     SigningKey,
@@ -210,7 +213,15 @@ fn listener_base_url(https: Option<SocketAddr>, http: Option<SocketAddr>) -> Str
 async fn bind(addr: SocketAddr) -> Result<TcpListener, StartError> {
     TcpListener::bind(addr)
         .await
-        .map_err(|source| StartError::Bind { addr, source })
+        .map_err(|source| StartError::Bind {
+            addr,
+            hint: if source.kind() == std::io::ErrorKind::AddrInUse {
+                " (another process, perhaps an earlier keygate, still listens there: stop it, or set other [listen] addresses)"
+            } else {
+                ""
+            },
+            source,
+        })
 }
 
 pub async fn start(settings: Settings, options: StartOptions) -> Result<Running, StartError> {
@@ -220,12 +231,26 @@ pub async fn start(settings: Settings, options: StartOptions) -> Result<Running,
     let metrics = Arc::new(Metrics::new());
 
     let store = Store::connect(&settings.store_url, settings.store_max_connections).await?;
-    let generated_password = accounts::bootstrap_admin(
+    let password_given = options.bootstrap_password.is_some();
+    let generated_password = match accounts::bootstrap_admin(
         &store,
         options.bootstrap_password,
         &settings.password_policy,
     )
-    .await?;
+    .await?
+    {
+        accounts::Bootstrap::Created { generated } => generated,
+        accounts::Bootstrap::StoreHasUsers => {
+            if password_given {
+                tracing::warn!(
+                    "KEYGATE_BOOTSTRAP_PASSWORD is set but the store already has users, so it was not used: \
+                     the bootstrap administrator is created only in an empty store \
+                     (set a password with `keygate user set-password`)"
+                );
+            }
+            None
+        }
+    };
     if let Some(password) = &generated_password {
         // Shown once, on the console of the first start; never stored in clear.
         eprintln!(

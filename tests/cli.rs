@@ -171,10 +171,14 @@ async fn first_start_creates_the_bootstrap_admin_once() {
     let dir = tempfile::tempdir().unwrap();
     let url = format!("sqlite://{}/k.db", dir.path().display());
     let store = keygate::store::Store::connect(&url, 2).await.unwrap();
-    let generated = keygate::accounts::bootstrap_admin(&store, None, &Default::default())
+    let keygate::accounts::Bootstrap::Created {
+        generated: Some(generated),
+    } = keygate::accounts::bootstrap_admin(&store, None, &Default::default())
         .await
         .unwrap()
-        .unwrap();
+    else {
+        panic!("an empty store gets its administrator with a generated password");
+    };
     assert!(generated.len() >= 20);
     let admin = store
         .user_by_email("sysadmin@keygate.local")
@@ -190,7 +194,7 @@ async fn first_start_creates_the_bootstrap_admin_once() {
         keygate::accounts::bootstrap_admin(&store, None, &Default::default())
             .await
             .unwrap(),
-        None
+        keygate::accounts::Bootstrap::StoreHasUsers
     );
 }
 
