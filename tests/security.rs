@@ -146,7 +146,7 @@ async fn sys_admin_token(gw: &Gateway) -> String {
 
 /// A pending user created over REST, and its activation token.
 async fn pending_user_with_token(gw: &Gateway) -> (Uuid, String) {
-    let token = sys_admin_token(&gw).await;
+    let token = sys_admin_token(gw).await;
     let bearer = format!("Bearer {token}");
     let created: Value = gw
         .client()
