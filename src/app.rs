@@ -57,12 +57,12 @@ impl App {
         metrics: Arc<Metrics>,
         listener_base_url: String,
     ) -> App {
-        let routes = RouteTable::new(&settings.routes);
         let proxy = Proxy::new(
             &settings.proxy,
             settings.limits.max_body_bytes,
             metrics.clone(),
         );
+        let routes = proxy.route_table(&settings.routes);
         App {
             settings,
             api,
@@ -78,7 +78,7 @@ impl App {
     /// Replaces the route table atomically: requests already routed finish on
     /// the old one, new requests see the new one.
     pub fn replace_routes(&self, specs: &[crate::config::RouteSpec]) {
-        self.routes.store(Arc::new(RouteTable::new(specs)));
+        self.routes.store(Arc::new(self.proxy.route_table(specs)));
     }
 
     pub fn settings(&self) -> &Settings {

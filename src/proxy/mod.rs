@@ -115,6 +115,33 @@ pub struct Proxy {
     metrics: Arc<Metrics>,
 }
 
+/// How a request to an upstream failed, as counted against that upstream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum UpstreamError {
+    /// Refused or unreachable.
+    Connect,
+    /// No response head within the route's timeout.
+    Timeout,
+    /// The connection broke or the response was malformed.
+    Reset,
+}
+
+impl UpstreamError {
+    const ALL: [UpstreamError; 3] = [
+        UpstreamError::Connect,
+        UpstreamError::Timeout,
+        UpstreamError::Reset,
+    ];
+
+    fn label(self) -> &'static str {
+        match self {
+            UpstreamError::Connect => "connect",
+            UpstreamError::Timeout => "timeout",
+            UpstreamError::Reset => "reset",
+        }
+    }
+}
+
 enum Failure {
     Connect,
     Timeout,
@@ -143,6 +170,24 @@ impl Proxy {
             max_body_bytes,
             metrics,
         }
+    }
+
+    /// The route table for `specs`; the error series of each of its
+    /// upstreams exist (at 0) from here on.
+    pub fn route_table(&self, specs: &[RouteSpec]) -> RouteTable {
+        let table = RouteTable::new(specs);
+        let upstreams = table
+            .routes
+            .iter()
+            .flat_map(|route| &route.upstreams)
+            .map(|upstream| upstream.label.as_str());
+        self.metrics
+            .init_upstreams(upstreams, &UpstreamError::ALL.map(UpstreamError::label));
+        table
+    }
+
+    fn error(&self, upstream: &Upstream, kind: UpstreamError) {
+        self.metrics.upstream_error(&upstream.label, kind.label());
     }
 
     fn now_ms(&self) -> u64 {
@@ -229,7 +274,7 @@ impl Proxy {
             };
             match failure {
                 Failure::Connect => {
-                    self.metrics.upstream_error(&upstream.label, "connect");
+                    self.error(upstream, UpstreamError::Connect);
                     upstream.down_until.store(
                         self.now_ms() + self.retry_after.as_millis() as u64,
                         Ordering::Relaxed,
@@ -241,7 +286,7 @@ impl Proxy {
                     return Err(ApiError::bad_gateway());
                 }
                 Failure::Timeout => {
-                    self.metrics.upstream_error(&upstream.label, "timeout");
+                    self.error(upstream, UpstreamError::Timeout);
                     return Err(ApiError::gateway_timeout());
                 }
                 Failure::BodyTooLarge => return Err(ApiError::body_too_large()),
@@ -250,7 +295,7 @@ impl Proxy {
                     return Err(ApiError::bad_request("Request body could not be read"));
                 }
                 Failure::Other => {
-                    self.metrics.upstream_error(&upstream.label, "reset");
+                    self.error(upstream, UpstreamError::Reset);
                     return Err(ApiError::bad_gateway());
                 }
             }
