@@ -57,11 +57,7 @@ impl App {
         metrics: Arc<Metrics>,
         listener_base_url: String,
     ) -> App {
-        let proxy = Proxy::new(
-            &settings.proxy,
-            settings.limits.max_body_bytes,
-            metrics.clone(),
-        );
+        let proxy = Proxy::new(&settings.proxy, &settings.limits, metrics.clone());
         let routes = proxy.route_table(&settings.routes);
         App {
             settings,
@@ -251,8 +247,7 @@ impl App {
                 may_send_secrets: client
                     .may_send_secrets(self.settings.listen.allow_plaintext_credentials),
                 query: req.uri().query().map(str::to_owned),
-                body: api::read_body(req.into_body(), self.settings.limits.body_read_timeout)
-                    .await?,
+                body: api::read_body(req, &self.settings.limits).await?,
                 identity: identity.clone(),
                 params: matched.params,
             };
