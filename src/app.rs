@@ -57,12 +57,8 @@ impl App {
         metrics: Arc<Metrics>,
         listener_base_url: String,
     ) -> App {
-        let routes = RouteTable::new(&settings.routes);
-        let proxy = Proxy::new(
-            &settings.proxy,
-            settings.limits.max_body_bytes,
-            metrics.clone(),
-        );
+        let proxy = Proxy::new(&settings.proxy, &settings.limits, metrics.clone());
+        let routes = proxy.route_table(&settings.routes);
         App {
             settings,
             api,
@@ -78,7 +74,7 @@ impl App {
     /// Replaces the route table atomically: requests already routed finish on
     /// the old one, new requests see the new one.
     pub fn replace_routes(&self, specs: &[crate::config::RouteSpec]) {
-        self.routes.store(Arc::new(RouteTable::new(specs)));
+        self.routes.store(Arc::new(self.proxy.route_table(specs)));
     }
 
     pub fn settings(&self) -> &Settings {
@@ -251,8 +247,7 @@ impl App {
                 may_send_secrets: client
                     .may_send_secrets(self.settings.listen.allow_plaintext_credentials),
                 query: req.uri().query().map(str::to_owned),
-                body: api::read_body(req.into_body(), self.settings.limits.body_read_timeout)
-                    .await?,
+                body: api::read_body(req, &self.settings.limits).await?,
                 identity: identity.clone(),
                 params: matched.params,
             };

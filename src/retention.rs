@@ -112,8 +112,19 @@ impl Pruner {
     }
 
     /// Runs every `interval` until shutdown, logging each run that deleted
-    /// something and each that failed.
-    pub async fn run(self, interval: Duration, mut shutdown: watch::Receiver<bool>) {
+    /// something and each that failed. The pruning series exist (at 0) as
+    /// soon as this is called.
+    pub fn run(
+        self,
+        interval: Duration,
+        shutdown: watch::Receiver<bool>,
+    ) -> impl std::future::Future<Output = ()> + Send {
+        self.metrics
+            .init_pruning(&PruneKind::ALL.map(PruneKind::label));
+        self.run_every(interval, shutdown)
+    }
+
+    async fn run_every(self, interval: Duration, mut shutdown: watch::Receiver<bool>) {
         let mut wait = interval.min(FIRST_RUN_AFTER);
         loop {
             if *shutdown.borrow() {

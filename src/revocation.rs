@@ -32,7 +32,20 @@ pub async fn apply(caches: &Caches, revocation: Revocation) {
 }
 
 /// Listens until shutdown, reconnecting with backoff.
-pub async fn listen(
+/// `keygate_revocation_listener_up` is exported (at 0) as soon as this is
+/// called: it exists only where a listener does.
+pub fn listen(
+    url: String,
+    instance: Uuid,
+    auth: Arc<Authenticator>,
+    metrics: Arc<Metrics>,
+    shutdown: watch::Receiver<bool>,
+) -> impl std::future::Future<Output = ()> + Send {
+    metrics.init_revocation_listener();
+    listen_until_shutdown(url, instance, auth, metrics, shutdown)
+}
+
+async fn listen_until_shutdown(
     url: String,
     instance: Uuid,
     auth: Arc<Authenticator>,

@@ -2,6 +2,17 @@
 //!
 //! Labels are bounded: route names from the config, method classes, status
 //! classes, fixed outcome words. Never a raw path, a user id or a credential.
+//!
+//! Every series of a known, bounded label set exists from the start with 0,
+//! so `rate()`, `increase()` and alerts see the first event: the fixed outcome
+//! words here, and the configured listeners, upstreams, caches and prune kinds
+//! as their owners start ([`Metrics::init_connections`] and its siblings).
+//! Requests (route × method × status class) and latency histograms are not
+//! pre-created: that product is large and a histogram without observations
+//! says nothing.
+
+#[cfg(target_os = "linux")]
+mod process;
 
 use std::time::Duration;
 
@@ -28,6 +39,8 @@ pub struct Metrics {
     refresh_reuse: prometheus::IntCounter,
     revocations: prometheus::IntCounter,
     keys_disabled_on_plaintext: prometheus::IntCounter,
+    /// Registered only where a revocation listener runs (PostgreSQL store):
+    /// elsewhere a constant 0 would read as an outage.
     revocation_listener_up: IntGauge,
     reloads: IntCounterVec,
     last_reload: IntGauge,
@@ -35,6 +48,27 @@ pub struct Metrics {
     pruned_rows: IntCounterVec,
     prune_runs: IntCounterVec,
 }
+
+/// Login outcomes ([`Metrics::login`]).
+pub const LOGIN_OUTCOMES: [&str; 6] = [
+    "success",
+    "bad_credentials",
+    "disabled",
+    "locked",
+    "rate_limited",
+    "bad_request",
+];
+
+/// Login rate limiters ([`Metrics::rate_limited`]).
+pub const RATE_LIMITERS: [&str; 2] = ["account", "address"];
+
+/// Password-hashing allowances ([`Metrics::password_hash`]).
+pub const HASH_PURPOSES: [&str; 2] = ["login", "other"];
+
+/// What a reload reloads ([`Metrics::reload`]).
+pub const RELOADED: [&str; 2] = ["routes", "tls"];
+
+const OUTCOMES: [&str; 2] = ["success", "failure"];
 
 const LATENCY_BUCKETS: &[f64] = &[
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
@@ -160,12 +194,10 @@ impl Metrics {
             .expect("unique metric");
         let revocation_listener_up = IntGauge::new(
             "keygate_revocation_listener_up",
-            "1 while the revocation listener is connected to PostgreSQL, else 0.",
+            "1 while the revocation listener is connected to PostgreSQL, else 0. \
+             Exported only on a PostgreSQL store.",
         )
         .expect("valid metric");
-        registry
-            .register(Box::new(revocation_listener_up.clone()))
-            .expect("unique metric");
         let reloads = counter(
             "keygate_config_reloads_total",
             "Reloads of routes or the TLS certificate, by what and outcome (success, failure).",
@@ -203,6 +235,42 @@ impl Metrics {
             &["version"],
         );
         build.with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1);
+        #[cfg(target_os = "linux")]
+        registry
+            .register(Box::new(process::ProcessCollector::new()))
+            .expect("unique metric");
+
+        for method in ["api_key", "jwt"] {
+            auth.with_label_values(&[method, "accepted"]);
+            for failure in crate::auth::AuthFailure::ALL {
+                if !failure.is_parse_failure() {
+                    auth.with_label_values(&[method, failure.label()]);
+                }
+            }
+        }
+        for failure in crate::auth::AuthFailure::ALL {
+            if failure.is_parse_failure() {
+                auth.with_label_values(&["none", failure.label()]);
+            }
+        }
+        auth.with_label_values(&[
+            "password",
+            crate::auth::AuthFailure::PlaintextRefused.label(),
+        ]);
+        for outcome in LOGIN_OUTCOMES {
+            logins.with_label_values(&[outcome]);
+        }
+        for limiter in RATE_LIMITERS {
+            rate_limited.with_label_values(&[limiter]);
+        }
+        for purpose in HASH_PURPOSES {
+            password_hashes.with_label_values(&[purpose]);
+        }
+        for what in RELOADED {
+            for outcome in OUTCOMES {
+                reloads.with_label_values(&[what, outcome]);
+            }
+        }
         Metrics {
             registry,
             requests,
@@ -228,6 +296,56 @@ impl Metrics {
             pruned_rows,
             prune_runs,
         }
+    }
+
+    /// Creates a listener's connection series with 0: its open connections
+    /// and each reason it may close one (`reasons`).
+    pub fn init_connections(&self, listener: &str, reasons: &[&str]) {
+        self.open_connections.with_label_values(&[listener]);
+        for reason in reasons {
+            self.connections_closed
+                .with_label_values(&[listener, reason]);
+        }
+    }
+
+    /// Creates the error series of configured upstreams with 0, one per
+    /// upstream and error kind (`kinds`).
+    pub fn init_upstreams<'a>(&self, upstreams: impl IntoIterator<Item = &'a str>, kinds: &[&str]) {
+        for upstream in upstreams {
+            for kind in kinds {
+                self.upstream_errors.with_label_values(&[upstream, kind]);
+            }
+        }
+    }
+
+    /// Creates a credential cache's series with 0.
+    pub fn init_cache(&self, cache: &str) {
+        for result in ["hit", "miss"] {
+            self.cache.with_label_values(&[cache, result]);
+        }
+        self.cache_evictions.with_label_values(&[cache]);
+        self.cache_entries.with_label_values(&[cache]);
+    }
+
+    /// Creates the store pruning series with 0, where pruning runs: the rows
+    /// of each kind (`kinds`) and the runs by outcome.
+    pub fn init_pruning(&self, kinds: &[&str]) {
+        for kind in kinds {
+            self.pruned_rows.with_label_values(&[kind]);
+        }
+        for outcome in OUTCOMES {
+            self.prune_runs.with_label_values(&[outcome]);
+        }
+    }
+
+    /// Exports `keygate_revocation_listener_up`, as 0 until the listener
+    /// connects. Only a replica that runs a revocation listener calls this;
+    /// calling it again is harmless.
+    pub fn init_revocation_listener(&self) {
+        // Already registered is the only possible error, and the same metric.
+        let _ = self
+            .registry
+            .register(Box::new(self.revocation_listener_up.clone()));
     }
 
     pub fn request(
@@ -282,9 +400,7 @@ impl Metrics {
     }
 
     pub fn reload(&self, what: &str, ok: bool) {
-        self.reloads
-            .with_label_values(&[what, if ok { "success" } else { "failure" }])
-            .inc();
+        self.reloads.with_label_values(&[what, outcome(ok)]).inc();
         if ok {
             self.last_reload.set(crate::clock::now_secs());
         }
@@ -295,9 +411,7 @@ impl Metrics {
     }
 
     pub fn prune_run(&self, ok: bool) {
-        self.prune_runs
-            .with_label_values(&[if ok { "success" } else { "failure" }])
-            .inc();
+        self.prune_runs.with_label_values(&[outcome(ok)]).inc();
     }
 
     pub fn revocation_received(&self) {
@@ -382,6 +496,10 @@ impl LogDigest {
     }
 }
 
+fn outcome(ok: bool) -> &'static str {
+    OUTCOMES[usize::from(!ok)]
+}
+
 pub fn method_class(method: &http::Method) -> &'static str {
     match *method {
         http::Method::GET => "GET",
@@ -419,6 +537,57 @@ mod tests {
         assert!(!digest.contains("unter"));
         assert_eq!(digest, b.of(" hunter2-typed-as-name "));
         assert_ne!(digest, other.of("hunter2-typed-as-name"));
+    }
+
+    #[test]
+    fn known_outcomes_are_zero_before_the_first_event() {
+        let m = Metrics::new();
+        let text = m.render();
+        for series in [
+            r#"keygate_auth_total{method="api_key",result="accepted"} 0"#,
+            r#"keygate_auth_total{method="jwt",result="expired"} 0"#,
+            r#"keygate_auth_total{method="none",result="missing"} 0"#,
+            r#"keygate_auth_total{method="password",result="plaintext_refused"} 0"#,
+            r#"keygate_login_attempts_total{outcome="bad_credentials"} 0"#,
+            r#"keygate_rate_limited_total{limiter="address"} 0"#,
+            r#"keygate_password_hashes_total{purpose="other"} 0"#,
+            r#"keygate_config_reloads_total{outcome="failure",what="tls"} 0"#,
+            "keygate_refresh_token_reuse_total 0",
+        ] {
+            assert!(text.contains(series), "{series} missing:\n{text}");
+        }
+        assert!(
+            !text.contains(r#"method="none",result="accepted""#),
+            "only outcomes that can happen"
+        );
+        assert!(!text.contains("keygate_store_prune_runs_total{"));
+        m.init_pruning(&["ended_sessions"]);
+        m.init_connections("https", &["idle"]);
+        m.init_upstreams(["http://10.0.0.1:8080"], &["connect"]);
+        m.init_cache("users");
+        let text = m.render();
+        for series in [
+            r#"keygate_store_pruned_rows_total{kind="ended_sessions"} 0"#,
+            r#"keygate_store_prune_runs_total{outcome="success"} 0"#,
+            r#"keygate_open_connections{listener="https"} 0"#,
+            r#"keygate_connections_closed_total{listener="https",reason="idle"} 0"#,
+            r#"keygate_upstream_errors_total{kind="connect",upstream="http://10.0.0.1:8080"} 0"#,
+            r#"keygate_cache_requests_total{cache="users",result="miss"} 0"#,
+            r#"keygate_cache_evictions_total{cache="users"} 0"#,
+        ] {
+            assert!(text.contains(series), "{series} missing:\n{text}");
+        }
+    }
+
+    #[test]
+    fn revocation_listener_up_exists_only_once_a_listener_does() {
+        let m = Metrics::new();
+        assert!(!m.render().contains("keygate_revocation_listener_up"));
+        m.init_revocation_listener();
+        m.init_revocation_listener();
+        assert!(m.render().contains("keygate_revocation_listener_up 0"));
+        m.revocation_listener(true);
+        assert!(m.render().contains("keygate_revocation_listener_up 1"));
     }
 
     #[test]

@@ -716,3 +716,99 @@ async fn an_upstream_with_a_broken_openapi_document_never_breaks_the_page() {
         "keygate's own paths stay"
     );
 }
+
+/// Over HTTP/2 a body refused for its size gets the 413 JSON answer, and the
+/// client may finish its upload (up to twice the limit) instead of meeting a
+/// stream reset before it reads the answer: on the proxied path and on the
+/// owned endpoints, declared or streamed.
+#[tokio::test]
+async fn http2_oversized_body_gets_a_413_json_answer() {
+    use futures_util::StreamExt as _;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let (upstream, gw) = setup().await;
+    let h2c = reqwest::Client::builder()
+        .http2_prior_knowledge()
+        .timeout(std::time::Duration::from_secs(10))
+        .build()
+        .unwrap();
+    for (client, url) in [
+        (gw.client(), gw.https("/api/noauth/upload")),
+        (h2c.clone(), gw.http("/api/noauth/upload")),
+        (gw.client(), gw.https("/api/auth/login")),
+        (h2c.clone(), gw.http("/api/auth/login")),
+    ] {
+        let response = client
+            .post(&url)
+            .body(vec![b'x'; 3 * 1024 * 1024])
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.version(), http::Version::HTTP_2, "{url}");
+        let (status, json) = error_body(response).await;
+        assert_eq!(
+            (status, json["errorCode"].as_u64()),
+            (413, Some(31)),
+            "{url}"
+        );
+
+        // 3.5 MiB streamed: past what the limit (2 MiB) and one flow-control
+        // window (1 MiB) let through unread.
+        const CHUNKS: usize = 56;
+        let pulled = Arc::new(AtomicUsize::new(0));
+        let counter = pulled.clone();
+        let chunks = futures_util::stream::iter(0..CHUNKS).map(move |_| {
+            counter.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, std::io::Error>(vec![b'x'; 64 * 1024])
+        });
+        let response = client
+            .post(&url)
+            .body(reqwest::Body::wrap_stream(chunks))
+            .send()
+            .await
+            .unwrap();
+        let (status, _) = error_body(response).await;
+        assert_eq!(status, 413, "{url}");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while pulled.load(Ordering::SeqCst) < CHUNKS {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{url}: the upload was cut off after {} of {CHUNKS} chunks",
+                pulled.load(Ordering::SeqCst)
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    }
+    assert!(
+        upstream
+            .requests()
+            .iter()
+            .all(|r| r.body_len <= 2 * 1024 * 1024)
+    );
+    // curl (nghttp2) gives up on a stream reset while it still uploads; it is
+    // the client that showed the problem. Checked where it is installed.
+    let file = gw.dir.path().join("upload.bin");
+    std::fs::write(&file, vec![b'x'; 3 * 1024 * 1024]).unwrap();
+    for path in ["/api/noauth/upload", "/api/auth/login"] {
+        let mut curl = std::process::Command::new("curl");
+        curl.args(["-sS", "--http2-prior-knowledge", "--max-time", "10"])
+            .arg("--data-binary")
+            .arg(format!("@{}", file.display()))
+            .args(["-w", "\n%{http_version} %{http_code}"])
+            .arg(gw.http(path));
+        // Off the runtime thread, which also serves the gateway.
+        let Ok(out) = tokio::task::spawn_blocking(move || curl.output())
+            .await
+            .unwrap()
+        else {
+            println!("curl not installed: not checked with curl");
+            return;
+        };
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            text.ends_with("\n2 413") && text.contains(r#""status":413"#),
+            "{path}: {text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}

@@ -20,7 +20,7 @@ use serde::de::DeserializeOwned;
 use crate::auth::Authenticator;
 use crate::auth::limiter::LoginLimiter;
 use crate::body::{self, Body};
-use crate::config::Settings;
+use crate::config::{Limits, Settings};
 use crate::error::ApiError;
 use crate::identity::Identity;
 use crate::store::Store;
@@ -253,19 +253,47 @@ impl OwnedRequest {
     }
 }
 
-/// Reads a request body up to [`MAX_BODY`] within `deadline`; larger is a 413,
-/// slower a 408 that also closes the connection (a trickled body must not hold
-/// a connection and a handler open).
-pub async fn read_body<B>(body: B, deadline: std::time::Duration) -> Result<Bytes, ApiError>
+/// Reads a request body up to [`MAX_BODY`] within `limits.body_read_timeout`;
+/// larger is a 413, slower a 408 that also closes the connection (a trickled
+/// body must not hold a connection and a handler open). What is left of a
+/// refused body over HTTP/2 is discarded after the answer
+/// ([`crate::body::discard_rest`]), so a client still uploading reads its 413.
+pub async fn read_body<B>(req: http::Request<B>, limits: &Limits) -> Result<Bytes, ApiError>
 where
-    B: http_body::Body<Data = Bytes>,
+    B: http_body::Body<Data = Bytes> + Send + 'static,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    let collect = http_body_util::Limited::new(body, MAX_BODY).collect();
-    match tokio::time::timeout(deadline, collect).await {
-        Ok(Ok(collected)) => Ok(collected.to_bytes()),
-        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => Err(ApiError::body_too_large()),
-        Ok(Err(_)) => Err(ApiError::bad_request("Request body could not be read")),
+    let version = req.version();
+    let mut body = Box::pin(req.into_body());
+    let mut collected = Vec::new();
+    let too_large = || ApiError::body_too_large();
+    if http_body::Body::size_hint(&body)
+        .exact()
+        .is_some_and(|n| n > MAX_BODY as u64)
+    {
+        crate::body::discard_rest_if_http2(version, body, 0, limits);
+        return Err(too_large());
+    }
+    let read = async {
+        while let Some(frame) = body.frame().await {
+            let frame =
+                frame.map_err(|_| ApiError::bad_request("Request body could not be read"))?;
+            if let Ok(data) = frame.into_data() {
+                if collected.len() + data.len() > MAX_BODY {
+                    return Err(too_large());
+                }
+                collected.extend_from_slice(&data);
+            }
+        }
+        Ok(())
+    };
+    match tokio::time::timeout(limits.body_read_timeout, read).await {
+        Ok(Ok(())) => Ok(Bytes::from(collected)),
+        Ok(Err(error)) if error.status == StatusCode::PAYLOAD_TOO_LARGE => {
+            crate::body::discard_rest_if_http2(version, body, MAX_BODY as u64, limits);
+            Err(error)
+        }
+        Ok(Err(error)) => Err(error),
         Err(_) => Err(ApiError::request_timeout()),
     }
 }
@@ -392,16 +420,53 @@ mod tests {
         }
     }
 
+    fn limits(body_read_timeout: std::time::Duration) -> Limits {
+        let settings = crate::config::load(&crate::config::Source {
+            file: None,
+            env: vec![],
+        })
+        .unwrap();
+        Limits {
+            body_read_timeout,
+            ..settings.limits
+        }
+    }
+
     #[tokio::test]
     async fn stalled_body_is_a_408_after_the_deadline() {
-        let err = read_body(Stalled(false), std::time::Duration::from_millis(50))
+        let limits = limits(std::time::Duration::from_millis(50));
+        let err = read_body(http::Request::new(Stalled(false)), &limits)
             .await
             .unwrap_err();
         assert_eq!(err.status, StatusCode::REQUEST_TIMEOUT);
         assert_eq!(err.code, crate::error::code::BAD_REQUEST_PARAMS);
         let full = http_body_util::Full::new(Bytes::from_static(b"{}"));
-        let body = read_body(full, std::time::Duration::from_secs(10)).await;
+        let body = read_body(http::Request::new(full), &limits).await;
         assert_eq!(body.unwrap(), Bytes::from_static(b"{}"));
+    }
+
+    #[tokio::test]
+    async fn bodies_over_the_owned_limit_are_413_declared_or_streamed() {
+        let limits = limits(std::time::Duration::from_secs(10));
+        let declared = http_body_util::Full::new(Bytes::from(vec![b'x'; MAX_BODY + 1]));
+        let err = read_body(http::Request::new(declared), &limits)
+            .await
+            .unwrap_err();
+        assert_eq!(err.status, StatusCode::PAYLOAD_TOO_LARGE);
+        let chunks = (0..3).map(|_| {
+            Ok::<_, std::convert::Infallible>(http_body::Frame::data(Bytes::from(vec![
+                b'x';
+                MAX_BODY / 2
+            ])))
+        });
+        let streamed = http_body_util::StreamBody::new(futures_util::stream::iter(chunks));
+        let err = read_body(http::Request::new(streamed), &limits)
+            .await
+            .unwrap_err();
+        assert_eq!(err.status, StatusCode::PAYLOAD_TOO_LARGE);
+        let exact = http_body_util::Full::new(Bytes::from(vec![b'x'; MAX_BODY]));
+        let body = read_body(http::Request::new(exact), &limits).await;
+        assert_eq!(body.unwrap().len(), MAX_BODY);
     }
 
     #[test]

@@ -108,7 +108,7 @@ pub struct Caches {
 impl Caches {
     pub fn new(settings: &CacheSettings, metrics: &Arc<Metrics>) -> Caches {
         let negative = settings.negative_ttl.min(settings.ttl);
-        Caches {
+        let caches = Caches {
             keys: Cache::builder()
                 .name("api_keys")
                 .max_capacity(settings.capacity)
@@ -138,7 +138,11 @@ impl Caches {
                 .eviction_listener(count_evictions(metrics, "tokens"))
                 .expire_after(TokenLifetime { max: settings.ttl })
                 .build(),
+        };
+        for (name, _) in caches.sizes() {
+            metrics.init_cache(name);
         }
+        caches
     }
 
     /// Forget one key, by its digest.

@@ -39,6 +39,26 @@ pub enum AuthFailure {
 }
 
 impl AuthFailure {
+    /// Every failure, for creating each metric series up front.
+    pub const ALL: [AuthFailure; 11] = [
+        AuthFailure::Missing,
+        AuthFailure::Malformed,
+        AuthFailure::Unknown,
+        AuthFailure::Disabled,
+        AuthFailure::Expired,
+        AuthFailure::Outdated,
+        AuthFailure::TokenExpired,
+        AuthFailure::BadSignature,
+        AuthFailure::WrongScope,
+        AuthFailure::PlaintextRefused,
+        AuthFailure::StoreUnavailable,
+    ];
+
+    /// No credential could be read, so it is counted under method `none`.
+    pub fn is_parse_failure(self) -> bool {
+        matches!(self, AuthFailure::Missing | AuthFailure::Malformed)
+    }
+
     pub fn label(self) -> &'static str {
         match self {
             AuthFailure::Missing => "missing",

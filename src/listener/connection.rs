@@ -53,6 +53,15 @@ pub enum Reason {
 }
 
 impl Reason {
+    pub const ALL: [Reason; 6] = [
+        Reason::PerAddressCap,
+        Reason::TlsHandshakeTimeout,
+        Reason::HeadTimeout,
+        Reason::Idle,
+        Reason::KeepAliveTimeout,
+        Reason::BodyTimeout,
+    ];
+
     pub fn label(self) -> &'static str {
         match self {
             Reason::PerAddressCap => "per_address_cap",
@@ -478,17 +487,7 @@ mod tests {
 
     #[test]
     fn close_reasons_have_fixed_labels() {
-        let labels: Vec<_> = [
-            Reason::PerAddressCap,
-            Reason::TlsHandshakeTimeout,
-            Reason::HeadTimeout,
-            Reason::Idle,
-            Reason::KeepAliveTimeout,
-            Reason::BodyTimeout,
-        ]
-        .iter()
-        .map(|r| r.label())
-        .collect();
+        let labels: Vec<_> = Reason::ALL.iter().map(|r| r.label()).collect();
         assert_eq!(
             labels,
             [

@@ -104,8 +104,18 @@ impl Shared {
 }
 
 /// Serves one listener until its shutdown turns true, then drains open
-/// connections for at most the grace period.
-pub async fn serve<H: Handler>(listener: Listener<H>, shared: Arc<Shared>) {
+/// connections for at most the grace period. The listener's connection
+/// series exist (at 0) as soon as this is called, before the first poll.
+pub fn serve<H: Handler>(
+    listener: Listener<H>,
+    shared: Arc<Shared>,
+) -> impl Future<Output = ()> + Send {
+    let reasons = Reason::ALL.map(Reason::label);
+    shared.metrics.init_connections(listener.name, &reasons);
+    accept_loop(listener, shared)
+}
+
+async fn accept_loop<H: Handler>(listener: Listener<H>, shared: Arc<Shared>) {
     let Listener {
         name,
         tcp,

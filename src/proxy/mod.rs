@@ -17,7 +17,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 
 use crate::body::{self, Body};
-use crate::config::{ProxySettings, RouteSpec};
+use crate::config::{Limits, ProxySettings, RouteSpec};
 use crate::error::ApiError;
 use crate::telemetry::Metrics;
 
@@ -111,8 +111,35 @@ pub struct Proxy {
     client: Client<HttpConnector, Body>,
     epoch: Instant,
     retry_after: Duration,
-    max_body_bytes: u64,
+    limits: Limits,
     metrics: Arc<Metrics>,
+}
+
+/// How a request to an upstream failed, as counted against that upstream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum UpstreamError {
+    /// Refused or unreachable.
+    Connect,
+    /// No response head within the route's timeout.
+    Timeout,
+    /// The connection broke or the response was malformed.
+    Reset,
+}
+
+impl UpstreamError {
+    const ALL: [UpstreamError; 3] = [
+        UpstreamError::Connect,
+        UpstreamError::Timeout,
+        UpstreamError::Reset,
+    ];
+
+    fn label(self) -> &'static str {
+        match self {
+            UpstreamError::Connect => "connect",
+            UpstreamError::Timeout => "timeout",
+            UpstreamError::Reset => "reset",
+        }
+    }
 }
 
 enum Failure {
@@ -125,7 +152,7 @@ enum Failure {
 }
 
 impl Proxy {
-    pub fn new(settings: &ProxySettings, max_body_bytes: u64, metrics: Arc<Metrics>) -> Proxy {
+    pub fn new(settings: &ProxySettings, limits: &Limits, metrics: Arc<Metrics>) -> Proxy {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         connector.set_connect_timeout(Some(settings.connect_timeout));
@@ -140,9 +167,27 @@ impl Proxy {
             client,
             epoch: Instant::now(),
             retry_after: settings.upstream_retry_after,
-            max_body_bytes,
+            limits: limits.clone(),
             metrics,
         }
+    }
+
+    /// The route table for `specs`; the error series of each of its
+    /// upstreams exist (at 0) from here on.
+    pub fn route_table(&self, specs: &[RouteSpec]) -> RouteTable {
+        let table = RouteTable::new(specs);
+        let upstreams = table
+            .routes
+            .iter()
+            .flat_map(|route| &route.upstreams)
+            .map(|upstream| upstream.label.as_str());
+        self.metrics
+            .init_upstreams(upstreams, &UpstreamError::ALL.map(UpstreamError::label));
+        table
+    }
+
+    fn error(&self, upstream: &Upstream, kind: UpstreamError) {
+        self.metrics.upstream_error(&upstream.label, kind.label());
     }
 
     fn now_ms(&self) -> u64 {
@@ -178,21 +223,24 @@ impl Proxy {
         path: &str,
     ) -> Result<(Response<Body>, &'r str), ApiError> {
         let declared = incoming.size_hint().exact();
-        if declared.is_some_and(|n| n > self.max_body_bytes) {
+        if declared.is_some_and(|n| n > self.limits.max_body_bytes) {
+            // Answered first; over HTTP/2 the rest is read and thrown away.
+            body::discard_rest_if_http2(parts.version, incoming, 0, &self.limits);
             return Err(ApiError::body_too_large());
         }
         // Only an empty body can be sent again to another upstream.
         let replayable = incoming.is_end_stream() && route.upstreams.len() > 1;
-        // Errors reading the client's body are marked, so a broken body is the
-        // client's 400, not the upstream's 502.
-        let incoming = incoming.map_err(body::ClientBodyError);
         let mut body = Some(if declared.is_some() {
-            body::boxed(incoming)
+            // Errors reading the client's body are marked, so a broken body
+            // is the client's 400, not the upstream's 502.
+            body::boxed(incoming.map_err(body::ClientBodyError))
         } else {
-            body::boxed(http_body_util::Limited::new(
-                incoming,
-                self.max_body_bytes as usize,
-            ))
+            body::boxed(Capped {
+                inner: Some(incoming),
+                read: 0,
+                version: parts.version,
+                limits: self.limits.clone(),
+            })
         });
         parts.version = Version::HTTP_11;
         let query = parts.uri.query().map(str::to_owned);
@@ -229,7 +277,7 @@ impl Proxy {
             };
             match failure {
                 Failure::Connect => {
-                    self.metrics.upstream_error(&upstream.label, "connect");
+                    self.error(upstream, UpstreamError::Connect);
                     upstream.down_until.store(
                         self.now_ms() + self.retry_after.as_millis() as u64,
                         Ordering::Relaxed,
@@ -241,7 +289,7 @@ impl Proxy {
                     return Err(ApiError::bad_gateway());
                 }
                 Failure::Timeout => {
-                    self.metrics.upstream_error(&upstream.label, "timeout");
+                    self.error(upstream, UpstreamError::Timeout);
                     return Err(ApiError::gateway_timeout());
                 }
                 Failure::BodyTooLarge => return Err(ApiError::body_too_large()),
@@ -250,11 +298,73 @@ impl Proxy {
                     return Err(ApiError::bad_request("Request body could not be read"));
                 }
                 Failure::Other => {
-                    self.metrics.upstream_error(&upstream.label, "reset");
+                    self.error(upstream, UpstreamError::Reset);
                     return Err(ApiError::bad_gateway());
                 }
             }
         }
+    }
+}
+
+/// A client body without a declared length passed `limits.max_body_bytes`.
+#[derive(Debug)]
+struct BodyTooLarge;
+
+impl std::fmt::Display for BodyTooLarge {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the client's request body is over the size limit")
+    }
+}
+
+impl std::error::Error for BodyTooLarge {}
+
+/// A client body of undeclared length, cut off at `limits.max_body_bytes`.
+/// When cut off over HTTP/2, what is left is read and thrown away in the
+/// background ([`body::discard_rest`]) rather than dropped, so the client
+/// finishes its upload and reads the 413.
+struct Capped {
+    /// `None` once cut off.
+    inner: Option<hyper::body::Incoming>,
+    read: u64,
+    version: Version,
+    limits: Limits,
+}
+
+impl http_body::Body for Capped {
+    type Data = bytes::Bytes;
+    type Error = body::BoxError;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<bytes::Bytes>, body::BoxError>>> {
+        use std::task::Poll;
+        let this = &mut *self;
+        let Some(inner) = this.inner.as_mut() else {
+            return Poll::Ready(Some(Err(Box::new(BodyTooLarge))));
+        };
+        let frame = match std::pin::Pin::new(inner).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => frame,
+            Poll::Ready(Some(Err(error))) => {
+                return Poll::Ready(Some(Err(Box::new(body::ClientBodyError(error)))));
+            }
+            Poll::Ready(None) => return Poll::Ready(None),
+            Poll::Pending => return Poll::Pending,
+        };
+        if let Some(data) = frame.data_ref() {
+            this.read += data.len() as u64;
+            if this.read > this.limits.max_body_bytes {
+                if let Some(rest) = this.inner.take() {
+                    body::discard_rest_if_http2(this.version, rest, this.read, &this.limits);
+                }
+                return Poll::Ready(Some(Err(Box::new(BodyTooLarge))));
+            }
+        }
+        Poll::Ready(Some(Ok(frame)))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.as_ref().is_some_and(|b| b.is_end_stream())
     }
 }
 
@@ -264,7 +374,7 @@ fn classify(error: &hyper_util::client::legacy::Error) -> Failure {
     }
     let mut source: Option<&(dyn std::error::Error + 'static)> = Some(error);
     while let Some(e) = source {
-        if e.is::<http_body_util::LengthLimitError>() {
+        if e.is::<BodyTooLarge>() {
             return Failure::BodyTooLarge;
         }
         if e.is::<body::ClientBodyError>() {
@@ -334,7 +444,7 @@ mod tests {
             env: vec![],
         })
         .unwrap();
-        let proxy = Proxy::new(&settings.proxy, 1024, Arc::new(Metrics::new()));
+        let proxy = Proxy::new(&settings.proxy, &settings.limits, Arc::new(Metrics::new()));
         let picks: Vec<_> = (0..4).map(|_| proxy.pick(route, &[]).unwrap()).collect();
         assert_eq!(picks, vec![0, 1, 0, 1]);
         route.upstreams[0]
