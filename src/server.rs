@@ -193,6 +193,17 @@ async fn watch_certificate(
     }
 }
 
+/// Where the API browser of a listener is, for the startup log: loopback and
+/// unspecified addresses read as localhost (the development certificate's name).
+fn browser_url(scheme: &str, addr: SocketAddr) -> String {
+    let host = if addr.ip().is_loopback() || addr.ip().is_unspecified() {
+        "localhost".to_string()
+    } else {
+        addr.ip().to_string()
+    };
+    format!("{scheme}://{host}:{}/swagger-ui.html", addr.port())
+}
+
 /// `scheme://address` of this machine's HTTPS listener (else its HTTP one): the
 /// base of links when no public base URL is configured. An unspecified
 /// address (0.0.0.0, ::) reads as localhost.
@@ -433,6 +444,14 @@ pub async fn start(settings: Settings, options: StartOptions) -> Result<Running,
     });
     ready.store(true, Ordering::Relaxed);
     tracing::info!(https = ?https, http = ?http, admin = ?admin_addr, "keygate is serving");
+    let browser_at = match (https, http) {
+        (Some(addr), _) => Some(("https", addr)),
+        (None, Some(addr)) => Some(("http", addr)),
+        (None, None) => None,
+    };
+    if let (true, Some((scheme, addr))) = (browser_settings.enabled, browser_at) {
+        tracing::info!(url = %browser_url(scheme, addr), "API browser");
+    }
     Ok(Running {
         https,
         http,

@@ -277,3 +277,26 @@ async fn secrets_never_reach_the_log_even_at_debug_level() {
         );
     }
 }
+
+#[tokio::test]
+async fn startup_log_says_where_the_api_browser_is() {
+    let upstream = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("keygate.toml");
+    write_config(&config, dir.path(), &upstream.url(), "");
+    certificate_into(&dir.path().join("ca"), dir.path());
+    let mut process = Process::spawn(&config, "info");
+    let expected = format!("https://localhost:{}/swagger-ui.html", process.https);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let found = loop {
+        let text = std::fs::read_to_string(&process.log).unwrap_or_default();
+        if let Some(line) = text.lines().find(|l| l.contains("\"API browser\"")) {
+            break line.to_string();
+        }
+        assert!(Instant::now() < deadline, "no API browser line:\n{text}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    process.signal("TERM");
+    let _ = process.child.wait();
+    assert!(found.contains(&expected), "{found}");
+}
