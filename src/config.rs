@@ -1155,9 +1155,21 @@ fn validate_routes(
         } else {
             route.name.clone()
         };
+        // A path is resolved against the first upstream; when that one is
+        // invalid it was reported above, and is not reported again here.
+        let first_upstream = route
+            .upstreams
+            .first()
+            .and_then(|text| parse_upstream(text).ok());
         let openapi = match route.openapi.trim() {
             "" => None,
-            text => match openapi_url(text, upstreams.first()) {
+            text if text.starts_with('/')
+                && first_upstream.is_none()
+                && !route.upstreams.is_empty() =>
+            {
+                None
+            }
+            text => match openapi_url(text, first_upstream.as_ref()) {
                 Ok(uri) => Some(uri),
                 Err(e) => {
                     errors.push(format!("{here}.openapi: {text:?}: {e}"));
@@ -1184,20 +1196,14 @@ fn public_base_url(text: &str, errors: &mut Vec<String>) -> Option<String> {
     if text.is_empty() {
         return None;
     }
-    let valid = text.parse::<http::Uri>().ok().is_some_and(|uri| {
-        matches!(uri.scheme_str(), Some("http" | "https"))
-            && uri.authority().is_some()
-            && uri.path_and_query().is_none_or(|pq| pq.as_str() == "/")
-    });
-    if !valid {
-        errors.push(format!(
-            "server.public_base_url: must be http(s)://host[:port] without a path, got {text:?}"
-        ));
-        return None;
+    match check_url(text, &PUBLIC_BASE_URL) {
+        Ok(_) => Some(text.to_string()),
+        Err(e) => {
+            errors.push(format!("server.public_base_url: {text:?}: {e}"));
+            None
+        }
     }
-    Some(text.to_string())
 }
-
 fn optional_addr(name: &str, text: &str, errors: &mut Vec<String>) -> Option<SocketAddr> {
     let text = text.trim();
     if text.is_empty() {
@@ -1221,34 +1227,137 @@ fn parse_cidr(text: &str) -> Option<IpNet> {
         .or_else(|| text.parse::<std::net::IpAddr>().ok().map(IpNet::from))
 }
 
-/// An upstream base URL: `http://host:port[/base-path]`.
-fn parse_upstream(text: &str) -> Result<http::Uri, String> {
-    let uri: http::Uri = text.parse().map_err(|e| format!("not a URL ({e})"))?;
+/// What one URL setting accepts, beyond what every URL must be (see [`check_url`]).
+struct UrlRule {
+    schemes: &'static [&'static str],
+    /// A path other than `/` is allowed.
+    path: bool,
+    /// A query is allowed.
+    query: bool,
+    /// How the setting is written, for messages.
+    example: &'static str,
+}
+
+/// A route's upstream: the base that request paths are appended to.
+const UPSTREAM_URL: UrlRule = UrlRule {
+    schemes: &["http"],
+    path: true,
+    query: false,
+    example: "http://host:port[/base-path]",
+};
+
+/// A route's `openapi` document, when written as a full URL.
+const OPENAPI_URL: UrlRule = UrlRule {
+    schemes: &["http"],
+    path: true,
+    query: true,
+    example: "http://host:port/path",
+};
+
+const PUBLIC_BASE_URL: UrlRule = UrlRule {
+    schemes: &["http", "https"],
+    path: false,
+    query: false,
+    example: "https://host[:port]",
+};
+
+/// Checks an absolute URL part by part: a scheme the setting takes, a host,
+/// a port (when one is written) that is a number from 1 to 65535, no user
+/// name or password, no fragment, and a path or query only where the setting
+/// takes one. The message names the first problem found, one per URL.
+fn check_url(text: &str, rule: &UrlRule) -> Result<http::Uri, String> {
+    let schemes = rule.schemes.join(" or ");
+    let example = rule.example;
+    if text.contains(char::is_whitespace) {
+        return Err(format!("must not contain spaces; write {example}"));
+    }
+    if text.contains('#') {
+        return Err("must not have a fragment (#...)".into());
+    }
+    if !text.contains("://") {
+        return Err(format!("missing scheme; write {example}"));
+    }
+    let uri: http::Uri = text
+        .parse()
+        .map_err(|e| format!("not a URL ({e}); write {example}"))?;
     match uri.scheme_str() {
-        Some("http") => {}
-        Some(other) => return Err(format!("scheme {other:?} is not supported; use http")),
-        None => return Err("missing scheme; use http://host:port".into()),
+        Some(scheme) if rule.schemes.contains(&scheme) => {}
+        Some(other) => return Err(format!("scheme {other:?} is not supported; use {schemes}")),
+        None => return Err(format!("missing scheme; write {example}")),
     }
-    if uri.authority().is_none() {
-        return Err("missing host".into());
+    let authority = uri
+        .authority()
+        .map(http::uri::Authority::as_str)
+        .unwrap_or("");
+    if authority.contains('@') {
+        return Err("must not contain a user name or password".into());
     }
-    if uri.query().is_some() {
-        return Err("must not have a query".into());
+    // The host is a bracketed IPv6 address or a name; the port follows the
+    // last ':' after it.
+    let (host, port) = match authority.strip_prefix('[') {
+        Some(rest) => match rest.split_once(']') {
+            Some((v6, after)) => {
+                if v6.parse::<std::net::Ipv6Addr>().is_err() {
+                    return Err(format!("[{v6}] is not an IPv6 address"));
+                }
+                match after {
+                    "" => (v6, None),
+                    _ => match after.strip_prefix(':') {
+                        Some(port) => (v6, Some(port)),
+                        None => return Err(format!("unexpected {after:?} after the host")),
+                    },
+                }
+            }
+            None => return Err("unclosed '[' in the host".into()),
+        },
+        None => match authority.split_once(':') {
+            Some((host, port)) => (host, Some(port)),
+            None => (authority, None),
+        },
+    };
+    if host.is_empty() {
+        return Err(format!("missing host; write {example}"));
+    }
+    if !authority.starts_with('[')
+        && !host
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_'))
+    {
+        return Err(format!("{host:?} is not a host name or address"));
+    }
+    if let Some(port) = port {
+        let valid = !port.is_empty()
+            && port.len() <= 5
+            && port.bytes().all(|b| b.is_ascii_digit())
+            && port.parse::<u32>().is_ok_and(|p| (1..=65_535).contains(&p));
+        if !valid {
+            return Err(format!("port {port:?} is not a number from 1 to 65535"));
+        }
+    }
+    if !rule.path && uri.path() != "/" && !uri.path().is_empty() {
+        return Err(format!("must not have a path; write {example}"));
+    }
+    if uri.query().is_some() && !rule.query {
+        return Err(format!("must not have a query; write {example}"));
     }
     Ok(uri)
+}
+
+/// An upstream base URL: `http://host:port[/base-path]`.
+fn parse_upstream(text: &str) -> Result<http::Uri, String> {
+    check_url(text.trim(), &UPSTREAM_URL)
 }
 
 /// An upstream's OpenAPI document: a path relative to the route's first
 /// upstream (`/v3/api-docs`), or a full `http://` URL.
 fn openapi_url(text: &str, upstream: Option<&http::Uri>) -> Result<http::Uri, String> {
     if text.starts_with('/') {
-        let base = upstream.ok_or("the route has no upstream to resolve it against")?;
-        let base = base.to_string();
-        let joined = format!("{}{text}", base.trim_end_matches('/'));
-        return joined.parse().map_err(|e| format!("not a URL ({e})"));
+        let base = upstream.ok_or("a path needs an upstream to resolve it against")?;
+        let joined = format!("{}{text}", base.to_string().trim_end_matches('/'));
+        return check_url(&joined, &OPENAPI_URL)
+            .map_err(|e| format!("{e} (resolved as {joined:?})"));
     }
-    parse_upstream(text.split('?').next().unwrap_or(text))
-        .and_then(|_| text.parse().map_err(|e| format!("not a URL ({e})")))
+    check_url(text, &OPENAPI_URL)
 }
 
 /// Parses `500ms`, `30s`, `5m`, `2h`, `7d` (one number, one unit).
@@ -1535,6 +1644,76 @@ mod tests {
         ] {
             assert!(text.contains(needle), "missing {needle:?} in:\n{text}");
         }
+    }
+
+    #[test]
+    fn every_url_setting_is_checked_ports_included() {
+        let errors = load_text(
+            r#"
+            [server]
+            public_base_url = "https://keygate.example:0"
+            [[route]]
+            prefix = "/a/"
+            upstreams = ["http://127.0.0.1:notaport", "http://127.0.0.1:99999", "http://127.0.0.1:"]
+            openapi = "http://docs.example:65536/v3/api-docs"
+            [[route]]
+            prefix = "/b/"
+            upstreams = ["http://user:secret@127.0.0.1:80", "http://:80", "http://bad host:80"]
+            openapi = "/v3/api-docs"
+            [[route]]
+            prefix = "/c/"
+            upstreams = ["http://[::1:80", "http://[::1]x", "http://127.0.0.1:80/base?x=1", "http://127.0.0.1:80/#top"]
+            openapi = "docs.example/v3/api-docs"
+            "#,
+            &[],
+        )
+        .unwrap_err();
+        let expected = [
+            r#"server.public_base_url: "https://keygate.example:0": port "0" is not a number from 1 to 65535"#,
+            r#"route[0].upstreams: "http://127.0.0.1:notaport": port "notaport" is not a number from 1 to 65535"#,
+            r#"route[0].upstreams: "http://127.0.0.1:99999": port "99999" is not a number from 1 to 65535"#,
+            r#"route[0].upstreams: "http://127.0.0.1:": port "" is not a number from 1 to 65535"#,
+            r#"route[0].openapi: "http://docs.example:65536/v3/api-docs": port "65536" is not a number from 1 to 65535"#,
+            r#"route[1].upstreams: "http://user:secret@127.0.0.1:80": must not contain a user name or password"#,
+            r#"route[1].upstreams: "http://:80": missing host"#,
+            r#"route[1].upstreams: "http://bad host:80": must not contain spaces"#,
+            r#"route[2].upstreams: "http://[::1:80": "#,
+            r#"route[2].upstreams: "http://[::1]x": "#,
+            r#"route[2].upstreams: "http://127.0.0.1:80/base?x=1": must not have a query"#,
+            r#"route[2].upstreams: "http://127.0.0.1:80/#top": must not have a fragment"#,
+            r#"route[2].openapi: "docs.example/v3/api-docs": missing scheme"#,
+        ];
+        for wanted in expected {
+            let found = errors.0.iter().filter(|p| p.starts_with(wanted)).count();
+            assert_eq!(found, 1, "{wanted:?} once in:\n{errors}");
+        }
+        assert_eq!(
+            errors.0.len(),
+            expected.len(),
+            "one message per problem, none for route[1].openapi (its upstream is already reported):\n{errors}"
+        );
+
+        let settings = load_text(
+            r#"
+            [server]
+            public_base_url = "https://keygate.example:8443/"
+            [[route]]
+            prefix = "/a/"
+            upstreams = ["http://127.0.0.1:65535", "http://[::1]:8080/base", "http://entity_service:80", "http://upstream.example"]
+            openapi = "/v3/api-docs?group=public"
+            "#,
+            &[],
+        )
+        .unwrap();
+        assert_eq!(
+            settings.public_base_url.as_deref(),
+            Some("https://keygate.example:8443")
+        );
+        assert_eq!(settings.routes[0].upstreams.len(), 4);
+        assert_eq!(
+            settings.routes[0].openapi.as_ref().map(ToString::to_string),
+            Some("http://127.0.0.1:65535/v3/api-docs?group=public".into())
+        );
     }
 
     #[test]

@@ -61,6 +61,33 @@ fn check_config_reports_every_problem_at_once_and_exits_64() {
     assert!(out.status.success(), "{}", text(&out.stderr));
 }
 
+#[test]
+fn check_config_refuses_bad_ports_in_every_url_setting() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ports.toml");
+    std::fs::write(
+        &path,
+        "[server]\npublic_base_url = \"https://keygate.example:70000\"\n\
+         [[route]]\nprefix = \"/api/\"\nupstreams = [\"http://127.0.0.1:notaport\", \"http://127.0.0.1:99999\"]\n\
+         openapi = \"http://127.0.0.1:0/v3/api-docs\"\n",
+    )
+    .unwrap();
+    let out = keygate(&path, &["check-config"], "");
+    assert_eq!(out.status.code(), Some(64));
+    let err = text(&out.stderr);
+    let problems: Vec<&str> = err.lines().filter(|l| l.starts_with("  - ")).collect();
+    assert_eq!(
+        problems,
+        [
+            r#"  - route[0].upstreams: "http://127.0.0.1:notaport": port "notaport" is not a number from 1 to 65535"#,
+            r#"  - route[0].upstreams: "http://127.0.0.1:99999": port "99999" is not a number from 1 to 65535"#,
+            r#"  - route[0].openapi: "http://127.0.0.1:0/v3/api-docs": port "0" is not a number from 1 to 65535"#,
+            r#"  - server.public_base_url: "https://keygate.example:70000": port "70000" is not a number from 1 to 65535"#,
+        ],
+        "{err}"
+    );
+}
+
 #[tokio::test]
 async fn cli_created_key_works_and_cli_disable_applies_within_the_cache_bound() {
     let upstream = Upstream::start().await;
