@@ -4,7 +4,6 @@
 
 use std::net::IpAddr;
 
-use arc_swap::ArcSwap;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -23,7 +22,7 @@ use crate::framing::AmbiguousFraming;
 use crate::identity::Identity;
 use crate::listener::Transport;
 use crate::proxy::headers::{self, X_REQUEST_ID};
-use crate::proxy::{Proxy, RouteTable, path};
+use crate::proxy::{Proxy, RouteTable, Routes, path};
 use crate::telemetry::Metrics;
 
 pub struct App {
@@ -31,8 +30,9 @@ pub struct App {
     api: Api,
     browser: Option<Arc<Browser>>,
     auth: Arc<Authenticator>,
-    /// Swapped whole on reload; each request works on the table it loaded.
-    routes: ArcSwap<RouteTable>,
+    /// The routes in force, shared with the API browser; each request works
+    /// on the table it loaded.
+    routes: Arc<Routes>,
     proxy: Proxy,
     metrics: Arc<Metrics>,
     /// Base of the links keygate builds when no public base URL is configured
@@ -52,29 +52,28 @@ impl App {
     pub fn new(
         settings: Arc<Settings>,
         api: Api,
+        routes: Arc<Routes>,
         browser: Option<Arc<Browser>>,
         auth: Arc<Authenticator>,
         metrics: Arc<Metrics>,
         listener_base_url: String,
     ) -> App {
         let proxy = Proxy::new(&settings.proxy, &settings.limits, metrics.clone());
-        let routes = proxy.route_table(&settings.routes);
         App {
             settings,
             api,
             browser,
             auth,
-            routes: ArcSwap::from_pointee(routes),
+            routes,
             proxy,
             metrics,
             listener_base_url,
         }
     }
 
-    /// Replaces the route table atomically: requests already routed finish on
-    /// the old one, new requests see the new one.
-    pub fn replace_routes(&self, specs: &[crate::config::RouteSpec]) {
-        self.routes.store(Arc::new(self.proxy.route_table(specs)));
+    /// The routes in force; [`Routes::replace`] swaps them for every reader.
+    pub fn routes(&self) -> &Arc<Routes> {
+        &self.routes
     }
 
     pub fn settings(&self) -> &Settings {
@@ -167,7 +166,7 @@ impl App {
         let log_uri = req.uri().clone();
         let trace_id = trace_id(req.headers()).map(str::to_owned);
         let mut outcome = Outcome::default();
-        let routes = self.routes.load_full();
+        let routes = self.routes.load();
         let mut response = match self
             .process(&routes, req, &client, request_id.clone(), &mut outcome)
             .await

@@ -18,8 +18,8 @@
 //! the origin again before it attaches a credential, and every response of the
 //! browser carries a Content-Security-Policy that only allows keygate's origin.
 
-use std::collections::BTreeMap;
-use std::sync::{Arc, RwLock};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -34,6 +34,7 @@ use tokio::sync::watch;
 use crate::api::openapi;
 use crate::body::{self, Body};
 use crate::config::RouteSpec;
+use crate::proxy::Routes;
 
 const PAGE: &str = include_str!("../assets/swagger-ui.html");
 /// The page's own script and style, served as files so that the policy needs
@@ -61,7 +62,7 @@ pub const CONTENT_SECURITY_POLICY: &str = "default-src 'self'; script-src 'self'
     object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'";
 
 /// An upstream document source: the route it belongs to and where to fetch it.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Source {
     pub route: String,
     pub prefix: String,
@@ -69,36 +70,99 @@ pub struct Source {
     pub url: Uri,
 }
 
+impl Source {
+    /// The sources of the routes that publish a document, in route order.
+    fn of(routes: &[RouteSpec]) -> Vec<Source> {
+        routes
+            .iter()
+            .filter_map(|route| {
+                Some(Source {
+                    route: route.name.clone(),
+                    prefix: route.prefix.clone(),
+                    public: route.public,
+                    url: route.openapi.clone()?,
+                })
+            })
+            .collect()
+    }
+}
+
+/// Something an upstream document names that keygate's document (or an
+/// earlier upstream's) already has.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Clash {
+    /// A schema of the same name and another definition: the upstream's is
+    /// renamed, and its references follow.
+    Schema {
+        route: String,
+        name: String,
+        renamed: String,
+    },
+    /// A path already documented: the first one is kept.
+    Path { route: String, path: String },
+}
+
+impl Clash {
+    fn log(&self) {
+        match self {
+            Clash::Schema {
+                route,
+                name,
+                renamed,
+            } => {
+                tracing::warn!(schema = %name, route = %route, renamed = %renamed, "OpenAPI schema name clash; renamed the upstream's schema")
+            }
+            Clash::Path { route, path } => {
+                tracing::warn!(path = %path, route = %route, "OpenAPI path already documented; keeping the first")
+            }
+        }
+    }
+}
+
+/// The joined document and what clashed while joining it; each clash names
+/// the index of the upstream document it came from.
+pub struct Merged {
+    pub document: Value,
+    pub clashes: Vec<(usize, Clash)>,
+}
+
+/// The last good document of one source, and its version: a number that
+/// changes whenever a fetch brings a different document.
+struct Fetched {
+    source: Source,
+    document: Value,
+    version: u64,
+}
+
+#[derive(Default)]
+struct Documents {
+    fetched: Vec<Fetched>,
+    next_version: u64,
+    /// The clashes of the current join, each with the version of the
+    /// document it came from: logged when first seen, so an unchanged
+    /// document does not log its clashes again on every refresh.
+    reported: BTreeSet<(u64, Clash)>,
+}
+
 pub struct Browser {
     own: Value,
-    sources: Vec<Source>,
-    /// Last good document per source, by index in `sources`.
-    fetched: RwLock<BTreeMap<usize, Value>>,
+    /// The routes in force, shared with the request path: the documents
+    /// follow a reload.
+    routes: Arc<Routes>,
+    documents: Mutex<Documents>,
     /// The merged document, serialised once per change.
     merged: RwLock<Bytes>,
     assets: Arc<utoipa_swagger_ui::Config<'static>>,
 }
 
 impl Browser {
-    pub fn new(routes: &[RouteSpec]) -> Browser {
-        let sources = routes
-            .iter()
-            .filter_map(|route| {
-                let url = route.openapi.clone()?;
-                Some(Source {
-                    route: route.name.clone(),
-                    prefix: route.prefix.clone(),
-                    public: route.public,
-                    url,
-                })
-            })
-            .collect();
+    pub fn new(routes: Arc<Routes>) -> Browser {
         let own = openapi::document();
-        let merged = RwLock::new(Bytes::from(own.to_string()));
+        let merged = RwLock::new(Bytes::from(merge(&own, &[]).document.to_string()));
         Browser {
             own,
-            sources,
-            fetched: RwLock::new(BTreeMap::new()),
+            routes,
+            documents: Mutex::new(Documents::default()),
             merged,
             assets: Arc::new(utoipa_swagger_ui::Config::new(["/v3/api-docs"])),
         }
@@ -106,7 +170,10 @@ impl Browser {
 
     /// Does keygate answer this path as part of the browser?
     pub fn owns(path: &str) -> bool {
-        path == "/swagger-ui.html" || path == "/v3/api-docs" || path.starts_with("/swagger-ui/")
+        path == "/swagger-ui.html"
+            || path == "/v3/api-docs"
+            || path == "/swagger-ui"
+            || path.starts_with("/swagger-ui/")
     }
 
     pub fn handle(&self, path: &str) -> Response<Body> {
@@ -115,6 +182,9 @@ impl Browser {
                 "text/html; charset=utf-8",
                 Bytes::from_static(PAGE.as_bytes()),
             ),
+            // Where Swagger UI usually lives: its own page there would log
+            // in with Basic authentication, so keygate's page answers instead.
+            "/swagger-ui" | "/swagger-ui/" | "/swagger-ui/index.html" => redirect_to_page(),
             SCRIPT_PATH => respond(
                 "application/javascript",
                 Bytes::from_static(SCRIPT.as_bytes()),
@@ -141,26 +211,24 @@ impl Browser {
         response
     }
 
-    /// Fetches every upstream document now, then every `refresh`, until shutdown.
+    /// Fetches the document of every route that publishes one now, then every
+    /// `refresh` and whenever the routes are reloaded, until shutdown.
     pub async fn refresh_loop(
         self: Arc<Self>,
         refresh: Duration,
         timeout: Duration,
         mut shutdown: watch::Receiver<bool>,
     ) {
-        if self.sources.is_empty() {
-            return;
-        }
         let client: Client<HttpConnector, http_body_util::Empty<Bytes>> =
             Client::builder(TokioExecutor::new()).build(HttpConnector::new());
+        let mut reloaded = self.routes.subscribe();
         loop {
-            for (index, source) in self.sources.iter().enumerate() {
+            // Documents of removed routes leave the page at once, before the
+            // new routes' documents are fetched.
+            self.rebuild();
+            for source in Source::of(self.routes.load().specs()) {
                 match fetch(&client, &source.url, timeout).await {
-                    Ok(doc) => {
-                        if let Ok(mut fetched) = self.fetched.write() {
-                            fetched.insert(index, doc);
-                        }
-                    }
+                    Ok(document) => self.keep(source, document),
                     Err(error) => tracing::warn!(
                         route = %source.route,
                         url = %source.url,
@@ -172,24 +240,83 @@ impl Browser {
             self.rebuild();
             tokio::select! {
                 _ = shutdown.changed() => return,
+                _ = reloaded.changed() => {}
                 _ = tokio::time::sleep(refresh) => {}
             }
         }
     }
 
-    fn rebuild(&self) {
-        let documents: Vec<(Source, Value)> = match self.fetched.read() {
-            Ok(fetched) => fetched
-                .iter()
-                .map(|(i, doc)| (self.sources[*i].clone(), doc.clone()))
-                .collect(),
-            Err(_) => return,
+    /// Keeps a fetched document as its source's last good copy; a document
+    /// that differs from the previous copy gets a new version.
+    fn keep(&self, source: Source, document: Value) {
+        let Ok(mut documents) = self.documents.lock() else {
+            return;
         };
-        let merged = merge(&self.own, &documents);
-        if let Ok(mut slot) = self.merged.write() {
-            *slot = Bytes::from(merged.to_string());
+        let documents = &mut *documents;
+        match documents.fetched.iter_mut().find(|f| f.source == source) {
+            Some(kept) if kept.document == document => {}
+            Some(kept) => {
+                documents.next_version += 1;
+                kept.document = document;
+                kept.version = documents.next_version;
+            }
+            None => {
+                documents.next_version += 1;
+                documents.fetched.push(Fetched {
+                    source,
+                    document,
+                    version: documents.next_version,
+                });
+            }
         }
     }
+
+    /// Joins keygate's document with the kept documents of the routes in
+    /// force (dropping those of routes no longer configured), logs the
+    /// clashes not logged for those document versions yet, and returns them.
+    fn rebuild(&self) -> Vec<Clash> {
+        let sources = Source::of(self.routes.load().specs());
+        let Ok(mut documents) = self.documents.lock() else {
+            return Vec::new();
+        };
+        documents.fetched.retain(|f| sources.contains(&f.source));
+        // In route order, whatever order they were fetched in.
+        let mut current: Vec<&Fetched> = documents.fetched.iter().collect();
+        current.sort_by_key(|f| sources.iter().position(|s| *s == f.source));
+        let joined: Vec<(Source, Value)> = current
+            .iter()
+            .map(|f| (f.source.clone(), f.document.clone()))
+            .collect();
+        let versions: Vec<u64> = current.iter().map(|f| f.version).collect();
+        let merged = merge(&self.own, &joined);
+        let clashes: BTreeSet<(u64, Clash)> = merged
+            .clashes
+            .into_iter()
+            .map(|(upstream, clash)| (versions[upstream], clash))
+            .collect();
+        let new: Vec<Clash> = clashes
+            .difference(&documents.reported)
+            .map(|(_, clash)| clash.clone())
+            .collect();
+        new.iter().for_each(Clash::log);
+        documents.reported = clashes;
+        drop(documents);
+        if let Ok(mut slot) = self.merged.write() {
+            *slot = Bytes::from(merged.document.to_string());
+        }
+        new
+    }
+}
+
+/// A redirect to keygate's page.
+fn redirect_to_page() -> Response<Body> {
+    let mut response = Response::new(body::empty());
+    *response.status_mut() = StatusCode::FOUND;
+    response.headers_mut().insert(
+        header::LOCATION,
+        HeaderValue::from_static("/swagger-ui.html"),
+    );
+    response
 }
 
 /// The headers every response of the browser carries: the content policy,
@@ -260,24 +387,31 @@ async fn fetch(
         .map_err(|_| "timed out".to_string())?
 }
 
-/// Joins keygate's document with upstream documents (see the module docs).
-pub fn merge(own: &Value, upstreams: &[(Source, Value)]) -> Value {
+/// Joins keygate's document with upstream documents (see the module docs),
+/// reporting what clashed rather than logging it.
+pub fn merge(own: &Value, upstreams: &[(Source, Value)]) -> Merged {
     let mut merged = own.clone();
     if let Some(map) = merged.as_object_mut() {
         // No server at the top either: Swagger UI uses the page's origin.
         map.remove("servers");
     }
-    for (source, doc) in upstreams {
+    let mut clashes = Vec::new();
+    for (index, (source, doc)) in upstreams.iter().enumerate() {
+        let mut found = Vec::new();
         let mut doc = doc.clone();
         strip_external_refs(&mut doc);
-        let renames = merge_schemas(&mut merged, &doc, source);
+        let renames = merge_schemas(&mut merged, &doc, source, &mut found);
         if !renames.is_empty() {
             rewrite_refs(&mut doc, &renames);
         }
-        merge_paths(&mut merged, &doc, source);
+        merge_paths(&mut merged, &doc, source, &mut found);
         merge_tags(&mut merged, &doc);
+        clashes.extend(found.into_iter().map(|clash| (index, clash)));
     }
-    merged
+    Merged {
+        document: merged,
+        clashes,
+    }
 }
 
 fn object_at<'a>(value: &'a mut Value, keys: &[&str]) -> &'a mut Map<String, Value> {
@@ -300,7 +434,12 @@ fn object_at<'a>(value: &'a mut Value, keys: &[&str]) -> &'a mut Map<String, Val
     current.as_object_mut().expect("just made an object")
 }
 
-fn merge_schemas(merged: &mut Value, doc: &Value, source: &Source) -> BTreeMap<String, String> {
+fn merge_schemas(
+    merged: &mut Value,
+    doc: &Value,
+    source: &Source,
+    clashes: &mut Vec<Clash>,
+) -> BTreeMap<String, String> {
     let mut renames = BTreeMap::new();
     let Some(schemas) = doc
         .pointer("/components/schemas")
@@ -322,8 +461,12 @@ fn merge_schemas(merged: &mut Value, doc: &Value, source: &Source) -> BTreeMap<S
                     .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
                     .collect();
                 let renamed = format!("{name}_{suffix}");
-                tracing::warn!(schema = %name, route = %source.route, renamed = %renamed, "OpenAPI schema name clash; renamed the upstream's schema");
-                renames.insert(name.clone(), renamed.clone());
+                clashes.push(Clash::Schema {
+                    route: source.route.clone(),
+                    name: name.clone(),
+                    renamed: renamed.clone(),
+                });
+                renames.insert(name.clone(), renamed);
             }
         }
     }
@@ -360,7 +503,7 @@ fn rewrite_refs(value: &mut Value, renames: &BTreeMap<String, String>) {
     }
 }
 
-fn merge_paths(merged: &mut Value, doc: &Value, source: &Source) {
+fn merge_paths(merged: &mut Value, doc: &Value, source: &Source, clashes: &mut Vec<Clash>) {
     let Some(paths) = doc.get("paths").and_then(Value::as_object) else {
         return;
     };
@@ -375,7 +518,10 @@ fn merge_paths(merged: &mut Value, doc: &Value, source: &Source) {
             continue; // not reachable through this route
         }
         if target.contains_key(path) {
-            tracing::warn!(path = %path, route = %source.route, "OpenAPI path already documented; keeping the first");
+            clashes.push(Clash::Path {
+                route: source.route.clone(),
+                path: path.clone(),
+            });
             continue;
         }
         let mut item = item.clone();
@@ -495,6 +641,7 @@ fn merge_tags(merged: &mut Value, doc: &Value) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::telemetry::Metrics;
     use serde_json::json;
 
     fn source(route: &str, prefix: &str, public: bool) -> Source {
@@ -517,7 +664,7 @@ mod tests {
             },
             "components": {"schemas": {"Device": {"type": "object"}, "User": {"type": "string"}}}
         });
-        let merged = merge(&own, &[(source("api", "/api/", false), upstream)]);
+        let merged = merge(&own, &[(source("api", "/api/", false), upstream)]).document;
         assert_eq!(
             merged["paths"]["/api/device"]["post"]["security"],
             openapi::secured()
@@ -552,7 +699,7 @@ mod tests {
             "paths": {"/pub/thing": {"get": {"responses": {"200": {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/Thing"}}}}}}}},
             "components": {"schemas": {"Thing": {"type": "string"}}}
         });
-        let merged = merge(&own, &[(source("pub lic", "/pub/", true), upstream)]);
+        let merged = merge(&own, &[(source("pub lic", "/pub/", true), upstream)]).document;
         let reference = &merged["paths"]["/pub/thing"]["get"]["responses"]["200"]["content"]["application/json"]
             ["schema"]["$ref"];
         assert_eq!(reference, "#/components/schemas/Thing_pub_lic");
@@ -686,7 +833,7 @@ mod tests {
             },
             "webhooks": {"w": {"servers": [{"url": EVIL}]}}
         });
-        let merged = merge(&own, &[(source("api", "/api/", false), upstream)]);
+        let merged = merge(&own, &[(source("api", "/api/", false), upstream)]).document;
         assert_eq!(mentions(&merged, EVIL), Vec::<String>::new(), "{merged:#}");
         assert!(merged.get("servers").is_none());
         assert_eq!(
@@ -698,7 +845,7 @@ mod tests {
 
     #[test]
     fn every_browser_response_carries_the_content_policy_and_frame_protection() {
-        let browser = Browser::new(&[]);
+        let browser = Browser::new(Arc::new(Routes::new(&[], Arc::new(Metrics::new()))));
         for path in [
             "/swagger-ui.html",
             SCRIPT_PATH,
@@ -757,13 +904,25 @@ mod tests {
 
     #[test]
     fn swagger_ui_pages_without_keygates_credential_rule_are_not_served() {
-        let browser = Browser::new(&[]);
+        let browser = Browser::new(Arc::new(Routes::new(&[], Arc::new(Metrics::new()))));
+        for path in ["/swagger-ui", "/swagger-ui/", "/swagger-ui/index.html"] {
+            let response = browser.handle(path);
+            assert_eq!(response.status(), StatusCode::FOUND, "{path}");
+            assert_eq!(
+                response.headers()[header::LOCATION],
+                "/swagger-ui.html",
+                "{path}"
+            );
+            assert_eq!(
+                response.headers()[header::CONTENT_SECURITY_POLICY],
+                CONTENT_SECURITY_POLICY
+            );
+        }
         for path in [
-            "/swagger-ui/",
-            "/swagger-ui/index.html",
             "/swagger-ui/swagger-initializer.js",
             "/swagger-ui/oauth2-redirect.html",
             "/swagger-ui/oauth2-redirect.js",
+            "/swagger-ui/index.css",
         ] {
             assert_eq!(
                 browser.handle(path).status(),
@@ -771,11 +930,156 @@ mod tests {
                 "{path}"
             );
         }
+        assert!(Browser::owns("/swagger-ui") && Browser::owns("/swagger-ui/"));
+    }
+
+    /// A log subscriber that writes into a buffer, for the duration of `run`.
+    fn logged(run: impl FnOnce()) -> String {
+        #[derive(Clone, Default)]
+        struct Buffer(Arc<Mutex<Vec<u8>>>);
+        impl std::io::Write for Buffer {
+            fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(bytes);
+                Ok(bytes.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let buffer = Buffer::default();
+        let writer = buffer.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .finish();
+        tracing::subscriber::with_default(subscriber, run);
+        String::from_utf8(buffer.0.lock().unwrap().clone()).unwrap()
+    }
+
+    fn route(name: &str, prefix: &str, openapi: Option<&str>) -> RouteSpec {
+        RouteSpec {
+            name: name.into(),
+            prefix: prefix.into(),
+            upstreams: vec!["http://127.0.0.1:1".parse().unwrap()],
+            public: false,
+            request_timeout: Duration::from_secs(1),
+            openapi: openapi.map(|u| u.parse().unwrap()),
+        }
+    }
+
+    fn document_of(browser: &Browser) -> Value {
+        serde_json::from_slice(&browser.merged.read().unwrap()).unwrap()
+    }
+
+    #[test]
+    fn a_clash_is_logged_once_per_document_version() {
+        let routes = Arc::new(Routes::new(
+            &[route(
+                "entities",
+                "/api/",
+                Some("http://127.0.0.1:1/v3/api-docs"),
+            )],
+            Arc::new(Metrics::new()),
+        ));
+        let browser = Browser::new(routes.clone());
+        let source = Source::of(routes.load().specs()).remove(0);
+        // Two schemas keygate's own document already defines differently,
+        // and a path keygate already documents.
+        let document = |version: &str| {
+            json!({
+                "info": {"version": version},
+                "paths": {"/api/auth/login": {"post": {}}, "/api/device": {"get": {}}},
+                "components": {"schemas": {"User": {"type": "string"}, "ErrorResponse": {"type": "string"}}}
+            })
+        };
+        let mut text = String::new();
+        for _refresh in 0..5 {
+            text += &logged(|| {
+                browser.keep(source.clone(), document("1"));
+                browser.rebuild();
+            });
+        }
+        assert_eq!(
+            text.matches("OpenAPI schema name clash").count(),
+            2,
+            "{text}"
+        );
+        assert_eq!(
+            text.matches("OpenAPI path already documented").count(),
+            1,
+            "{text}"
+        );
+        assert!(
+            text.contains("schema=User ") && text.contains("renamed=User_entities"),
+            "{text}"
+        );
+        assert!(document_of(&browser)["components"]["schemas"]["User_entities"].is_object());
+
+        // A new version of the document: its clashes are logged again, once.
+        let mut text = String::new();
+        for _refresh in 0..3 {
+            text += &logged(|| {
+                browser.keep(source.clone(), document("2"));
+                browser.rebuild();
+            });
+        }
+        assert_eq!(
+            text.matches("OpenAPI schema name clash").count(),
+            2,
+            "{text}"
+        );
+        assert_eq!(
+            text.matches("OpenAPI path already documented").count(),
+            1,
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn documents_follow_the_routes_in_force() {
+        let with_docs = [
+            route("a", "/a/", Some("http://127.0.0.1:1/a-docs")),
+            route("b", "/b/", Some("http://127.0.0.1:1/b-docs")),
+        ];
+        let routes = Arc::new(Routes::new(&with_docs, Arc::new(Metrics::new())));
+        let browser = Browser::new(routes.clone());
+        let sources = Source::of(routes.load().specs());
+        for (source, path) in sources.into_iter().zip(["/a/x", "/b/x"]) {
+            browser.keep(source, json!({"paths": {path: {"get": {}}}}));
+        }
+        browser.rebuild();
+        let paths = &document_of(&browser)["paths"];
+        assert!(paths.get("/a/x").is_some() && paths.get("/b/x").is_some());
+
+        // Route b is removed, route c added; c's document is not fetched yet.
+        routes.replace(&[
+            with_docs[0].clone(),
+            route("c", "/c/", Some("http://127.0.0.1:1/c-docs")),
+        ]);
+        browser.rebuild();
+        let paths = &document_of(&browser)["paths"];
+        assert!(paths.get("/a/x").is_some(), "a stays");
+        assert!(paths.get("/b/x").is_none(), "b left with its route");
+        let c = Source::of(routes.load().specs()).remove(1);
+        browser.keep(c, json!({"paths": {"/c/x": {"get": {}}}}));
+        browser.rebuild();
+        assert!(document_of(&browser)["paths"].get("/c/x").is_some());
+
+        // A route made public is a new source: its document is fetched
+        // again, and no path keeps the requirement of the old route.
+        let mut public = with_docs[0].clone();
+        public.public = true;
+        routes.replace(&[public]);
+        browser.rebuild();
+        assert!(
+            document_of(&browser)["paths"].get("/a/x").is_none(),
+            "refetched as a new source"
+        );
     }
 
     #[test]
     fn swagger_ui_assets_are_built_in() {
-        let browser = Browser::new(&[]);
+        let browser = Browser::new(Arc::new(Routes::new(&[], Arc::new(Metrics::new()))));
         for path in [
             "/swagger-ui.html",
             "/swagger-ui/swagger-ui-bundle.js",

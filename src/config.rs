@@ -380,6 +380,9 @@ pub struct Settings {
     pub password_policy: PasswordPolicy,
     pub api_browser: ApiBrowserSettings,
     pub log: LogSettings,
+    /// The routes as loaded. A started server moves them into its route
+    /// table ([`crate::proxy::Routes`]), the one copy that reload swaps and
+    /// everything reads; its settings then hold none.
     pub routes: Vec<RouteSpec>,
 }
 

@@ -22,6 +22,7 @@ use crate::browser::Browser;
 use crate::config::Settings;
 use crate::listener::address_cap::AddressCap;
 use crate::listener::{self, Listener};
+use crate::proxy::Routes;
 use crate::store::Store;
 use crate::telemetry::Metrics;
 use crate::tls;
@@ -80,7 +81,7 @@ impl Running {
     /// Applies a reloaded configuration: the routes (swapped atomically) and
     /// the TLS certificate. Other settings need a restart.
     pub fn reload(&self, settings: &Settings) {
-        self.app.replace_routes(&settings.routes);
+        self.app.routes().replace(&settings.routes);
         self.metrics.reload("routes", true);
         tracing::info!(routes = settings.routes.len(), "routes reloaded");
         self.reload_certificate(settings.tls_files.as_ref());
@@ -235,7 +236,7 @@ async fn bind(addr: SocketAddr) -> Result<TcpListener, StartError> {
         })
 }
 
-pub async fn start(settings: Settings, options: StartOptions) -> Result<Running, StartError> {
+pub async fn start(mut settings: Settings, options: StartOptions) -> Result<Running, StartError> {
     let instance = uuid::Uuid::new_v4();
     let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
     crate::auth::jwt::install_crypto_provider();
@@ -337,6 +338,12 @@ pub async fn start(settings: Settings, options: StartOptions) -> Result<Running,
         metrics.clone(),
         settings.shutdown_grace,
     ));
+    // The routes live in one table from here on, which reload swaps; the
+    // settings keep no copy that could go stale.
+    let routes = Arc::new(Routes::new(
+        &std::mem::take(&mut settings.routes),
+        metrics.clone(),
+    ));
     let settings = Arc::new(settings);
     let api = Api {
         store: store.clone(),
@@ -351,11 +358,12 @@ pub async fn start(settings: Settings, options: StartOptions) -> Result<Running,
     let browser = settings
         .api_browser
         .enabled
-        .then(|| Arc::new(Browser::new(&settings.routes)));
+        .then(|| Arc::new(Browser::new(routes.clone())));
     let browser_settings = settings.api_browser.clone();
     let app = Arc::new(App::new(
         settings,
         api,
+        routes,
         browser.clone(),
         auth.clone(),
         metrics.clone(),

@@ -5,8 +5,11 @@ pub mod headers;
 pub mod path;
 
 use std::sync::Arc;
+
+use arc_swap::ArcSwap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
+use tokio::sync::watch;
 
 use http::uri::PathAndQuery;
 use http::{Request, Response, Uri, Version};
@@ -42,12 +45,68 @@ pub struct Route {
     next: AtomicUsize,
 }
 
-/// The routes, longest prefix first.
+/// The routes, longest prefix first, with the specs they were built from.
 pub struct RouteTable {
     routes: Vec<Route>,
+    /// As configured, in configuration order.
+    specs: Vec<RouteSpec>,
+}
+
+/// The routes in force: the one place the request path and the API browser
+/// read them. Reload swaps the whole table at once; a request keeps the table
+/// it loaded, and the browser is told that the routes changed.
+pub struct Routes {
+    table: ArcSwap<RouteTable>,
+    changed: watch::Sender<()>,
+    metrics: Arc<Metrics>,
+}
+
+impl Routes {
+    pub fn new(specs: &[RouteSpec], metrics: Arc<Metrics>) -> Routes {
+        Routes {
+            table: ArcSwap::from_pointee(route_table(specs, &metrics)),
+            changed: watch::Sender::new(()),
+            metrics,
+        }
+    }
+
+    /// The table in force now.
+    pub fn load(&self) -> Arc<RouteTable> {
+        self.table.load_full()
+    }
+
+    /// Puts a new table in force and tells those that follow changes.
+    pub fn replace(&self, specs: &[RouteSpec]) {
+        self.table
+            .store(Arc::new(route_table(specs, &self.metrics)));
+        self.changed.send_replace(());
+    }
+
+    /// Wakes on every later [`Routes::replace`].
+    pub fn subscribe(&self) -> watch::Receiver<()> {
+        self.changed.subscribe()
+    }
+}
+
+/// The route table for `specs`; the error series of each of its upstreams
+/// exist (at 0) from here on.
+fn route_table(specs: &[RouteSpec], metrics: &Metrics) -> RouteTable {
+    let table = RouteTable::new(specs);
+    let upstreams = table
+        .routes
+        .iter()
+        .flat_map(|route| &route.upstreams)
+        .map(|upstream| upstream.label.as_str());
+    metrics.init_upstreams(upstreams, &UpstreamError::ALL.map(UpstreamError::label));
+    table
 }
 
 impl RouteTable {
+    /// The routes as configured, in configuration order.
+    pub fn specs(&self) -> &[RouteSpec] {
+        &self.specs
+    }
+
     pub fn new(specs: &[RouteSpec]) -> RouteTable {
         let mut routes: Vec<Route> = specs
             .iter()
@@ -65,7 +124,10 @@ impl RouteTable {
             })
             .collect();
         routes.sort_by_key(|r| std::cmp::Reverse(r.prefix.len()));
-        RouteTable { routes }
+        RouteTable {
+            routes,
+            specs: specs.to_vec(),
+        }
     }
 
     /// The route whose prefix is the longest match for a normalised path.
@@ -170,20 +232,6 @@ impl Proxy {
             limits: limits.clone(),
             metrics,
         }
-    }
-
-    /// The route table for `specs`; the error series of each of its
-    /// upstreams exist (at 0) from here on.
-    pub fn route_table(&self, specs: &[RouteSpec]) -> RouteTable {
-        let table = RouteTable::new(specs);
-        let upstreams = table
-            .routes
-            .iter()
-            .flat_map(|route| &route.upstreams)
-            .map(|upstream| upstream.label.as_str());
-        self.metrics
-            .init_upstreams(upstreams, &UpstreamError::ALL.map(UpstreamError::label));
-        table
     }
 
     fn error(&self, upstream: &Upstream, kind: UpstreamError) {
