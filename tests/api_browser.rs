@@ -8,7 +8,7 @@ use std::convert::Infallible;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use common::{Gateway, Upstream};
+use common::{DocumentUpstream, Gateway, Process, Upstream};
 use http::{Request, Response};
 use http_body_util::Full;
 use hyper::body::Incoming;
@@ -219,11 +219,96 @@ async fn api_browser_page_assets_and_document_refuse_framing_sniffing_and_foreig
         }
     }
     // Swagger UI's own pages, which lack keygate's credential rule, are not served.
-    for path in [
-        "/swagger-ui/index.html",
-        "/swagger-ui/swagger-initializer.js",
-    ] {
-        let response = client.get(gw.https(path)).send().await.unwrap();
-        assert_eq!(response.status(), 404, "{path}");
+    let response = client
+        .get(gw.https("/swagger-ui/swagger-initializer.js"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 404);
+}
+
+/// Where Swagger UI usually lives, its stock page (whose login sends
+/// `Authorization: Basic`) is never served: keygate's page answers instead.
+#[tokio::test]
+async fn stock_swagger_ui_addresses_lead_to_keygates_page() {
+    let upstream = Upstream::start().await;
+    let gw = Gateway::start(&upstream.url(), "").await;
+    let not_following = reqwest::Client::builder()
+        .add_root_certificate(reqwest::Certificate::from_pem(&gw.ca_pem).unwrap())
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    for path in ["/swagger-ui", "/swagger-ui/", "/swagger-ui/index.html"] {
+        let response = not_following.get(gw.https(path)).send().await.unwrap();
+        assert_eq!(response.status(), 302, "{path}");
+        assert_eq!(response.headers()["location"], "/swagger-ui.html", "{path}");
+        assert!(
+            response.headers().contains_key("content-security-policy"),
+            "{path}"
+        );
+        let page = gw.client().get(gw.https(path)).send().await.unwrap();
+        assert_eq!(page.url().path(), "/swagger-ui.html", "{path}");
+        let html = page.text().await.unwrap();
+        assert!(
+            html.contains("/swagger-ui/keygate-api-browser.js"),
+            "{path}: {html}"
+        );
+        assert!(!html.contains("swagger-initializer"), "{path}: {html}");
     }
+}
+
+/// Joining a document whose schemas clash with keygate's own logs each clash
+/// once, not on every refresh; a changed document logs its clashes again.
+#[tokio::test]
+async fn a_schema_clash_is_logged_once_per_document_version_not_every_refresh() {
+    let document = |version: &str| {
+        json!({
+            "openapi": "3.1.0",
+            "info": {"title": "entities", "version": version},
+            "paths": {"/api/device": {"get": {"responses": {"200": {"description": "ok"}}}}},
+            "components": {"schemas": {
+                "User": {"type": "object", "properties": {"login": {"type": "string"}}},
+                "ErrorResponse": {"type": "object", "properties": {"error": {"type": "string"}}}
+            }}
+        })
+    };
+    let documented = DocumentUpstream::start(document("1")).await;
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().display();
+    let config = dir.path().join("keygate.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[server]\ndata_dir = \"{data}\"\n[listen]\nhttps = \"\"\nhttp = \"127.0.0.1:0\"\nadmin = \"127.0.0.1:0\"\n\
+             [store]\nurl = \"sqlite://{data}/k.db\"\n[api_browser]\nrefresh = \"50ms\"\n\
+             [[route]]\nname = \"entities\"\nprefix = \"/api/\"\nupstreams = [\"{}\"]\nopenapi = \"/v3/api-docs\"\n",
+            documented.url()
+        ),
+    )
+    .unwrap();
+    let mut process = Process::spawn(&config, "info");
+    let clashes = || {
+        std::fs::read_to_string(&process.log)
+            .unwrap()
+            .lines()
+            .filter(|line| line.contains("OpenAPI schema name clash"))
+            .count()
+    };
+    // A document fetched N times has been joined at least N - 1 times.
+    documented.wait_for_fetches(6).await;
+    assert_eq!(clashes(), 2, "User and ErrorResponse, once each");
+
+    documented.publish(document("2"));
+    let seen = documented.fetches();
+    documented.wait_for_fetches(seen + 6).await;
+    assert_eq!(clashes(), 4, "the new version's clashes, once each");
+    let doc: Value = reqwest::get(format!("http://127.0.0.1:{}/v3/api-docs", process.http))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(doc["components"]["schemas"]["User_entities"].is_object());
+    process.signal("TERM");
+    let _ = process.child.wait();
 }

@@ -5,7 +5,8 @@ mod common;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{Process, Upstream};
+use common::{DocumentUpstream, Process, Upstream};
+use serde_json::json;
 
 #[tokio::test]
 async fn sigterm_lets_an_in_flight_request_finish_and_exits_zero() {
@@ -162,6 +163,94 @@ async fn sighup_reloads_routes_and_certificate_and_refuses_a_broken_config() {
         "{metrics}"
     );
 
+    process.signal("TERM");
+    let _ = process.child.wait();
+}
+
+/// The API browser follows a reload: a route added with an `openapi`
+/// document shows its paths in /v3/api-docs (without waiting for the
+/// periodic refresh), and a removed route's paths leave it.
+#[tokio::test]
+async fn sighup_adds_and_removes_a_routes_document_in_the_api_browser() {
+    let upstream = Upstream::start().await;
+    let documented = DocumentUpstream::start(json!({
+        "openapi": "3.1.0",
+        "info": {"title": "devices", "version": "1"},
+        "paths": {"/devices/{id}": {"get": {"operationId": "getDevice", "responses": {"200": {"description": "ok"}}}}}
+    }))
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("keygate.toml");
+    let write = |extra_route: &str| {
+        let data = dir.path().display();
+        std::fs::write(
+            &config,
+            format!(
+                "[server]\ndata_dir = \"{data}\"\n[listen]\nhttps = \"\"\nhttp = \"127.0.0.1:0\"\nadmin = \"127.0.0.1:0\"\n\
+                 [store]\nurl = \"sqlite://{data}/k.db\"\n[api_browser]\nrefresh = \"1h\"\n\
+                 [[route]]\nprefix = \"/api/noauth/\"\nupstreams = [\"{}\"]\npublic = true\n{extra_route}",
+                upstream.url()
+            ),
+        )
+        .unwrap();
+    };
+    write("");
+    let mut process = Process::spawn(&config, "info");
+    let http = process.http;
+    let paths = || async move {
+        let doc: serde_json::Value = reqwest::get(format!("http://127.0.0.1:{http}/v3/api-docs"))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        doc["paths"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .cloned()
+            .collect::<Vec<_>>()
+    };
+    assert!(paths().await.iter().any(|p| p == "/api/auth/login"));
+    assert!(!paths().await.iter().any(|p| p.starts_with("/devices/")));
+
+    write(&format!(
+        "[[route]]\nname = \"devices\"\nprefix = \"/devices/\"\nupstreams = [\"{}\"]\nopenapi = \"/v3/api-docs\"\n",
+        documented.url()
+    ));
+    process.signal("HUP");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !paths().await.iter().any(|p| p == "/devices/{id}") {
+        assert!(
+            Instant::now() < deadline,
+            "the reloaded route's document did not reach /v3/api-docs"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let status = reqwest::get(format!("http://127.0.0.1:{http}/devices/7"))
+        .await
+        .unwrap()
+        .status();
+    assert_eq!(
+        status, 401,
+        "the route itself is in force, and authenticated"
+    );
+
+    write("");
+    process.signal("HUP");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while paths().await.iter().any(|p| p.starts_with("/devices/")) {
+        assert!(
+            Instant::now() < deadline,
+            "the removed route's paths stayed in /v3/api-docs"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let status = reqwest::get(format!("http://127.0.0.1:{http}/devices/7"))
+        .await
+        .unwrap()
+        .status();
+    assert_eq!(status, 404, "the route is gone too");
     process.signal("TERM");
     let _ = process.child.wait();
 }

@@ -113,6 +113,83 @@ async fn answer(
         .unwrap()
 }
 
+/// An upstream that publishes an OpenAPI document at `/v3/api-docs` (which
+/// the test may replace while it runs) and counts how often it was fetched;
+/// every other path answers `{"path": ...}`.
+pub struct DocumentUpstream {
+    pub addr: SocketAddr,
+    document: Arc<Mutex<serde_json::Value>>,
+    fetches: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl DocumentUpstream {
+    pub async fn start(document: serde_json::Value) -> DocumentUpstream {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let document = Arc::new(Mutex::new(document));
+        let fetches = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (served, counted) = (document.clone(), fetches.clone());
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let (served, counted) = (served.clone(), counted.clone());
+                tokio::spawn(async move {
+                    let service = service_fn(move |req: Request<Incoming>| {
+                        let body = if req.uri().path() == "/v3/api-docs" {
+                            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                            served.lock().unwrap().to_string()
+                        } else {
+                            serde_json::json!({ "path": req.uri().path() }).to_string()
+                        };
+                        async move {
+                            Ok::<_, std::convert::Infallible>(
+                                Response::builder()
+                                    .header("content-type", "application/json")
+                                    .body(Full::new(Bytes::from(body)))
+                                    .unwrap(),
+                            )
+                        }
+                    });
+                    let _ = auto::Builder::new(TokioExecutor::new())
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        DocumentUpstream {
+            addr,
+            document,
+            fetches,
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Publishes another document from now on.
+    pub fn publish(&self, document: serde_json::Value) {
+        *self.document.lock().unwrap() = document;
+    }
+
+    /// How many times the document was fetched.
+    pub fn fetches(&self) -> usize {
+        self.fetches.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Waits (bounded) until the document was fetched at least `count` times.
+    pub async fn wait_for_fetches(&self, count: usize) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while self.fetches() < count {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the document was fetched {} times, expected {count}",
+                self.fetches()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
 /// A running gateway with its data in a temporary directory.
 pub struct Gateway {
     pub running: Running,
