@@ -1,9 +1,12 @@
 // Authorization for the API browser.
 //
-// HttpLoginForm: the username and password typed in the Authorize dialog are
-// posted to /api/auth/login at once; only the resulting tokens are kept (in
-// localStorage, so a reload keeps the session), never the password. Requests
-// then carry "X-Authorization: Bearer <token>", refreshed when it expires.
+// HttpLoginForm: the Authorize dialog shows a username and password form for
+// it (the document describes what goes on the wire, the X-Authorization
+// header, so Swagger UI alone would show a single value box). The username and
+// password are posted to /api/auth/login at once; only the resulting tokens are
+// kept (in localStorage, so a reload keeps the session), never the password.
+// Requests then carry "X-Authorization: Bearer <token>", refreshed when it
+// expires. A refused login shows the server's message inside the dialog.
 // ApiKeyForm: the user types the key only; requests carry "X-Authorization:
 // ApiKey <key>". When both are authorized the Bearer token is sent.
 // A session of the main web UI in this origin (localStorage jwt_token and
@@ -92,10 +95,20 @@
       .then(function (token) { refreshing = null; return token; });
     return refreshing;
   }
+  // Shows a message under the login form of the Authorize dialog.
+  function loginError(system, message) {
+    system.errActions.clear({ authId: LOGIN });
+    if (message) {
+      system.errActions.newAuthErr({ authId: LOGIN, source: "auth", level: "error", message: message });
+    }
+  }
+
   function expired() {
     clearSession();
-    if (window.ui) { window.ui.authActions.logout([LOGIN]); }
-    alert("The session has expired: use Authorize to log in again.");
+    if (window.ui) {
+      window.ui.authActions.logout([LOGIN]);
+      loginError(window.ui, "The session has expired: log in again.");
+    }
     return null;
   }
 
@@ -125,26 +138,72 @@
     });
   }
 
+  // The dialog's form for HttpLoginForm: a username and a password, said to
+  // be posted to /api/auth/login, with the scheme's errors under it.
+  function loginForm(system) {
+    var React = system.React;
+    var h = React.createElement;
+    return function LoginForm(props) {
+      var get = props.getComponent;
+      var Input = get("Input"), Row = get("Row"), Col = get("Col"), AuthError = get("authError");
+      var Markdown = get("Markdown", true);
+      var typed = React.useRef({});
+      var value = props.authorized && props.authorized.getIn([props.name, "value"]);
+      var username = value && value.get ? value.get("username") : null;
+      var errors = props.errSelectors.allErrors().filter(function (err) { return err.get("authId") === props.name; });
+      function change(event) {
+        typed.current[event.target.name] = event.target.value;
+        props.onAuthChange({ name: props.name, schema: props.schema, value: Object.assign({}, typed.current) });
+      }
+      function field(name, label, type, autoComplete) {
+        var id = "keygate-login-" + name;
+        return h(Row, null,
+          h("label", { htmlFor: id }, label),
+          username
+            ? h("code", null, name === "username" ? " " + username + " " : " ****** ")
+            : h(Col, null, h(Input, { id: id, name: name, type: type, autoComplete: autoComplete, required: true, onChange: change })));
+      }
+      return h("div", null,
+        h("h4", null, h("code", null, props.name), " (username and password, posted to ", h("code", null, "/api/auth/login"), ")"),
+        username ? h("h6", null, "Authorized") : null,
+        h(Row, null, h(Markdown, { source: props.schema.get("description") })),
+        field("username", "Username:", "text", "username"),
+        field("password", "Password:", "password", "current-password"),
+        errors.valueSeq().map(function (error, index) { return h(AuthError, { error: error, key: index }); }));
+    };
+  }
+
   // Log in as soon as the dialog authorizes HttpLoginForm; keep no password.
-  var LoginPlugin = function () {
+  var LoginPlugin = function (system) {
+    var LoginForm = loginForm(system);
     return {
+      wrapComponents: {
+        AuthItem: function (Original) {
+          return function (props) {
+            return system.React.createElement(props.name === LOGIN ? LoginForm : Original, props);
+          };
+        }
+      },
       statePlugins: {
         auth: {
           wrapActions: {
-            authorize: function (original) {
+            authorize: function (original, system) {
               return function (payload) {
                 var login = payload && payload[LOGIN];
                 if (!login || !login.value || !login.value.password) { return original(payload); }
                 var username = login.value.username;
+                loginError(system, null);
                 postJson("/api/auth/login", { username: username, password: login.value.password })
                   .then(function (pair) {
                     saveSession(pair);
                     var kept = {};
                     kept[LOGIN] = Object.assign({}, login, { value: { username: username, password: "" } });
                     original(kept);
+                    system.authActions.persistAuthorizationIfNeeded();
                   })
                   .catch(function (error) {
-                    alert("Login failed: " + error.message);
+                    // The contract's message ("Invalid username or password"), in the dialog.
+                    loginError(system, error.message);
                   });
                 return undefined;
               };

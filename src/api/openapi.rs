@@ -202,21 +202,27 @@ pub fn document() -> Value {
     doc
 }
 
-/// `HttpLoginForm`: username and password, exchanged by the page for a token
-/// sent as `X-Authorization: Bearer`. `ApiKeyForm`: the key, sent as
-/// `X-Authorization: ApiKey <key>` (the page adds the prefix).
+/// Both schemes put their credential where keygate reads it, the
+/// `X-Authorization` header. `HttpLoginForm`: the page asks for a username and
+/// password, posts them to `/api/auth/login` and sends the token it gets as
+/// `X-Authorization: Bearer <token>` (the header, not HTTP Basic).
+/// `ApiKeyForm`: the key, sent as `X-Authorization: ApiKey <key>` (the page
+/// adds the prefix). Swagger UI renders descriptions as Markdown and drops
+/// anything that looks like an HTML tag, so the header values are written as
+/// code, where `<key>` shows as typed.
 pub fn security_schemes() -> Value {
     serde_json::json!({
         "HttpLoginForm": {
-            "type": "http",
-            "scheme": "basic",
-            "description": "Log in with username and password: the page posts them to /api/auth/login and sends X-Authorization: Bearer <token>. The password is not kept."
+            "type": "apiKey",
+            "in": "header",
+            "name": "X-Authorization",
+            "description": "Log in with a username and password: the page posts them as JSON to `/api/auth/login` and sends the token it gets back as `X-Authorization: Bearer <token>`, refreshing it when it expires. The password is not kept."
         },
         "ApiKeyForm": {
             "type": "apiKey",
             "in": "header",
             "name": "X-Authorization",
-            "description": "Paste the API key only: the page sends X-Authorization: ApiKey <key>."
+            "description": "Paste the API key only: the page sends `X-Authorization: ApiKey <key>`."
         }
     })
 }
@@ -270,6 +276,42 @@ mod tests {
             ROUTES.len(),
             "the document lists an operation the router does not serve"
         );
+    }
+
+    /// Text outside Markdown code spans, where Swagger UI would take
+    /// `<token>` for an HTML tag and drop it.
+    fn outside_code(markdown: &str) -> String {
+        markdown.split('`').step_by(2).collect()
+    }
+
+    #[test]
+    fn security_schemes_show_their_header_values_and_claim_no_basic_auth() {
+        let schemes = security_schemes();
+        for (name, shown) in [
+            ("HttpLoginForm", "`X-Authorization: Bearer <token>`"),
+            ("ApiKeyForm", "`X-Authorization: ApiKey <key>`"),
+        ] {
+            let scheme = &schemes[name];
+            let description = scheme["description"].as_str().unwrap();
+            assert!(description.contains(shown), "{name}: {description}");
+            assert!(
+                !outside_code(description).contains(['<', '>']),
+                "{name}: a tag-like word outside code vanishes on the page: {description}"
+            );
+            assert_eq!(scheme["in"], "header", "{name}");
+            assert_eq!(scheme["name"], "X-Authorization", "{name}");
+            assert_ne!(
+                scheme["type"], "http",
+                "{name}: keygate takes no Authorization: Basic"
+            );
+        }
+        assert!(
+            schemes["HttpLoginForm"]["description"]
+                .as_str()
+                .unwrap()
+                .contains("`/api/auth/login`")
+        );
+        assert_eq!(document()["components"]["securitySchemes"], schemes);
     }
 
     #[test]

@@ -384,3 +384,77 @@ test("a hostile upstream document cannot send the API key to another origin", as
   assert.deepEqual(attacker.seen, [], "the attacker received no request at all");
   await context.close();
 });
+
+test("the Authorize dialog says what each scheme sends, header values included", async () => {
+  const { context, page, violations } = await openPage();
+  await page.click(".auth-wrapper button.authorize");
+  const dialog = page.locator(".modal-ux");
+  const login = dialog.locator(".auth-container", { hasText: "HttpLoginForm" });
+  const key = dialog.locator(".auth-container", { hasText: "ApiKeyForm" });
+  await login.waitFor();
+  const loginText = await login.innerText();
+  const keyText = await key.innerText();
+  assert.match(loginText, /HttpLoginForm \(username and password, posted to \/api\/auth\/login\)/, loginText);
+  assert.ok(loginText.includes("X-Authorization: Bearer <token>"), loginText);
+  assert.ok(keyText.includes("X-Authorization: ApiKey <key>"), keyText);
+  const all = await dialog.innerText();
+  assert.doesNotMatch(all, /\(http, Basic\)/);
+  assert.doesNotMatch(all, /(ApiKey|Bearer) \./, "no header value rendered away");
+  assert.equal(await login.locator("input[type=text]").count(), 1, "a username field");
+  assert.equal(await login.locator("input[type=password]").count(), 1, "a password field");
+  assert.deepEqual(violations, []);
+  await context.close();
+});
+
+test("a wrong password shows the server's message inside the dialog, never an alert", async () => {
+  const { context, page, sent } = await openPage();
+  const alerts = [];
+  page.on("dialog", (d) => {
+    alerts.push(d.message());
+    d.dismiss().catch(() => {});
+  });
+  await page.click(".auth-wrapper button.authorize");
+  const section = page.locator(".modal-ux .auth-container", { hasText: "HttpLoginForm" });
+  await section.locator("input[type=text]").fill(EMAIL);
+  await section.locator("input[type=password]").fill("not-the-password");
+  const refused = page.waitForResponse((r) => r.url().endsWith("/api/auth/login"));
+  await section.locator("button.authorize").click();
+  assert.equal((await refused).status(), 401);
+  const message = section.locator(".errors", { hasText: "Invalid username or password" });
+  await message.waitFor({ timeout: 15_000 });
+  assert.equal(await section.locator("button", { hasText: "Logout" }).count(), 0, "not authorized");
+  assert.ok(await page.locator(".modal-ux").isVisible(), "the dialog stays open");
+  mkdirSync(ARTIFACTS, { recursive: true });
+  await page.locator(".modal-ux .modal-ux-content").screenshot({ path: join(ARTIFACTS, "api-browser-login-refused.png") });
+
+  // The right password then logs in, and the message goes away.
+  await section.locator("input[type=password]").fill(PASSWORD);
+  await section.locator("button.authorize").click();
+  await section.locator("button", { hasText: "Logout" }).waitFor({ timeout: 15_000 });
+  assert.equal(await section.locator(".errors").count(), 0);
+  await page.locator(".modal-ux button.btn-done").first().click();
+  const [status] = await tryItOut(page, "operations-auth-controller-getUser");
+  assert.equal(status, "200");
+  assert.ok(sent.some((s) => s.url.endsWith("/api/auth/user") && s.header.startsWith("Bearer ")));
+  assert.deepEqual(alerts, [], "no alert, confirm or prompt");
+  await context.close();
+});
+
+test("the stock Swagger UI addresses lead to keygate's page", async () => {
+  const context = await browser.newContext({ ignoreHTTPSErrors: true });
+  const page = await context.newPage();
+  const requested = [];
+  page.on("request", (r) => requested.push(new URL(r.url()).pathname));
+  for (const path of ["/swagger-ui/", "/swagger-ui/index.html"]) {
+    requested.length = 0;
+    const response = await page.goto(`${base}${path}`);
+    assert.equal(new URL(page.url()).pathname, "/swagger-ui.html", path);
+    assert.equal(response.request().redirectedFrom()?.url(), `${base}${path}`, path);
+    assert.ok((await response.text()).includes("/swagger-ui/keygate-api-browser.js"), path);
+    await page.waitForSelector("#operations-auth-controller-getUser", { timeout: 30_000 });
+    assert.ok(!requested.includes("/swagger-ui/swagger-initializer.js"), `${path}: ${requested}`);
+    await page.click(".auth-wrapper button.authorize");
+    assert.doesNotMatch(await page.locator(".modal-ux").innerText(), /\(http, Basic\)/, path);
+  }
+  await context.close();
+});
