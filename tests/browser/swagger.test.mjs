@@ -250,10 +250,13 @@ test("logging in through the Authorize dialog runs calls as that user", async ()
     const session = JSON.parse(localStorage.getItem("keygate.apiBrowser.session"));
     localStorage.setItem("keygate.apiBrowser.session", JSON.stringify({ ...session, exp: 0 }));
   });
+  // Both waits start before the click: the call follows the refresh within
+  // milliseconds, and a wait started after the first answer could miss it.
   const refreshed = page.waitForResponse((r) => r.url().endsWith("/api/auth/token") && r.status() === 200);
+  const called = page.waitForResponse((r) => r.url().endsWith("/api/auth/user"));
   await page.locator("#operations-auth-controller-getUser button.execute").click();
   await refreshed;
-  await page.waitForResponse((r) => r.url().endsWith("/api/auth/user"));
+  assert.equal((await called).status(), 200, "the call went out with the refreshed token");
   const [afterRefresh] = await tryItOut(page, "operations-auth-controller-getUser");
   assert.equal(afterRefresh, "200");
   assert.deepEqual(violations, [], "login and refresh stay within the content policy");
