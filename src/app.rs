@@ -164,7 +164,12 @@ impl App {
         let request_id = headers::request_id(req.headers(), client.trusted);
         // A Uri clone shares its bytes: no copy of the path per request.
         let log_uri = req.uri().clone();
-        let trace_id = trace_id(req.headers()).map(str::to_owned);
+        // Kept only for the access log; a HeaderValue clone shares its bytes.
+        let traceparent = if self.settings.log.access_log {
+            req.headers().get(TRACEPARENT).cloned()
+        } else {
+            None
+        };
         let mut outcome = Outcome::default();
         let routes = self.routes.load();
         let mut response = match self
@@ -182,6 +187,8 @@ impl App {
         self.metrics
             .request(route, &method, response.status(), elapsed);
         if self.settings.log.access_log {
+            // Fields without a value (no upstream, no trace, no identity) are
+            // left out of the line rather than written empty.
             let identity = outcome.identity.as_ref();
             tracing::info!(
                 target: "keygate::access",
@@ -190,14 +197,16 @@ impl App {
                 path = %log_uri.path(),
                 route,
                 status = response.status().as_u16(),
-                duration_ms = elapsed.as_secs_f64() * 1000.0,
+                duration_ms = duration_ms(elapsed),
                 bytes = http_body::Body::size_hint(response.body()).exact(),
-                upstream = outcome.upstream.unwrap_or(""),
-                trace_id = trace_id.as_deref().unwrap_or(""),
+                upstream = outcome.upstream,
+                trace_id = traceparent.as_ref().and_then(trace_id),
                 peer = %transport.peer,
-                auth = identity.map(|i| i.method.label()).unwrap_or(""),
-                user_id = %identity.map(|i| i.principal.user_id.to_string()).unwrap_or_default(),
-                key_id = %identity.and_then(|i| i.api_key_id()).map(|k| k.to_string()).unwrap_or_default(),
+                auth = identity.map(|i| i.method.label()),
+                user_id = identity.map(|i| tracing::field::display(i.principal.user_id)),
+                key_id = identity
+                    .and_then(|i| i.api_key_id())
+                    .map(tracing::field::display),
             );
         }
         response
@@ -265,9 +274,16 @@ impl App {
         let (mut parts, body) = req.into_parts();
         headers::to_upstream(&mut parts, client, request_id, identity.as_ref());
         outcome.identity = identity;
-        let (response, upstream) = self.proxy.forward(route, parts, body, &normalized).await?;
-        outcome.upstream = Some(upstream);
-        Ok(response)
+        match self.proxy.forward(route, parts, body, &normalized).await {
+            Ok((response, upstream)) => {
+                outcome.upstream = Some(upstream);
+                Ok(response)
+            }
+            Err(failed) => {
+                outcome.upstream = failed.upstream;
+                Err(failed.error)
+            }
+        }
     }
 
     /// Secrets sent in clear, on any route, public ones included: an API key is
@@ -354,9 +370,17 @@ fn ambiguous_framing() -> Response<Body> {
     response
 }
 
+const TRACEPARENT: &str = "traceparent";
+
+/// Milliseconds rounded to whole microseconds: `0.021`, not `0.020661000000000002`.
+fn duration_ms(elapsed: std::time::Duration) -> f64 {
+    let micros = elapsed.as_nanos().saturating_add(500) / 1000;
+    micros as f64 / 1000.0
+}
+
 /// The trace id of a W3C `traceparent` header (`00-<trace id>-<span id>-<flags>`).
-fn trace_id(headers: &http::HeaderMap) -> Option<&str> {
-    let value = headers.get("traceparent")?.to_str().ok()?;
+fn trace_id(header: &HeaderValue) -> Option<&str> {
+    let value = header.to_str().ok()?;
     let id = value.split('-').nth(1)?;
     (id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit()) && id.bytes().any(|b| b != b'0'))
         .then_some(id)
@@ -377,18 +401,36 @@ mod tests {
 
     #[test]
     fn trace_ids_are_read_from_valid_traceparent_headers_only() {
-        let mut headers = http::HeaderMap::new();
-        headers.insert(
-            "traceparent",
-            HeaderValue::from_static("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"),
-        );
-        assert_eq!(trace_id(&headers), Some("4bf92f3577b34da6a3ce929d0e0e4736"));
-        headers.insert(
-            "traceparent",
-            HeaderValue::from_static("00-00000000000000000000000000000000-00f067aa0ba902b7-01"),
-        );
-        assert_eq!(trace_id(&headers), None);
-        headers.insert("traceparent", HeaderValue::from_static("garbage"));
-        assert_eq!(trace_id(&headers), None);
+        let valid =
+            HeaderValue::from_static("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01");
+        assert_eq!(trace_id(&valid), Some("4bf92f3577b34da6a3ce929d0e0e4736"));
+        let zero =
+            HeaderValue::from_static("00-00000000000000000000000000000000-00f067aa0ba902b7-01");
+        assert_eq!(trace_id(&zero), None);
+        assert_eq!(trace_id(&HeaderValue::from_static("garbage")), None);
+    }
+
+    #[test]
+    fn access_log_durations_have_at_most_microsecond_decimals() {
+        use std::time::Duration;
+        for (elapsed, shown) in [
+            (Duration::from_nanos(20_661), "0.021"),
+            (Duration::from_nanos(20_461), "0.02"),
+            (Duration::from_micros(20_661), "20.661"),
+            (Duration::from_nanos(999), "0.001"),
+            (Duration::from_nanos(499), "0"),
+            (
+                Duration::from_secs(3) + Duration::from_micros(7),
+                "3000.007",
+            ),
+        ] {
+            assert_eq!(format!("{}", duration_ms(elapsed)), shown, "{elapsed:?}");
+        }
+        // Every whole number of microseconds prints with at most 3 decimals.
+        for micros in (0..2_000_000u64).step_by(7) {
+            let text = format!("{:?}", duration_ms(Duration::from_micros(micros)));
+            let decimals = text.split_once('.').map_or(0, |(_, d)| d.len());
+            assert!(decimals <= 3, "{micros} µs printed as {text}");
+        }
     }
 }

@@ -342,11 +342,33 @@ pub struct ConfigErrors(pub Vec<String>);
 
 impl std::fmt::Display for ConfigErrors {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        writeln!(f, "invalid configuration ({} problems):", self.0.len())?;
+        writeln!(
+            f,
+            "invalid configuration ({}):",
+            Count(self.0.len(), "problem", "problems")
+        )?;
         for problem in &self.0 {
             writeln!(f, "  - {problem}")?;
         }
         Ok(())
+    }
+}
+
+impl ConfigErrors {
+    /// The problems on one line, separated by "; ", for a log field.
+    pub fn one_line(&self) -> String {
+        self.0.join("; ")
+    }
+}
+
+/// A number with its noun in the right form: "1 route", "2 routes".
+#[derive(Debug, Clone, Copy)]
+pub struct Count(pub usize, pub &'static str, pub &'static str);
+
+impl std::fmt::Display for Count {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let Count(n, one, many) = *self;
+        write!(f, "{n} {}", if n == 1 { one } else { many })
     }
 }
 
@@ -443,14 +465,14 @@ impl PasswordPolicy {
         let len = password.chars().count();
         if len < self.min_length {
             return Err(format!(
-                "Password must be at least {} characters long",
-                self.min_length
+                "Password must be at least {} long",
+                Count(self.min_length, "character", "characters")
             ));
         }
         if len > self.max_length {
             return Err(format!(
-                "Password must be at most {} characters long",
-                self.max_length
+                "Password must be at most {} long",
+                Count(self.max_length, "character", "characters")
             ));
         }
         Ok(())
@@ -1401,6 +1423,34 @@ mod tests {
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
         })
+    }
+
+    #[test]
+    fn counts_use_the_singular_for_one_only() {
+        assert_eq!(Count(0, "route", "routes").to_string(), "0 routes");
+        assert_eq!(Count(1, "route", "routes").to_string(), "1 route");
+        assert_eq!(Count(2, "route", "routes").to_string(), "2 routes");
+        let one = ConfigErrors(vec!["listen.https: bad".into()]);
+        assert!(
+            one.to_string()
+                .starts_with("invalid configuration (1 problem):\n"),
+            "{one}"
+        );
+        let two = ConfigErrors(vec!["a: bad".into(), "b: bad".into()]);
+        assert!(two.to_string().contains("(2 problems)"), "{two}");
+        assert_eq!(two.one_line(), "a: bad; b: bad");
+        let policy = PasswordPolicy {
+            min_length: 1,
+            max_length: 1,
+        };
+        assert_eq!(
+            policy.check("").unwrap_err(),
+            "Password must be at least 1 character long"
+        );
+        assert_eq!(
+            policy.check("ab").unwrap_err(),
+            "Password must be at most 1 character long"
+        );
     }
 
     #[test]

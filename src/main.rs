@@ -65,40 +65,74 @@ enum Command {
 
 #[derive(Subcommand)]
 enum UserCommand {
-    /// Create a user; the password is read from the first line of standard input.
+    /// Create a user. The password is asked for when standard input is a
+    /// terminal, else read from its first line.
+    #[command(after_help = "\
+Authorities and the ids they need:
+  SYS_ADMIN      administers the platform; no tenant id, no customer id
+  TENANT_ADMIN   administers one tenant; needs --tenant-id
+  CUSTOMER_USER  a user of one customer of a tenant; needs --tenant-id and --customer-id
+
+The tenant and customer ids are the platform's UUIDs for them (shown in its UI and
+REST API). The \"no tenant\" id 13814000-1dd2-11b2-8080-808080808080 is refused.
+
+Example:
+  keygate user add --email ops@example.com --authority TENANT_ADMIN \\
+      --tenant-id 5f1c0c9e-1d2a-4c3b-9e8f-0a1b2c3d4e5f")]
     Add {
+        /// Email address; the user logs in with it (case does not matter).
         #[arg(long)]
         email: String,
+        /// SYS_ADMIN, TENANT_ADMIN or CUSTOMER_USER.
         #[arg(long, value_parser = parse_authority)]
         authority: Authority,
+        /// The platform's UUID of the user's tenant (TENANT_ADMIN and CUSTOMER_USER).
         #[arg(long)]
         tenant_id: Option<Uuid>,
+        /// The platform's UUID of the user's customer (CUSTOMER_USER only).
         #[arg(long)]
         customer_id: Option<Uuid>,
+        /// First name, as shown in the platform.
         #[arg(long, default_value = "")]
         first_name: String,
+        /// Last name, as shown in the platform.
         #[arg(long, default_value = "")]
         last_name: String,
     },
-    /// List users.
+    /// List users: id, authority, state, tenant and email.
     List,
     /// Disable a user: their keys and tokens stop working.
-    Disable { email: String },
-    /// Enable a user.
-    Enable { email: String },
+    Disable {
+        /// The user's email address.
+        email: String,
+    },
+    /// Enable a disabled user.
+    Enable {
+        /// The user's email address.
+        email: String,
+    },
     /// Delete a user with their keys and sessions.
-    Delete { email: String },
-    /// Set a user's password (read from the first line of standard input); every
-    /// earlier session and token of the user stops working.
-    SetPassword { email: String },
+    Delete {
+        /// The user's email address.
+        email: String,
+    },
+    /// Set a user's password; every earlier session and token of the user stops
+    /// working. The password is asked for when standard input is a terminal,
+    /// else read from its first line.
+    SetPassword {
+        /// The user's email address.
+        email: String,
+    },
 }
 
 #[derive(Subcommand)]
 enum ApiKeyCommand {
     /// Create a key; the key is printed once, as the last line of standard output.
     Create {
+        /// Email address of the user the key acts as.
         #[arg(long)]
         email: String,
+        /// What the key is for, shown in listings.
         #[arg(long, default_value = "API key")]
         description: String,
         /// Lifetime such as 30d or 12h; the key never expires when omitted.
@@ -107,16 +141,23 @@ enum ApiKeyCommand {
     },
     /// List a user's keys (never their values).
     List {
+        /// The user's email address.
         #[arg(long)]
         email: String,
     },
+    /// Disable a key: requests with it are refused until it is enabled again.
     Disable {
+        /// The key's id, as shown by `apikey list`.
         id: Uuid,
     },
+    /// Enable a disabled key.
     Enable {
+        /// The key's id, as shown by `apikey list`.
         id: Uuid,
     },
+    /// Delete a key for good.
     Delete {
+        /// The key's id, as shown by `apikey list`.
         id: Uuid,
     },
 }
@@ -154,7 +195,10 @@ fn main() -> ExitCode {
         tracing::info!("{DEFAULT_CONFIG} not found; running on built-in defaults");
     }
     if let Command::CheckConfig = cli.command {
-        println!("configuration is valid ({} routes)", settings.routes.len());
+        println!(
+            "configuration is valid ({})",
+            config::Count(settings.routes.len(), "route", "routes")
+        );
         return ExitCode::SUCCESS;
     }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -185,15 +229,27 @@ fn main() -> ExitCode {
 }
 
 fn init_logging(format: LogFormat) {
+    use std::io::IsTerminal;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let colour = use_colour(
+        std::io::stderr().is_terminal(),
+        std::env::var_os("NO_COLOR").as_deref(),
+    );
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(colour)
         .with_writer(std::io::stderr);
     match format {
         LogFormat::Json => builder.json().init(),
         LogFormat::Human => builder.init(),
     }
+}
+
+/// Colour escape codes only for a person at a terminal: never into a file or
+/// pipe, and not when `NO_COLOR` is set to a non-empty value (no-color.org).
+fn use_colour(stderr_is_terminal: bool, no_color: Option<&std::ffi::OsStr>) -> bool {
+    stderr_is_terminal && no_color.is_none_or(|value| value.is_empty())
 }
 
 async fn run(
@@ -262,7 +318,10 @@ async fn wait_for_signals(running: &server::Running, config_file: Option<&Path>,
                     Ok(settings) => running.reload(&settings),
                     Err(errors) => {
                         running.reload_failed();
-                        tracing::error!(problems = ?errors.0, "reload refused: the configuration is invalid; nothing changed");
+                        tracing::error!(
+                            problems = %errors.one_line(),
+                            "reload refused: the configuration is invalid; nothing changed"
+                        );
                     }
                 }
             }
@@ -276,27 +335,63 @@ async fn wait_for_signals(_running: &server::Running, _config_file: Option<&Path
 }
 
 async fn health(settings: &Settings) -> anyhow::Result<()> {
-    use http_body_util::Empty;
-    use hyper_util::client::legacy::Client;
-    use hyper_util::rt::TokioExecutor;
     let mut addr = settings
         .listen
         .admin
-        .context("the admin listener is turned off")?;
+        .context("the admin listener is turned off ([listen] admin); there is nothing to ask")?;
     if addr.ip().is_unspecified() {
         addr.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
     }
-    let client: Client<_, Empty<bytes::Bytes>> = Client::builder(TokioExecutor::new())
-        .build(hyper_util::client::legacy::connect::HttpConnector::new());
-    let uri: http::Uri = format!("http://{addr}/healthz").parse()?;
-    let response = tokio::time::timeout(std::time::Duration::from_secs(3), client.get(uri))
-        .await
-        .context("no answer within 3 s")??;
-    if !response.status().is_success() {
-        bail!("healthz answered {}", response.status());
+    let url = format!("http://{addr}/healthz");
+    match tokio::time::timeout(HEALTH_TIMEOUT, ask_healthz(addr)).await {
+        Ok(Ok(status)) if status.is_success() => {
+            println!("healthy");
+            Ok(())
+        }
+        Ok(Ok(status)) => bail!("unhealthy: {url} answered {status}"),
+        Ok(Err(reason)) => bail!("cannot reach {url}: {reason}"),
+        Err(_) => bail!(
+            "cannot reach {url}: no answer within {} s",
+            HEALTH_TIMEOUT.as_secs()
+        ),
     }
-    println!("healthy");
-    Ok(())
+}
+
+const HEALTH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// One GET /healthz on a fresh connection; the error is one short reason
+/// ("connection refused"), not a chain of wrapped messages.
+async fn ask_healthz(addr: std::net::SocketAddr) -> Result<http::StatusCode, String> {
+    let stream = tokio::net::TcpStream::connect(addr)
+        .await
+        .map_err(|e| io_reason(&e))?;
+    let (mut sender, connection) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .map_err(|e| e.to_string())?;
+    tokio::spawn(connection);
+    let request = http::Request::get("/healthz")
+        .header(http::header::HOST, addr.to_string())
+        .body(http_body_util::Empty::<bytes::Bytes>::new())
+        .map_err(|e| e.to_string())?;
+    let response = sender
+        .send_request(request)
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(response.status())
+}
+
+/// "connection refused" rather than "Connection refused (os error 111)".
+fn io_reason(error: &std::io::Error) -> String {
+    let text = error.to_string();
+    let reason = text
+        .rfind(" (os error ")
+        .map_or(text.as_str(), |end| &text[..end]);
+    let mut chars = reason.chars();
+    chars
+        .next()
+        .map(|first| first.to_lowercase().chain(chars).collect())
+        .unwrap_or_default()
 }
 
 async fn open_store(settings: &Settings) -> anyhow::Result<Store> {
@@ -324,7 +419,8 @@ async fn user(cmd: UserCommand, settings: &Settings) -> anyhow::Result<()> {
             first_name,
             last_name,
         } => {
-            let password = read_password()?;
+            check_ids(authority, tenant_id, customer_id)?;
+            let password = read_password(true).await?;
             let new = NewUser {
                 email,
                 authority,
@@ -374,7 +470,7 @@ async fn user(cmd: UserCommand, settings: &Settings) -> anyhow::Result<()> {
         }
         UserCommand::SetPassword { email } => {
             let u = find_user(&store, &email).await?;
-            let password = read_password()?;
+            let password = read_password(true).await?;
             accounts::set_password(&store, u.id, password, &settings.password_policy).await?;
             audit("user.set_password", "USER", u.id);
             println!("set the password of {email}; their earlier sessions and tokens ended");
@@ -383,14 +479,149 @@ async fn user(cmd: UserCommand, settings: &Settings) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The first line of standard input, without its line ending.
-fn read_password() -> anyhow::Result<String> {
+/// Refuses, before a password is asked for, ids the authority does not take
+/// or lacks; the store's rules (such as refusing the "no tenant" id) follow.
+fn check_ids(
+    authority: Authority,
+    tenant_id: Option<Uuid>,
+    customer_id: Option<Uuid>,
+) -> anyhow::Result<()> {
+    match authority {
+        Authority::SysAdmin if tenant_id.is_some() || customer_id.is_some() => {
+            bail!(
+                "a SYS_ADMIN belongs to no tenant or customer: leave out --tenant-id and --customer-id"
+            )
+        }
+        Authority::TenantAdmin if customer_id.is_some() => {
+            bail!("--customer-id is for a CUSTOMER_USER only; a TENANT_ADMIN has none")
+        }
+        Authority::TenantAdmin | Authority::CustomerUser if tenant_id.is_none() => {
+            bail!("a {authority} needs --tenant-id: the platform's UUID of their tenant")
+        }
+        Authority::CustomerUser if customer_id.is_none() => {
+            bail!("a CUSTOMER_USER needs --customer-id: the platform's UUID of their customer")
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Reads a new password: at a terminal it is asked for on standard error and
+/// typed without echo (twice when `confirm`); otherwise it is the first line
+/// of standard input.
+async fn read_password(confirm: bool) -> anyhow::Result<String> {
+    use std::io::IsTerminal;
+    if !std::io::stdin().is_terminal() {
+        return first_line(std::io::stdin().lock());
+    }
+    let password = prompt::hidden("Password: ").await?;
+    if confirm && prompt::hidden("Repeat the password: ").await? != password {
+        bail!("the passwords do not match; nothing was changed");
+    }
+    // Asking took over Ctrl-C; it still ends the command from here on.
+    tokio::spawn(async {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            std::process::exit(130);
+        }
+    });
+    Ok(password)
+}
+
+/// The first line of `input` without its line ending; an input that ends
+/// before any line is an error that says where the password is expected.
+fn first_line(mut input: impl BufRead) -> anyhow::Result<String> {
     let mut line = String::new();
-    std::io::stdin()
-        .lock()
+    let read = input
         .read_line(&mut line)
-        .context("reading the password from stdin")?;
+        .context("reading the password from standard input")?;
+    if read == 0 {
+        bail!(
+            "no password given: it is read from the first line of standard input \
+             (or asked for when standard input is a terminal)"
+        );
+    }
     Ok(line.trim_end_matches(['\r', '\n']).to_string())
+}
+
+/// Asking for a secret at a terminal.
+mod prompt {
+    use anyhow::{Context, bail};
+    use std::io::{BufRead, Write};
+
+    /// Shows `prompt` on standard error and reads one line from the terminal
+    /// on standard input with echo turned off; echo comes back afterwards,
+    /// also when the read is interrupted with Ctrl-C.
+    #[cfg(unix)]
+    pub async fn hidden(prompt: &str) -> anyhow::Result<String> {
+        use tokio::signal::unix::{SignalKind, signal};
+        // Listening before echo goes off: Ctrl-C never leaves it off.
+        let mut interrupt = signal(SignalKind::interrupt()).context("listening for Ctrl-C")?;
+        let echo = EchoOff::new()?;
+        show(prompt);
+        tokio::select! {
+            line = tokio::task::spawn_blocking(read_line) => {
+                drop(echo);
+                line.context("reading the password")?
+            }
+            _ = interrupt.recv() => {
+                drop(echo);
+                eprintln!();
+                std::process::exit(130);
+            }
+        }
+    }
+
+    /// Elsewhere the password is read as typed.
+    #[cfg(not(unix))]
+    pub async fn hidden(prompt: &str) -> anyhow::Result<String> {
+        show(prompt);
+        read_line()
+    }
+
+    fn show(prompt: &str) {
+        let mut stderr = std::io::stderr();
+        let _ = stderr.write_all(prompt.as_bytes());
+        let _ = stderr.flush();
+    }
+
+    fn read_line() -> anyhow::Result<String> {
+        let mut line = String::new();
+        let read = std::io::stdin()
+            .lock()
+            .read_line(&mut line)
+            .context("reading the password")?;
+        if read == 0 {
+            eprintln!();
+            bail!("no password entered");
+        }
+        Ok(line.trim_end_matches(['\r', '\n']).to_string())
+    }
+
+    /// Terminal echo turned off (the line break still shows) until dropped.
+    #[cfg(unix)]
+    struct EchoOff(rustix::termios::Termios);
+
+    #[cfg(unix)]
+    impl EchoOff {
+        fn new() -> anyhow::Result<EchoOff> {
+            use rustix::termios::{LocalModes, OptionalActions, tcgetattr, tcsetattr};
+            let stdin = std::io::stdin();
+            let saved = tcgetattr(&stdin).context("reading the terminal settings")?;
+            let mut quiet = saved.clone();
+            quiet.local_modes.remove(LocalModes::ECHO);
+            quiet.local_modes.insert(LocalModes::ECHONL);
+            tcsetattr(&stdin, OptionalActions::Now, &quiet)
+                .context("turning the terminal echo off")?;
+            Ok(EchoOff(saved))
+        }
+    }
+
+    #[cfg(unix)]
+    impl Drop for EchoOff {
+        fn drop(&mut self) {
+            use rustix::termios::{OptionalActions, tcsetattr};
+            let _ = tcsetattr(std::io::stdin(), OptionalActions::Now, &self.0);
+        }
+    }
 }
 
 async fn apikey(cmd: ApiKeyCommand, settings: &Settings) -> anyhow::Result<()> {
@@ -478,4 +709,79 @@ fn audit(action: &'static str, target_type: &'static str, target: Uuid) {
         at_ms = keygate::clock::now_ms(),
         "audit"
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn colour_only_at_a_terminal_without_no_color() {
+        use std::ffi::OsStr;
+        assert!(use_colour(true, None));
+        assert!(!use_colour(false, None), "never into a file or pipe");
+        assert!(!use_colour(true, Some(OsStr::new("1"))));
+        assert!(!use_colour(true, Some(OsStr::new("false"))), "any value");
+        assert!(
+            use_colour(true, Some(OsStr::new(""))),
+            "empty counts as unset"
+        );
+    }
+
+    #[test]
+    fn every_subcommand_and_flag_has_help() {
+        fn walk(command: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            if command.get_about().is_none() && !path.is_empty() {
+                missing.push(format!("`{path}` has no description"));
+            }
+            for arg in command.get_arguments() {
+                if arg.get_help().is_none() && arg.get_long_help().is_none() {
+                    missing.push(format!("`{path} {}` has no help", arg.get_id()));
+                }
+            }
+            for sub in command.get_subcommands() {
+                walk(sub, &format!("{path} {}", sub.get_name()), missing);
+            }
+        }
+        let mut command = Cli::command();
+        command.build();
+        command.clone().debug_assert();
+        let mut missing = Vec::new();
+        walk(&command, "", &mut missing);
+        assert!(missing.is_empty(), "{missing:#?}");
+    }
+
+    #[test]
+    fn a_password_is_the_first_line_of_standard_input() {
+        assert_eq!(
+            first_line(&b"s3cret-pass\r\nmore\n"[..]).unwrap(),
+            "s3cret-pass"
+        );
+        assert_eq!(first_line(&b"no-newline"[..]).unwrap(), "no-newline");
+        assert_eq!(first_line(&b"\n"[..]).unwrap(), "", "the policy refuses it");
+        let empty = first_line(&b""[..]).unwrap_err().to_string();
+        assert!(empty.contains("first line of standard input"), "{empty}");
+    }
+
+    #[test]
+    fn user_add_refuses_ids_the_authority_does_not_take_before_asking() {
+        let id = Some(Uuid::new_v4());
+        assert!(check_ids(Authority::SysAdmin, None, None).is_ok());
+        assert!(check_ids(Authority::SysAdmin, id, None).is_err());
+        assert!(check_ids(Authority::TenantAdmin, id, None).is_ok());
+        assert!(check_ids(Authority::TenantAdmin, None, None).is_err());
+        assert!(check_ids(Authority::TenantAdmin, id, id).is_err());
+        assert!(check_ids(Authority::CustomerUser, id, id).is_ok());
+        assert!(check_ids(Authority::CustomerUser, id, None).is_err());
+        assert!(check_ids(Authority::CustomerUser, None, id).is_err());
+    }
+
+    #[test]
+    fn io_reasons_are_short_and_lower_case() {
+        let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        assert_eq!(io_reason(&refused), "connection refused");
+        let os = std::io::Error::from_raw_os_error(111);
+        assert!(!io_reason(&os).contains("os error"), "{}", io_reason(&os));
+    }
 }

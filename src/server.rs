@@ -451,7 +451,13 @@ pub async fn start(mut settings: Settings, options: StartOptions) -> Result<Runn
         tokio::spawn(listener::serve(listener, shared))
     });
     ready.store(true, Ordering::Relaxed);
-    tracing::info!(https = ?https, http = ?http, admin = ?admin_addr, "keygate is serving");
+    // Plain addresses; a listener that is turned off is left out.
+    tracing::info!(
+        https = https.map(tracing::field::display),
+        http = http.map(tracing::field::display),
+        admin = admin_addr.map(tracing::field::display),
+        "keygate is serving"
+    );
     let browser_at = match (https, http) {
         (Some(addr), _) => Some(("https", addr)),
         (None, Some(addr)) => Some(("http", addr)),

@@ -306,3 +306,286 @@ async fn admin_password_reset_from_the_cli_ends_every_earlier_session() {
         .unwrap();
     assert_eq!(login.status(), 200);
 }
+
+/// A config whose only dependency is a SQLite store in `dir`.
+fn store_only_config(dir: &Path) -> std::path::PathBuf {
+    let data = dir.display();
+    let path = dir.join("keygate.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[server]\ndata_dir = \"{data}\"\n[store]\nurl = \"sqlite://{data}/k.db\"\n\
+             [[route]]\nname = \"api\"\nprefix = \"/api/\"\nupstreams = [\"http://127.0.0.1:9\"]\n"
+        ),
+    )
+    .unwrap();
+    path
+}
+
+/// The entries of one section ("Commands:", "Options:", "Arguments:") of a
+/// help text, each with its description ("" when it has none).
+fn help_entries<'a>(help: &'a str, section: &str) -> Vec<(&'a str, &'a str)> {
+    let mut lines = help.lines().skip_while(|l| *l != section).skip(1);
+    let mut entries = Vec::new();
+    for line in lines.by_ref() {
+        if !line.starts_with("  ") {
+            break;
+        }
+        let entry = line.trim_start();
+        // The name ends where a run of two spaces starts the description.
+        match entry.split_once("  ") {
+            Some((name, description)) => entries.push((name, description.trim())),
+            None => entries.push((entry, "")),
+        }
+    }
+    entries
+}
+
+#[test]
+fn every_subcommand_and_flag_has_help_text() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = store_only_config(dir.path());
+    let mut pending = vec![Vec::<String>::new()];
+    let mut seen = 0;
+    while let Some(path) = pending.pop() {
+        let mut args: Vec<&str> = path.iter().map(String::as_str).collect();
+        args.push("-h");
+        let out = keygate(&config, &args, "");
+        let help = text(&out.stdout);
+        assert!(out.status.success(), "{args:?}: {}", text(&out.stderr));
+        assert!(
+            !help.lines().next().unwrap_or("").starts_with("Usage:"),
+            "`keygate {}` has no description:\n{help}",
+            path.join(" ")
+        );
+        for section in ["Options:", "Arguments:"] {
+            for (name, description) in help_entries(&help, section) {
+                assert!(
+                    !description.is_empty(),
+                    "`keygate {} {name}` has no help:\n{help}",
+                    path.join(" ")
+                );
+            }
+        }
+        for (name, description) in help_entries(&help, "Commands:") {
+            assert!(
+                !description.is_empty(),
+                "`keygate {} {name}` has no description",
+                path.join(" ")
+            );
+            if name != "help" {
+                let mut sub = path.clone();
+                sub.push(name.to_string());
+                pending.push(sub);
+            }
+        }
+        seen += 1;
+    }
+    assert!(seen >= 17, "walked {seen} commands");
+
+    let out = keygate(&config, &["help", "user", "add"], "");
+    let help = text(&out.stdout);
+    for needle in [
+        "SYS_ADMIN",
+        "TENANT_ADMIN",
+        "CUSTOMER_USER",
+        "platform's UUID",
+        "13814000-1dd2-11b2-8080-808080808080",
+        "standard input",
+    ] {
+        assert!(help.contains(needle), "{needle:?} missing from:\n{help}");
+    }
+}
+
+#[test]
+fn user_add_with_empty_standard_input_says_where_the_password_is_read_from() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = store_only_config(dir.path());
+    let args = [
+        "user",
+        "add",
+        "--email",
+        "nopass@example.com",
+        "--authority",
+        "SYS_ADMIN",
+    ];
+    let out = keygate(&config, &args, "");
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("no password given") && err.contains("first line of standard input"),
+        "{err}"
+    );
+    let out = keygate(&config, &["user", "list"], "");
+    assert!(
+        !text(&out.stdout).contains("nopass@example.com"),
+        "nothing created"
+    );
+}
+
+#[test]
+fn counts_are_printed_with_the_right_plural() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = store_only_config(dir.path());
+    let out = keygate(&config, &["check-config"], "");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout).trim(), "configuration is valid (1 route)");
+
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(&bad, "[listen]\nhttps = \"nope\"\n").unwrap();
+    let out = keygate(&bad, &["check-config"], "");
+    assert_eq!(out.status.code(), Some(64));
+    let err = text(&out.stderr);
+    assert!(err.contains("invalid configuration (1 problem):"), "{err}");
+}
+
+#[test]
+fn health_against_a_stopped_server_names_the_address_and_the_reason_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let addr = {
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        closed.local_addr().unwrap()
+    };
+    let config = dir.path().join("keygate.toml");
+    std::fs::write(&config, format!("[listen]\nadmin = \"{addr}\"\n")).unwrap();
+    let out = keygate(&config, &["health"], "");
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert_eq!(err.lines().count(), 1, "one line:\n{err}");
+    assert!(err.contains(&addr.to_string()), "names {addr}: {err}");
+    assert_eq!(
+        err.to_lowercase().matches("refused").count(),
+        1,
+        "the reason once: {err}"
+    );
+}
+
+/// Runs `keygate` under a pseudo-terminal (util-linux `script`), typing each
+/// of `answers` once `prompt` shows; returns the exit code and all terminal output.
+fn at_a_terminal(config: &Path, args: &[&str], answers: &[(&str, &str)]) -> Option<(i32, String)> {
+    use std::io::Read;
+    use std::sync::{Arc, Mutex};
+    if Command::new("script").arg("--version").output().is_err() {
+        eprintln!("util-linux `script` is not installed; skipping the terminal test");
+        return None;
+    }
+    let quote = |s: &str| format!("'{}'", s.replace('\'', r"'\''"));
+    let mut line = quote(env!("CARGO_BIN_EXE_keygate"));
+    for arg in ["--config", &config.display().to_string()]
+        .iter()
+        .map(|s| s.as_ref())
+        .chain(args.iter().copied())
+    {
+        line.push(' ');
+        line.push_str(&quote(arg));
+    }
+    let mut child = Command::new("script")
+        .args(["-qec", &line, "/dev/null"])
+        .env("RUST_LOG", "warn")
+        .env_remove("KEYGATE_CONFIG")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let output = Arc::new(Mutex::new(Vec::new()));
+    let mut stdout = child.stdout.take().unwrap();
+    let sink = output.clone();
+    let reader = std::thread::spawn(move || {
+        let mut buf = [0u8; 256];
+        while let Ok(n) = stdout.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            sink.lock().unwrap().extend_from_slice(&buf[..n]);
+        }
+    });
+    let seen = || String::from_utf8_lossy(&output.lock().unwrap()).into_owned();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut stdin = child.stdin.take().unwrap();
+    let mut shown = 0;
+    for (prompt, answer) in answers {
+        // Type only once the prompt shows: echo is off by then.
+        loop {
+            let text = seen();
+            if let Some(at) = text[shown..].find(prompt) {
+                shown += at + prompt.len();
+                break;
+            }
+            assert!(Instant::now() < deadline, "no {prompt:?} prompt:\n{text}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        stdin.write_all(format!("{answer}\n").as_bytes()).unwrap();
+        stdin.flush().unwrap();
+    }
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "keygate did not finish:\n{}",
+            seen()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    drop(stdin);
+    reader.join().unwrap();
+    Some((status.code().unwrap_or(-1), seen()))
+}
+
+#[tokio::test]
+async fn a_password_typed_at_a_terminal_is_asked_for_and_not_echoed() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = store_only_config(dir.path());
+    let password = "typed-at-a-terminal-42";
+    let Some((code, screen)) = at_a_terminal(
+        &config,
+        &[
+            "user",
+            "add",
+            "--email",
+            "tty@example.com",
+            "--authority",
+            "SYS_ADMIN",
+        ],
+        &[
+            ("Password: ", password),
+            ("Repeat the password: ", password),
+        ],
+    ) else {
+        return;
+    };
+    assert_eq!(code, 0, "{screen}");
+    assert!(screen.contains("created user tty@example.com"), "{screen}");
+    assert!(
+        !screen.contains(password),
+        "the password showed on the terminal:\n{screen}"
+    );
+    let store =
+        keygate::store::Store::connect(&format!("sqlite://{}/k.db", dir.path().display()), 1)
+            .await
+            .unwrap();
+    let user = store
+        .user_by_email("tty@example.com")
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(keygate::auth::password::verify_blocking(
+        password,
+        &user.password_hash
+    ));
+
+    let Some((code, screen)) = at_a_terminal(
+        &config,
+        &["user", "set-password", "tty@example.com"],
+        &[
+            ("Password: ", "first-new-password"),
+            ("Repeat the password: ", "second-new-password"),
+        ],
+    ) else {
+        return;
+    };
+    assert_ne!(code, 0, "{screen}");
+    assert!(screen.contains("do not match"), "{screen}");
+}

@@ -204,6 +204,22 @@ impl UpstreamError {
     }
 }
 
+/// A request that could not be forwarded, with the upstream it last tried
+/// (none when it failed before reaching one), for the access log.
+pub struct ForwardError<'r> {
+    pub error: ApiError,
+    pub upstream: Option<&'r str>,
+}
+
+impl From<ApiError> for ForwardError<'_> {
+    fn from(error: ApiError) -> Self {
+        ForwardError {
+            error,
+            upstream: None,
+        }
+    }
+}
+
 enum Failure {
     Connect,
     Timeout,
@@ -269,12 +285,12 @@ impl Proxy {
         mut parts: http::request::Parts,
         incoming: hyper::body::Incoming,
         path: &str,
-    ) -> Result<(Response<Body>, &'r str), ApiError> {
+    ) -> Result<(Response<Body>, &'r str), ForwardError<'r>> {
         let declared = incoming.size_hint().exact();
         if declared.is_some_and(|n| n > self.limits.max_body_bytes) {
             // Answered first; over HTTP/2 the rest is read and thrown away.
             body::discard_rest_if_http2(parts.version, incoming, 0, &self.limits);
-            return Err(ApiError::body_too_large());
+            return Err(ApiError::body_too_large().into());
         }
         // Only an empty body can be sent again to another upstream.
         let replayable = incoming.is_end_stream() && route.upstreams.len() > 1;
@@ -296,7 +312,7 @@ impl Proxy {
         loop {
             let index = self.pick(route, &tried).ok_or_else(ApiError::bad_gateway)?;
             tried.push(index);
-            let upstream = &route.upstreams[index];
+            let upstream: &'r Upstream = &route.upstreams[index];
             parts.uri = upstream
                 .uri(path, query.as_deref())
                 .map_err(|_| ApiError::bad_request("Invalid request path"))?;
@@ -323,7 +339,7 @@ impl Proxy {
                 Ok(Err(error)) => classify(&error),
                 Err(_) => Failure::Timeout,
             };
-            match failure {
+            let error = match failure {
                 Failure::Connect => {
                     self.error(upstream, UpstreamError::Connect);
                     upstream.down_until.store(
@@ -334,22 +350,26 @@ impl Proxy {
                     if replayable && tried.len() < route.upstreams.len() {
                         continue;
                     }
-                    return Err(ApiError::bad_gateway());
+                    ApiError::bad_gateway()
                 }
                 Failure::Timeout => {
                     self.error(upstream, UpstreamError::Timeout);
-                    return Err(ApiError::gateway_timeout());
+                    ApiError::gateway_timeout()
                 }
-                Failure::BodyTooLarge => return Err(ApiError::body_too_large()),
+                Failure::BodyTooLarge => ApiError::body_too_large(),
                 Failure::ClientBody => {
                     tracing::debug!(upstream = %upstream.label, "the client's request body broke off or was malformed");
-                    return Err(ApiError::bad_request("Request body could not be read"));
+                    ApiError::bad_request("Request body could not be read")
                 }
                 Failure::Other => {
                     self.error(upstream, UpstreamError::Reset);
-                    return Err(ApiError::bad_gateway());
+                    ApiError::bad_gateway()
                 }
-            }
+            };
+            return Err(ForwardError {
+                error,
+                upstream: Some(upstream.label.as_str()),
+            });
         }
     }
 }

@@ -369,15 +369,21 @@ impl Process {
     /// Starts `keygate serve` with `config` (listeners on port 0) and waits
     /// until it logs its bound ports.
     pub fn spawn(config: &std::path::Path, rust_log: &str) -> Process {
+        Process::spawn_logging(config, rust_log, "json")
+    }
+
+    /// Like [`Process::spawn`], logging in `format` (`json` or `human`).
+    pub fn spawn_logging(config: &std::path::Path, rust_log: &str, format: &str) -> Process {
         let log = config.with_extension("log");
         let file = std::fs::File::create(&log).unwrap();
         let child = std::process::Command::new(env!("CARGO_BIN_EXE_keygate"))
-            .args(["--log-format", "json", "--config"])
+            .args(["--log-format", format, "--config"])
             .arg(config)
             .arg("serve")
             .env("KEYGATE_BOOTSTRAP_PASSWORD", "bootstrap-password")
             .env("RUST_LOG", rust_log)
             .env_remove("KEYGATE_CONFIG")
+            .env_remove("NO_COLOR")
             .stderr(file)
             .spawn()
             .unwrap();
@@ -393,15 +399,17 @@ impl Process {
             );
             std::thread::sleep(Duration::from_millis(20));
         };
-        let json: serde_json::Value = serde_json::from_str(&line).unwrap();
+        // `https=127.0.0.1:1234` in human format, a "fields" member in JSON.
         let port = |name: &str| -> u16 {
-            let text = json["fields"][name].as_str().unwrap_or("");
-            text.trim_start_matches("Some(")
-                .trim_end_matches(')')
-                .rsplit(':')
-                .next()
-                .and_then(|p| p.parse().ok())
-                .unwrap_or(0)
+            let address = match serde_json::from_str::<serde_json::Value>(&line) {
+                Ok(json) => json["fields"][name].as_str().unwrap_or("").to_string(),
+                Err(_) => line
+                    .split_whitespace()
+                    .find_map(|field| field.strip_prefix(&format!("{name}=")))
+                    .unwrap_or("")
+                    .to_string(),
+            };
+            address.parse::<SocketAddr>().map_or(0, |a| a.port())
         };
         Process {
             https: port("https"),
