@@ -36,6 +36,9 @@ use crate::body::{self, Body};
 use crate::config::RouteSpec;
 use crate::proxy::Routes;
 
+/// The first wait before fetching a failed upstream document again.
+const RETRY_FIRST: Duration = Duration::from_secs(1);
+
 const PAGE: &str = include_str!("../assets/swagger-ui.html");
 /// The page's own script and style, served as files so that the policy needs
 /// no `'unsafe-inline'`.
@@ -222,26 +225,42 @@ impl Browser {
         let client: Client<HttpConnector, http_body_util::Empty<Bytes>> =
             Client::builder(TokioExecutor::new()).build(HttpConnector::new());
         let mut reloaded = self.routes.subscribe();
+        // After a failed fetch the next round comes sooner, doubling up to the
+        // refresh interval: an upstream that starts after keygate (a common
+        // order in a pod) is joined within seconds, not a whole interval later.
+        let mut retry = RETRY_FIRST;
         loop {
             // Documents of removed routes leave the page at once, before the
             // new routes' documents are fetched.
             self.rebuild();
+            let mut failed = false;
             for source in Source::of(self.routes.load().specs()) {
                 match fetch(&client, &source.url, timeout).await {
                     Ok(document) => self.keep(source, document),
-                    Err(error) => tracing::warn!(
-                        route = %source.route,
-                        url = %source.url,
-                        %error,
-                        "upstream OpenAPI document unavailable; keeping the last good copy"
-                    ),
+                    Err(error) => {
+                        failed = true;
+                        tracing::warn!(
+                            route = %source.route,
+                            url = %source.url,
+                            %error,
+                            "upstream OpenAPI document unavailable; keeping the last good copy"
+                        );
+                    }
                 }
             }
             self.rebuild();
+            let wait = if failed {
+                let wait = retry.min(refresh);
+                retry = (retry * 2).min(refresh);
+                wait
+            } else {
+                retry = RETRY_FIRST;
+                refresh
+            };
             tokio::select! {
                 _ = shutdown.changed() => return,
                 _ = reloaded.changed() => {}
-                _ = tokio::time::sleep(refresh) => {}
+                _ = tokio::time::sleep(wait) => {}
             }
         }
     }

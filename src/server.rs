@@ -197,10 +197,10 @@ async fn watch_certificate(
 /// Where the API browser of a listener is, for the startup log: loopback and
 /// unspecified addresses read as localhost (the development certificate's name).
 fn browser_url(scheme: &str, addr: SocketAddr) -> String {
-    let host = if addr.ip().is_loopback() || addr.ip().is_unspecified() {
-        "localhost".to_string()
-    } else {
-        addr.ip().to_string()
+    let host = match addr.ip() {
+        ip if ip.is_loopback() || ip.is_unspecified() => "localhost".to_string(),
+        std::net::IpAddr::V6(ip) => format!("[{ip}]"),
+        ip => ip.to_string(),
     };
     format!("{scheme}://{host}:{}/swagger-ui.html", addr.port())
 }

@@ -312,3 +312,45 @@ async fn a_schema_clash_is_logged_once_per_document_version_not_every_refresh() 
     process.signal("TERM");
     let _ = process.child.wait();
 }
+
+/// An upstream whose document is not ready when keygate starts (it starts
+/// later in the same pod, say) is joined within seconds, not after a whole
+/// refresh interval.
+#[tokio::test]
+async fn an_upstream_document_that_fails_at_first_is_fetched_again_soon() {
+    let documented = DocumentUpstream::start(json!("not ready yet")).await;
+    let upstream_url = documented.url();
+    let gw = Gateway::start(
+        &upstream_url,
+        &format!(
+            "[api_browser]\nrefresh = \"1h\"\n[[route]]\nname = \"late\"\nprefix = \"/late/\"\nupstreams = [\"{upstream_url}\"]\nopenapi = \"/v3/api-docs\"\n"
+        ),
+    )
+    .await;
+    documented.wait_for_fetches(1).await;
+    documented.publish(json!({
+        "openapi": "3.1.0",
+        "info": {"title": "late", "version": "1"},
+        "paths": {"/late/thing": {"get": {"responses": {"200": {"description": "ok"}}}}}
+    }));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let doc: serde_json::Value = gw
+            .client()
+            .get(gw.https("/v3/api-docs"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        if doc["paths"].get("/late/thing").is_some() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the late document was not joined"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

@@ -148,15 +148,23 @@ async fn serve_dev_shows_the_whole_job_in_one_command() {
         .unwrap();
     assert_eq!(listed["data"][0]["name"], "Thermostat A", "{listed}");
 
-    // The API browser lists keygate's endpoints and the upstream's, joined.
-    let doc: serde_json::Value = client
-        .get(format!("{base}/v3/api-docs"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    // The API browser lists keygate's endpoints and the upstream's, joined
+    // (the upstream's document is fetched just after start).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let doc = loop {
+        let doc: serde_json::Value = client
+            .get(format!("{base}/v3/api-docs"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        if doc["paths"].get("/api/tenant/devices").is_some() || Instant::now() > deadline {
+            break doc;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
     let paths = doc["paths"].as_object().unwrap();
     for path in [
         "/api/auth/login",
