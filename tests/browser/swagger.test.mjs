@@ -136,7 +136,7 @@ openapi = "/v3/api-docs"
   cli(["user", "add", "--email", EMAIL, "--authority", "TENANT_ADMIN", "--tenant-id", TENANT], PASSWORD + "\n");
   apiKey = cli(["apikey", "create", "--email", EMAIL]).trim().split("\n").pop();
   keygate = spawn(KEYGATE, ["--config", config, "--log-format", "json", "serve"], { env, stdio: ["ignore", "ignore", "pipe"] });
-  const [, port] = await firstMatch(keygate.stderr, /"https":"Some\(127\.0\.0\.1:(\d+)\)"/, "keygate");
+  const [, port] = await firstMatch(keygate.stderr, /"https":"127\.0\.0\.1:(\d+)"/, "keygate");
   base = `https://localhost:${port}`;
   browser = await chromium.launch({
     executablePath: process.env.CHROMIUM || "/usr/bin/chromium",

@@ -74,7 +74,7 @@ upstreams = ["{upstream}"]
             stdout=self.log, stderr=subprocess.STDOUT, env=self.env,
         )
         reader = open(self.workdir / "keygate.log")
-        match = _read_line(reader, r'"https":"Some\(127\.0\.0\.1:(\d+)\)"', time.monotonic() + 60)
+        match = _read_line(reader, r'"https":"127\.0\.0\.1:(\d+)"', time.monotonic() + 60)
         self.port = int(match.group(1))
         self.base_url = f"https://localhost:{self.port}"
         self.ca = str(self.workdir / "dev-ca.pem")
