@@ -20,6 +20,7 @@ use ipnet::IpNet;
 use toml::Value;
 
 use file::FileConfig;
+pub use url::UpstreamUrl;
 
 /// All problems found in a configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -249,7 +250,7 @@ pub struct RouteSpec {
     /// Metric label: the configured name, or the prefix.
     pub name: String,
     pub prefix: String,
-    pub upstreams: Vec<http::Uri>,
+    pub upstreams: Vec<UpstreamUrl>,
     pub public: bool,
     pub request_timeout: Duration,
     /// Where the upstream publishes its OpenAPI document, if it does.

@@ -375,3 +375,18 @@ fn routes_without_a_name_are_labelled_by_prefix() {
     assert_eq!(settings.routes[0].upstreams.len(), 2);
     assert_eq!(settings.routes[0].request_timeout, Duration::from_secs(5));
 }
+
+#[test]
+fn upstream_url_is_split_into_scheme_authority_and_base_path() {
+    let url: UpstreamUrl = " http://127.0.0.1:9000/base/ ".parse().unwrap();
+    assert_eq!(url.scheme().as_str(), "http");
+    assert_eq!(url.authority().as_str(), "127.0.0.1:9000");
+    assert_eq!(url.base_path(), "/base");
+    assert_eq!(url.to_string(), "http://127.0.0.1:9000/base");
+    let url: UpstreamUrl = "http://[::1]:8080/".parse().unwrap();
+    assert_eq!(url.base_path(), "");
+    assert_eq!(url.to_string(), "http://[::1]:8080");
+    let refused = "ftp://127.0.0.1:21".parse::<UpstreamUrl>().unwrap_err();
+    assert!(refused.contains("scheme \"ftp\""), "{refused}");
+    assert!("http://:80".parse::<UpstreamUrl>().is_err());
+}

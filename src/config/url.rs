@@ -1,5 +1,10 @@
 //! URL settings: what each accepts, checked part by part.
 
+use std::fmt;
+use std::str::FromStr;
+
+use http::uri::{Authority, Scheme};
+
 /// What one URL setting accepts, beyond what every URL must be (see [`check_url`]).
 pub(super) struct UrlRule {
     schemes: &'static [&'static str],
@@ -116,17 +121,62 @@ pub(super) fn check_url(text: &str, rule: &UrlRule) -> Result<http::Uri, String>
     Ok(uri)
 }
 
-/// An upstream base URL: `http://host:port[/base-path]`.
-pub(super) fn parse_upstream(text: &str) -> Result<http::Uri, String> {
-    check_url(text.trim(), &UPSTREAM_URL)
+/// A route's upstream as validated: requests go to `scheme://authority`, with
+/// the base path before their own. Made only by parsing (`"...".parse()`),
+/// which checks it as `[[route]] upstreams` takes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UpstreamUrl {
+    scheme: Scheme,
+    authority: Authority,
+    /// Without a trailing slash; empty for none.
+    base_path: String,
+}
+
+impl UpstreamUrl {
+    pub fn scheme(&self) -> &Scheme {
+        &self.scheme
+    }
+
+    pub fn authority(&self) -> &Authority {
+        &self.authority
+    }
+
+    /// The path request paths are appended to, without a trailing slash;
+    /// empty when the upstream has none.
+    pub fn base_path(&self) -> &str {
+        &self.base_path
+    }
+}
+
+impl FromStr for UpstreamUrl {
+    type Err = String;
+
+    /// An upstream base URL: `http://host:port[/base-path]`.
+    fn from_str(text: &str) -> Result<UpstreamUrl, String> {
+        let uri = check_url(text.trim(), &UPSTREAM_URL)?;
+        let missing_host = || format!("missing host; write {}", UPSTREAM_URL.example);
+        Ok(UpstreamUrl {
+            scheme: uri.scheme().cloned().unwrap_or(Scheme::HTTP),
+            authority: uri.authority().cloned().ok_or_else(missing_host)?,
+            base_path: uri.path().trim_end_matches('/').to_string(),
+        })
+    }
+}
+
+/// `scheme://authority[/base-path]`, without a trailing slash: the label
+/// metrics and logs name the upstream by.
+impl fmt::Display for UpstreamUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}://{}{}", self.scheme, self.authority, self.base_path)
+    }
 }
 
 /// An upstream's OpenAPI document: a path relative to the route's first
 /// upstream (`/v3/api-docs`), or a full `http://` URL.
-pub(super) fn openapi_url(text: &str, upstream: Option<&http::Uri>) -> Result<http::Uri, String> {
+pub(super) fn openapi_url(text: &str, upstream: Option<&UpstreamUrl>) -> Result<http::Uri, String> {
     if text.starts_with('/') {
         let base = upstream.ok_or("a path needs an upstream to resolve it against")?;
-        let joined = format!("{}{text}", base.to_string().trim_end_matches('/'));
+        let joined = format!("{base}{text}");
         return check_url(&joined, &OPENAPI_URL)
             .map_err(|e| format!("{e} (resolved as {joined:?})"));
     }

@@ -14,7 +14,7 @@ use super::file::{
     ListenSection, LogSection, LoginSection, ProxySection, RetentionSection, RouteSection,
     ServerSection, StoreSection, TlsSection,
 };
-use super::url::{PUBLIC_BASE_URL, check_url, openapi_url, parse_upstream};
+use super::url::{PUBLIC_BASE_URL, UpstreamUrl, check_url, openapi_url};
 use super::*;
 
 /// Largest `retention.batch_size`: one statement stays short.
@@ -590,8 +590,8 @@ impl RouteSection {
         }
         let mut upstreams = Vec::new();
         for upstream in &self.upstreams {
-            match parse_upstream(upstream) {
-                Ok(uri) => upstreams.push(uri),
+            match upstream.parse::<UpstreamUrl>() {
+                Ok(url) => upstreams.push(url),
                 Err(e) => errors.push(format!("{here}.upstreams: {upstream:?}: {e}")),
             }
         }
@@ -640,7 +640,7 @@ impl RouteSection {
         let first_upstream = self
             .upstreams
             .first()
-            .and_then(|text| parse_upstream(text).ok());
+            .and_then(|text| text.parse::<UpstreamUrl>().ok());
         match self.openapi.trim() {
             "" => None,
             text if text.starts_with('/')
