@@ -28,6 +28,50 @@ pub(super) fn apply(
     env: &[(String, String)],
     errors: &mut Vec<String>,
 ) {
+    for found in overrides(schema, env, errors) {
+        let Override {
+            section,
+            key,
+            name,
+            raw,
+        } = found;
+        let Some(expected) = schema.get(&section).and_then(|s| s.get(&key)) else {
+            continue;
+        };
+        let Some(parsed) = typed(expected, raw) else {
+            errors.push(format!(
+                "{name}: expected {}, got {raw:?}",
+                expected.type_str()
+            ));
+            continue;
+        };
+        if let Some(table) = value.as_table_mut() {
+            let entry = table
+                .entry(section)
+                .or_insert_with(|| Value::Table(toml::Table::new()));
+            if let Some(section_table) = entry.as_table_mut() {
+                section_table.insert(key, parsed);
+            }
+        }
+    }
+}
+
+/// One variable that sets one key.
+struct Override<'a> {
+    section: String,
+    key: String,
+    /// The variable's name, for messages.
+    name: &'a str,
+    raw: &'a str,
+}
+
+/// The variables that set keys: the platform's names first, then keygate's
+/// own. A `KEYGATE_` variable that names no key is reported.
+fn overrides<'a>(
+    schema: &Value,
+    env: &'a [(String, String)],
+    errors: &mut Vec<String>,
+) -> Vec<Override<'a>> {
     let mut sections: Vec<&str> = schema
         .as_table()
         .map(|t| {
@@ -40,10 +84,15 @@ pub(super) fn apply(
     // Longest first, so `api_keys_prefix` is not read as section `api`.
     sections.sort_by_key(|s| std::cmp::Reverse(s.len()));
 
-    let mut overrides: Vec<(String, String, &str, &str)> = Vec::new();
+    let mut overrides = Vec::new();
     for (name, raw) in env {
         if let Some((_, key)) = PLATFORM_ENV.iter().find(|(n, _)| n == name) {
-            overrides.push(("jwt".into(), (*key).into(), name, raw));
+            overrides.push(Override {
+                section: "jwt".into(),
+                key: (*key).into(),
+                name,
+                raw,
+            });
         }
     }
     for (name, raw) in env {
@@ -60,45 +109,36 @@ pub(super) fn apply(
             Some((section.to_string(), key.to_string()))
         });
         match found {
-            Some((section, key)) => overrides.push((section, key, name, raw)),
+            Some((section, key)) => overrides.push(Override {
+                section,
+                key,
+                name,
+                raw,
+            }),
             None => errors.push(format!("{name}: not a configuration setting")),
         }
     }
-    for (section, key, name, raw) in overrides {
-        let Some(expected) = schema.get(&section).and_then(|s| s.get(&key)) else {
-            continue;
-        };
-        let parsed = match expected {
-            Value::String(_) => Some(Value::String(raw.to_string())),
-            Value::Integer(_) => raw.trim().parse::<i64>().ok().map(Value::Integer),
-            Value::Boolean(_) => match raw.trim() {
-                "true" | "1" => Some(Value::Boolean(true)),
-                "false" | "0" => Some(Value::Boolean(false)),
-                _ => None,
-            },
-            Value::Array(_) => Some(Value::Array(
-                raw.split(',')
-                    .map(str::trim)
-                    .filter(|s| !s.is_empty())
-                    .map(|s| Value::String(s.to_string()))
-                    .collect(),
-            )),
+    overrides
+}
+
+/// A variable's text as the type the key's default has; `None` when it is
+/// not one.
+fn typed(expected: &Value, raw: &str) -> Option<Value> {
+    match expected {
+        Value::String(_) => Some(Value::String(raw.to_string())),
+        Value::Integer(_) => raw.trim().parse::<i64>().ok().map(Value::Integer),
+        Value::Boolean(_) => match raw.trim() {
+            "true" | "1" => Some(Value::Boolean(true)),
+            "false" | "0" => Some(Value::Boolean(false)),
             _ => None,
-        };
-        let Some(parsed) = parsed else {
-            errors.push(format!(
-                "{name}: expected {}, got {raw:?}",
-                expected.type_str()
-            ));
-            continue;
-        };
-        if let Some(table) = value.as_table_mut() {
-            let entry = table
-                .entry(section.clone())
-                .or_insert_with(|| Value::Table(toml::Table::new()));
-            if let Some(section_table) = entry.as_table_mut() {
-                section_table.insert(key, parsed);
-            }
-        }
+        },
+        Value::Array(_) => Some(Value::Array(
+            raw.split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(|s| Value::String(s.to_string()))
+                .collect(),
+        )),
+        _ => None,
     }
 }
