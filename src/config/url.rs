@@ -67,6 +67,19 @@ pub(super) fn check_url(text: &str, rule: &UrlRule) -> Result<http::Uri, String>
         .authority()
         .map(http::uri::Authority::as_str)
         .unwrap_or("");
+    check_authority(authority, example)?;
+    if !rule.path && uri.path() != "/" && !uri.path().is_empty() {
+        return Err(format!("must not have a path; write {example}"));
+    }
+    if uri.query().is_some() && !rule.query {
+        return Err(format!("must not have a query; write {example}"));
+    }
+    Ok(uri)
+}
+
+/// Checks the `host[:port]` part: no user name or password, a bracketed IPv6
+/// address or a host name, and a port from 1 to 65535 when one is written.
+fn check_authority(authority: &str, example: &str) -> Result<(), String> {
     if authority.contains('@') {
         return Err("must not contain a user name or password".into());
     }
@@ -112,13 +125,7 @@ pub(super) fn check_url(text: &str, rule: &UrlRule) -> Result<http::Uri, String>
             return Err(format!("port {port:?} is not a number from 1 to 65535"));
         }
     }
-    if !rule.path && uri.path() != "/" && !uri.path().is_empty() {
-        return Err(format!("must not have a path; write {example}"));
-    }
-    if uri.query().is_some() && !rule.query {
-        return Err(format!("must not have a query; write {example}"));
-    }
-    Ok(uri)
+    Ok(())
 }
 
 /// A route's upstream as validated: requests go to `scheme://authority`, with
