@@ -3,6 +3,13 @@
 //!
 //! Precedence, lowest first: built-in defaults, the file, the platform's
 //! `JWT_*` variables, then `KEYGATE_<SECTION>_<KEY>` variables.
+//!
+//! Here: the public API ([`load`], [`Source`], [`Settings`] and the runtime
+//! setting types, [`ConfigErrors`]). The stages, in the order [`load`] runs them:
+//! - `file`: the raw TOML sections, their defaults and the shape check;
+//! - `env`: environment overrides, typed by the defaults;
+//! - `validate`: each raw section turning itself into its runtime setting;
+//! - `url`: what each URL setting accepts, and [`UpstreamUrl`].
 
 mod env;
 mod file;
