@@ -17,7 +17,7 @@ use tokio::net::TcpListener;
 use uuid::Uuid;
 
 use crate::accounts::{self, AccountError, NewProfile, NewUser};
-use crate::config::{RouteSpec, Settings};
+use crate::config::{RouteSpec, Settings, UpstreamUrl};
 use crate::identity::Authority;
 use crate::server::Running;
 use crate::store::Store;
@@ -48,7 +48,7 @@ pub async fn start_reference(settings: &mut Settings) -> Result<SocketAddr, DevE
         .map_err(DevError::Upstream)?;
     let addr = listener.local_addr().map_err(DevError::Upstream)?;
     tokio::spawn(crate::reference::serve(listener, std::future::pending()));
-    let upstream: http::Uri = format!("http://{addr}")
+    let upstream: UpstreamUrl = format!("http://{addr}")
         .parse()
         .expect("a socket address makes a URI");
     let route = |name: &str, prefix: &str, public: bool, openapi: bool| RouteSpec {

@@ -20,7 +20,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 
 use crate::body::{self, Body};
-use crate::config::{Limits, ProxySettings, RouteSpec};
+use crate::config::{Limits, ProxySettings, RouteSpec, UpstreamUrl};
 use crate::error::ApiError;
 use crate::telemetry::Metrics;
 
@@ -137,15 +137,12 @@ impl RouteTable {
 }
 
 impl Upstream {
-    fn new(uri: &Uri) -> Upstream {
+    fn new(url: &UpstreamUrl) -> Upstream {
         Upstream {
-            scheme: uri.scheme().cloned().unwrap_or(http::uri::Scheme::HTTP),
-            authority: uri
-                .authority()
-                .cloned()
-                .expect("validated upstream has a host"),
-            base_path: uri.path().trim_end_matches('/').to_string(),
-            label: uri.to_string().trim_end_matches('/').to_string(),
+            scheme: url.scheme().clone(),
+            authority: url.authority().clone(),
+            base_path: url.base_path().to_string(),
+            label: url.to_string(),
             down_until: AtomicU64::new(0),
         }
     }

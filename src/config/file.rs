@@ -1,0 +1,388 @@
+//! The config file as written: its raw sections and their defaults, and the
+//! shape check against them.
+
+use serde::{Deserialize, Serialize};
+use toml::Value;
+
+/// The config file as written. Every field has a default, documented in
+/// `config/keygate.toml`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct FileConfig {
+    pub server: ServerSection,
+    pub listen: ListenSection,
+    pub tls: TlsSection,
+    pub store: StoreSection,
+    pub retention: RetentionSection,
+    pub jwt: JwtSection,
+    pub api_keys: ApiKeySection,
+    pub cache: CacheSection,
+    pub proxy: ProxySection,
+    pub limits: LimitsSection,
+    pub login: LoginSection,
+    pub api_browser: ApiBrowserSection,
+    pub log: LogSection,
+    #[serde(rename = "route")]
+    pub routes: Vec<RouteSection>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServerSection {
+    pub data_dir: String,
+    pub shutdown_grace: String,
+    pub public_base_url: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ListenSection {
+    pub https: String,
+    pub http: String,
+    pub admin: String,
+    pub max_connections: i64,
+    pub allow_plaintext_credentials: bool,
+    pub max_connections_per_address: i64,
+    pub max_connections_per_trusted_proxy: i64,
+    pub admin_max_connections: i64,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TlsSection {
+    pub cert: String,
+    pub key: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StoreSection {
+    pub url: String,
+    pub max_connections: i64,
+}
+
+/// Pruning of dead store rows.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RetentionSection {
+    pub interval: String,
+    pub sessions: String,
+    pub activation_tokens: String,
+    pub batch_size: i64,
+    pub max_rows_per_run: i64,
+}
+
+impl Default for RetentionSection {
+    fn default() -> Self {
+        RetentionSection {
+            interval: "1h".into(),
+            sessions: "30d".into(),
+            activation_tokens: "7d".into(),
+            batch_size: 500,
+            max_rows_per_run: 10_000,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct JwtSection {
+    pub token_expiration_time: i64,
+    pub refresh_token_expiration_time: i64,
+    pub token_issuer: String,
+    pub token_signing_key: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ApiKeySection {
+    pub prefix: String,
+    pub disable_on_plaintext: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CacheSection {
+    pub capacity: i64,
+    pub ttl: String,
+    pub negative_ttl: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ProxySection {
+    pub trusted_proxies: Vec<String>,
+    pub connect_timeout: String,
+    pub request_timeout: String,
+    pub pool_idle_timeout: String,
+    pub pool_max_idle_per_host: i64,
+    pub upstream_retry_after: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LimitsSection {
+    pub max_header_bytes: i64,
+    pub max_body_bytes: i64,
+    pub header_read_timeout: String,
+    pub tls_handshake_timeout: String,
+    pub idle_timeout: String,
+    pub body_read_timeout: String,
+    pub http2_keep_alive_interval: String,
+    pub http2_keep_alive_timeout: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LoginSection {
+    pub account_max_failures: i64,
+    pub account_address_max_failures: i64,
+    pub account_window: String,
+    pub address_max_failures: i64,
+    pub address_window: String,
+    pub limiter_capacity: i64,
+    pub lockout_after: i64,
+    pub max_concurrent_hashes: i64,
+    pub password_min_length: i64,
+    pub password_max_length: i64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ApiBrowserSection {
+    pub enabled: bool,
+    pub refresh: String,
+    pub fetch_timeout: String,
+}
+
+impl Default for ApiBrowserSection {
+    fn default() -> Self {
+        ApiBrowserSection {
+            enabled: true,
+            refresh: "60s".into(),
+            fetch_timeout: "5s".into(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LogSection {
+    pub format: String,
+    pub access_log: bool,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RouteSection {
+    pub name: String,
+    pub prefix: String,
+    pub upstreams: Vec<String>,
+    pub public: bool,
+    pub request_timeout: String,
+    pub openapi: String,
+}
+
+impl Default for FileConfig {
+    fn default() -> Self {
+        FileConfig {
+            server: ServerSection::default(),
+            listen: ListenSection::default(),
+            tls: TlsSection::default(),
+            store: StoreSection::default(),
+            retention: RetentionSection::default(),
+            jwt: JwtSection::default(),
+            api_keys: ApiKeySection::default(),
+            cache: CacheSection::default(),
+            proxy: ProxySection::default(),
+            limits: LimitsSection::default(),
+            login: LoginSection::default(),
+            api_browser: ApiBrowserSection::default(),
+            log: LogSection::default(),
+            routes: vec![
+                RouteSection {
+                    name: "api".into(),
+                    prefix: "/api/".into(),
+                    upstreams: vec!["http://127.0.0.1:9000".into()],
+                    ..RouteSection::default()
+                },
+                RouteSection {
+                    name: "noauth".into(),
+                    prefix: "/api/noauth/".into(),
+                    upstreams: vec!["http://127.0.0.1:9000".into()],
+                    public: true,
+                    ..RouteSection::default()
+                },
+            ],
+        }
+    }
+}
+
+impl Default for ServerSection {
+    fn default() -> Self {
+        ServerSection {
+            data_dir: "data".into(),
+            shutdown_grace: "30s".into(),
+            public_base_url: String::new(),
+        }
+    }
+}
+impl Default for ListenSection {
+    fn default() -> Self {
+        ListenSection {
+            https: "127.0.0.1:8443".into(),
+            http: "127.0.0.1:8080".into(),
+            admin: "127.0.0.1:9090".into(),
+            max_connections: 10_000,
+            allow_plaintext_credentials: false,
+            max_connections_per_address: 256,
+            max_connections_per_trusted_proxy: 0,
+            admin_max_connections: 64,
+        }
+    }
+}
+impl Default for StoreSection {
+    fn default() -> Self {
+        StoreSection {
+            url: "sqlite://data/keygate.db".into(),
+            max_connections: 8,
+        }
+    }
+}
+impl Default for JwtSection {
+    fn default() -> Self {
+        JwtSection {
+            token_expiration_time: 9000,
+            refresh_token_expiration_time: 604_800,
+            token_issuer: "thingsboard.io".into(),
+            token_signing_key: String::new(),
+        }
+    }
+}
+impl Default for ApiKeySection {
+    fn default() -> Self {
+        ApiKeySection {
+            prefix: "tb_".into(),
+            disable_on_plaintext: false,
+        }
+    }
+}
+impl Default for CacheSection {
+    fn default() -> Self {
+        CacheSection {
+            capacity: 100_000,
+            ttl: "30s".into(),
+            negative_ttl: "5s".into(),
+        }
+    }
+}
+impl Default for ProxySection {
+    fn default() -> Self {
+        ProxySection {
+            trusted_proxies: Vec::new(),
+            connect_timeout: "2s".into(),
+            request_timeout: "60s".into(),
+            pool_idle_timeout: "90s".into(),
+            pool_max_idle_per_host: 256,
+            upstream_retry_after: "5s".into(),
+        }
+    }
+}
+impl Default for LimitsSection {
+    fn default() -> Self {
+        LimitsSection {
+            max_header_bytes: 16 * 1024,
+            max_body_bytes: 10 * 1024 * 1024,
+            header_read_timeout: "10s".into(),
+            tls_handshake_timeout: "10s".into(),
+            idle_timeout: "60s".into(),
+            body_read_timeout: "10s".into(),
+            http2_keep_alive_interval: "20s".into(),
+            http2_keep_alive_timeout: "20s".into(),
+        }
+    }
+}
+impl Default for LoginSection {
+    fn default() -> Self {
+        LoginSection {
+            account_max_failures: 100,
+            account_address_max_failures: 10,
+            account_window: "15m".into(),
+            address_max_failures: 100,
+            address_window: "15m".into(),
+            limiter_capacity: 100_000,
+            lockout_after: 0,
+            max_concurrent_hashes: 0,
+            password_min_length: 8,
+            password_max_length: 72,
+        }
+    }
+}
+impl Default for LogSection {
+    fn default() -> Self {
+        LogSection {
+            format: "human".into(),
+            access_log: true,
+        }
+    }
+}
+
+/// Reports unknown keys and wrong types against the defaults, removing the
+/// offending entries so that validation can go on and report the rest.
+pub(super) fn check_shape(value: &mut Value, schema: &Value, path: &str, errors: &mut Vec<String>) {
+    match (value, schema) {
+        (Value::Table(table), Value::Table(expected)) => {
+            let keys: Vec<String> = table.keys().cloned().collect();
+            for key in keys {
+                let child_path = if path.is_empty() {
+                    key.clone()
+                } else {
+                    format!("{path}.{key}")
+                };
+                let Some(expected_child) = expected.get(&key) else {
+                    errors.push(format!("{child_path}: unknown key"));
+                    table.remove(&key);
+                    continue;
+                };
+                if let Some(child) = table.get_mut(&key) {
+                    if child.type_str() != expected_child.type_str() {
+                        errors.push(format!(
+                            "{child_path}: expected {}, got {}",
+                            expected_child.type_str(),
+                            child.type_str()
+                        ));
+                        table.remove(&key);
+                    } else {
+                        check_shape(child, expected_child, &child_path, errors);
+                    }
+                }
+            }
+        }
+        (Value::Array(items), Value::Array(expected)) => {
+            let element_schema = if path == "route" {
+                Some(Value::try_from(RouteSection::default()).expect("route serializes"))
+            } else {
+                expected
+                    .first()
+                    .cloned()
+                    .or(Some(Value::String(String::new())))
+            };
+            if let Some(element_schema) = element_schema {
+                for (i, item) in items.iter_mut().enumerate() {
+                    let item_path = format!("{path}[{i}]");
+                    if item.type_str() != element_schema.type_str() {
+                        errors.push(format!(
+                            "{item_path}: expected {}, got {}",
+                            element_schema.type_str(),
+                            item.type_str()
+                        ));
+                        *item = element_schema.clone();
+                    } else {
+                        check_shape(item, &element_schema, &item_path, errors);
+                    }
+                }
+            }
+        }
+        _ => {}
+    }
+}

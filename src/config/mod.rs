@@ -1,0 +1,332 @@
+//! Configuration: the TOML file, environment overrides, and validation into the
+//! runtime [`Settings`]. Every problem is collected and reported at once.
+//!
+//! Precedence, lowest first: built-in defaults, the file, the platform's
+//! `JWT_*` variables, then `KEYGATE_<SECTION>_<KEY>` variables.
+//!
+//! Here: the public API ([`load`], [`Source`], [`Settings`] and the runtime
+//! setting types, [`ConfigErrors`]). The stages, in the order [`load`] runs them:
+//! - `file`: the raw TOML sections, their defaults and the shape check;
+//! - `env`: environment overrides, typed by the defaults;
+//! - `validate`: each raw section turning itself into its runtime setting;
+//! - `url`: what each URL setting accepts, and [`UpstreamUrl`].
+
+mod env;
+mod file;
+mod url;
+mod validate;
+
+#[cfg(test)]
+mod tests;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use ipnet::IpNet;
+use toml::Value;
+
+use file::FileConfig;
+pub use url::UpstreamUrl;
+
+/// All problems found in a configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigErrors(pub Vec<String>);
+
+impl std::fmt::Display for ConfigErrors {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(
+            f,
+            "invalid configuration ({}):",
+            Count(self.0.len(), "problem", "problems")
+        )?;
+        for problem in &self.0 {
+            writeln!(f, "  - {problem}")?;
+        }
+        Ok(())
+    }
+}
+
+impl ConfigErrors {
+    /// The problems on one line, separated by "; ", for a log field.
+    pub fn one_line(&self) -> String {
+        self.0.join("; ")
+    }
+}
+
+/// A number with its noun in the right form: "1 route", "2 routes".
+#[derive(Debug, Clone, Copy)]
+pub struct Count(pub usize, pub &'static str, pub &'static str);
+
+impl std::fmt::Display for Count {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let Count(n, one, many) = *self;
+        write!(f, "{n} {}", if n == 1 { one } else { many })
+    }
+}
+
+impl std::error::Error for ConfigErrors {}
+
+// ---------------------------------------------------------------------------
+// Runtime settings
+// ---------------------------------------------------------------------------
+
+/// Validated settings, in the types the server uses.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub data_dir: PathBuf,
+    pub shutdown_grace: Duration,
+    /// `scheme://host[:port]` clients use to reach keygate, for links it builds.
+    pub public_base_url: Option<String>,
+    pub listen: Listen,
+    /// Certificate and key files; `None` means a generated development certificate.
+    pub tls_files: Option<(PathBuf, PathBuf)>,
+    pub store_url: String,
+    pub store_max_connections: u32,
+    pub retention: RetentionSettings,
+    pub jwt: JwtSettings,
+    pub api_key_prefix: String,
+    /// Disable a key at once when it arrives over plain HTTP (it is exposed).
+    pub disable_key_on_plaintext: bool,
+    pub cache: CacheSettings,
+    pub proxy: ProxySettings,
+    pub limits: Limits,
+    pub login: LoginSettings,
+    pub password_policy: PasswordPolicy,
+    pub api_browser: ApiBrowserSettings,
+    pub log: LogSettings,
+    /// The routes as loaded. A started server moves them into its route
+    /// table ([`crate::proxy::Routes`]), the one copy that reload swaps and
+    /// everything reads; its settings then hold none.
+    pub routes: Vec<RouteSpec>,
+}
+
+/// How dead store rows are pruned.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RetentionSettings {
+    /// Time between runs; `None` turns pruning off.
+    pub interval: Option<Duration>,
+    /// How long a session is kept once it is dead (ended, or its refresh
+    /// token expired).
+    pub sessions: Duration,
+    /// How long an activation token is kept once it expired.
+    pub activation_tokens: Duration,
+    /// Rows deleted by one statement.
+    pub batch_size: u32,
+    /// Rows of one kind deleted by one run.
+    pub max_rows_per_run: u64,
+}
+
+#[derive(Debug, Clone)]
+pub struct ApiBrowserSettings {
+    pub enabled: bool,
+    pub refresh: Duration,
+    pub fetch_timeout: Duration,
+}
+
+#[derive(Debug, Clone)]
+pub struct LoginSettings {
+    pub limiter: crate::auth::limiter::LimiterSettings,
+    /// Consecutive failures that lock an account; 0 turns lockout off.
+    pub lockout_after: u32,
+    /// Password hashes computed at once.
+    pub max_concurrent_hashes: usize,
+}
+
+/// Length rules for new passwords.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PasswordPolicy {
+    pub min_length: usize,
+    pub max_length: usize,
+}
+
+impl Default for PasswordPolicy {
+    fn default() -> Self {
+        PasswordPolicy {
+            min_length: 8,
+            max_length: 72,
+        }
+    }
+}
+
+impl PasswordPolicy {
+    /// Checks a new password; the message names the rule that failed.
+    pub fn check(&self, password: &str) -> Result<(), String> {
+        let len = password.chars().count();
+        if len < self.min_length {
+            return Err(format!(
+                "Password must be at least {} long",
+                Count(self.min_length, "character", "characters")
+            ));
+        }
+        if len > self.max_length {
+            return Err(format!(
+                "Password must be at most {} long",
+                Count(self.max_length, "character", "characters")
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Listen {
+    pub https: Option<SocketAddr>,
+    pub http: Option<SocketAddr>,
+    pub admin: Option<SocketAddr>,
+    pub max_connections: usize,
+    /// Accept passwords and Bearer tokens over plain HTTP from any peer, not
+    /// only from loopback and trusted proxies that report https.
+    pub allow_plaintext_credentials: bool,
+    /// Connections one client address may hold open at once, over all listeners.
+    pub max_connections_per_address: usize,
+    /// The same for a configured trusted proxy; `None`: only `max_connections`.
+    pub max_connections_per_trusted_proxy: Option<usize>,
+    /// Connections open at once on the admin listener (its own budget).
+    pub admin_max_connections: usize,
+}
+
+#[derive(Clone)]
+pub struct JwtSettings {
+    pub access_ttl: Duration,
+    pub refresh_ttl: Duration,
+    pub issuer: String,
+    /// Decoded signing key, when configured; otherwise the store keeps one.
+    pub signing_key: Option<Vec<u8>>,
+}
+
+impl std::fmt::Debug for JwtSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JwtSettings")
+            .field("access_ttl", &self.access_ttl)
+            .field("refresh_ttl", &self.refresh_ttl)
+            .field("issuer", &self.issuer)
+            .field(
+                "signing_key",
+                &self.signing_key.as_ref().map(|_| "<redacted>"),
+            )
+            .finish()
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct CacheSettings {
+    pub capacity: u64,
+    pub ttl: Duration,
+    pub negative_ttl: Duration,
+}
+
+#[derive(Debug, Clone)]
+pub struct ProxySettings {
+    pub trusted_proxies: Vec<IpNet>,
+    pub connect_timeout: Duration,
+    pub request_timeout: Duration,
+    pub pool_idle_timeout: Duration,
+    pub pool_max_idle_per_host: usize,
+    pub upstream_retry_after: Duration,
+}
+
+#[derive(Debug, Clone)]
+pub struct Limits {
+    pub max_header_bytes: usize,
+    pub max_body_bytes: u64,
+    pub header_read_timeout: Duration,
+    pub tls_handshake_timeout: Duration,
+    /// A connection with no request in flight for this long is closed.
+    pub idle_timeout: Duration,
+    /// Time an owned endpoint waits for the whole request body.
+    pub body_read_timeout: Duration,
+    pub http2_keep_alive_interval: Duration,
+    pub http2_keep_alive_timeout: Duration,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    Human,
+    Json,
+}
+
+#[derive(Debug, Clone)]
+pub struct LogSettings {
+    pub format: LogFormat,
+    pub access_log: bool,
+}
+
+#[derive(Debug, Clone)]
+pub struct RouteSpec {
+    /// Metric label: the configured name, or the prefix.
+    pub name: String,
+    pub prefix: String,
+    pub upstreams: Vec<UpstreamUrl>,
+    pub public: bool,
+    pub request_timeout: Duration,
+    /// Where the upstream publishes its OpenAPI document, if it does.
+    pub openapi: Option<http::Uri>,
+}
+
+/// Where configuration comes from.
+pub struct Source<'a> {
+    /// The file, if any; `None` runs on the built-in defaults.
+    pub file: Option<&'a Path>,
+    /// Environment variables to apply.
+    pub env: Vec<(String, String)>,
+}
+
+/// Loads, overrides and validates, reporting every problem at once.
+pub fn load(source: &Source<'_>) -> Result<Settings, ConfigErrors> {
+    let mut errors = Vec::new();
+    let schema = Value::try_from(FileConfig::default()).expect("defaults serialize");
+    let mut value = match source.file {
+        Some(path) => match std::fs::read_to_string(path) {
+            Ok(text) => match text.parse::<toml::Table>() {
+                Ok(table) => Value::Table(table),
+                Err(e) => {
+                    return Err(ConfigErrors(vec![format!(
+                        "{}: {}",
+                        path.display(),
+                        e.to_string().trim_end()
+                    )]));
+                }
+            },
+            Err(e) => return Err(ConfigErrors(vec![format!("{}: {e}", path.display())])),
+        },
+        None => schema.clone(),
+    };
+    env::apply(&mut value, &schema, &source.env, &mut errors);
+    file::check_shape(&mut value, &schema, "", &mut errors);
+    let file: FileConfig = match value.try_into() {
+        Ok(file) => file,
+        Err(e) => {
+            errors.push(e.to_string().trim_end().to_string());
+            return Err(ConfigErrors(errors));
+        }
+    };
+    let settings = validate::validate(&file, &mut errors);
+    if errors.is_empty() {
+        Ok(settings)
+    } else {
+        Err(ConfigErrors(errors))
+    }
+}
+/// Parses `500ms`, `30s`, `5m`, `2h`, `7d` (one number, one unit).
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .ok_or_else(|| format!("{text:?} needs a unit (ms, s, m, h, d)"))?;
+    let (number, unit) = text.split_at(split);
+    let n: u64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a duration like 30s"))?;
+    let millis = match unit {
+        "ms" => Some(n),
+        "s" => n.checked_mul(1000),
+        "m" => n.checked_mul(60_000),
+        "h" => n.checked_mul(3_600_000),
+        "d" => n.checked_mul(86_400_000),
+        _ => return Err(format!("{text:?}: unknown unit {unit:?} (ms, s, m, h, d)")),
+    };
+    millis
+        .map(Duration::from_millis)
+        .ok_or_else(|| format!("{text:?} is too long"))
+}

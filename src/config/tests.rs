@@ -1,0 +1,392 @@
+use std::io::Write;
+use std::path::Path;
+use std::time::Duration;
+
+use base64::Engine;
+use toml::Value;
+
+use super::file::FileConfig;
+use super::*;
+
+fn load_text(text: &str, env: &[(&str, &str)]) -> Result<Settings, ConfigErrors> {
+    let mut file = tempfile::NamedTempFile::new().unwrap();
+    file.write_all(text.as_bytes()).unwrap();
+    load(&Source {
+        file: Some(file.path()),
+        env: env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+    })
+}
+
+#[test]
+fn counts_use_the_singular_for_one_only() {
+    assert_eq!(Count(0, "route", "routes").to_string(), "0 routes");
+    assert_eq!(Count(1, "route", "routes").to_string(), "1 route");
+    assert_eq!(Count(2, "route", "routes").to_string(), "2 routes");
+    let one = ConfigErrors(vec!["listen.https: bad".into()]);
+    assert!(
+        one.to_string()
+            .starts_with("invalid configuration (1 problem):\n"),
+        "{one}"
+    );
+    let two = ConfigErrors(vec!["a: bad".into(), "b: bad".into()]);
+    assert!(two.to_string().contains("(2 problems)"), "{two}");
+    assert_eq!(two.one_line(), "a: bad; b: bad");
+    let policy = PasswordPolicy {
+        min_length: 1,
+        max_length: 1,
+    };
+    assert_eq!(
+        policy.check("").unwrap_err(),
+        "Password must be at least 1 character long"
+    );
+    assert_eq!(
+        policy.check("ab").unwrap_err(),
+        "Password must be at most 1 character long"
+    );
+}
+
+#[test]
+fn built_in_defaults_are_valid() {
+    let settings = load(&Source {
+        file: None,
+        env: vec![],
+    })
+    .unwrap();
+    assert_eq!(
+        settings.listen.https,
+        Some("127.0.0.1:8443".parse().unwrap())
+    );
+    assert_eq!(settings.jwt.access_ttl, Duration::from_secs(9000));
+    assert_eq!(settings.jwt.issuer, "thingsboard.io");
+    assert_eq!(settings.routes.len(), 2);
+}
+
+#[test]
+fn shipped_config_file_is_valid_and_matches_defaults() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/keygate.toml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let table: toml::Table = text.parse().unwrap();
+    let defaults = Value::try_from(FileConfig::default()).unwrap();
+    assert_eq!(
+        Value::Table(table),
+        defaults,
+        "config/keygate.toml drifted from the defaults"
+    );
+    load(&Source {
+        file: Some(&path),
+        env: vec![],
+    })
+    .unwrap();
+}
+
+#[test]
+fn every_problem_is_reported_at_once() {
+    let errors = load_text(
+        r#"
+        bogus = 1
+        [listen]
+        https = "not-an-address"
+        colour = "blue"
+        [jwt]
+        token_expiration_time = 30
+        refresh_token_expiration_time = "long"
+        [[route]]
+        prefix = "api"
+        upstreams = ["ftp://x"]
+        "#,
+        &[],
+    )
+    .unwrap_err();
+    let text = errors.0.join("\n");
+    for needle in [
+        "bogus: unknown key",
+        "listen.colour: unknown key",
+        "listen.https",
+        "jwt.refresh_token_expiration_time: expected integer",
+        "at least 60 seconds",
+        "route[0].prefix",
+        "scheme \"ftp\"",
+    ] {
+        assert!(text.contains(needle), "missing {needle:?} in:\n{text}");
+    }
+}
+
+#[test]
+fn environment_overrides_file_and_platform_names_apply() {
+    let settings = load_text(
+        "[listen]\nhttp = \"\"\n",
+        &[
+            ("KEYGATE_LISTEN_HTTPS", "0.0.0.0:443"),
+            ("KEYGATE_PROXY_TRUSTED_PROXIES", "10.0.0.0/8, 192.168.1.1"),
+            ("KEYGATE_API_KEYS_PREFIX", "kg_"),
+            ("JWT_TOKEN_EXPIRATION_TIME", "120"),
+            ("JWT_TOKEN_ISSUER", "example.org"),
+            ("KEYGATE_JWT_TOKEN_ISSUER", "wins.example"),
+            ("KEYGATE_CONFIG", "ignored"),
+            ("PATH", "/usr/bin"),
+        ],
+    )
+    .unwrap();
+    assert_eq!(settings.listen.https, Some("0.0.0.0:443".parse().unwrap()));
+    assert_eq!(settings.listen.http, None);
+    assert_eq!(settings.proxy.trusted_proxies.len(), 2);
+    assert_eq!(settings.api_key_prefix, "kg_");
+    assert_eq!(settings.jwt.access_ttl, Duration::from_secs(120));
+    assert_eq!(settings.jwt.issuer, "wins.example");
+}
+
+#[test]
+fn unknown_environment_setting_is_an_error() {
+    let errors = load_text(
+        "",
+        &[("KEYGATE_LISTEN_HTTPZ", "x"), ("KEYGATE_CACHE_TTL", "soon")],
+    )
+    .unwrap_err();
+    let text = errors.0.join("\n");
+    assert!(
+        text.contains("KEYGATE_LISTEN_HTTPZ: not a configuration setting"),
+        "{text}"
+    );
+    assert!(text.contains("cache.ttl"), "{text}");
+}
+
+#[test]
+fn jwt_lifetime_rules_are_checked() {
+    let errors = load_text(
+        "",
+        &[
+            ("JWT_TOKEN_EXPIRATION_TIME", "1000"),
+            ("JWT_REFRESH_TOKEN_EXPIRATION_TIME", "900"),
+        ],
+    )
+    .unwrap_err();
+    assert!(
+        errors.0.iter().any(|e| e.contains("must be shorter")),
+        "{errors}"
+    );
+}
+
+#[test]
+fn short_signing_key_is_refused_with_a_clear_message() {
+    let short = base64::engine::general_purpose::STANDARD.encode([7u8; 32]);
+    let errors = load_text("", &[("JWT_TOKEN_SIGNING_KEY", &short)]).unwrap_err();
+    assert!(
+        errors.0[0].contains("at least 512 bits, got 256 bits"),
+        "{errors}"
+    );
+    let long = base64::engine::general_purpose::STANDARD.encode([7u8; 64]);
+    let settings = load_text("", &[("JWT_TOKEN_SIGNING_KEY", &long)]).unwrap();
+    assert_eq!(settings.jwt.signing_key.as_deref(), Some(&[7u8; 64][..]));
+    assert!(!format!("{:?}", settings.jwt).contains("7, 7"));
+}
+
+#[test]
+fn password_policy_names_the_rule() {
+    let policy = PasswordPolicy::default();
+    assert!(policy.check("short").unwrap_err().contains("at least 8"));
+    assert!(
+        policy
+            .check(&"x".repeat(73))
+            .unwrap_err()
+            .contains("at most 72")
+    );
+    policy.check("eightchr").unwrap();
+    let errors = load_text(
+        "[login]\npassword_min_length = 20\npassword_max_length = 10\n",
+        &[],
+    )
+    .unwrap_err();
+    assert!(
+        errors.0.iter().any(|e| e.contains("must not exceed")),
+        "{errors}"
+    );
+}
+
+#[test]
+fn connection_limits_have_documented_defaults_and_are_checked() {
+    let settings = load_text("", &[]).unwrap();
+    assert_eq!(settings.listen.max_connections_per_address, 256);
+    assert_eq!(settings.listen.max_connections_per_trusted_proxy, None);
+    assert_eq!(settings.listen.admin_max_connections, 64);
+    assert_eq!(settings.limits.idle_timeout, Duration::from_secs(60));
+    assert_eq!(settings.limits.body_read_timeout, Duration::from_secs(10));
+    assert_eq!(
+        settings.limits.http2_keep_alive_interval,
+        Duration::from_secs(20)
+    );
+    assert_eq!(
+        settings.limits.http2_keep_alive_timeout,
+        Duration::from_secs(20)
+    );
+    let settings = load_text(
+        "[listen]\nmax_connections_per_trusted_proxy = 2000\n",
+        &[("KEYGATE_LIMITS_IDLE_TIMEOUT", "5s")],
+    )
+    .unwrap();
+    assert_eq!(
+        settings.listen.max_connections_per_trusted_proxy,
+        Some(2000)
+    );
+    assert_eq!(settings.limits.idle_timeout, Duration::from_secs(5));
+    let errors = load_text(
+        "[listen]\nmax_connections_per_address = 0\nmax_connections_per_trusted_proxy = -1\n\
+         [limits]\nidle_timeout = \"0s\"\nbody_read_timeout = \"soon\"\n",
+        &[],
+    )
+    .unwrap_err();
+    let text = errors.0.join("\n");
+    for needle in [
+        "listen.max_connections_per_address: must be a positive integer",
+        "listen.max_connections_per_trusted_proxy: must not be negative",
+        "limits.idle_timeout: must be greater than zero",
+        "limits.body_read_timeout",
+    ] {
+        assert!(text.contains(needle), "missing {needle:?} in:\n{text}");
+    }
+}
+
+#[test]
+fn durations_parse_with_units() {
+    assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+    assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
+    assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
+    assert_eq!(parse_duration("2h"), Ok(Duration::from_secs(7200)));
+    assert_eq!(parse_duration("7d"), Ok(Duration::from_secs(604_800)));
+    assert!(parse_duration("30").is_err());
+    assert!(parse_duration("s").is_err());
+    assert!(parse_duration("3 weeks").is_err());
+}
+
+#[test]
+fn retention_defaults_zero_interval_and_bounds() {
+    let defaults = load_text("", &[]).unwrap().retention;
+    assert_eq!(
+        defaults,
+        RetentionSettings {
+            interval: Some(Duration::from_secs(3600)),
+            sessions: Duration::from_secs(30 * 86_400),
+            activation_tokens: Duration::from_secs(7 * 86_400),
+            batch_size: 500,
+            max_rows_per_run: 10_000,
+        }
+    );
+    for off in ["0s", ""] {
+        let settings = load_text("", &[("KEYGATE_RETENTION_INTERVAL", off)]).unwrap();
+        assert_eq!(settings.retention.interval, None, "{off:?}");
+    }
+    let settings = load_text("[retention]\nsessions = \"0s\"\n", &[]).unwrap();
+    assert_eq!(settings.retention.sessions, Duration::ZERO);
+    let errors = load_text(
+        "[retention]\nbatch_size = 0\nmax_rows_per_run = -1\nactivation_tokens = \"soon\"\n",
+        &[],
+    )
+    .unwrap_err();
+    let text = errors.0.join("\n");
+    for needle in [
+        "retention.batch_size: from 1 to 100000, got 0",
+        "retention.max_rows_per_run: at least",
+        "retention.activation_tokens",
+    ] {
+        assert!(text.contains(needle), "missing {needle:?} in:\n{text}");
+    }
+}
+
+#[test]
+fn every_url_setting_is_checked_ports_included() {
+    let errors = load_text(
+        r#"
+        [server]
+        public_base_url = "https://keygate.example:0"
+        [[route]]
+        prefix = "/a/"
+        upstreams = ["http://127.0.0.1:notaport", "http://127.0.0.1:99999", "http://127.0.0.1:"]
+        openapi = "http://docs.example:65536/v3/api-docs"
+        [[route]]
+        prefix = "/b/"
+        upstreams = ["http://user:secret@127.0.0.1:80", "http://:80", "http://bad host:80"]
+        openapi = "/v3/api-docs"
+        [[route]]
+        prefix = "/c/"
+        upstreams = ["http://[::1:80", "http://[::1]x", "http://127.0.0.1:80/base?x=1", "http://127.0.0.1:80/#top"]
+        openapi = "docs.example/v3/api-docs"
+        "#,
+        &[],
+    )
+    .unwrap_err();
+    let expected = [
+        r#"server.public_base_url: "https://keygate.example:0": port "0" is not a number from 1 to 65535"#,
+        r#"route[0].upstreams: "http://127.0.0.1:notaport": port "notaport" is not a number from 1 to 65535"#,
+        r#"route[0].upstreams: "http://127.0.0.1:99999": port "99999" is not a number from 1 to 65535"#,
+        r#"route[0].upstreams: "http://127.0.0.1:": port "" is not a number from 1 to 65535"#,
+        r#"route[0].openapi: "http://docs.example:65536/v3/api-docs": port "65536" is not a number from 1 to 65535"#,
+        r#"route[1].upstreams: "http://user:secret@127.0.0.1:80": must not contain a user name or password"#,
+        r#"route[1].upstreams: "http://:80": missing host"#,
+        r#"route[1].upstreams: "http://bad host:80": must not contain spaces"#,
+        r#"route[2].upstreams: "http://[::1:80": "#,
+        r#"route[2].upstreams: "http://[::1]x": "#,
+        r#"route[2].upstreams: "http://127.0.0.1:80/base?x=1": must not have a query"#,
+        r#"route[2].upstreams: "http://127.0.0.1:80/#top": must not have a fragment"#,
+        r#"route[2].openapi: "docs.example/v3/api-docs": missing scheme"#,
+    ];
+    for wanted in expected {
+        let found = errors.0.iter().filter(|p| p.starts_with(wanted)).count();
+        assert_eq!(found, 1, "{wanted:?} once in:\n{errors}");
+    }
+    assert_eq!(
+        errors.0.len(),
+        expected.len(),
+        "one message per problem, none for route[1].openapi (its upstream is already reported):\n{errors}"
+    );
+
+    let settings = load_text(
+        r#"
+        [server]
+        public_base_url = "https://keygate.example:8443/"
+        [[route]]
+        prefix = "/a/"
+        upstreams = ["http://127.0.0.1:65535", "http://[::1]:8080/base", "http://entity_service:80", "http://upstream.example"]
+        openapi = "/v3/api-docs?group=public"
+        "#,
+        &[],
+    )
+    .unwrap();
+    assert_eq!(
+        settings.public_base_url.as_deref(),
+        Some("https://keygate.example:8443")
+    );
+    assert_eq!(settings.routes[0].upstreams.len(), 4);
+    assert_eq!(
+        settings.routes[0].openapi.as_ref().map(ToString::to_string),
+        Some("http://127.0.0.1:65535/v3/api-docs?group=public".into())
+    );
+}
+
+#[test]
+fn routes_without_a_name_are_labelled_by_prefix() {
+    let settings = load_text(
+        "[[route]]\nprefix = \"/api/\"\nupstreams = [\"http://127.0.0.1:1\", \"http://127.0.0.1:2/base\"]\nrequest_timeout = \"5s\"\n",
+        &[],
+    )
+    .unwrap();
+    assert_eq!(settings.routes[0].name, "/api/");
+    assert_eq!(settings.routes[0].upstreams.len(), 2);
+    assert_eq!(settings.routes[0].request_timeout, Duration::from_secs(5));
+}
+
+#[test]
+fn upstream_url_is_split_into_scheme_authority_and_base_path() {
+    let url: UpstreamUrl = " http://127.0.0.1:9000/base/ ".parse().unwrap();
+    assert_eq!(url.scheme().as_str(), "http");
+    assert_eq!(url.authority().as_str(), "127.0.0.1:9000");
+    assert_eq!(url.base_path(), "/base");
+    assert_eq!(url.to_string(), "http://127.0.0.1:9000/base");
+    let url: UpstreamUrl = "http://[::1]:8080/".parse().unwrap();
+    assert_eq!(url.base_path(), "");
+    assert_eq!(url.to_string(), "http://[::1]:8080");
+    let refused = "ftp://127.0.0.1:21".parse::<UpstreamUrl>().unwrap_err();
+    assert!(refused.contains("scheme \"ftp\""), "{refused}");
+    assert!("http://:80".parse::<UpstreamUrl>().is_err());
+}

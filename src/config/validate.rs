@@ -1,0 +1,661 @@
+//! Validation of the raw sections into the runtime settings: each section
+//! checks itself and returns what the server uses. A bad value is reported
+//! and replaced by a stand-in, so that validation goes on and reports the rest.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use base64::Engine;
+use ipnet::IpNet;
+
+use super::file::{
+    ApiBrowserSection, ApiKeySection, CacheSection, FileConfig, JwtSection, LimitsSection,
+    ListenSection, LogSection, LoginSection, ProxySection, RetentionSection, RouteSection,
+    ServerSection, StoreSection, TlsSection,
+};
+use super::url::{PUBLIC_BASE_URL, UpstreamUrl, check_url, openapi_url};
+use super::*;
+
+/// Largest `retention.batch_size`: one statement stays short.
+const MAX_PRUNE_BATCH: i64 = 100_000;
+
+pub(super) fn validate(file: &FileConfig, errors: &mut Vec<String>) -> Settings {
+    // The order of these calls is the order problems are listed in.
+    let cache = file.cache.validate(errors);
+    let proxy = file.proxy.validate(errors);
+    let limits = file.limits.validate(errors);
+    let api_browser = file.api_browser.validate(errors);
+    let (login, password_policy) = file.login.validate(errors);
+    let listen = file.listen.validate(errors);
+    let tls_files = file.tls.validate(errors);
+    let store = file.store.validate(errors);
+    let jwt = file.jwt.validate(errors);
+    let retention = file.retention.validate(errors);
+    let api_keys = file.api_keys.validate(errors);
+    let log = file.log.validate(errors);
+    let routes = validate_routes(&file.routes, proxy.request_timeout, errors);
+    let server = file.server.validate(errors);
+    Settings {
+        data_dir: server.data_dir,
+        shutdown_grace: server.shutdown_grace,
+        public_base_url: server.public_base_url,
+        listen,
+        tls_files,
+        store_url: store.url,
+        store_max_connections: store.max_connections,
+        retention,
+        jwt,
+        api_key_prefix: api_keys.prefix,
+        disable_key_on_plaintext: api_keys.disable_on_plaintext,
+        cache,
+        proxy,
+        limits,
+        login,
+        password_policy,
+        api_browser,
+        log,
+        routes,
+    }
+}
+
+/// A duration that must be greater than zero; 1s stands in for a bad one.
+fn nonzero_duration(name: &str, text: &str, errors: &mut Vec<String>) -> Duration {
+    match parse_duration(text) {
+        Ok(d) if !d.is_zero() => d,
+        Ok(_) => {
+            errors.push(format!("{name}: must be greater than zero"));
+            Duration::from_secs(1)
+        }
+        Err(e) => {
+            errors.push(format!("{name}: {e}"));
+            Duration::from_secs(1)
+        }
+    }
+}
+
+/// A number that must be positive; 1 stands in for a bad one.
+fn positive(name: &str, n: i64, errors: &mut Vec<String>) -> u64 {
+    if n <= 0 {
+        errors.push(format!("{name}: must be a positive integer, got {n}"));
+        1
+    } else {
+        n as u64
+    }
+}
+
+/// A positive number as a count of things in memory.
+fn positive_usize(name: &str, n: i64, errors: &mut Vec<String>) -> usize {
+    usize::try_from(positive(name, n, errors)).unwrap_or(usize::MAX)
+}
+
+/// A positive number of failures, capped at what a counter holds.
+fn positive_u32(name: &str, n: i64, errors: &mut Vec<String>) -> u32 {
+    positive(name, n, errors).min(u64::from(u32::MAX)) as u32
+}
+
+/// `[server]` as validated.
+struct Server {
+    data_dir: PathBuf,
+    shutdown_grace: Duration,
+    public_base_url: Option<String>,
+}
+
+impl ServerSection {
+    fn validate(&self, errors: &mut Vec<String>) -> Server {
+        Server {
+            data_dir: PathBuf::from(&self.data_dir),
+            shutdown_grace: nonzero_duration("server.shutdown_grace", &self.shutdown_grace, errors),
+            public_base_url: public_base_url(&self.public_base_url, errors),
+        }
+    }
+}
+
+/// `server.public_base_url`: empty, or an absolute http(s) URL without path,
+/// query or fragment; kept without a trailing slash.
+fn public_base_url(text: &str, errors: &mut Vec<String>) -> Option<String> {
+    let text = text.trim().trim_end_matches('/');
+    if text.is_empty() {
+        return None;
+    }
+    match check_url(text, &PUBLIC_BASE_URL) {
+        Ok(_) => Some(text.to_string()),
+        Err(e) => {
+            errors.push(format!("server.public_base_url: {text:?}: {e}"));
+            None
+        }
+    }
+}
+
+impl ListenSection {
+    fn validate(&self, errors: &mut Vec<String>) -> Listen {
+        let max_connections =
+            positive_usize("listen.max_connections", self.max_connections, errors);
+        let max_connections_per_address = positive_usize(
+            "listen.max_connections_per_address",
+            self.max_connections_per_address,
+            errors,
+        );
+        let admin_max_connections = positive_usize(
+            "listen.admin_max_connections",
+            self.admin_max_connections,
+            errors,
+        );
+        let listen = Listen {
+            https: optional_addr("listen.https", &self.https, errors),
+            http: optional_addr("listen.http", &self.http, errors),
+            admin: optional_addr("listen.admin", &self.admin, errors),
+            max_connections,
+            allow_plaintext_credentials: self.allow_plaintext_credentials,
+            max_connections_per_address,
+            max_connections_per_trusted_proxy: match self.max_connections_per_trusted_proxy {
+                0 => None,
+                n if n > 0 => Some(n as usize),
+                n => {
+                    errors.push(format!(
+                        "listen.max_connections_per_trusted_proxy: must not be negative, got {n}"
+                    ));
+                    None
+                }
+            },
+            admin_max_connections,
+        };
+        if self.https.trim().is_empty() && self.http.trim().is_empty() {
+            errors.push("listen: at least one of https and http must be set".into());
+        }
+        listen
+    }
+}
+
+fn optional_addr(name: &str, text: &str, errors: &mut Vec<String>) -> Option<SocketAddr> {
+    let text = text.trim();
+    if text.is_empty() {
+        return None;
+    }
+    match text.parse() {
+        Ok(addr) => Some(addr),
+        Err(_) => {
+            errors.push(format!(
+                "{name}: {text:?} is not an address like 127.0.0.1:8443"
+            ));
+            None
+        }
+    }
+}
+
+impl TlsSection {
+    /// Certificate and key files; `None` for a generated development certificate.
+    fn validate(&self, errors: &mut Vec<String>) -> Option<(PathBuf, PathBuf)> {
+        match (self.cert.trim(), self.key.trim()) {
+            ("", "") => None,
+            (cert, key) if !cert.is_empty() && !key.is_empty() => {
+                for (name, path) in [("tls.cert", cert), ("tls.key", key)] {
+                    if !Path::new(path).is_file() {
+                        errors.push(format!("{name}: file {path:?} does not exist"));
+                    }
+                }
+                Some((PathBuf::from(cert), PathBuf::from(key)))
+            }
+            _ => {
+                errors.push("tls: cert and key must both be set, or both left empty".into());
+                None
+            }
+        }
+    }
+}
+
+/// `[store]` as validated.
+struct Store {
+    url: String,
+    max_connections: u32,
+}
+
+impl StoreSection {
+    fn validate(&self, errors: &mut Vec<String>) -> Store {
+        let max_connections = positive("store.max_connections", self.max_connections, errors);
+        let url = self.url.trim().to_string();
+        if !(url.starts_with("sqlite:")
+            || url.starts_with("postgres://")
+            || url.starts_with("postgresql://"))
+        {
+            errors.push(format!(
+                "store.url: must start with sqlite:, postgres:// or postgresql://, got {url:?}"
+            ));
+        }
+        Store {
+            url,
+            max_connections: max_connections as u32,
+        }
+    }
+}
+
+impl RetentionSection {
+    fn validate(&self, errors: &mut Vec<String>) -> RetentionSettings {
+        let mut duration = |name: &str, text: &str| match parse_duration(text) {
+            Ok(d) => d,
+            Err(e) => {
+                errors.push(format!("retention.{name}: {e}"));
+                Duration::ZERO
+            }
+        };
+        let interval = match self.interval.trim() {
+            "" => None,
+            text => Some(duration("interval", text)).filter(|d| !d.is_zero()),
+        };
+        let sessions = duration("sessions", &self.sessions);
+        let activation_tokens = duration("activation_tokens", &self.activation_tokens);
+        let (batch, per_run) = (self.batch_size, self.max_rows_per_run);
+        if !(1..=MAX_PRUNE_BATCH).contains(&batch) {
+            errors.push(format!(
+                "retention.batch_size: from 1 to {MAX_PRUNE_BATCH}, got {batch}"
+            ));
+        }
+        if per_run < batch {
+            errors.push(format!(
+                "retention.max_rows_per_run: at least retention.batch_size ({batch}), got {per_run}"
+            ));
+        }
+        RetentionSettings {
+            interval,
+            sessions,
+            activation_tokens,
+            batch_size: batch.clamp(1, MAX_PRUNE_BATCH) as u32,
+            max_rows_per_run: per_run.max(1) as u64,
+        }
+    }
+}
+
+impl JwtSection {
+    fn validate(&self, errors: &mut Vec<String>) -> JwtSettings {
+        let access = self.token_expiration_time;
+        let refresh = self.refresh_token_expiration_time;
+        if access < 60 {
+            errors.push(format!(
+                "jwt.token_expiration_time (JWT_TOKEN_EXPIRATION_TIME): at least 60 seconds, got {access}"
+            ));
+        }
+        if refresh < 900 {
+            errors.push(format!(
+                "jwt.refresh_token_expiration_time (JWT_REFRESH_TOKEN_EXPIRATION_TIME): at least 900 seconds, got {refresh}"
+            ));
+        }
+        if access >= refresh {
+            errors.push(format!(
+                "jwt: the access token lifetime ({access} s) must be shorter than the refresh token lifetime ({refresh} s)"
+            ));
+        }
+        if self.token_issuer.trim().is_empty() {
+            errors.push("jwt.token_issuer (JWT_TOKEN_ISSUER): must not be empty".into());
+        }
+        JwtSettings {
+            access_ttl: Duration::from_secs(access.max(0) as u64),
+            refresh_ttl: Duration::from_secs(refresh.max(0) as u64),
+            issuer: self.token_issuer.clone(),
+            signing_key: signing_key(&self.token_signing_key, errors),
+        }
+    }
+}
+
+/// `jwt.token_signing_key`: empty (the store keeps one), or Base64 of at
+/// least 512 bits.
+fn signing_key(text: &str, errors: &mut Vec<String>) -> Option<Vec<u8>> {
+    match text.trim() {
+        "" => None,
+        text => match base64::engine::general_purpose::STANDARD.decode(text) {
+            Ok(bytes) if bytes.len() >= 64 => Some(bytes),
+            Ok(bytes) => {
+                errors.push(format!(
+                    "jwt.token_signing_key (JWT_TOKEN_SIGNING_KEY): must decode to at least 512 bits, got {} bits",
+                    bytes.len() * 8
+                ));
+                None
+            }
+            Err(_) => {
+                errors
+                    .push("jwt.token_signing_key (JWT_TOKEN_SIGNING_KEY): not valid Base64".into());
+                None
+            }
+        },
+    }
+}
+
+/// `[api_keys]` as validated.
+struct ApiKeys {
+    prefix: String,
+    disable_on_plaintext: bool,
+}
+
+impl ApiKeySection {
+    fn validate(&self, errors: &mut Vec<String>) -> ApiKeys {
+        let prefix = &self.prefix;
+        if prefix.len() > 16
+            || !prefix
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+        {
+            errors.push(format!(
+                "api_keys.prefix: at most 16 characters of [A-Za-z0-9_-], got {prefix:?}"
+            ));
+        }
+        ApiKeys {
+            prefix: prefix.clone(),
+            disable_on_plaintext: self.disable_on_plaintext,
+        }
+    }
+}
+
+impl CacheSection {
+    fn validate(&self, errors: &mut Vec<String>) -> CacheSettings {
+        CacheSettings {
+            ttl: nonzero_duration("cache.ttl", &self.ttl, errors),
+            negative_ttl: nonzero_duration("cache.negative_ttl", &self.negative_ttl, errors),
+            capacity: positive("cache.capacity", self.capacity, errors),
+        }
+    }
+}
+
+impl ProxySection {
+    fn validate(&self, errors: &mut Vec<String>) -> ProxySettings {
+        let mut duration = |name: &str, text: &str| nonzero_duration(name, text, errors);
+        let connect_timeout = duration("proxy.connect_timeout", &self.connect_timeout);
+        let request_timeout = duration("proxy.request_timeout", &self.request_timeout);
+        let pool_idle_timeout = duration("proxy.pool_idle_timeout", &self.pool_idle_timeout);
+        let upstream_retry_after =
+            duration("proxy.upstream_retry_after", &self.upstream_retry_after);
+        let pool_max_idle_per_host = positive_usize(
+            "proxy.pool_max_idle_per_host",
+            self.pool_max_idle_per_host,
+            errors,
+        );
+        let mut trusted_proxies = Vec::new();
+        for cidr in &self.trusted_proxies {
+            match parse_cidr(cidr) {
+                Some(net) => trusted_proxies.push(net),
+                None => errors.push(format!(
+                    "proxy.trusted_proxies: {cidr:?} is not a CIDR or IP address"
+                )),
+            }
+        }
+        ProxySettings {
+            trusted_proxies,
+            connect_timeout,
+            request_timeout,
+            pool_idle_timeout,
+            pool_max_idle_per_host,
+            upstream_retry_after,
+        }
+    }
+}
+
+fn parse_cidr(text: &str) -> Option<IpNet> {
+    let text = text.trim();
+    text.parse::<IpNet>()
+        .ok()
+        .or_else(|| text.parse::<std::net::IpAddr>().ok().map(IpNet::from))
+}
+
+impl LimitsSection {
+    fn validate(&self, errors: &mut Vec<String>) -> Limits {
+        let mut duration = |name: &str, text: &str| nonzero_duration(name, text, errors);
+        let header_read_timeout = duration("limits.header_read_timeout", &self.header_read_timeout);
+        let tls_handshake_timeout =
+            duration("limits.tls_handshake_timeout", &self.tls_handshake_timeout);
+        let idle_timeout = duration("limits.idle_timeout", &self.idle_timeout);
+        let body_read_timeout = duration("limits.body_read_timeout", &self.body_read_timeout);
+        let http2_keep_alive_interval = duration(
+            "limits.http2_keep_alive_interval",
+            &self.http2_keep_alive_interval,
+        );
+        let http2_keep_alive_timeout = duration(
+            "limits.http2_keep_alive_timeout",
+            &self.http2_keep_alive_timeout,
+        );
+        let max_header_bytes =
+            positive_usize("limits.max_header_bytes", self.max_header_bytes, errors);
+        let max_body_bytes = positive("limits.max_body_bytes", self.max_body_bytes, errors);
+        if max_header_bytes < 1024 {
+            errors.push("limits.max_header_bytes: must be at least 1024".into());
+        }
+        Limits {
+            max_header_bytes,
+            max_body_bytes,
+            header_read_timeout,
+            tls_handshake_timeout,
+            idle_timeout,
+            body_read_timeout,
+            http2_keep_alive_interval,
+            http2_keep_alive_timeout,
+        }
+    }
+}
+
+impl LoginSection {
+    fn validate(&self, errors: &mut Vec<String>) -> (LoginSettings, PasswordPolicy) {
+        let limiter = self.limiter(errors);
+        let password_policy = self.password_policy(errors);
+        if self.lockout_after < 0 || self.max_concurrent_hashes < 0 {
+            errors.push(
+                "login.lockout_after and login.max_concurrent_hashes: must not be negative".into(),
+            );
+        }
+        let max_concurrent_hashes = match self.max_concurrent_hashes {
+            n if n > 0 => n as usize,
+            // Auto: half the cores, so logins never take every core from proxying.
+            _ => std::thread::available_parallelism().map_or(1, |n| (n.get() / 2).max(1)),
+        };
+        let login = LoginSettings {
+            limiter,
+            lockout_after: self.lockout_after.clamp(0, i64::from(u32::MAX)) as u32,
+            max_concurrent_hashes,
+        };
+        (login, password_policy)
+    }
+
+    fn limiter(&self, errors: &mut Vec<String>) -> crate::auth::limiter::LimiterSettings {
+        let account_window = nonzero_duration("login.account_window", &self.account_window, errors);
+        let address_window = nonzero_duration("login.address_window", &self.address_window, errors);
+        crate::auth::limiter::LimiterSettings {
+            account_max_failures: positive_u32(
+                "login.account_max_failures",
+                self.account_max_failures,
+                errors,
+            ),
+            account_address_max_failures: positive_u32(
+                "login.account_address_max_failures",
+                self.account_address_max_failures,
+                errors,
+            ),
+            account_window,
+            address_max_failures: positive_u32(
+                "login.address_max_failures",
+                self.address_max_failures,
+                errors,
+            ),
+            address_window,
+            capacity: positive("login.limiter_capacity", self.limiter_capacity, errors),
+        }
+    }
+
+    fn password_policy(&self, errors: &mut Vec<String>) -> PasswordPolicy {
+        let min_length = positive_usize(
+            "login.password_min_length",
+            self.password_min_length,
+            errors,
+        );
+        let max_length = positive_usize(
+            "login.password_max_length",
+            self.password_max_length,
+            errors,
+        );
+        if min_length > max_length {
+            errors.push(
+                "login.password_min_length: must not exceed login.password_max_length".into(),
+            );
+        }
+        PasswordPolicy {
+            min_length,
+            max_length,
+        }
+    }
+}
+
+impl ApiBrowserSection {
+    fn validate(&self, errors: &mut Vec<String>) -> ApiBrowserSettings {
+        ApiBrowserSettings {
+            enabled: self.enabled,
+            refresh: nonzero_duration("api_browser.refresh", &self.refresh, errors),
+            fetch_timeout: nonzero_duration(
+                "api_browser.fetch_timeout",
+                &self.fetch_timeout,
+                errors,
+            ),
+        }
+    }
+}
+
+impl LogSection {
+    fn validate(&self, errors: &mut Vec<String>) -> LogSettings {
+        let format = match self.format.as_str() {
+            "human" => LogFormat::Human,
+            "json" => LogFormat::Json,
+            other => {
+                errors.push(format!(
+                    "log.format: must be \"human\" or \"json\", got {other:?}"
+                ));
+                LogFormat::Human
+            }
+        };
+        LogSettings {
+            format,
+            access_log: self.access_log,
+        }
+    }
+}
+
+/// Every `[[route]]`; routes without a `request_timeout` take
+/// `proxy.request_timeout`.
+fn validate_routes(
+    routes: &[RouteSection],
+    default_timeout: Duration,
+    errors: &mut Vec<String>,
+) -> Vec<RouteSpec> {
+    if routes.is_empty() {
+        errors.push("route: at least one [[route]] is required".into());
+    }
+    let mut specs: Vec<RouteSpec> = Vec::with_capacity(routes.len());
+    for (i, route) in routes.iter().enumerate() {
+        let here = format!("route[{i}]");
+        route.check_prefix(&here, errors);
+        if specs.iter().any(|s| s.prefix == route.prefix) {
+            errors.push(format!(
+                "{here}.prefix: {:?} is configured twice",
+                route.prefix
+            ));
+        }
+        specs.push(route.validate(&here, default_timeout, errors));
+    }
+    specs
+}
+
+impl RouteSection {
+    fn check_prefix(&self, here: &str, errors: &mut Vec<String>) {
+        if !self.prefix.starts_with('/') {
+            errors.push(format!(
+                "{here}.prefix: must start with '/', got {:?}",
+                self.prefix
+            ));
+        }
+        if self.prefix.contains(['?', '#', '%'])
+            || self.prefix.contains("/../")
+            || self.prefix.contains("/./")
+        {
+            errors.push(format!(
+                "{here}.prefix: must be a plain, normalised path, got {:?}",
+                self.prefix
+            ));
+        }
+    }
+
+    /// The route's own settings; `here` names it in messages.
+    fn validate(
+        &self,
+        here: &str,
+        default_timeout: Duration,
+        errors: &mut Vec<String>,
+    ) -> RouteSpec {
+        if self.upstreams.is_empty() {
+            errors.push(format!(
+                "{here}.upstreams: at least one upstream is required"
+            ));
+        }
+        let mut upstreams = Vec::new();
+        for upstream in &self.upstreams {
+            match upstream.parse::<UpstreamUrl>() {
+                Ok(url) => upstreams.push(url),
+                Err(e) => errors.push(format!("{here}.upstreams: {upstream:?}: {e}")),
+            }
+        }
+        let request_timeout = self.request_timeout(here, default_timeout, errors);
+        let name = if self.name.trim().is_empty() {
+            self.prefix.clone()
+        } else {
+            self.name.clone()
+        };
+        RouteSpec {
+            openapi: self.openapi(here, errors),
+            name,
+            prefix: self.prefix.clone(),
+            upstreams,
+            public: self.public,
+            request_timeout,
+        }
+    }
+
+    fn request_timeout(
+        &self,
+        here: &str,
+        default_timeout: Duration,
+        errors: &mut Vec<String>,
+    ) -> Duration {
+        if self.request_timeout.trim().is_empty() {
+            return default_timeout;
+        }
+        match parse_duration(&self.request_timeout) {
+            Ok(d) if !d.is_zero() => d,
+            Ok(_) => {
+                errors.push(format!("{here}.request_timeout: must be greater than zero"));
+                default_timeout
+            }
+            Err(e) => {
+                errors.push(format!("{here}.request_timeout: {e}"));
+                default_timeout
+            }
+        }
+    }
+
+    /// Where the upstream publishes its OpenAPI document, if it does.
+    fn openapi(&self, here: &str, errors: &mut Vec<String>) -> Option<http::Uri> {
+        // A path is resolved against the first upstream; when that one is
+        // invalid it was reported already, and is not reported again here.
+        let first_upstream = self
+            .upstreams
+            .first()
+            .and_then(|text| text.parse::<UpstreamUrl>().ok());
+        match self.openapi.trim() {
+            "" => None,
+            text if text.starts_with('/')
+                && first_upstream.is_none()
+                && !self.upstreams.is_empty() =>
+            {
+                None
+            }
+            text => match openapi_url(text, first_upstream.as_ref()) {
+                Ok(uri) => Some(uri),
+                Err(e) => {
+                    errors.push(format!("{here}.openapi: {text:?}: {e}"));
+                    None
+                }
+            },
+        }
+    }
+}
