@@ -242,6 +242,14 @@ impl std::fmt::Display for ApiError {
 
 impl std::error::Error for ApiError {}
 
+/// A store failure: logged here, answered as a general 503.
+impl From<crate::store::StoreError> for ApiError {
+    fn from(error: crate::store::StoreError) -> Self {
+        tracing::error!(target: "keygate::api", %error, "store operation failed");
+        ApiError::unavailable()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -30,17 +30,9 @@ impl Api {
     async fn managed_key(&self, req: &OwnedRequest, id: &str) -> Result<ApiKeyRecord, ApiError> {
         let actor = &req.identity()?.principal;
         let id = path_id(id)?;
-        let key = self
-            .store
-            .api_key_by_id(id)
-            .await
-            .map_err(super::store_error)?;
+        let key = self.store.api_key_by_id(id).await?;
         let key = key.ok_or_else(ApiError::not_found)?;
-        let owner = self
-            .store
-            .user_by_id(key.user_id)
-            .await
-            .map_err(super::store_error)?;
+        let owner = self.store.user_by_id(key.user_id).await?;
         check_manage(actor, owner.as_ref())?;
         Ok(key)
     }
@@ -65,11 +57,7 @@ impl Api {
 pub async fn create(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>, ApiError> {
     let identity = req.identity()?;
     let body: CreateKey = req.json()?;
-    let owner = api
-        .store
-        .user_by_id(body.user_id.id)
-        .await
-        .map_err(super::store_error)?;
+    let owner = api.store.user_by_id(body.user_id.id).await?;
     check_manage(&identity.principal, owner.as_ref())?;
     let owner = owner.ok_or_else(ApiError::not_found)?;
     let description = body.description.unwrap_or_default();
@@ -124,18 +112,10 @@ pub async fn create(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>
 pub async fn list(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>, ApiError> {
     let actor = &req.identity()?.principal;
     let user_id = path_id(&req.params[0])?;
-    let owner = api
-        .store
-        .user_by_id(user_id)
-        .await
-        .map_err(super::store_error)?;
+    let owner = api.store.user_by_id(user_id).await?;
     check_manage(actor, owner.as_ref())?;
     let page = page_request(req.query.as_deref())?;
-    let keys = api
-        .store
-        .api_keys_page(user_id, &page)
-        .await
-        .map_err(super::store_error)?;
+    let keys = api.store.api_keys_page(user_id, &page).await?;
     Ok(json_response(&page_json(&keys, &page, |k| {
         records::api_key(k, None)
     })))
@@ -173,8 +153,7 @@ pub async fn describe(api: &Api, req: OwnedRequest) -> Result<http::Response<Bod
     }
     api.store
         .set_api_key_description(key.id, description)
-        .await
-        .map_err(super::store_error)?;
+        .await?;
     key.description = description.to_string();
     audit(identity, "api_key.describe", "API_KEY", key.id);
     Ok(json_response(&records::api_key(&key, None)))
@@ -208,10 +187,7 @@ pub async fn set_enabled(api: &Api, req: OwnedRequest) -> Result<http::Response<
             )));
         }
     };
-    api.store
-        .set_api_key_enabled(key.id, enabled)
-        .await
-        .map_err(super::store_error)?;
+    api.store.set_api_key_enabled(key.id, enabled).await?;
     api.auth.caches().invalidate_key_id(key.id);
     key.enabled = enabled;
     audit(
@@ -246,10 +222,7 @@ pub async fn set_enabled(api: &Api, req: OwnedRequest) -> Result<http::Response<
 pub async fn delete(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>, ApiError> {
     let identity = req.identity()?;
     let key = api.managed_key(&req, &req.params[0]).await?;
-    api.store
-        .delete_api_key(key.id)
-        .await
-        .map_err(super::store_error)?;
+    api.store.delete_api_key(key.id).await?;
     api.auth.caches().invalidate_key_id(key.id);
     audit(identity, "api_key.delete", "API_KEY", key.id);
     Ok(empty_response())

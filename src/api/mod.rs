@@ -298,12 +298,6 @@ where
     }
 }
 
-/// A store failure: logged here, answered as a general 503.
-pub(crate) fn store_error(error: crate::store::StoreError) -> ApiError {
-    tracing::error!(%error, "store operation failed");
-    ApiError::unavailable()
-}
-
 /// A 200 JSON response.
 pub fn json_response(value: &serde_json::Value) -> Response<Body> {
     let mut response = Response::new(body::full(value.to_string()));

@@ -4,7 +4,7 @@ use serde::Deserialize;
 use serde_json::json;
 use uuid::Uuid;
 
-use super::{Api, OwnedRequest, empty_response, json_response, records, store_error};
+use super::{Api, OwnedRequest, empty_response, json_response, records};
 use crate::auth::jwt::TokenError;
 use crate::auth::limiter::{Attempt, Limited};
 use crate::auth::password;
@@ -91,10 +91,7 @@ impl Api {
     ) -> Result<serde_json::Value, ApiError> {
         let session =
             SessionRecord::open(user.id, crate::clock::now_ms(), Uuid::new_v4().to_string());
-        self.store
-            .insert_session(&session)
-            .await
-            .map_err(store_error)?;
+        self.store.insert_session(&session).await?;
         self.sign_pair(user, session.id, &session.refresh_jti)
     }
 
@@ -182,11 +179,7 @@ pub async fn login(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>,
         .password_attempt(username, &req)
         .await
         .inspect_err(|_| api.metrics.login("rate_limited"))?;
-    let user = api
-        .store
-        .user_by_email(username)
-        .await
-        .map_err(store_error)?;
+    let user = api.store.user_by_email(username).await?;
     let verified = api
         .verify_password(
             HashFor::Login,
@@ -199,7 +192,7 @@ pub async fn login(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>,
         other => return Err(failed_login(api, username, other.as_ref(), &req).await),
     };
     api.limiter.succeeded(attempt).await;
-    if api.store.is_locked(user.id).await.map_err(store_error)? {
+    if api.store.is_locked(user.id).await? {
         api.metrics.login("locked");
         return Err(ApiError::locked());
     }
@@ -207,16 +200,10 @@ pub async fn login(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>,
         api.metrics.login("disabled");
         return Err(ApiError::not_active());
     }
-    api.store
-        .clear_login_failures(user.id)
-        .await
-        .map_err(store_error)?;
+    api.store.clear_login_failures(user.id).await?;
     if password::needs_rehash(&user.password_hash) {
         let rehashed = api.hash_password(HashFor::Other, &body.password).await?;
-        api.store
-            .update_password(user.id, &rehashed, None)
-            .await
-            .map_err(store_error)?;
+        api.store.update_password(user.id, &rehashed, None).await?;
         tracing::info!(user_id = %user.id, "re-hashed an imported password with Argon2id");
     }
     let pair = api.issue_pair(&user).await?;
@@ -293,24 +280,16 @@ pub async fn refresh(api: &Api, req: OwnedRequest) -> Result<http::Response<Body
             TokenError::Expired | TokenError::BadSignature => ApiError::token_expired(),
             TokenError::Malformed | TokenError::WrongScope => ApiError::invalid_credentials(),
         })?;
-    let session = api
-        .store
-        .session_by_id(claims.session_id)
-        .await
-        .map_err(store_error)?;
+    let session = api.store.session_by_id(claims.session_id).await?;
     // A pruned session is gone: refused exactly like an ended one.
     let Some(session) = session.filter(|s| !s.ended && s.user_id == claims.user_id) else {
         return Err(ApiError::token_expired());
     };
-    let user = api
-        .store
-        .user_by_id(claims.user_id)
-        .await
-        .map_err(store_error)?;
+    let user = api.store.user_by_id(claims.user_id).await?;
     let Some(user) = user else {
         return Err(ApiError::token_expired());
     };
-    if api.store.is_locked(user.id).await.map_err(store_error)? {
+    if api.store.is_locked(user.id).await? {
         return Err(ApiError::locked());
     }
     if !user.enabled {
@@ -323,14 +302,12 @@ pub async fn refresh(api: &Api, req: OwnedRequest) -> Result<http::Response<Body
     let rotated = api
         .store
         .rotate_refresh(session.id, &claims.jti, &next_jti, crate::clock::now_ms())
-        .await
-        .map_err(store_error)?;
+        .await?;
     if !rotated {
         // A retired refresh token came back: someone holds a copy. End the session.
         api.store
             .end_session(session.id, crate::clock::now_ms())
-            .await
-            .map_err(store_error)?;
+            .await?;
         api.auth.caches().invalidate_session(session.id).await;
         api.metrics.refresh_reuse();
         tracing::warn!(
@@ -362,8 +339,7 @@ pub async fn logout(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>
     if let AuthMethod::Jwt { session_id } = identity.method {
         api.store
             .end_session(session_id, crate::clock::now_ms())
-            .await
-            .map_err(store_error)?;
+            .await?;
         api.auth.caches().invalidate_session(session_id).await;
         tracing::info!(target: "keygate::security", %session_id, user_id = %identity.principal.user_id, "logged out");
     }
@@ -388,8 +364,7 @@ pub async fn current_user(api: &Api, req: OwnedRequest) -> Result<http::Response
     let user = api
         .store
         .user_by_id(identity.principal.user_id)
-        .await
-        .map_err(store_error)?
+        .await?
         .ok_or_else(ApiError::not_active)?;
     Ok(json_response(&records::user(&user)))
 }
@@ -418,8 +393,7 @@ pub async fn change_password(
     let user = api
         .store
         .user_by_id(identity.principal.user_id)
-        .await
-        .map_err(store_error)?
+        .await?
         .ok_or_else(ApiError::not_active)?;
     // Limited like login: an API key must not buy unlimited password guesses.
     let attempt = api.password_attempt(&user.email, &req).await?;
@@ -448,10 +422,7 @@ pub async fn change_password(
         .hash_password(HashFor::Other, &body.new_password)
         .await?;
     let now = crate::clock::now_secs();
-    api.store
-        .update_password(user.id, &hash, Some(now))
-        .await
-        .map_err(store_error)?;
+    api.store.update_password(user.id, &hash, Some(now)).await?;
     api.forget_user(user.id).await;
     tracing::info!(target: "keygate::security", user_id = %user.id, "password changed; older tokens outdated");
     let user = UserRecord {

@@ -6,7 +6,7 @@ use uuid::Uuid;
 
 use super::access::{audit, check_manage, page_json, page_request, param, path_id, query_pairs};
 use super::session::HashFor;
-use super::{Api, OwnedRequest, empty_response, json_response, records, store_error};
+use super::{Api, OwnedRequest, empty_response, json_response, records};
 use crate::accounts::{self, AccountError, NewProfile, NewUser};
 use crate::auth::api_key::{self, KeyDigest};
 use crate::body::Body;
@@ -78,7 +78,7 @@ pub async fn save(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>, 
     let actor = &identity.principal;
     let body: UserBody = req.json()?;
     if let Some(id) = &body.id {
-        let existing = api.store.user_by_id(id.id).await.map_err(store_error)?;
+        let existing = api.store.user_by_id(id.id).await?;
         check_manage(actor, existing.as_ref())?;
         let mut user = existing.ok_or_else(ApiError::not_found)?;
         user.first_name = body.first_name.unwrap_or(user.first_name);
@@ -87,10 +87,7 @@ pub async fn save(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>, 
         if let Some(info) = body.additional_info {
             user.additional_info = (!info.is_null()).then(|| info.to_string());
         }
-        api.store
-            .update_user_profile(&user)
-            .await
-            .map_err(store_error)?;
+        api.store.update_user_profile(&user).await?;
         user.version += 1;
         audit(identity, "user.update", "USER", user.id);
         return Ok(json_response(&records::user(&user)));
@@ -159,11 +156,7 @@ pub async fn save(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>, 
 )]
 pub async fn get(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>, ApiError> {
     let actor = &req.identity()?.principal;
-    let user = api
-        .store
-        .user_by_id(path_id(&req.params[0])?)
-        .await
-        .map_err(store_error)?;
+    let user = api.store.user_by_id(path_id(&req.params[0])?).await?;
     check_manage(actor, user.as_ref())?;
     let user = user.ok_or_else(ApiError::not_found)?;
     Ok(json_response(&records::user(&user)))
@@ -192,11 +185,7 @@ pub async fn list(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>, 
         Authority::CustomerUser => return Err(ApiError::permission_denied()),
     };
     let page = page_request(req.query.as_deref())?;
-    let users = api
-        .store
-        .users_page(tenant, &page)
-        .await
-        .map_err(store_error)?;
+    let users = api.store.users_page(tenant, &page).await?;
     Ok(json_response(&page_json(&users, &page, records::user)))
 }
 
@@ -219,9 +208,9 @@ pub async fn list(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>, 
 pub async fn delete(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>, ApiError> {
     let identity = req.identity()?;
     let id = path_id(&req.params[0])?;
-    let user = api.store.user_by_id(id).await.map_err(store_error)?;
+    let user = api.store.user_by_id(id).await?;
     check_manage(&identity.principal, user.as_ref())?;
-    api.store.delete_user(id).await.map_err(store_error)?;
+    api.store.delete_user(id).await?;
     api.forget_user(id).await;
     audit(identity, "user.delete", "USER", id);
     Ok(empty_response())
@@ -256,12 +245,11 @@ pub async fn set_enabled(api: &Api, req: OwnedRequest) -> Result<http::Response<
             ));
         }
     };
-    let user = api.store.user_by_id(id).await.map_err(store_error)?;
+    let user = api.store.user_by_id(id).await?;
     check_manage(&identity.principal, user.as_ref())?;
     api.store
         .set_user_enabled(id, enabled, crate::clock::now_secs())
-        .await
-        .map_err(store_error)?;
+        .await?;
     api.forget_user(id).await;
     audit(
         identity,
@@ -299,7 +287,7 @@ pub async fn activation_link(
 ) -> Result<http::Response<Body>, ApiError> {
     let identity = req.identity()?;
     let id = path_id(&req.params[0])?;
-    let user = api.store.user_by_id(id).await.map_err(store_error)?;
+    let user = api.store.user_by_id(id).await?;
     check_manage(&identity.principal, user.as_ref())?;
     // A link sets a first password, nothing else: for an account that has one,
     // it would let whoever holds the link take the account over.
@@ -310,8 +298,7 @@ pub async fn activation_link(
     let expires_at = crate::clock::now_ms() + ACTIVATION_TTL_MS;
     api.store
         .replace_activation(id, &token.digest.to_hex(), expires_at)
-        .await
-        .map_err(store_error)?;
+        .await?;
     audit(identity, "user.activation_link", "USER", id);
     let link = format!(
         "{}/api/noauth/activate?activateToken={}",
@@ -362,13 +349,7 @@ pub async fn activate(api: &Api, req: OwnedRequest) -> Result<http::Response<Bod
     // The token is checked before anything is hashed: a flood of bogus tokens
     // costs a lookup each, never an Argon2 computation.
     let now_ms = crate::clock::now_ms();
-    if api
-        .store
-        .activation_user(&digest, now_ms)
-        .await
-        .map_err(store_error)?
-        .is_none()
-    {
+    if api.store.activation_user(&digest, now_ms).await?.is_none() {
         tracing::info!(target: "keygate::security", client = %req.client_ip, "activation with an unknown or expired token");
         return Err(invalid());
     }
@@ -379,15 +360,13 @@ pub async fn activate(api: &Api, req: OwnedRequest) -> Result<http::Response<Bod
     let user_id = api
         .store
         .activate(&digest, &hash, crate::clock::now_ms(), now)
-        .await
-        .map_err(store_error)?
+        .await?
         .ok_or_else(invalid)?;
     api.forget_user(user_id).await;
     let user = api
         .store
         .user_by_id(user_id)
-        .await
-        .map_err(store_error)?
+        .await?
         .ok_or_else(ApiError::not_found)?;
     if !user.enabled {
         return Err(ApiError::not_active());
