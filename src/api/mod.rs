@@ -8,6 +8,7 @@ pub mod openapi;
 pub mod records;
 pub mod session;
 pub mod users;
+pub mod wire;
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -298,9 +299,13 @@ where
     }
 }
 
-/// A 200 JSON response.
-pub fn json_response(value: &serde_json::Value) -> Response<Body> {
-    let mut response = Response::new(body::full(value.to_string()));
+/// A 200 JSON response. The body goes through a `Value`, whose keys are
+/// sorted: the bytes clients have always seen.
+pub fn json_response(value: &impl serde::Serialize) -> Response<Body> {
+    let text = serde_json::to_value(value)
+        .map(|value| value.to_string())
+        .unwrap_or_default();
+    let mut response = Response::new(body::full(text));
     response.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),

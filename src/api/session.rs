@@ -1,10 +1,13 @@
 //! Session endpoints: login, refresh, logout, current user, password change.
 
-use serde::Deserialize;
-use serde_json::json;
 use uuid::Uuid;
 
-use super::{Api, OwnedRequest, empty_response, json_response, records};
+use super::records::User;
+use super::wire::{
+    BodyErrors, ChangePasswordRequest, CredentialErrors, JwtPair, LoginErrors, LoginRequest,
+    RefreshErrors, RefreshTokenRequest, TokenErrors,
+};
+use super::{Api, OwnedRequest, empty_response, json_response};
 use crate::auth::jwt::TokenError;
 use crate::auth::limiter::{Attempt, Limited};
 use crate::auth::password;
@@ -12,26 +15,6 @@ use crate::body::Body;
 use crate::error::ApiError;
 use crate::identity::AuthMethod;
 use crate::store::{SessionRecord, UserRecord};
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct LoginRequest {
-    username: String,
-    password: String,
-}
-
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct RefreshRequest {
-    refresh_token: String,
-}
-
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct ChangePasswordRequest {
-    current_password: String,
-    new_password: String,
-}
 
 /// Which allowance a password hash is computed on: logins have their own, so
 /// password changes and activations can never starve them.
@@ -85,10 +68,7 @@ impl Api {
     }
 
     /// Opens a session and signs its first token pair.
-    pub(super) async fn issue_pair(
-        &self,
-        user: &UserRecord,
-    ) -> Result<serde_json::Value, ApiError> {
+    pub(super) async fn issue_pair(&self, user: &UserRecord) -> Result<JwtPair, ApiError> {
         let session =
             SessionRecord::open(user.id, crate::clock::now_ms(), Uuid::new_v4().to_string());
         self.store.insert_session(&session).await?;
@@ -100,7 +80,7 @@ impl Api {
         user: &UserRecord,
         session_id: Uuid,
         jti: &str,
-    ) -> Result<serde_json::Value, ApiError> {
+    ) -> Result<JwtPair, ApiError> {
         let keys = self.auth.token_keys();
         let now = crate::clock::now_secs();
         let access = keys
@@ -109,7 +89,10 @@ impl Api {
         let refresh = keys
             .sign_refresh(user, session_id, jti, now)
             .map_err(|_| ApiError::internal())?;
-        Ok(json!({ "token": access.token, "refreshToken": refresh.token }))
+        Ok(JwtPair {
+            token: access.token,
+            refresh_token: refresh.token,
+        })
     }
 
     pub(super) async fn forget_user(&self, user_id: Uuid) {
@@ -160,12 +143,10 @@ impl Api {
     tag = "auth-controller",
     operation_id = "login",
     summary = "Log in: username and password for a token pair",
-    request_body = super::openapi::LoginRequest,
+    request_body = LoginRequest,
     responses(
-        (status = 200, description = "Token pair", body = super::openapi::JwtPair),
-        (status = 400, description = "Bad body or parameter", body = super::openapi::ErrorResponse, example = json!({"status": 400, "message": "Invalid request body: missing field `password`", "errorCode": 31, "timestamp": 1700000000000_i64})),
-        (status = 401, description = "Wrong username or password, disabled or locked account", body = super::openapi::ErrorResponse, example = json!({"status": 401, "message": "Invalid username or password", "errorCode": 10, "timestamp": 1700000000000_i64})),
-        (status = 429, description = "Too many failed logins; see Retry-After", body = super::openapi::ErrorResponse, example = json!({"status": 429, "message": "Too many requests", "errorCode": 33, "timestamp": 1700000000000_i64}))
+        (status = 200, description = "Token pair", body = JwtPair),
+        LoginErrors
     )
 )]
 pub async fn login(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>, ApiError> {
@@ -262,16 +243,15 @@ async fn failed_login(
     tag = "auth-controller",
     operation_id = "refreshToken",
     summary = "Exchange a refresh token for a new pair; the old one is retired",
-    request_body = super::openapi::RefreshTokenRequest,
+    request_body = RefreshTokenRequest,
     responses(
-        (status = 200, description = "New token pair", body = super::openapi::JwtPair),
-        (status = 400, description = "Bad body or parameter", body = super::openapi::ErrorResponse, example = json!({"status": 400, "message": "Invalid request body: missing field `password`", "errorCode": 31, "timestamp": 1700000000000_i64})),
-        (status = 401, description = "Token expired, badly signed or outdated", body = super::openapi::ErrorResponse, example = json!({"status": 401, "message": "Token has expired", "errorCode": 11, "timestamp": 1700000000000_i64}))
+        (status = 200, description = "New token pair", body = JwtPair),
+        RefreshErrors
     )
 )]
 pub async fn refresh(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>, ApiError> {
     api.require_confidential(&req)?;
-    let body: RefreshRequest = req.json()?;
+    let body: RefreshTokenRequest = req.json()?;
     let claims = api
         .auth
         .token_keys()
@@ -330,7 +310,7 @@ pub async fn refresh(api: &Api, req: OwnedRequest) -> Result<http::Response<Body
     summary = "End the session: its tokens stop working",
     responses(
         (status = 200, description = "Logged out"),
-        (status = 401, description = "No valid credential", body = super::openapi::ErrorResponse, example = json!({"status": 401, "message": "Authentication failed", "errorCode": 10, "timestamp": 1700000000000_i64}))
+        CredentialErrors
     ),
     security(("HttpLoginForm" = []), ("ApiKeyForm" = []))
 )]
@@ -353,9 +333,8 @@ pub async fn logout(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>
     operation_id = "getUser",
     summary = "The authenticated user",
     responses(
-        (status = 200, description = "The user record", body = super::openapi::User),
-        (status = 401, description = "No valid credential", body = super::openapi::ErrorResponse, example = json!({"status": 401, "message": "Authentication failed", "errorCode": 10, "timestamp": 1700000000000_i64})),
-        (status = 401, description = "Token expired, badly signed or outdated", body = super::openapi::ErrorResponse, example = json!({"status": 401, "message": "Token has expired", "errorCode": 11, "timestamp": 1700000000000_i64}))
+        (status = 200, description = "The user record", body = User),
+        TokenErrors
     ),
     security(("HttpLoginForm" = []), ("ApiKeyForm" = []))
 )]
@@ -366,7 +345,7 @@ pub async fn current_user(api: &Api, req: OwnedRequest) -> Result<http::Response
         .user_by_id(identity.principal.user_id)
         .await?
         .ok_or_else(ApiError::not_active)?;
-    Ok(json_response(&records::user(&user)))
+    Ok(json_response(&User::from(&user)))
 }
 
 #[utoipa::path(
@@ -375,11 +354,10 @@ pub async fn current_user(api: &Api, req: OwnedRequest) -> Result<http::Response
     tag = "auth-controller",
     operation_id = "changePassword",
     summary = "Change the password; every older token stops working",
-    request_body = super::openapi::ChangePasswordRequest,
+    request_body = ChangePasswordRequest,
     responses(
-        (status = 200, description = "New token pair", body = super::openapi::JwtPair),
-        (status = 400, description = "Bad body or parameter", body = super::openapi::ErrorResponse, example = json!({"status": 400, "message": "Invalid request body: missing field `password`", "errorCode": 31, "timestamp": 1700000000000_i64})),
-        (status = 401, description = "No valid credential", body = super::openapi::ErrorResponse, example = json!({"status": 401, "message": "Authentication failed", "errorCode": 10, "timestamp": 1700000000000_i64}))
+        (status = 200, description = "New token pair", body = JwtPair),
+        BodyErrors
     ),
     security(("HttpLoginForm" = []), ("ApiKeyForm" = []))
 )]

@@ -2,11 +2,12 @@
 //! enable/disable, and the activation flow.
 
 use serde::Deserialize;
-use uuid::Uuid;
 
 use super::access::{audit, check_manage, page_json, page_request, param, path_id, query_pairs};
+use super::records::{EntityId, PageDataUser, User};
 use super::session::HashFor;
-use super::{Api, OwnedRequest, empty_response, json_response, records};
+use super::wire::{ActivateUserRequest, BodyErrors, JwtPair, ListErrors, ManageErrors};
+use super::{Api, OwnedRequest, empty_response, json_response};
 use crate::accounts::{self, AccountError, NewProfile, NewUser};
 use crate::auth::api_key::{self, KeyDigest};
 use crate::body::Body;
@@ -16,30 +17,20 @@ use crate::identity::{Authority, NULL_UUID};
 /// How long an activation link stays valid.
 pub const ACTIVATION_TTL_MS: i64 = 24 * 3600 * 1000;
 
-#[derive(Deserialize)]
-struct EntityRef {
-    id: Uuid,
-}
-
+/// A `User` as a create or update request carries it: every field may be
+/// left out, and ids need no `entityType`.
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct UserBody {
-    id: Option<EntityRef>,
+    id: Option<EntityId>,
     email: Option<String>,
     authority: Option<String>,
-    tenant_id: Option<EntityRef>,
-    customer_id: Option<EntityRef>,
+    tenant_id: Option<EntityId>,
+    customer_id: Option<EntityId>,
     first_name: Option<String>,
     last_name: Option<String>,
     phone: Option<String>,
     additional_info: Option<serde_json::Value>,
-}
-
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct ActivateBody {
-    activate_token: String,
-    password: String,
 }
 
 fn account_error(error: AccountError) -> ApiError {
@@ -63,13 +54,10 @@ fn account_error(error: AccountError) -> ApiError {
     tag = "user-controller",
     operation_id = "saveUser",
     summary = "Create a user (activated through a link) or update a profile",
-    request_body = super::openapi::User,
+    request_body = User,
     responses(
-        (status = 200, description = "The user record", body = super::openapi::User),
-        (status = 400, description = "Bad body or parameter", body = super::openapi::ErrorResponse, example = json!({"status": 400, "message": "Invalid request body: missing field `password`", "errorCode": 31, "timestamp": 1700000000000_i64})),
-        (status = 401, description = "No valid credential", body = super::openapi::ErrorResponse, example = json!({"status": 401, "message": "Authentication failed", "errorCode": 10, "timestamp": 1700000000000_i64})),
-        (status = 403, description = "Not allowed", body = super::openapi::ErrorResponse, example = json!({"status": 403, "message": "You don't have permission to perform this operation!", "errorCode": 20, "timestamp": 1700000000000_i64})),
-        (status = 404, description = "Not found or not visible", body = super::openapi::ErrorResponse, example = json!({"status": 404, "message": "Requested item wasn't found!", "errorCode": 32, "timestamp": 1700000000000_i64}))
+        (status = 200, description = "The user record", body = User),
+        ManageErrors
     ),
     security(("HttpLoginForm" = []), ("ApiKeyForm" = []))
 )]
@@ -90,7 +78,7 @@ pub async fn save(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>, 
         api.store.update_user_profile(&user).await?;
         user.version += 1;
         audit(identity, "user.update", "USER", user.id);
-        return Ok(json_response(&records::user(&user)));
+        return Ok(json_response(&User::from(&user)));
     }
     let authority_text = body
         .authority
@@ -135,7 +123,7 @@ pub async fn save(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>, 
         .await
         .map_err(account_error)?;
     audit(identity, "user.create", "USER", user.id);
-    Ok(json_response(&records::user(&user)))
+    Ok(json_response(&User::from(&user)))
 }
 
 #[utoipa::path(
@@ -146,11 +134,8 @@ pub async fn save(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>, 
     summary = "A user",
     params(("id" = String, Path, description = "User id")),
     responses(
-        (status = 200, description = "The user record", body = super::openapi::User),
-        (status = 400, description = "Bad body or parameter", body = super::openapi::ErrorResponse, example = json!({"status": 400, "message": "Invalid request body: missing field `password`", "errorCode": 31, "timestamp": 1700000000000_i64})),
-        (status = 401, description = "No valid credential", body = super::openapi::ErrorResponse, example = json!({"status": 401, "message": "Authentication failed", "errorCode": 10, "timestamp": 1700000000000_i64})),
-        (status = 403, description = "Not allowed", body = super::openapi::ErrorResponse, example = json!({"status": 403, "message": "You don't have permission to perform this operation!", "errorCode": 20, "timestamp": 1700000000000_i64})),
-        (status = 404, description = "Not found or not visible", body = super::openapi::ErrorResponse, example = json!({"status": 404, "message": "Requested item wasn't found!", "errorCode": 32, "timestamp": 1700000000000_i64}))
+        (status = 200, description = "The user record", body = User),
+        ManageErrors
     ),
     security(("HttpLoginForm" = []), ("ApiKeyForm" = []))
 )]
@@ -159,7 +144,7 @@ pub async fn get(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>, A
     let user = api.store.user_by_id(path_id(&req.params[0])?).await?;
     check_manage(actor, user.as_ref())?;
     let user = user.ok_or_else(ApiError::not_found)?;
-    Ok(json_response(&records::user(&user)))
+    Ok(json_response(&User::from(&user)))
 }
 
 #[utoipa::path(
@@ -170,10 +155,8 @@ pub async fn get(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>, A
     summary = "Users in scope",
     params(("pageSize" = i64, Query, description = "Items per page (1 to 1000)"), ("page" = i64, Query, description = "Page number, from 0"), ("textSearch" = Option<String>, Query, description = "Case-insensitive filter")),
     responses(
-        (status = 200, description = "Page of user records", body = super::openapi::PageDataUser),
-        (status = 400, description = "Bad body or parameter", body = super::openapi::ErrorResponse, example = json!({"status": 400, "message": "Invalid request body: missing field `password`", "errorCode": 31, "timestamp": 1700000000000_i64})),
-        (status = 401, description = "No valid credential", body = super::openapi::ErrorResponse, example = json!({"status": 401, "message": "Authentication failed", "errorCode": 10, "timestamp": 1700000000000_i64})),
-        (status = 403, description = "Not allowed", body = super::openapi::ErrorResponse, example = json!({"status": 403, "message": "You don't have permission to perform this operation!", "errorCode": 20, "timestamp": 1700000000000_i64}))
+        (status = 200, description = "Page of user records", body = PageDataUser),
+        ListErrors
     ),
     security(("HttpLoginForm" = []), ("ApiKeyForm" = []))
 )]
@@ -186,7 +169,7 @@ pub async fn list(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>, 
     };
     let page = page_request(req.query.as_deref())?;
     let users = api.store.users_page(tenant, &page).await?;
-    Ok(json_response(&page_json(&users, &page, records::user)))
+    Ok(json_response(&page_json(&users, &page, |u| User::from(u))))
 }
 
 #[utoipa::path(
@@ -198,10 +181,7 @@ pub async fn list(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>, 
     params(("id" = String, Path, description = "User id")),
     responses(
         (status = 200, description = "Deleted"),
-        (status = 400, description = "Bad body or parameter", body = super::openapi::ErrorResponse, example = json!({"status": 400, "message": "Invalid request body: missing field `password`", "errorCode": 31, "timestamp": 1700000000000_i64})),
-        (status = 401, description = "No valid credential", body = super::openapi::ErrorResponse, example = json!({"status": 401, "message": "Authentication failed", "errorCode": 10, "timestamp": 1700000000000_i64})),
-        (status = 403, description = "Not allowed", body = super::openapi::ErrorResponse, example = json!({"status": 403, "message": "You don't have permission to perform this operation!", "errorCode": 20, "timestamp": 1700000000000_i64})),
-        (status = 404, description = "Not found or not visible", body = super::openapi::ErrorResponse, example = json!({"status": 404, "message": "Requested item wasn't found!", "errorCode": 32, "timestamp": 1700000000000_i64}))
+        ManageErrors
     ),
     security(("HttpLoginForm" = []), ("ApiKeyForm" = []))
 )]
@@ -225,10 +205,7 @@ pub async fn delete(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>
     params(("id" = String, Path, description = "User id"), ("userCredentialsEnabled" = bool, Query, description = "true or false")),
     responses(
         (status = 200, description = "Done"),
-        (status = 400, description = "Bad body or parameter", body = super::openapi::ErrorResponse, example = json!({"status": 400, "message": "Invalid request body: missing field `password`", "errorCode": 31, "timestamp": 1700000000000_i64})),
-        (status = 401, description = "No valid credential", body = super::openapi::ErrorResponse, example = json!({"status": 401, "message": "Authentication failed", "errorCode": 10, "timestamp": 1700000000000_i64})),
-        (status = 403, description = "Not allowed", body = super::openapi::ErrorResponse, example = json!({"status": 403, "message": "You don't have permission to perform this operation!", "errorCode": 20, "timestamp": 1700000000000_i64})),
-        (status = 404, description = "Not found or not visible", body = super::openapi::ErrorResponse, example = json!({"status": 404, "message": "Requested item wasn't found!", "errorCode": 32, "timestamp": 1700000000000_i64}))
+        ManageErrors
     ),
     security(("HttpLoginForm" = []), ("ApiKeyForm" = []))
 )]
@@ -274,10 +251,7 @@ pub async fn set_enabled(api: &Api, req: OwnedRequest) -> Result<http::Response<
     params(("id" = String, Path, description = "User id")),
     responses(
         (status = 200, description = "The link, as text", body = String),
-        (status = 400, description = "Bad body or parameter", body = super::openapi::ErrorResponse, example = json!({"status": 400, "message": "Invalid request body: missing field `password`", "errorCode": 31, "timestamp": 1700000000000_i64})),
-        (status = 401, description = "No valid credential", body = super::openapi::ErrorResponse, example = json!({"status": 401, "message": "Authentication failed", "errorCode": 10, "timestamp": 1700000000000_i64})),
-        (status = 403, description = "Not allowed", body = super::openapi::ErrorResponse, example = json!({"status": 403, "message": "You don't have permission to perform this operation!", "errorCode": 20, "timestamp": 1700000000000_i64})),
-        (status = 404, description = "Not found or not visible", body = super::openapi::ErrorResponse, example = json!({"status": 404, "message": "Requested item wasn't found!", "errorCode": 32, "timestamp": 1700000000000_i64}))
+        ManageErrors
     ),
     security(("HttpLoginForm" = []), ("ApiKeyForm" = []))
 )]
@@ -324,16 +298,15 @@ pub async fn activation_link(
     tag = "noauth-controller",
     operation_id = "activateUser",
     summary = "Set the first password with an activation token",
-    request_body = super::openapi::ActivateUserRequest,
+    request_body = ActivateUserRequest,
     responses(
-        (status = 200, description = "Token pair", body = super::openapi::JwtPair),
-        (status = 400, description = "Bad body or parameter", body = super::openapi::ErrorResponse, example = json!({"status": 400, "message": "Invalid request body: missing field `password`", "errorCode": 31, "timestamp": 1700000000000_i64})),
-        (status = 401, description = "No valid credential", body = super::openapi::ErrorResponse, example = json!({"status": 401, "message": "Authentication failed", "errorCode": 10, "timestamp": 1700000000000_i64}))
+        (status = 200, description = "Token pair", body = JwtPair),
+        BodyErrors
     )
 )]
 pub async fn activate(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>, ApiError> {
     api.require_confidential(&req)?;
-    let body: ActivateBody = req.json()?;
+    let body: ActivateUserRequest = req.json()?;
     api.settings
         .password_policy
         .check(&body.password)
