@@ -160,8 +160,8 @@ pub async fn set_enabled(api: &Api, req: OwnedRequest) -> Result<http::Response<
             )));
         }
     };
-    api.store.set_api_key_enabled(key.id, enabled).await?;
-    api.auth.caches().invalidate_key_id(key.id);
+    let changed = api.store.set_api_key_enabled(key.id, enabled).await?;
+    api.applied(changed).await;
     key.enabled = enabled;
     audit(
         identity,
@@ -192,8 +192,8 @@ pub async fn set_enabled(api: &Api, req: OwnedRequest) -> Result<http::Response<
 pub async fn delete(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>, ApiError> {
     let identity = req.identity()?;
     let key = api.managed_key(&req, &req.params[0]).await?;
-    api.store.delete_api_key(key.id).await?;
-    api.auth.caches().invalidate_key_id(key.id);
+    let deleted = api.store.delete_api_key(key.id).await?;
+    api.applied(deleted).await;
     audit(identity, "api_key.delete", "API_KEY", key.id);
     Ok(empty_response())
 }

@@ -24,7 +24,7 @@ use crate::body::{self, Body};
 use crate::config::{Limits, Settings};
 use crate::error::ApiError;
 use crate::identity::Identity;
-use crate::store::Store;
+use crate::store::{Published, Store};
 use crate::telemetry::Metrics;
 
 /// Largest body an owned endpoint reads.
@@ -356,6 +356,16 @@ impl Hashing {
 }
 
 impl Api {
+    /// Applies the revocation a store change published to this replica's
+    /// caches, as its notification does on the others; returns what the
+    /// change did.
+    pub(crate) async fn applied<T>(&self, change: Published<T>) -> T {
+        if let Some(revocation) = change.revocation {
+            crate::revocation::apply(self.auth.caches(), revocation).await;
+        }
+        change.outcome
+    }
+
     pub async fn handle(
         &self,
         endpoint: Endpoint,

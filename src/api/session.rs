@@ -95,12 +95,6 @@ impl Api {
         })
     }
 
-    pub(super) async fn forget_user(&self, user_id: Uuid) {
-        let caches = self.auth.caches();
-        caches.invalidate_user(user_id).await;
-        caches.invalidate_sessions_of(user_id);
-    }
-
     /// Takes a password-attempt slot for `account` from the client, or answers
     /// 429 (logged without the account name: people type passwords there).
     pub(super) async fn password_attempt(
@@ -184,7 +178,8 @@ pub async fn login(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>,
     api.store.clear_login_failures(user.id).await?;
     if password::needs_rehash(&user.password_hash) {
         let rehashed = api.hash_password(HashFor::Other, &body.password).await?;
-        api.store.update_password(user.id, &rehashed, None).await?;
+        let rehashed = api.store.update_password(user.id, &rehashed, None).await?;
+        api.applied(rehashed).await;
         tracing::info!(user_id = %user.id, "re-hashed an imported password with Argon2id");
     }
     let pair = api.issue_pair(&user).await?;
@@ -220,11 +215,13 @@ async fn failed_login(
     };
     match api.store.record_login_failure(user.id).await {
         Ok(failures) if failures >= i64::from(lockout_after) => {
-            if let Err(error) = api.store.lock_user(user.id, crate::clock::now_secs()).await {
-                tracing::error!(%error, "locking an account failed");
-                return ApiError::invalid_credentials();
-            }
-            api.forget_user(user.id).await;
+            match api.store.lock_user(user.id, crate::clock::now_secs()).await {
+                Ok(locked) => api.applied(locked).await,
+                Err(error) => {
+                    tracing::error!(%error, "locking an account failed");
+                    return ApiError::invalid_credentials();
+                }
+            };
             api.metrics.login("locked");
             tracing::warn!(target: "keygate::security", user_id = %user.id, failures, "account locked after consecutive failed logins");
             ApiError::locked()
@@ -285,10 +282,11 @@ pub async fn refresh(api: &Api, req: OwnedRequest) -> Result<http::Response<Body
         .await?;
     if !rotated {
         // A retired refresh token came back: someone holds a copy. End the session.
-        api.store
+        let ended = api
+            .store
             .end_session(session.id, crate::clock::now_ms())
             .await?;
-        api.auth.caches().invalidate_session(session.id).await;
+        api.applied(ended).await;
         api.metrics.refresh_reuse();
         tracing::warn!(
             target: "keygate::security",
@@ -317,10 +315,11 @@ pub async fn refresh(api: &Api, req: OwnedRequest) -> Result<http::Response<Body
 pub async fn logout(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>, ApiError> {
     let identity = req.identity()?;
     if let AuthMethod::Jwt { session_id } = identity.method {
-        api.store
+        let ended = api
+            .store
             .end_session(session_id, crate::clock::now_ms())
             .await?;
-        api.auth.caches().invalidate_session(session_id).await;
+        api.applied(ended).await;
         tracing::info!(target: "keygate::security", %session_id, user_id = %identity.principal.user_id, "logged out");
     }
     Ok(empty_response())
@@ -400,8 +399,8 @@ pub async fn change_password(
         .hash_password(HashFor::Other, &body.new_password)
         .await?;
     let now = crate::clock::now_secs();
-    api.store.update_password(user.id, &hash, Some(now)).await?;
-    api.forget_user(user.id).await;
+    let changed = api.store.update_password(user.id, &hash, Some(now)).await?;
+    api.applied(changed).await;
     tracing::info!(target: "keygate::security", user_id = %user.id, "password changed; older tokens outdated");
     let user = UserRecord {
         tokens_valid_after: now,

@@ -190,8 +190,8 @@ pub async fn delete(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>
     let id = path_id(&req.params[0])?;
     let user = api.store.user_by_id(id).await?;
     check_manage(&identity.principal, user.as_ref())?;
-    api.store.delete_user(id).await?;
-    api.forget_user(id).await;
+    let deleted = api.store.delete_user(id).await?;
+    api.applied(deleted).await;
     audit(identity, "user.delete", "USER", id);
     Ok(empty_response())
 }
@@ -224,10 +224,11 @@ pub async fn set_enabled(api: &Api, req: OwnedRequest) -> Result<http::Response<
     };
     let user = api.store.user_by_id(id).await?;
     check_manage(&identity.principal, user.as_ref())?;
-    api.store
+    let changed = api
+        .store
         .set_user_enabled(id, enabled, crate::clock::now_secs())
         .await?;
-    api.forget_user(id).await;
+    api.applied(changed).await;
     audit(
         identity,
         if enabled {
@@ -330,12 +331,11 @@ pub async fn activate(api: &Api, req: OwnedRequest) -> Result<http::Response<Bod
     let hash = api.hash_password(HashFor::Other, &body.password).await?;
     let now = crate::clock::now_secs();
     // Consumed once, atomically, and only for an account without a password.
-    let user_id = api
+    let activated = api
         .store
         .activate(&digest, &hash, crate::clock::now_ms(), now)
-        .await?
-        .ok_or_else(invalid)?;
-    api.forget_user(user_id).await;
+        .await?;
+    let user_id = api.applied(activated).await.ok_or_else(invalid)?;
     let user = api
         .store
         .user_by_id(user_id)
