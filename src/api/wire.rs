@@ -66,34 +66,28 @@ struct ErrorExample {
     error: fn() -> ApiError,
 }
 
-const BAD_REQUEST: ErrorExample = ErrorExample {
-    description: "Bad body or parameter",
-    error: || ApiError::bad_request("Invalid request body: missing field `password`"),
-};
-const UNAUTHENTICATED: ErrorExample = ErrorExample {
-    description: "No valid credential",
-    error: ApiError::authentication_failed,
-};
-const WRONG_CREDENTIALS: ErrorExample = ErrorExample {
-    description: "Wrong username or password, disabled or locked account",
-    error: ApiError::invalid_credentials,
-};
-const TOKEN_EXPIRED: ErrorExample = ErrorExample {
-    description: "Token expired, badly signed or outdated",
-    error: ApiError::token_expired,
-};
-const FORBIDDEN: ErrorExample = ErrorExample {
-    description: "Not allowed",
-    error: ApiError::permission_denied,
-};
-const NOT_FOUND: ErrorExample = ErrorExample {
-    description: "Not found or not visible",
-    error: ApiError::not_found,
-};
-const TOO_MANY_REQUESTS: ErrorExample = ErrorExample {
-    description: "Too many failed logins; see Retry-After",
-    error: || ApiError::too_many_requests(1),
-};
+const fn example(description: &'static str, error: fn() -> ApiError) -> ErrorExample {
+    ErrorExample { description, error }
+}
+
+const BAD_REQUEST: ErrorExample = example("Bad body or parameter", || {
+    ApiError::bad_request("Invalid request body: missing field `password`")
+});
+const UNAUTHENTICATED: ErrorExample =
+    example("No valid credential", ApiError::authentication_failed);
+const WRONG_CREDENTIALS: ErrorExample = example(
+    "Wrong username or password, disabled or locked account",
+    ApiError::invalid_credentials,
+);
+const TOKEN_EXPIRED: ErrorExample = example(
+    "Token expired, badly signed or outdated",
+    ApiError::token_expired,
+);
+const FORBIDDEN: ErrorExample = example("Not allowed", ApiError::permission_denied);
+const NOT_FOUND: ErrorExample = example("Not found or not visible", ApiError::not_found);
+const TOO_MANY_REQUESTS: ErrorExample = example("Too many failed logins; see Retry-After", || {
+    ApiError::too_many_requests(1)
+});
 
 /// The timestamp the document's examples show.
 const EXAMPLE_TIMESTAMP: i64 = 1_700_000_000_000;
@@ -148,4 +142,40 @@ error_sets! {
     ListErrors = [BAD_REQUEST, UNAUTHENTICATED, FORBIDDEN];
     /// An operation on a record the caller must be allowed to manage.
     ManageErrors = [BAD_REQUEST, UNAUTHENTICATED, FORBIDDEN, NOT_FOUND];
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_key_request_names_its_owner_by_id_alone() {
+        let id = uuid::Uuid::from_u128(7);
+        let body = format!(r#"{{"userId": {{"id": "{id}"}}, "extra": 1}}"#);
+        let request: ApiKeyCreateRequest = serde_json::from_str(&body).unwrap();
+        assert_eq!(request.user_id.id, id);
+        assert_eq!(request.description, None, "left out means empty");
+        let typed = format!(r#"{{"userId": {{"entityType": "USER", "id": "{id}"}}}}"#);
+        let request: ApiKeyCreateRequest = serde_json::from_str(&typed).unwrap();
+        assert_eq!(request.user_id.id, id);
+    }
+
+    #[test]
+    fn login_body_with_an_unknown_field_is_refused() {
+        let body = r#"{"username": "u", "password": "p", "admin": true}"#;
+        assert!(serde_json::from_str::<LoginRequest>(body).is_err());
+    }
+
+    #[test]
+    fn documented_errors_show_the_bodies_keygate_answers() {
+        let responses = ManageErrors::responses();
+        let codes: Vec<&str> = responses.keys().map(String::as_str).collect();
+        assert_eq!(codes, ["400", "401", "403", "404"]);
+        let doc = serde_json::to_value(&responses["404"]).unwrap();
+        let example = &doc["content"]["application/json"]["example"];
+        let not_found = ApiError::not_found();
+        assert_eq!(example["errorCode"], not_found.code);
+        assert_eq!(example["message"], not_found.message.as_ref());
+        assert_eq!(example["status"], 404);
+    }
 }
