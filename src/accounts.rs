@@ -90,6 +90,7 @@ pub async fn set_password(
     if store
         .update_password(user_id, &hash, Some(crate::clock::now_secs()))
         .await?
+        .outcome
     {
         Ok(())
     } else {

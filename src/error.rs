@@ -25,6 +25,32 @@ pub mod code {
     pub const TOO_MANY_REQUESTS: u16 = 33;
 }
 
+/// The contract's error body.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+#[schema(example = json!({"status": 401, "message": "Authentication failed", "errorCode": 10, "timestamp": 1_700_000_000_000_i64}))]
+pub struct ErrorResponse {
+    pub status: u16,
+    pub message: String,
+    /// 2 general, 10 authentication, 11 token expired, 15 credentials expired,
+    /// 20 permission denied, 30/31 bad arguments, 32 not found, 33 too many requests.
+    pub error_code: u16,
+    /// Epoch milliseconds.
+    pub timestamp: i64,
+}
+
+impl ErrorResponse {
+    /// The body of `error` at `timestamp` (epoch ms).
+    pub fn of(error: &ApiError, timestamp: i64) -> ErrorResponse {
+        ErrorResponse {
+            status: error.status.as_u16(),
+            message: error.message.to_string(),
+            error_code: error.code,
+            timestamp,
+        }
+    }
+}
+
 /// An error in the contract's shape. Messages never carry a secret.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ApiError {
@@ -198,15 +224,12 @@ impl ApiError {
     pub fn to_json(&self) -> String {
         let timestamp = SystemTime::now()
             .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_millis() as u64)
+            .map(|d| d.as_millis() as i64)
             .unwrap_or(0);
-        serde_json::json!({
-            "status": self.status.as_u16(),
-            "message": self.message,
-            "errorCode": self.code,
-            "timestamp": timestamp,
-        })
-        .to_string()
+        // Through a `Value`, whose keys are sorted: the bytes clients have always seen.
+        serde_json::to_value(ErrorResponse::of(self, timestamp))
+            .map(|body| body.to_string())
+            .unwrap_or_default()
     }
 
     pub fn into_response(self) -> Response<Body> {
@@ -241,6 +264,14 @@ impl std::fmt::Display for ApiError {
 }
 
 impl std::error::Error for ApiError {}
+
+/// A store failure: logged here, answered as a general 503.
+impl From<crate::store::StoreError> for ApiError {
+    fn from(error: crate::store::StoreError) -> Self {
+        tracing::error!(target: "keygate::api", %error, "store operation failed");
+        ApiError::unavailable()
+    }
+}
 
 #[cfg(test)]
 mod tests {

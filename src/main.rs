@@ -672,17 +672,17 @@ async fn apikey(cmd: ApiKeyCommand, settings: &Settings) -> anyhow::Result<()> {
             }
         }
         ApiKeyCommand::Disable { id } => {
-            ensure(store.set_api_key_enabled(id, false).await?, id)?;
+            ensure(store.set_api_key_enabled(id, false).await?.outcome, id)?;
             audit("api_key.disable", "API_KEY", id);
             println!("disabled API key {id}");
         }
         ApiKeyCommand::Enable { id } => {
-            ensure(store.set_api_key_enabled(id, true).await?, id)?;
+            ensure(store.set_api_key_enabled(id, true).await?.outcome, id)?;
             audit("api_key.enable", "API_KEY", id);
             println!("enabled API key {id}");
         }
         ApiKeyCommand::Delete { id } => {
-            ensure(store.delete_api_key(id).await?, id)?;
+            ensure(store.delete_api_key(id).await?.outcome, id)?;
             audit("api_key.delete", "API_KEY", id);
             println!("deleted API key {id}");
         }

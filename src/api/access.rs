@@ -1,8 +1,9 @@
 //! Who may see and manage whom, paging parameters, and the audit log.
 
-use serde_json::{Value, json};
+use serde_json::Value;
 use uuid::Uuid;
 
+use super::records::PageData;
 use crate::error::ApiError;
 use crate::identity::{Authority, Identity, Principal};
 use crate::store::{Page, PageRequest, UserRecord};
@@ -121,14 +122,12 @@ pub fn page_request(query: Option<&str>) -> Result<PageRequest, ApiError> {
 }
 
 /// The platform's page shape.
-pub fn page_json<T>(page: &Page<T>, request: &PageRequest, item: impl Fn(&T) -> Value) -> Value {
-    let total_pages = (page.total + request.page_size - 1) / request.page_size;
-    json!({
-        "data": page.data.iter().map(item).collect::<Vec<_>>(),
-        "totalPages": total_pages,
-        "totalElements": page.total,
-        "hasNext": (request.page + 1) * request.page_size < page.total,
-    })
+pub fn page_json<T, I: serde::Serialize>(
+    page: &Page<T>,
+    request: &PageRequest,
+    item: impl Fn(&T) -> I,
+) -> Value {
+    serde_json::to_value(PageData::of(page, request, item)).unwrap_or(Value::Null)
 }
 
 /// Parses a path id.
@@ -154,6 +153,7 @@ pub fn audit(actor: &Identity, action: &'static str, target_type: &'static str, 
 mod tests {
     use super::*;
     use crate::identity::NULL_UUID;
+    use serde_json::json;
 
     fn user(id: u128, tenant: u128, authority: Authority) -> UserRecord {
         UserRecord {

@@ -1,28 +1,13 @@
 //! API key endpoints: create, list, describe, enable/disable, delete.
 
-use serde::Deserialize;
-use uuid::Uuid;
-
 use super::access::{audit, check_manage, page_json, page_request, path_id};
-use super::{Api, OwnedRequest, empty_response, json_response, records};
+use super::records::{ApiKey, PageDataApiKey};
+use super::wire::{ApiKeyCreateRequest, ManageErrors};
+use super::{Api, OwnedRequest, empty_response, json_response};
 use crate::accounts::{self, AccountError};
 use crate::body::Body;
 use crate::error::ApiError;
 use crate::store::ApiKeyRecord;
-
-#[derive(Deserialize)]
-struct EntityRef {
-    id: Uuid,
-}
-
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct CreateKey {
-    user_id: EntityRef,
-    description: Option<String>,
-    enabled: Option<bool>,
-    expiration_time: Option<i64>,
-}
 
 impl Api {
     /// The key of `id` if the caller may manage its owner; 404 otherwise, so
@@ -30,17 +15,9 @@ impl Api {
     async fn managed_key(&self, req: &OwnedRequest, id: &str) -> Result<ApiKeyRecord, ApiError> {
         let actor = &req.identity()?.principal;
         let id = path_id(id)?;
-        let key = self
-            .store
-            .api_key_by_id(id)
-            .await
-            .map_err(super::store_error)?;
+        let key = self.store.api_key_by_id(id).await?;
         let key = key.ok_or_else(ApiError::not_found)?;
-        let owner = self
-            .store
-            .user_by_id(key.user_id)
-            .await
-            .map_err(super::store_error)?;
+        let owner = self.store.user_by_id(key.user_id).await?;
         check_manage(actor, owner.as_ref())?;
         Ok(key)
     }
@@ -52,24 +29,17 @@ impl Api {
     tag = "api-key-controller",
     operation_id = "saveApiKey",
     summary = "Create an API key; the value is shown only here",
-    request_body = super::openapi::ApiKeyCreateRequest,
+    request_body = ApiKeyCreateRequest,
     responses(
-        (status = 200, description = "The key record with its value", body = super::openapi::ApiKey),
-        (status = 400, description = "Bad body or parameter", body = super::openapi::ErrorResponse, example = json!({"status": 400, "message": "Invalid request body: missing field `password`", "errorCode": 31, "timestamp": 1700000000000_i64})),
-        (status = 401, description = "No valid credential", body = super::openapi::ErrorResponse, example = json!({"status": 401, "message": "Authentication failed", "errorCode": 10, "timestamp": 1700000000000_i64})),
-        (status = 403, description = "Not allowed", body = super::openapi::ErrorResponse, example = json!({"status": 403, "message": "You don't have permission to perform this operation!", "errorCode": 20, "timestamp": 1700000000000_i64})),
-        (status = 404, description = "Not found or not visible", body = super::openapi::ErrorResponse, example = json!({"status": 404, "message": "Requested item wasn't found!", "errorCode": 32, "timestamp": 1700000000000_i64}))
+        (status = 200, description = "The key record with its value", body = ApiKey),
+        ManageErrors
     ),
     security(("HttpLoginForm" = []), ("ApiKeyForm" = []))
 )]
 pub async fn create(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>, ApiError> {
     let identity = req.identity()?;
-    let body: CreateKey = req.json()?;
-    let owner = api
-        .store
-        .user_by_id(body.user_id.id)
-        .await
-        .map_err(super::store_error)?;
+    let body: ApiKeyCreateRequest = req.json()?;
+    let owner = api.store.user_by_id(body.user_id.id).await?;
     check_manage(&identity.principal, owner.as_ref())?;
     let owner = owner.ok_or_else(ApiError::not_found)?;
     let description = body.description.unwrap_or_default();
@@ -99,7 +69,7 @@ pub async fn create(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>
     })?;
     let record = created.record;
     audit(identity, "api_key.create", "API_KEY", record.id);
-    Ok(json_response(&records::api_key(
+    Ok(json_response(&ApiKey::new(
         &record,
         Some(created.value.expose()),
     )))
@@ -113,31 +83,20 @@ pub async fn create(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>
     summary = "A page of a user's API keys",
     params(("userId" = String, Path, description = "User id"), ("pageSize" = i64, Query, description = "Items per page (1 to 1000)"), ("page" = i64, Query, description = "Page number, from 0"), ("textSearch" = Option<String>, Query, description = "Case-insensitive filter")),
     responses(
-        (status = 200, description = "Page of key records", body = super::openapi::PageDataApiKey),
-        (status = 400, description = "Bad body or parameter", body = super::openapi::ErrorResponse, example = json!({"status": 400, "message": "Invalid request body: missing field `password`", "errorCode": 31, "timestamp": 1700000000000_i64})),
-        (status = 401, description = "No valid credential", body = super::openapi::ErrorResponse, example = json!({"status": 401, "message": "Authentication failed", "errorCode": 10, "timestamp": 1700000000000_i64})),
-        (status = 403, description = "Not allowed", body = super::openapi::ErrorResponse, example = json!({"status": 403, "message": "You don't have permission to perform this operation!", "errorCode": 20, "timestamp": 1700000000000_i64})),
-        (status = 404, description = "Not found or not visible", body = super::openapi::ErrorResponse, example = json!({"status": 404, "message": "Requested item wasn't found!", "errorCode": 32, "timestamp": 1700000000000_i64}))
+        (status = 200, description = "Page of key records", body = PageDataApiKey),
+        ManageErrors
     ),
     security(("HttpLoginForm" = []), ("ApiKeyForm" = []))
 )]
 pub async fn list(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>, ApiError> {
     let actor = &req.identity()?.principal;
     let user_id = path_id(&req.params[0])?;
-    let owner = api
-        .store
-        .user_by_id(user_id)
-        .await
-        .map_err(super::store_error)?;
+    let owner = api.store.user_by_id(user_id).await?;
     check_manage(actor, owner.as_ref())?;
     let page = page_request(req.query.as_deref())?;
-    let keys = api
-        .store
-        .api_keys_page(user_id, &page)
-        .await
-        .map_err(super::store_error)?;
+    let keys = api.store.api_keys_page(user_id, &page).await?;
     Ok(json_response(&page_json(&keys, &page, |k| {
-        records::api_key(k, None)
+        ApiKey::new(k, None)
     })))
 }
 
@@ -150,11 +109,8 @@ pub async fn list(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>, 
     request_body = String,
     params(("id" = String, Path, description = "API key id")),
     responses(
-        (status = 200, description = "The key record", body = super::openapi::ApiKey),
-        (status = 400, description = "Bad body or parameter", body = super::openapi::ErrorResponse, example = json!({"status": 400, "message": "Invalid request body: missing field `password`", "errorCode": 31, "timestamp": 1700000000000_i64})),
-        (status = 401, description = "No valid credential", body = super::openapi::ErrorResponse, example = json!({"status": 401, "message": "Authentication failed", "errorCode": 10, "timestamp": 1700000000000_i64})),
-        (status = 403, description = "Not allowed", body = super::openapi::ErrorResponse, example = json!({"status": 403, "message": "You don't have permission to perform this operation!", "errorCode": 20, "timestamp": 1700000000000_i64})),
-        (status = 404, description = "Not found or not visible", body = super::openapi::ErrorResponse, example = json!({"status": 404, "message": "Requested item wasn't found!", "errorCode": 32, "timestamp": 1700000000000_i64}))
+        (status = 200, description = "The key record", body = ApiKey),
+        ManageErrors
     ),
     security(("HttpLoginForm" = []), ("ApiKeyForm" = []))
 )]
@@ -173,11 +129,10 @@ pub async fn describe(api: &Api, req: OwnedRequest) -> Result<http::Response<Bod
     }
     api.store
         .set_api_key_description(key.id, description)
-        .await
-        .map_err(super::store_error)?;
+        .await?;
     key.description = description.to_string();
     audit(identity, "api_key.describe", "API_KEY", key.id);
-    Ok(json_response(&records::api_key(&key, None)))
+    Ok(json_response(&ApiKey::new(&key, None)))
 }
 
 #[utoipa::path(
@@ -188,11 +143,8 @@ pub async fn describe(api: &Api, req: OwnedRequest) -> Result<http::Response<Bod
     summary = "Enable or disable a key",
     params(("id" = String, Path, description = "API key id"), ("enabled" = bool, Path, description = "true or false")),
     responses(
-        (status = 200, description = "The key record", body = super::openapi::ApiKey),
-        (status = 400, description = "Bad body or parameter", body = super::openapi::ErrorResponse, example = json!({"status": 400, "message": "Invalid request body: missing field `password`", "errorCode": 31, "timestamp": 1700000000000_i64})),
-        (status = 401, description = "No valid credential", body = super::openapi::ErrorResponse, example = json!({"status": 401, "message": "Authentication failed", "errorCode": 10, "timestamp": 1700000000000_i64})),
-        (status = 403, description = "Not allowed", body = super::openapi::ErrorResponse, example = json!({"status": 403, "message": "You don't have permission to perform this operation!", "errorCode": 20, "timestamp": 1700000000000_i64})),
-        (status = 404, description = "Not found or not visible", body = super::openapi::ErrorResponse, example = json!({"status": 404, "message": "Requested item wasn't found!", "errorCode": 32, "timestamp": 1700000000000_i64}))
+        (status = 200, description = "The key record", body = ApiKey),
+        ManageErrors
     ),
     security(("HttpLoginForm" = []), ("ApiKeyForm" = []))
 )]
@@ -208,11 +160,8 @@ pub async fn set_enabled(api: &Api, req: OwnedRequest) -> Result<http::Response<
             )));
         }
     };
-    api.store
-        .set_api_key_enabled(key.id, enabled)
-        .await
-        .map_err(super::store_error)?;
-    api.auth.caches().invalidate_key_id(key.id);
+    let changed = api.store.set_api_key_enabled(key.id, enabled).await?;
+    api.applied(changed).await;
     key.enabled = enabled;
     audit(
         identity,
@@ -224,7 +173,7 @@ pub async fn set_enabled(api: &Api, req: OwnedRequest) -> Result<http::Response<
         "API_KEY",
         key.id,
     );
-    Ok(json_response(&records::api_key(&key, None)))
+    Ok(json_response(&ApiKey::new(&key, None)))
 }
 
 #[utoipa::path(
@@ -236,21 +185,15 @@ pub async fn set_enabled(api: &Api, req: OwnedRequest) -> Result<http::Response<
     params(("id" = String, Path, description = "API key id")),
     responses(
         (status = 200, description = "Deleted"),
-        (status = 400, description = "Bad body or parameter", body = super::openapi::ErrorResponse, example = json!({"status": 400, "message": "Invalid request body: missing field `password`", "errorCode": 31, "timestamp": 1700000000000_i64})),
-        (status = 401, description = "No valid credential", body = super::openapi::ErrorResponse, example = json!({"status": 401, "message": "Authentication failed", "errorCode": 10, "timestamp": 1700000000000_i64})),
-        (status = 403, description = "Not allowed", body = super::openapi::ErrorResponse, example = json!({"status": 403, "message": "You don't have permission to perform this operation!", "errorCode": 20, "timestamp": 1700000000000_i64})),
-        (status = 404, description = "Not found or not visible", body = super::openapi::ErrorResponse, example = json!({"status": 404, "message": "Requested item wasn't found!", "errorCode": 32, "timestamp": 1700000000000_i64}))
+        ManageErrors
     ),
     security(("HttpLoginForm" = []), ("ApiKeyForm" = []))
 )]
 pub async fn delete(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>, ApiError> {
     let identity = req.identity()?;
     let key = api.managed_key(&req, &req.params[0]).await?;
-    api.store
-        .delete_api_key(key.id)
-        .await
-        .map_err(super::store_error)?;
-    api.auth.caches().invalidate_key_id(key.id);
+    let deleted = api.store.delete_api_key(key.id).await?;
+    api.applied(deleted).await;
     audit(identity, "api_key.delete", "API_KEY", key.id);
     Ok(empty_response())
 }

@@ -8,6 +8,7 @@ pub mod openapi;
 pub mod records;
 pub mod session;
 pub mod users;
+pub mod wire;
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -23,7 +24,7 @@ use crate::body::{self, Body};
 use crate::config::{Limits, Settings};
 use crate::error::ApiError;
 use crate::identity::Identity;
-use crate::store::Store;
+use crate::store::{Published, Store};
 use crate::telemetry::Metrics;
 
 /// Largest body an owned endpoint reads.
@@ -298,15 +299,13 @@ where
     }
 }
 
-/// A store failure: logged here, answered as a general 503.
-pub(crate) fn store_error(error: crate::store::StoreError) -> ApiError {
-    tracing::error!(%error, "store operation failed");
-    ApiError::unavailable()
-}
-
-/// A 200 JSON response.
-pub fn json_response(value: &serde_json::Value) -> Response<Body> {
-    let mut response = Response::new(body::full(value.to_string()));
+/// A 200 JSON response. The body goes through a `Value`, whose keys are
+/// sorted: the bytes clients have always seen.
+pub fn json_response(value: &impl serde::Serialize) -> Response<Body> {
+    let text = serde_json::to_value(value)
+        .map(|value| value.to_string())
+        .unwrap_or_default();
+    let mut response = Response::new(body::full(text));
     response.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),
@@ -357,6 +356,16 @@ impl Hashing {
 }
 
 impl Api {
+    /// Applies the revocation a store change published to this replica's
+    /// caches, as its notification does on the others; returns what the
+    /// change did.
+    pub(crate) async fn applied<T>(&self, change: Published<T>) -> T {
+        if let Some(revocation) = change.revocation {
+            crate::revocation::apply(self.auth.caches(), revocation).await;
+        }
+        change.outcome
+    }
+
     pub async fn handle(
         &self,
         endpoint: Endpoint,

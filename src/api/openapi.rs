@@ -1,155 +1,16 @@
 //! The OpenAPI document of the endpoints keygate answers itself, generated from
-//! the handlers' annotations, and the schemas it names.
+//! the handlers' annotations and the wire types they name.
 
 use serde_json::Value;
-use utoipa::{OpenApi, ToSchema};
+use utoipa::OpenApi;
 
+use super::records::{ApiKey, EntityId, PageDataApiKey, PageDataUser, User};
+use super::wire::{
+    ActivateUserRequest, ApiKeyCreateRequest, ChangePasswordRequest, JwtPair, LoginRequest,
+    RefreshTokenRequest,
+};
 use super::{keys, session, users};
-
-/// The contract's error body.
-#[derive(ToSchema)]
-#[schema(example = json!({"status": 401, "message": "Authentication failed", "errorCode": 10, "timestamp": 1_700_000_000_000_i64}))]
-#[allow(dead_code)]
-pub struct ErrorResponse {
-    status: u16,
-    message: String,
-    /// 2 general, 10 authentication, 11 token expired, 15 credentials expired,
-    /// 20 permission denied, 30/31 bad arguments, 32 not found, 33 too many requests.
-    #[schema(rename = "errorCode")]
-    error_code: u16,
-    /// Epoch milliseconds.
-    timestamp: i64,
-}
-
-#[derive(ToSchema)]
-#[allow(dead_code)]
-pub struct LoginRequest {
-    #[schema(example = "tenant@example.com")]
-    username: String,
-    #[schema(example = "a-long-password")]
-    password: String,
-}
-
-#[derive(ToSchema)]
-#[allow(dead_code)]
-pub struct JwtPair {
-    /// HS512 access token.
-    token: String,
-    #[schema(rename = "refreshToken")]
-    refresh_token: String,
-}
-
-#[derive(ToSchema)]
-#[allow(dead_code)]
-pub struct RefreshTokenRequest {
-    #[schema(rename = "refreshToken")]
-    refresh_token: String,
-}
-
-#[derive(ToSchema)]
-#[allow(dead_code)]
-pub struct ChangePasswordRequest {
-    #[schema(rename = "currentPassword")]
-    current_password: String,
-    #[schema(rename = "newPassword")]
-    new_password: String,
-}
-
-#[derive(ToSchema)]
-#[allow(dead_code)]
-pub struct ActivateUserRequest {
-    #[schema(rename = "activateToken")]
-    activate_token: String,
-    password: String,
-}
-
-/// `{"entityType": ..., "id": ...}`.
-#[derive(ToSchema)]
-#[allow(dead_code)]
-pub struct EntityId {
-    #[schema(rename = "entityType", example = "USER")]
-    entity_type: String,
-    id: uuid::Uuid,
-}
-
-#[derive(ToSchema)]
-#[allow(dead_code)]
-pub struct User {
-    id: EntityId,
-    #[schema(rename = "createdTime")]
-    created_time: i64,
-    #[schema(rename = "tenantId")]
-    tenant_id: EntityId,
-    #[schema(rename = "customerId")]
-    customer_id: EntityId,
-    email: String,
-    #[schema(example = "TENANT_ADMIN")]
-    authority: String,
-    #[schema(rename = "firstName")]
-    first_name: Option<String>,
-    #[schema(rename = "lastName")]
-    last_name: Option<String>,
-    phone: Option<String>,
-    version: i64,
-    name: String,
-    #[schema(rename = "additionalInfo")]
-    additional_info: Option<Value>,
-}
-
-#[derive(ToSchema)]
-#[allow(dead_code)]
-pub struct ApiKey {
-    id: EntityId,
-    #[schema(rename = "createdTime")]
-    created_time: i64,
-    #[schema(rename = "tenantId")]
-    tenant_id: EntityId,
-    #[schema(rename = "userId")]
-    user_id: EntityId,
-    /// Epoch ms; 0 means never.
-    #[schema(rename = "expirationTime")]
-    expiration_time: i64,
-    description: String,
-    enabled: bool,
-    expired: bool,
-    /// Only in the create response.
-    value: Option<String>,
-}
-
-#[derive(ToSchema)]
-#[allow(dead_code)]
-pub struct ApiKeyCreateRequest {
-    #[schema(rename = "userId")]
-    user_id: EntityId,
-    description: String,
-    enabled: Option<bool>,
-    #[schema(rename = "expirationTime")]
-    expiration_time: Option<i64>,
-}
-
-#[derive(ToSchema)]
-#[allow(dead_code)]
-pub struct PageDataApiKey {
-    data: Vec<ApiKey>,
-    #[schema(rename = "totalPages")]
-    total_pages: i64,
-    #[schema(rename = "totalElements")]
-    total_elements: i64,
-    #[schema(rename = "hasNext")]
-    has_next: bool,
-}
-
-#[derive(ToSchema)]
-#[allow(dead_code)]
-pub struct PageDataUser {
-    data: Vec<User>,
-    #[schema(rename = "totalPages")]
-    total_pages: i64,
-    #[schema(rename = "totalElements")]
-    total_elements: i64,
-    #[schema(rename = "hasNext")]
-    has_next: bool,
-}
+use crate::error::ErrorResponse;
 
 #[derive(OpenApi)]
 #[openapi(

@@ -1,68 +1,203 @@
-//! The platform's JSON record shapes, built from store records.
+//! The platform's record shapes, built from store records: each one type that
+//! serialises and describes itself in the OpenAPI document.
 
-use serde_json::{Value, json};
+use std::borrow::Cow;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use utoipa::openapi::schema::{ArrayBuilder, ObjectBuilder, Schema, Type};
+use utoipa::openapi::{KnownFormat, Ref, RefOr, SchemaFormat};
+use utoipa::{PartialSchema, ToSchema};
 use uuid::Uuid;
 
-use crate::store::{ApiKeyRecord, UserRecord};
+use crate::store::{ApiKeyRecord, Page, PageRequest, UserRecord};
 
-/// `{"entityType": ..., "id": ...}`, the platform's id object.
-pub fn entity_id(entity_type: &str, id: Uuid) -> Value {
-    json!({ "entityType": entity_type, "id": id })
+/// `{"entityType": ..., "id": ...}`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", from = "IdOnly")]
+pub struct EntityId {
+    #[schema(example = "USER")]
+    pub entity_type: String,
+    pub id: Uuid,
 }
 
-/// The user record as `GET /api/auth/user` returns it.
-pub fn user(user: &UserRecord) -> Value {
-    let additional_info = user
-        .additional_info
-        .as_deref()
-        .and_then(|text| serde_json::from_str::<Value>(text).ok())
-        .unwrap_or(Value::Null);
-    let optional = |s: &str| {
-        if s.is_empty() {
-            Value::Null
-        } else {
-            Value::String(s.to_string())
+/// What a request's id object must carry: the id (the type is implied by
+/// the field, so `entityType` is not required).
+#[derive(Deserialize)]
+struct IdOnly {
+    id: Uuid,
+}
+
+impl From<IdOnly> for EntityId {
+    fn from(only: IdOnly) -> EntityId {
+        EntityId {
+            entity_type: String::new(),
+            id: only.id,
         }
-    };
-    json!({
-        "id": entity_id("USER", user.id),
-        "createdTime": user.created_time,
-        "tenantId": entity_id("TENANT", user.tenant_id),
-        "customerId": entity_id("CUSTOMER", user.customer_id),
-        "email": user.email,
-        "authority": user.authority.as_str(),
-        "firstName": optional(&user.first_name),
-        "lastName": optional(&user.last_name),
-        "phone": optional(&user.phone),
-        "version": user.version,
-        "name": user.email,
-        "additionalInfo": additional_info,
-    })
+    }
 }
 
-/// The API key record; `value` only in the create response.
-pub fn api_key(key: &ApiKeyRecord, value: Option<&str>) -> Value {
-    let now = crate::clock::now_ms();
-    let mut record = json!({
-        "id": entity_id("API_KEY", key.id),
-        "createdTime": key.created_time,
-        "tenantId": entity_id("TENANT", key.tenant_id),
-        "userId": entity_id("USER", key.user_id),
-        "expirationTime": key.expiration_time,
-        "description": key.description,
-        "enabled": key.enabled,
-        "expired": key.expiration_time != 0 && now >= key.expiration_time,
-    });
-    if let (Some(value), Some(map)) = (value, record.as_object_mut()) {
-        map.insert("value".into(), Value::String(value.to_string()));
+impl EntityId {
+    pub fn new(entity_type: &'static str, id: Uuid) -> EntityId {
+        EntityId {
+            entity_type: entity_type.to_string(),
+            id,
+        }
     }
-    record
 }
+
+// The user record as `GET /api/auth/user` returns it (a doc comment would
+// show in the document).
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct User {
+    pub id: EntityId,
+    pub created_time: i64,
+    pub tenant_id: EntityId,
+    pub customer_id: EntityId,
+    pub email: String,
+    #[schema(example = "TENANT_ADMIN")]
+    pub authority: String,
+    pub first_name: Option<String>,
+    pub last_name: Option<String>,
+    pub phone: Option<String>,
+    pub version: i64,
+    pub name: String,
+    pub additional_info: Option<Value>,
+}
+
+impl From<&UserRecord> for User {
+    fn from(user: &UserRecord) -> User {
+        let optional = |s: &str| (!s.is_empty()).then(|| s.to_string());
+        User {
+            id: EntityId::new("USER", user.id),
+            created_time: user.created_time,
+            tenant_id: EntityId::new("TENANT", user.tenant_id),
+            customer_id: EntityId::new("CUSTOMER", user.customer_id),
+            email: user.email.clone(),
+            authority: user.authority.as_str().to_string(),
+            first_name: optional(&user.first_name),
+            last_name: optional(&user.last_name),
+            phone: optional(&user.phone),
+            version: user.version,
+            name: user.email.clone(),
+            additional_info: user
+                .additional_info
+                .as_deref()
+                .and_then(|text| serde_json::from_str::<Value>(text).ok()),
+        }
+    }
+}
+
+// The API key record; `value` only in the create response.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ApiKey {
+    pub id: EntityId,
+    pub created_time: i64,
+    pub tenant_id: EntityId,
+    pub user_id: EntityId,
+    /// Epoch ms; 0 means never.
+    pub expiration_time: i64,
+    pub description: String,
+    pub enabled: bool,
+    pub expired: bool,
+    /// Only in the create response.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub value: Option<String>,
+}
+
+impl ApiKey {
+    pub fn new(key: &ApiKeyRecord, value: Option<&str>) -> ApiKey {
+        let now = crate::clock::now_ms();
+        ApiKey {
+            id: EntityId::new("API_KEY", key.id),
+            created_time: key.created_time,
+            tenant_id: EntityId::new("TENANT", key.tenant_id),
+            user_id: EntityId::new("USER", key.user_id),
+            expiration_time: key.expiration_time,
+            description: key.description.clone(),
+            enabled: key.enabled,
+            expired: key.expiration_time != 0 && now >= key.expiration_time,
+            value: value.map(str::to_string),
+        }
+    }
+}
+
+/// One page of a listing.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PageData<T> {
+    pub data: Vec<T>,
+    pub total_pages: i64,
+    pub total_elements: i64,
+    pub has_next: bool,
+}
+
+impl<T> PageData<T> {
+    /// The page `request` asked for, of `page`'s items made into `T`.
+    pub fn of<R>(page: &Page<R>, request: &PageRequest, item: impl Fn(&R) -> T) -> PageData<T> {
+        PageData {
+            data: page.data.iter().map(item).collect(),
+            total_pages: (page.total + request.page_size - 1) / request.page_size,
+            total_elements: page.total,
+            has_next: (request.page + 1) * request.page_size < page.total,
+        }
+    }
+}
+
+/// The page schema of `T`, named `PageData<T's name>` as clients know it.
+fn page_schema<T: ToSchema>() -> RefOr<Schema> {
+    let int64 = || {
+        ObjectBuilder::new()
+            .schema_type(Type::Integer)
+            .format(Some(SchemaFormat::KnownFormat(KnownFormat::Int64)))
+    };
+    ObjectBuilder::new()
+        .property(
+            "data",
+            ArrayBuilder::new().items(Ref::from_schema_name(T::name())),
+        )
+        .required("data")
+        .property("totalPages", int64())
+        .required("totalPages")
+        .property("totalElements", int64())
+        .required("totalElements")
+        .property("hasNext", ObjectBuilder::new().schema_type(Type::Boolean))
+        .required("hasNext")
+        .into()
+}
+
+macro_rules! page_schemas {
+    ($($item:ty => $name:literal),+) => {
+        $(
+            impl PartialSchema for PageData<$item> {
+                fn schema() -> RefOr<Schema> {
+                    page_schema::<$item>()
+                }
+            }
+
+            impl ToSchema for PageData<$item> {
+                fn name() -> Cow<'static, str> {
+                    Cow::Borrowed($name)
+                }
+            }
+        )+
+    };
+}
+
+page_schemas!(ApiKey => "PageDataApiKey", User => "PageDataUser");
+
+/// A page of API key records, as the document names it.
+pub type PageDataApiKey = PageData<ApiKey>;
+/// A page of user records, as the document names it.
+pub type PageDataUser = PageData<User>;
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::identity::{Authority, NULL_UUID};
+    use serde_json::json;
 
     #[test]
     fn user_record_has_the_platform_shape() {
@@ -82,7 +217,7 @@ mod tests {
             password_hash: "$argon2id$secret".into(),
             tokens_valid_after: 0,
         };
-        let json = user(&record);
+        let json = serde_json::to_value(User::from(&record)).unwrap();
         assert_eq!(
             json["id"],
             json!({"entityType": "USER", "id": Uuid::from_u128(1)})

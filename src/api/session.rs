@@ -1,10 +1,13 @@
 //! Session endpoints: login, refresh, logout, current user, password change.
 
-use serde::Deserialize;
-use serde_json::json;
 use uuid::Uuid;
 
-use super::{Api, OwnedRequest, empty_response, json_response, records, store_error};
+use super::records::User;
+use super::wire::{
+    BodyErrors, ChangePasswordRequest, CredentialErrors, JwtPair, LoginErrors, LoginRequest,
+    RefreshErrors, RefreshTokenRequest, TokenErrors,
+};
+use super::{Api, OwnedRequest, empty_response, json_response};
 use crate::auth::jwt::TokenError;
 use crate::auth::limiter::{Attempt, Limited};
 use crate::auth::password;
@@ -12,26 +15,6 @@ use crate::body::Body;
 use crate::error::ApiError;
 use crate::identity::AuthMethod;
 use crate::store::{SessionRecord, UserRecord};
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct LoginRequest {
-    username: String,
-    password: String,
-}
-
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct RefreshRequest {
-    refresh_token: String,
-}
-
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct ChangePasswordRequest {
-    current_password: String,
-    new_password: String,
-}
 
 /// Which allowance a password hash is computed on: logins have their own, so
 /// password changes and activations can never starve them.
@@ -85,16 +68,10 @@ impl Api {
     }
 
     /// Opens a session and signs its first token pair.
-    pub(super) async fn issue_pair(
-        &self,
-        user: &UserRecord,
-    ) -> Result<serde_json::Value, ApiError> {
+    pub(super) async fn issue_pair(&self, user: &UserRecord) -> Result<JwtPair, ApiError> {
         let session =
             SessionRecord::open(user.id, crate::clock::now_ms(), Uuid::new_v4().to_string());
-        self.store
-            .insert_session(&session)
-            .await
-            .map_err(store_error)?;
+        self.store.insert_session(&session).await?;
         self.sign_pair(user, session.id, &session.refresh_jti)
     }
 
@@ -103,7 +80,7 @@ impl Api {
         user: &UserRecord,
         session_id: Uuid,
         jti: &str,
-    ) -> Result<serde_json::Value, ApiError> {
+    ) -> Result<JwtPair, ApiError> {
         let keys = self.auth.token_keys();
         let now = crate::clock::now_secs();
         let access = keys
@@ -112,13 +89,10 @@ impl Api {
         let refresh = keys
             .sign_refresh(user, session_id, jti, now)
             .map_err(|_| ApiError::internal())?;
-        Ok(json!({ "token": access.token, "refreshToken": refresh.token }))
-    }
-
-    pub(super) async fn forget_user(&self, user_id: Uuid) {
-        let caches = self.auth.caches();
-        caches.invalidate_user(user_id).await;
-        caches.invalidate_sessions_of(user_id);
+        Ok(JwtPair {
+            token: access.token,
+            refresh_token: refresh.token,
+        })
     }
 
     /// Takes a password-attempt slot for `account` from the client, or answers
@@ -163,12 +137,10 @@ impl Api {
     tag = "auth-controller",
     operation_id = "login",
     summary = "Log in: username and password for a token pair",
-    request_body = super::openapi::LoginRequest,
+    request_body = LoginRequest,
     responses(
-        (status = 200, description = "Token pair", body = super::openapi::JwtPair),
-        (status = 400, description = "Bad body or parameter", body = super::openapi::ErrorResponse, example = json!({"status": 400, "message": "Invalid request body: missing field `password`", "errorCode": 31, "timestamp": 1700000000000_i64})),
-        (status = 401, description = "Wrong username or password, disabled or locked account", body = super::openapi::ErrorResponse, example = json!({"status": 401, "message": "Invalid username or password", "errorCode": 10, "timestamp": 1700000000000_i64})),
-        (status = 429, description = "Too many failed logins; see Retry-After", body = super::openapi::ErrorResponse, example = json!({"status": 429, "message": "Too many requests", "errorCode": 33, "timestamp": 1700000000000_i64}))
+        (status = 200, description = "Token pair", body = JwtPair),
+        LoginErrors
     )
 )]
 pub async fn login(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>, ApiError> {
@@ -182,11 +154,7 @@ pub async fn login(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>,
         .password_attempt(username, &req)
         .await
         .inspect_err(|_| api.metrics.login("rate_limited"))?;
-    let user = api
-        .store
-        .user_by_email(username)
-        .await
-        .map_err(store_error)?;
+    let user = api.store.user_by_email(username).await?;
     let verified = api
         .verify_password(
             HashFor::Login,
@@ -199,7 +167,7 @@ pub async fn login(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>,
         other => return Err(failed_login(api, username, other.as_ref(), &req).await),
     };
     api.limiter.succeeded(attempt).await;
-    if api.store.is_locked(user.id).await.map_err(store_error)? {
+    if api.store.is_locked(user.id).await? {
         api.metrics.login("locked");
         return Err(ApiError::locked());
     }
@@ -207,16 +175,11 @@ pub async fn login(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>,
         api.metrics.login("disabled");
         return Err(ApiError::not_active());
     }
-    api.store
-        .clear_login_failures(user.id)
-        .await
-        .map_err(store_error)?;
+    api.store.clear_login_failures(user.id).await?;
     if password::needs_rehash(&user.password_hash) {
         let rehashed = api.hash_password(HashFor::Other, &body.password).await?;
-        api.store
-            .update_password(user.id, &rehashed, None)
-            .await
-            .map_err(store_error)?;
+        let rehashed = api.store.update_password(user.id, &rehashed, None).await?;
+        api.applied(rehashed).await;
         tracing::info!(user_id = %user.id, "re-hashed an imported password with Argon2id");
     }
     let pair = api.issue_pair(&user).await?;
@@ -252,11 +215,13 @@ async fn failed_login(
     };
     match api.store.record_login_failure(user.id).await {
         Ok(failures) if failures >= i64::from(lockout_after) => {
-            if let Err(error) = api.store.lock_user(user.id, crate::clock::now_secs()).await {
-                tracing::error!(%error, "locking an account failed");
-                return ApiError::invalid_credentials();
-            }
-            api.forget_user(user.id).await;
+            match api.store.lock_user(user.id, crate::clock::now_secs()).await {
+                Ok(locked) => api.applied(locked).await,
+                Err(error) => {
+                    tracing::error!(%error, "locking an account failed");
+                    return ApiError::invalid_credentials();
+                }
+            };
             api.metrics.login("locked");
             tracing::warn!(target: "keygate::security", user_id = %user.id, failures, "account locked after consecutive failed logins");
             ApiError::locked()
@@ -275,16 +240,15 @@ async fn failed_login(
     tag = "auth-controller",
     operation_id = "refreshToken",
     summary = "Exchange a refresh token for a new pair; the old one is retired",
-    request_body = super::openapi::RefreshTokenRequest,
+    request_body = RefreshTokenRequest,
     responses(
-        (status = 200, description = "New token pair", body = super::openapi::JwtPair),
-        (status = 400, description = "Bad body or parameter", body = super::openapi::ErrorResponse, example = json!({"status": 400, "message": "Invalid request body: missing field `password`", "errorCode": 31, "timestamp": 1700000000000_i64})),
-        (status = 401, description = "Token expired, badly signed or outdated", body = super::openapi::ErrorResponse, example = json!({"status": 401, "message": "Token has expired", "errorCode": 11, "timestamp": 1700000000000_i64}))
+        (status = 200, description = "New token pair", body = JwtPair),
+        RefreshErrors
     )
 )]
 pub async fn refresh(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>, ApiError> {
     api.require_confidential(&req)?;
-    let body: RefreshRequest = req.json()?;
+    let body: RefreshTokenRequest = req.json()?;
     let claims = api
         .auth
         .token_keys()
@@ -293,24 +257,16 @@ pub async fn refresh(api: &Api, req: OwnedRequest) -> Result<http::Response<Body
             TokenError::Expired | TokenError::BadSignature => ApiError::token_expired(),
             TokenError::Malformed | TokenError::WrongScope => ApiError::invalid_credentials(),
         })?;
-    let session = api
-        .store
-        .session_by_id(claims.session_id)
-        .await
-        .map_err(store_error)?;
+    let session = api.store.session_by_id(claims.session_id).await?;
     // A pruned session is gone: refused exactly like an ended one.
     let Some(session) = session.filter(|s| !s.ended && s.user_id == claims.user_id) else {
         return Err(ApiError::token_expired());
     };
-    let user = api
-        .store
-        .user_by_id(claims.user_id)
-        .await
-        .map_err(store_error)?;
+    let user = api.store.user_by_id(claims.user_id).await?;
     let Some(user) = user else {
         return Err(ApiError::token_expired());
     };
-    if api.store.is_locked(user.id).await.map_err(store_error)? {
+    if api.store.is_locked(user.id).await? {
         return Err(ApiError::locked());
     }
     if !user.enabled {
@@ -323,15 +279,14 @@ pub async fn refresh(api: &Api, req: OwnedRequest) -> Result<http::Response<Body
     let rotated = api
         .store
         .rotate_refresh(session.id, &claims.jti, &next_jti, crate::clock::now_ms())
-        .await
-        .map_err(store_error)?;
+        .await?;
     if !rotated {
         // A retired refresh token came back: someone holds a copy. End the session.
-        api.store
+        let ended = api
+            .store
             .end_session(session.id, crate::clock::now_ms())
-            .await
-            .map_err(store_error)?;
-        api.auth.caches().invalidate_session(session.id).await;
+            .await?;
+        api.applied(ended).await;
         api.metrics.refresh_reuse();
         tracing::warn!(
             target: "keygate::security",
@@ -353,18 +308,18 @@ pub async fn refresh(api: &Api, req: OwnedRequest) -> Result<http::Response<Body
     summary = "End the session: its tokens stop working",
     responses(
         (status = 200, description = "Logged out"),
-        (status = 401, description = "No valid credential", body = super::openapi::ErrorResponse, example = json!({"status": 401, "message": "Authentication failed", "errorCode": 10, "timestamp": 1700000000000_i64}))
+        CredentialErrors
     ),
     security(("HttpLoginForm" = []), ("ApiKeyForm" = []))
 )]
 pub async fn logout(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>, ApiError> {
     let identity = req.identity()?;
     if let AuthMethod::Jwt { session_id } = identity.method {
-        api.store
+        let ended = api
+            .store
             .end_session(session_id, crate::clock::now_ms())
-            .await
-            .map_err(store_error)?;
-        api.auth.caches().invalidate_session(session_id).await;
+            .await?;
+        api.applied(ended).await;
         tracing::info!(target: "keygate::security", %session_id, user_id = %identity.principal.user_id, "logged out");
     }
     Ok(empty_response())
@@ -377,9 +332,8 @@ pub async fn logout(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>
     operation_id = "getUser",
     summary = "The authenticated user",
     responses(
-        (status = 200, description = "The user record", body = super::openapi::User),
-        (status = 401, description = "No valid credential", body = super::openapi::ErrorResponse, example = json!({"status": 401, "message": "Authentication failed", "errorCode": 10, "timestamp": 1700000000000_i64})),
-        (status = 401, description = "Token expired, badly signed or outdated", body = super::openapi::ErrorResponse, example = json!({"status": 401, "message": "Token has expired", "errorCode": 11, "timestamp": 1700000000000_i64}))
+        (status = 200, description = "The user record", body = User),
+        TokenErrors
     ),
     security(("HttpLoginForm" = []), ("ApiKeyForm" = []))
 )]
@@ -388,10 +342,9 @@ pub async fn current_user(api: &Api, req: OwnedRequest) -> Result<http::Response
     let user = api
         .store
         .user_by_id(identity.principal.user_id)
-        .await
-        .map_err(store_error)?
+        .await?
         .ok_or_else(ApiError::not_active)?;
-    Ok(json_response(&records::user(&user)))
+    Ok(json_response(&User::from(&user)))
 }
 
 #[utoipa::path(
@@ -400,11 +353,10 @@ pub async fn current_user(api: &Api, req: OwnedRequest) -> Result<http::Response
     tag = "auth-controller",
     operation_id = "changePassword",
     summary = "Change the password; every older token stops working",
-    request_body = super::openapi::ChangePasswordRequest,
+    request_body = ChangePasswordRequest,
     responses(
-        (status = 200, description = "New token pair", body = super::openapi::JwtPair),
-        (status = 400, description = "Bad body or parameter", body = super::openapi::ErrorResponse, example = json!({"status": 400, "message": "Invalid request body: missing field `password`", "errorCode": 31, "timestamp": 1700000000000_i64})),
-        (status = 401, description = "No valid credential", body = super::openapi::ErrorResponse, example = json!({"status": 401, "message": "Authentication failed", "errorCode": 10, "timestamp": 1700000000000_i64}))
+        (status = 200, description = "New token pair", body = JwtPair),
+        BodyErrors
     ),
     security(("HttpLoginForm" = []), ("ApiKeyForm" = []))
 )]
@@ -418,8 +370,7 @@ pub async fn change_password(
     let user = api
         .store
         .user_by_id(identity.principal.user_id)
-        .await
-        .map_err(store_error)?
+        .await?
         .ok_or_else(ApiError::not_active)?;
     // Limited like login: an API key must not buy unlimited password guesses.
     let attempt = api.password_attempt(&user.email, &req).await?;
@@ -448,11 +399,8 @@ pub async fn change_password(
         .hash_password(HashFor::Other, &body.new_password)
         .await?;
     let now = crate::clock::now_secs();
-    api.store
-        .update_password(user.id, &hash, Some(now))
-        .await
-        .map_err(store_error)?;
-    api.forget_user(user.id).await;
+    let changed = api.store.update_password(user.id, &hash, Some(now)).await?;
+    api.applied(changed).await;
     tracing::info!(target: "keygate::security", user_id = %user.id, "password changed; older tokens outdated");
     let user = UserRecord {
         tokens_valid_after: now,

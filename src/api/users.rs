@@ -2,11 +2,12 @@
 //! enable/disable, and the activation flow.
 
 use serde::Deserialize;
-use uuid::Uuid;
 
 use super::access::{audit, check_manage, page_json, page_request, param, path_id, query_pairs};
+use super::records::{EntityId, PageDataUser, User};
 use super::session::HashFor;
-use super::{Api, OwnedRequest, empty_response, json_response, records, store_error};
+use super::wire::{ActivateUserRequest, BodyErrors, JwtPair, ListErrors, ManageErrors};
+use super::{Api, OwnedRequest, empty_response, json_response};
 use crate::accounts::{self, AccountError, NewProfile, NewUser};
 use crate::auth::api_key::{self, KeyDigest};
 use crate::body::Body;
@@ -16,30 +17,20 @@ use crate::identity::{Authority, NULL_UUID};
 /// How long an activation link stays valid.
 pub const ACTIVATION_TTL_MS: i64 = 24 * 3600 * 1000;
 
-#[derive(Deserialize)]
-struct EntityRef {
-    id: Uuid,
-}
-
+/// A `User` as a create or update request carries it: every field may be
+/// left out, and ids need no `entityType`.
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct UserBody {
-    id: Option<EntityRef>,
+    id: Option<EntityId>,
     email: Option<String>,
     authority: Option<String>,
-    tenant_id: Option<EntityRef>,
-    customer_id: Option<EntityRef>,
+    tenant_id: Option<EntityId>,
+    customer_id: Option<EntityId>,
     first_name: Option<String>,
     last_name: Option<String>,
     phone: Option<String>,
     additional_info: Option<serde_json::Value>,
-}
-
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct ActivateBody {
-    activate_token: String,
-    password: String,
 }
 
 fn account_error(error: AccountError) -> ApiError {
@@ -63,13 +54,10 @@ fn account_error(error: AccountError) -> ApiError {
     tag = "user-controller",
     operation_id = "saveUser",
     summary = "Create a user (activated through a link) or update a profile",
-    request_body = super::openapi::User,
+    request_body = User,
     responses(
-        (status = 200, description = "The user record", body = super::openapi::User),
-        (status = 400, description = "Bad body or parameter", body = super::openapi::ErrorResponse, example = json!({"status": 400, "message": "Invalid request body: missing field `password`", "errorCode": 31, "timestamp": 1700000000000_i64})),
-        (status = 401, description = "No valid credential", body = super::openapi::ErrorResponse, example = json!({"status": 401, "message": "Authentication failed", "errorCode": 10, "timestamp": 1700000000000_i64})),
-        (status = 403, description = "Not allowed", body = super::openapi::ErrorResponse, example = json!({"status": 403, "message": "You don't have permission to perform this operation!", "errorCode": 20, "timestamp": 1700000000000_i64})),
-        (status = 404, description = "Not found or not visible", body = super::openapi::ErrorResponse, example = json!({"status": 404, "message": "Requested item wasn't found!", "errorCode": 32, "timestamp": 1700000000000_i64}))
+        (status = 200, description = "The user record", body = User),
+        ManageErrors
     ),
     security(("HttpLoginForm" = []), ("ApiKeyForm" = []))
 )]
@@ -78,7 +66,7 @@ pub async fn save(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>, 
     let actor = &identity.principal;
     let body: UserBody = req.json()?;
     if let Some(id) = &body.id {
-        let existing = api.store.user_by_id(id.id).await.map_err(store_error)?;
+        let existing = api.store.user_by_id(id.id).await?;
         check_manage(actor, existing.as_ref())?;
         let mut user = existing.ok_or_else(ApiError::not_found)?;
         user.first_name = body.first_name.unwrap_or(user.first_name);
@@ -87,13 +75,10 @@ pub async fn save(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>, 
         if let Some(info) = body.additional_info {
             user.additional_info = (!info.is_null()).then(|| info.to_string());
         }
-        api.store
-            .update_user_profile(&user)
-            .await
-            .map_err(store_error)?;
+        api.store.update_user_profile(&user).await?;
         user.version += 1;
         audit(identity, "user.update", "USER", user.id);
-        return Ok(json_response(&records::user(&user)));
+        return Ok(json_response(&User::from(&user)));
     }
     let authority_text = body
         .authority
@@ -138,7 +123,7 @@ pub async fn save(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>, 
         .await
         .map_err(account_error)?;
     audit(identity, "user.create", "USER", user.id);
-    Ok(json_response(&records::user(&user)))
+    Ok(json_response(&User::from(&user)))
 }
 
 #[utoipa::path(
@@ -149,24 +134,17 @@ pub async fn save(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>, 
     summary = "A user",
     params(("id" = String, Path, description = "User id")),
     responses(
-        (status = 200, description = "The user record", body = super::openapi::User),
-        (status = 400, description = "Bad body or parameter", body = super::openapi::ErrorResponse, example = json!({"status": 400, "message": "Invalid request body: missing field `password`", "errorCode": 31, "timestamp": 1700000000000_i64})),
-        (status = 401, description = "No valid credential", body = super::openapi::ErrorResponse, example = json!({"status": 401, "message": "Authentication failed", "errorCode": 10, "timestamp": 1700000000000_i64})),
-        (status = 403, description = "Not allowed", body = super::openapi::ErrorResponse, example = json!({"status": 403, "message": "You don't have permission to perform this operation!", "errorCode": 20, "timestamp": 1700000000000_i64})),
-        (status = 404, description = "Not found or not visible", body = super::openapi::ErrorResponse, example = json!({"status": 404, "message": "Requested item wasn't found!", "errorCode": 32, "timestamp": 1700000000000_i64}))
+        (status = 200, description = "The user record", body = User),
+        ManageErrors
     ),
     security(("HttpLoginForm" = []), ("ApiKeyForm" = []))
 )]
 pub async fn get(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>, ApiError> {
     let actor = &req.identity()?.principal;
-    let user = api
-        .store
-        .user_by_id(path_id(&req.params[0])?)
-        .await
-        .map_err(store_error)?;
+    let user = api.store.user_by_id(path_id(&req.params[0])?).await?;
     check_manage(actor, user.as_ref())?;
     let user = user.ok_or_else(ApiError::not_found)?;
-    Ok(json_response(&records::user(&user)))
+    Ok(json_response(&User::from(&user)))
 }
 
 #[utoipa::path(
@@ -177,10 +155,8 @@ pub async fn get(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>, A
     summary = "Users in scope",
     params(("pageSize" = i64, Query, description = "Items per page (1 to 1000)"), ("page" = i64, Query, description = "Page number, from 0"), ("textSearch" = Option<String>, Query, description = "Case-insensitive filter")),
     responses(
-        (status = 200, description = "Page of user records", body = super::openapi::PageDataUser),
-        (status = 400, description = "Bad body or parameter", body = super::openapi::ErrorResponse, example = json!({"status": 400, "message": "Invalid request body: missing field `password`", "errorCode": 31, "timestamp": 1700000000000_i64})),
-        (status = 401, description = "No valid credential", body = super::openapi::ErrorResponse, example = json!({"status": 401, "message": "Authentication failed", "errorCode": 10, "timestamp": 1700000000000_i64})),
-        (status = 403, description = "Not allowed", body = super::openapi::ErrorResponse, example = json!({"status": 403, "message": "You don't have permission to perform this operation!", "errorCode": 20, "timestamp": 1700000000000_i64}))
+        (status = 200, description = "Page of user records", body = PageDataUser),
+        ListErrors
     ),
     security(("HttpLoginForm" = []), ("ApiKeyForm" = []))
 )]
@@ -192,12 +168,8 @@ pub async fn list(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>, 
         Authority::CustomerUser => return Err(ApiError::permission_denied()),
     };
     let page = page_request(req.query.as_deref())?;
-    let users = api
-        .store
-        .users_page(tenant, &page)
-        .await
-        .map_err(store_error)?;
-    Ok(json_response(&page_json(&users, &page, records::user)))
+    let users = api.store.users_page(tenant, &page).await?;
+    Ok(json_response(&page_json(&users, &page, |u| User::from(u))))
 }
 
 #[utoipa::path(
@@ -209,20 +181,17 @@ pub async fn list(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>, 
     params(("id" = String, Path, description = "User id")),
     responses(
         (status = 200, description = "Deleted"),
-        (status = 400, description = "Bad body or parameter", body = super::openapi::ErrorResponse, example = json!({"status": 400, "message": "Invalid request body: missing field `password`", "errorCode": 31, "timestamp": 1700000000000_i64})),
-        (status = 401, description = "No valid credential", body = super::openapi::ErrorResponse, example = json!({"status": 401, "message": "Authentication failed", "errorCode": 10, "timestamp": 1700000000000_i64})),
-        (status = 403, description = "Not allowed", body = super::openapi::ErrorResponse, example = json!({"status": 403, "message": "You don't have permission to perform this operation!", "errorCode": 20, "timestamp": 1700000000000_i64})),
-        (status = 404, description = "Not found or not visible", body = super::openapi::ErrorResponse, example = json!({"status": 404, "message": "Requested item wasn't found!", "errorCode": 32, "timestamp": 1700000000000_i64}))
+        ManageErrors
     ),
     security(("HttpLoginForm" = []), ("ApiKeyForm" = []))
 )]
 pub async fn delete(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>, ApiError> {
     let identity = req.identity()?;
     let id = path_id(&req.params[0])?;
-    let user = api.store.user_by_id(id).await.map_err(store_error)?;
+    let user = api.store.user_by_id(id).await?;
     check_manage(&identity.principal, user.as_ref())?;
-    api.store.delete_user(id).await.map_err(store_error)?;
-    api.forget_user(id).await;
+    let deleted = api.store.delete_user(id).await?;
+    api.applied(deleted).await;
     audit(identity, "user.delete", "USER", id);
     Ok(empty_response())
 }
@@ -236,10 +205,7 @@ pub async fn delete(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>
     params(("id" = String, Path, description = "User id"), ("userCredentialsEnabled" = bool, Query, description = "true or false")),
     responses(
         (status = 200, description = "Done"),
-        (status = 400, description = "Bad body or parameter", body = super::openapi::ErrorResponse, example = json!({"status": 400, "message": "Invalid request body: missing field `password`", "errorCode": 31, "timestamp": 1700000000000_i64})),
-        (status = 401, description = "No valid credential", body = super::openapi::ErrorResponse, example = json!({"status": 401, "message": "Authentication failed", "errorCode": 10, "timestamp": 1700000000000_i64})),
-        (status = 403, description = "Not allowed", body = super::openapi::ErrorResponse, example = json!({"status": 403, "message": "You don't have permission to perform this operation!", "errorCode": 20, "timestamp": 1700000000000_i64})),
-        (status = 404, description = "Not found or not visible", body = super::openapi::ErrorResponse, example = json!({"status": 404, "message": "Requested item wasn't found!", "errorCode": 32, "timestamp": 1700000000000_i64}))
+        ManageErrors
     ),
     security(("HttpLoginForm" = []), ("ApiKeyForm" = []))
 )]
@@ -256,13 +222,13 @@ pub async fn set_enabled(api: &Api, req: OwnedRequest) -> Result<http::Response<
             ));
         }
     };
-    let user = api.store.user_by_id(id).await.map_err(store_error)?;
+    let user = api.store.user_by_id(id).await?;
     check_manage(&identity.principal, user.as_ref())?;
-    api.store
+    let changed = api
+        .store
         .set_user_enabled(id, enabled, crate::clock::now_secs())
-        .await
-        .map_err(store_error)?;
-    api.forget_user(id).await;
+        .await?;
+    api.applied(changed).await;
     audit(
         identity,
         if enabled {
@@ -286,10 +252,7 @@ pub async fn set_enabled(api: &Api, req: OwnedRequest) -> Result<http::Response<
     params(("id" = String, Path, description = "User id")),
     responses(
         (status = 200, description = "The link, as text", body = String),
-        (status = 400, description = "Bad body or parameter", body = super::openapi::ErrorResponse, example = json!({"status": 400, "message": "Invalid request body: missing field `password`", "errorCode": 31, "timestamp": 1700000000000_i64})),
-        (status = 401, description = "No valid credential", body = super::openapi::ErrorResponse, example = json!({"status": 401, "message": "Authentication failed", "errorCode": 10, "timestamp": 1700000000000_i64})),
-        (status = 403, description = "Not allowed", body = super::openapi::ErrorResponse, example = json!({"status": 403, "message": "You don't have permission to perform this operation!", "errorCode": 20, "timestamp": 1700000000000_i64})),
-        (status = 404, description = "Not found or not visible", body = super::openapi::ErrorResponse, example = json!({"status": 404, "message": "Requested item wasn't found!", "errorCode": 32, "timestamp": 1700000000000_i64}))
+        ManageErrors
     ),
     security(("HttpLoginForm" = []), ("ApiKeyForm" = []))
 )]
@@ -299,7 +262,7 @@ pub async fn activation_link(
 ) -> Result<http::Response<Body>, ApiError> {
     let identity = req.identity()?;
     let id = path_id(&req.params[0])?;
-    let user = api.store.user_by_id(id).await.map_err(store_error)?;
+    let user = api.store.user_by_id(id).await?;
     check_manage(&identity.principal, user.as_ref())?;
     // A link sets a first password, nothing else: for an account that has one,
     // it would let whoever holds the link take the account over.
@@ -310,8 +273,7 @@ pub async fn activation_link(
     let expires_at = crate::clock::now_ms() + ACTIVATION_TTL_MS;
     api.store
         .replace_activation(id, &token.digest.to_hex(), expires_at)
-        .await
-        .map_err(store_error)?;
+        .await?;
     audit(identity, "user.activation_link", "USER", id);
     let link = format!(
         "{}/api/noauth/activate?activateToken={}",
@@ -337,16 +299,15 @@ pub async fn activation_link(
     tag = "noauth-controller",
     operation_id = "activateUser",
     summary = "Set the first password with an activation token",
-    request_body = super::openapi::ActivateUserRequest,
+    request_body = ActivateUserRequest,
     responses(
-        (status = 200, description = "Token pair", body = super::openapi::JwtPair),
-        (status = 400, description = "Bad body or parameter", body = super::openapi::ErrorResponse, example = json!({"status": 400, "message": "Invalid request body: missing field `password`", "errorCode": 31, "timestamp": 1700000000000_i64})),
-        (status = 401, description = "No valid credential", body = super::openapi::ErrorResponse, example = json!({"status": 401, "message": "Authentication failed", "errorCode": 10, "timestamp": 1700000000000_i64}))
+        (status = 200, description = "Token pair", body = JwtPair),
+        BodyErrors
     )
 )]
 pub async fn activate(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>, ApiError> {
     api.require_confidential(&req)?;
-    let body: ActivateBody = req.json()?;
+    let body: ActivateUserRequest = req.json()?;
     api.settings
         .password_policy
         .check(&body.password)
@@ -362,13 +323,7 @@ pub async fn activate(api: &Api, req: OwnedRequest) -> Result<http::Response<Bod
     // The token is checked before anything is hashed: a flood of bogus tokens
     // costs a lookup each, never an Argon2 computation.
     let now_ms = crate::clock::now_ms();
-    if api
-        .store
-        .activation_user(&digest, now_ms)
-        .await
-        .map_err(store_error)?
-        .is_none()
-    {
+    if api.store.activation_user(&digest, now_ms).await?.is_none() {
         tracing::info!(target: "keygate::security", client = %req.client_ip, "activation with an unknown or expired token");
         return Err(invalid());
     }
@@ -376,18 +331,15 @@ pub async fn activate(api: &Api, req: OwnedRequest) -> Result<http::Response<Bod
     let hash = api.hash_password(HashFor::Other, &body.password).await?;
     let now = crate::clock::now_secs();
     // Consumed once, atomically, and only for an account without a password.
-    let user_id = api
+    let activated = api
         .store
         .activate(&digest, &hash, crate::clock::now_ms(), now)
-        .await
-        .map_err(store_error)?
-        .ok_or_else(invalid)?;
-    api.forget_user(user_id).await;
+        .await?;
+    let user_id = api.applied(activated).await.ok_or_else(invalid)?;
     let user = api
         .store
         .user_by_id(user_id)
-        .await
-        .map_err(store_error)?
+        .await?
         .ok_or_else(ApiError::not_found)?;
     if !user.enabled {
         return Err(ApiError::not_active());

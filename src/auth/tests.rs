@@ -99,13 +99,25 @@ impl Fixture {
 
     /// Changes a key in the store only, behind the caches' back.
     async fn set_key_enabled(&self, id: Uuid, enabled: bool) {
-        assert!(self.store.set_api_key_enabled(id, enabled).await.unwrap());
+        assert!(
+            self.store
+                .set_api_key_enabled(id, enabled)
+                .await
+                .unwrap()
+                .outcome
+        );
     }
 
     /// Changes a user in the store only, behind the caches' back.
     async fn set_user_enabled(&self, id: Uuid, enabled: bool, now_secs: i64) {
         let store = &self.store;
-        assert!(store.set_user_enabled(id, enabled, now_secs).await.unwrap());
+        assert!(
+            store
+                .set_user_enabled(id, enabled, now_secs)
+                .await
+                .unwrap()
+                .outcome
+        );
     }
 
     /// `keygate_cache_requests_total` for one cache and result.
@@ -190,7 +202,7 @@ async fn api_key_of_deleted_user_is_refused() {
     let user = f.user("a@example.com").await;
     let (key_id, key) = f.key(&user, 0).await;
     f.accepted(&key).await;
-    assert!(f.store.delete_user(user.id).await.unwrap());
+    assert!(f.store.delete_user(user.id).await.unwrap().outcome);
     // Forgetting the user is enough while the key is still cached...
     f.caches().invalidate_user(user.id).await;
     assert_eq!(f.refused(&key).await, AuthFailure::Disabled);
@@ -273,6 +285,7 @@ async fn token_of_ended_session_is_outdated() {
             .end_session(session_id, crate::clock::now_ms())
             .await
             .unwrap()
+            .outcome
     );
     f.caches().invalidate_session(session_id).await;
     assert_eq!(f.refused(&token).await, AuthFailure::Outdated);

@@ -5,7 +5,7 @@ use sqlx::{AssertSqlSafe, Row};
 use uuid::Uuid;
 
 use super::{
-    ApiKeyRecord, KEY_COLUMNS, Revocation, Store, StoreError, USER_COLUMNS, UserRecord,
+    ApiKeyRecord, KEY_COLUMNS, Published, Revocation, Store, StoreError, USER_COLUMNS, UserRecord,
     key_from_row, user_from_row,
 };
 
@@ -188,8 +188,8 @@ impl Store {
     /// Uses an activation token once, atomically: the token is consumed by a
     /// single `DELETE ... RETURNING` (of two concurrent uses, one wins), and the
     /// password is set only when the account has none yet. Every earlier
-    /// session and token of the user ends, as with any password set. Returns
-    /// the user id, or `None` for an unknown, expired or already used token or
+    /// session and token of the user ends, as with any password set. The
+    /// outcome is the user id, or `None` for an unknown, expired or already used token or
     /// an account that already has a password.
     pub async fn activate(
         &self,
@@ -197,7 +197,7 @@ impl Store {
         password_hash: &str,
         now_ms: i64,
         now_secs: i64,
-    ) -> Result<Option<Uuid>, StoreError> {
+    ) -> Result<Published<Option<Uuid>>, StoreError> {
         let mut tx = self.pool.begin().await?;
         let row = sqlx::query(
             "DELETE FROM activation_tokens WHERE digest = $1 AND expires_at > $2 RETURNING user_id",
@@ -207,7 +207,10 @@ impl Store {
         .fetch_optional(&mut *tx)
         .await?;
         let Some(row) = row else {
-            return Ok(None);
+            return Ok(Published {
+                outcome: None,
+                revocation: None,
+            });
         };
         let user_id: String = row.try_get(0)?;
         sqlx::query("DELETE FROM activation_tokens WHERE user_id = $1")
@@ -224,17 +227,22 @@ impl Store {
         .execute(&mut *tx)
         .await?;
         let user_id = parse_uuid(user_id)?;
-        if updated.rows_affected() == 1 {
+        let activated = updated.rows_affected() == 1;
+        let mut revocation = None;
+        if activated {
             sqlx::query(super::END_SESSIONS_OF_USER)
                 .bind(now_secs.saturating_mul(1000))
                 .bind(user_id.to_string())
                 .execute(&mut *tx)
                 .await?;
-            self.publish(&mut tx, Revocation::User(user_id)).await?;
+            revocation = Some(self.publish(&mut tx, Revocation::User(user_id)).await?);
         }
         // Consumed either way: a token of an account that has a password is void.
         tx.commit().await?;
-        Ok((updated.rows_affected() == 1).then_some(user_id))
+        Ok(Published {
+            outcome: activated.then_some(user_id),
+            revocation,
+        })
     }
 }
 

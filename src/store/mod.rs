@@ -123,6 +123,24 @@ pub enum Revocation {
     Session(Uuid),
 }
 
+/// What a change that can end credentials did, and the revocation it
+/// published, if any: other replicas get it by notification, this one applies
+/// it to its own caches (`revocation::apply`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Published<T> {
+    pub outcome: T,
+    pub revocation: Option<Revocation>,
+}
+
+impl<T> Published<T> {
+    fn revoking(outcome: T, revocation: Revocation) -> Published<T> {
+        Published {
+            outcome,
+            revocation: Some(revocation),
+        }
+    }
+}
+
 /// The `LISTEN` / `NOTIFY` channel of revocations.
 pub const REVOCATION_CHANNEL: &str = "keygate_revocations";
 
@@ -239,12 +257,13 @@ impl Store {
     }
 
     /// Publishes a revocation inside a transaction (PostgreSQL only: an
-    /// SQLite store serves one replica, which invalidates its own caches).
+    /// SQLite store serves one replica, which invalidates its own caches) and
+    /// returns it, for the caller to apply here.
     async fn publish(
         &self,
         conn: &mut sqlx::AnyConnection,
         revocation: Revocation,
-    ) -> Result<(), StoreError> {
+    ) -> Result<Revocation, StoreError> {
         if self.dialect == Dialect::Postgres {
             sqlx::query("SELECT pg_notify($1, $2)")
                 .bind(REVOCATION_CHANNEL)
@@ -252,7 +271,7 @@ impl Store {
                 .execute(conn)
                 .await?;
         }
-        Ok(())
+        Ok(revocation)
     }
 
     /// Closes every connection; later queries fail. For shutdown and tests.
@@ -355,13 +374,13 @@ impl Store {
     }
 
     /// Enables or disables a user. Disabling outdates every token of the user
-    /// and ends their sessions, in one transaction. Returns false when no such user.
+    /// and ends their sessions, in one transaction. The outcome is false when no such user.
     pub async fn set_user_enabled(
         &self,
         id: Uuid,
         enabled: bool,
         now_secs: i64,
-    ) -> Result<bool, StoreError> {
+    ) -> Result<Published<bool>, StoreError> {
         let mut tx = self.pool.begin().await?;
         let updated = if enabled {
             sqlx::query("UPDATE users SET enabled = $1, version = version + 1 WHERE id = $2")
@@ -392,13 +411,13 @@ impl Store {
                 .execute(&mut *tx)
                 .await?;
         }
-        self.publish(&mut tx, Revocation::User(id)).await?;
+        let revocation = self.publish(&mut tx, Revocation::User(id)).await?;
         tx.commit().await?;
-        Ok(updated.rows_affected() > 0)
+        Ok(Published::revoking(updated.rows_affected() > 0, revocation))
     }
 
-    /// Deletes a user with their keys and sessions. Returns false when no such user.
-    pub async fn delete_user(&self, id: Uuid) -> Result<bool, StoreError> {
+    /// Deletes a user with their keys and sessions. The outcome is false when no such user.
+    pub async fn delete_user(&self, id: Uuid) -> Result<Published<bool>, StoreError> {
         let mut tx = self.pool.begin().await?;
         for sql in [
             "DELETE FROM api_keys WHERE user_id = $1",
@@ -414,9 +433,9 @@ impl Store {
             .bind(id.to_string())
             .execute(&mut *tx)
             .await?;
-        self.publish(&mut tx, Revocation::User(id)).await?;
+        let revocation = self.publish(&mut tx, Revocation::User(id)).await?;
         tx.commit().await?;
-        Ok(deleted.rows_affected() > 0)
+        Ok(Published::revoking(deleted.rows_affected() > 0, revocation))
     }
 
     // --- API keys -------------------------------------------------------------
@@ -475,29 +494,33 @@ impl Store {
         rows.iter().map(key_from_row).collect()
     }
 
-    /// Returns false when no such key.
-    pub async fn set_api_key_enabled(&self, id: Uuid, enabled: bool) -> Result<bool, StoreError> {
+    /// The outcome is false when no such key.
+    pub async fn set_api_key_enabled(
+        &self,
+        id: Uuid,
+        enabled: bool,
+    ) -> Result<Published<bool>, StoreError> {
         let mut tx = self.pool.begin().await?;
         let result = sqlx::query("UPDATE api_keys SET enabled = $1 WHERE id = $2")
             .bind(i64::from(enabled))
             .bind(id.to_string())
             .execute(&mut *tx)
             .await?;
-        self.publish(&mut tx, Revocation::Key(id)).await?;
+        let revocation = self.publish(&mut tx, Revocation::Key(id)).await?;
         tx.commit().await?;
-        Ok(result.rows_affected() > 0)
+        Ok(Published::revoking(result.rows_affected() > 0, revocation))
     }
 
-    /// Returns false when no such key.
-    pub async fn delete_api_key(&self, id: Uuid) -> Result<bool, StoreError> {
+    /// The outcome is false when no such key.
+    pub async fn delete_api_key(&self, id: Uuid) -> Result<Published<bool>, StoreError> {
         let mut tx = self.pool.begin().await?;
         let result = sqlx::query("DELETE FROM api_keys WHERE id = $1")
             .bind(id.to_string())
             .execute(&mut *tx)
             .await?;
-        self.publish(&mut tx, Revocation::Key(id)).await?;
+        let revocation = self.publish(&mut tx, Revocation::Key(id)).await?;
         tx.commit().await?;
-        Ok(result.rows_affected() > 0)
+        Ok(Published::revoking(result.rows_affected() > 0, revocation))
     }
 
     // --- sessions -------------------------------------------------------------
@@ -542,7 +565,7 @@ impl Store {
 
     /// Ends a session at `now_ms`: every token of it stops working. A session
     /// that had ended already keeps its first end time.
-    pub async fn end_session(&self, id: Uuid, now_ms: i64) -> Result<bool, StoreError> {
+    pub async fn end_session(&self, id: Uuid, now_ms: i64) -> Result<Published<bool>, StoreError> {
         let mut tx = self.pool.begin().await?;
         let result = sqlx::query(
             "UPDATE sessions SET ended = 1, \
@@ -552,9 +575,9 @@ impl Store {
         .bind(id.to_string())
         .execute(&mut *tx)
         .await?;
-        self.publish(&mut tx, Revocation::Session(id)).await?;
+        let revocation = self.publish(&mut tx, Revocation::Session(id)).await?;
         tx.commit().await?;
-        Ok(result.rows_affected() > 0)
+        Ok(Published::revoking(result.rows_affected() > 0, revocation))
     }
 }
 

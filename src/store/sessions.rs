@@ -4,7 +4,7 @@
 use sqlx::Row;
 use uuid::Uuid;
 
-use super::{Revocation, Store, StoreError};
+use super::{Published, Revocation, Store, StoreError};
 
 impl Store {
     /// Moves a live session from refresh token `old_jti` to `new_jti`, issued
@@ -39,7 +39,7 @@ impl Store {
         user_id: Uuid,
         hash: &str,
         outdate_at: Option<i64>,
-    ) -> Result<bool, StoreError> {
+    ) -> Result<Published<bool>, StoreError> {
         let mut tx = self.pool.begin().await?;
         let updated = match outdate_at {
             Some(now_secs) => {
@@ -60,16 +60,20 @@ impl Store {
                     .await?
             }
         };
+        let mut revocation = None;
         if let Some(now_secs) = outdate_at {
             sqlx::query(super::END_SESSIONS_OF_USER)
                 .bind(now_secs.saturating_mul(1000))
                 .bind(user_id.to_string())
                 .execute(&mut *tx)
                 .await?;
-            self.publish(&mut tx, Revocation::User(user_id)).await?;
+            revocation = Some(self.publish(&mut tx, Revocation::User(user_id)).await?);
         }
         tx.commit().await?;
-        Ok(updated.rows_affected() > 0)
+        Ok(Published {
+            outcome: updated.rows_affected() > 0,
+            revocation,
+        })
     }
 
     /// Counts one more consecutive failed login; returns the count.
@@ -96,7 +100,11 @@ impl Store {
 
     /// Locks an account: disabled, its tokens outdated and sessions ended, and
     /// marked as locked so logins say why. Enabling the user lifts it.
-    pub async fn lock_user(&self, user_id: Uuid, now_secs: i64) -> Result<bool, StoreError> {
+    pub async fn lock_user(
+        &self,
+        user_id: Uuid,
+        now_secs: i64,
+    ) -> Result<Published<bool>, StoreError> {
         let mut tx = self.pool.begin().await?;
         let updated = sqlx::query(
             "UPDATE users SET enabled = 0, tokens_valid_after = $1, version = version + 1 WHERE id = $2",
@@ -117,9 +125,9 @@ impl Store {
         .bind(user_id.to_string())
         .execute(&mut *tx)
         .await?;
-        self.publish(&mut tx, Revocation::User(user_id)).await?;
+        let revocation = self.publish(&mut tx, Revocation::User(user_id)).await?;
         tx.commit().await?;
-        Ok(updated.rows_affected() > 0)
+        Ok(Published::revoking(updated.rows_affected() > 0, revocation))
     }
 
     pub async fn is_locked(&self, user_id: Uuid) -> Result<bool, StoreError> {

@@ -163,7 +163,50 @@ store_tests!(
     check_pruning_respects_batch_and_run_bounds,
     check_concurrent_pruners_delete_each_row_once,
     check_upgrade_keeps_existing_sessions_for_a_refresh_lifetime,
+    check_changes_return_the_revocation_they_publish,
 );
+
+/// Every change that can end a credential hands back the revocation it
+/// published, so this replica applies exactly what the others are told; a
+/// re-hash and a void activation publish none.
+async fn check_changes_return_the_revocation_they_publish(store: &Store) {
+    let u = pending("revoked@example.com");
+    store.insert_user(&u).await.unwrap();
+    let k = key(&u, "revoked", 1);
+    store.insert_api_key(&k).await.unwrap();
+    let s = session(&u);
+    store.insert_session(&s).await.unwrap();
+    let by_user = Some(Revocation::User(u.id));
+    let by_key = Some(Revocation::Key(k.id));
+
+    store
+        .replace_activation(u.id, "tok", i64::MAX)
+        .await
+        .unwrap();
+    let activated = store.activate("tok", "hash", 0, 1).await.unwrap();
+    assert_eq!(
+        (activated.outcome, activated.revocation),
+        (Some(u.id), by_user)
+    );
+    let void = store.activate("tok", "hash", 0, 1).await.unwrap();
+    assert_eq!((void.outcome, void.revocation), (None, None));
+    let rehash = store.update_password(u.id, "rehash", None).await.unwrap();
+    assert_eq!(rehash.revocation, None);
+    let change = store.update_password(u.id, "new", Some(2)).await.unwrap();
+    assert_eq!(change.revocation, by_user);
+    let ended = store.end_session(s.id, 3).await.unwrap();
+    assert_eq!(ended.revocation, Some(Revocation::Session(s.id)));
+    let locked = store.lock_user(u.id, 4).await.unwrap();
+    assert_eq!(locked.revocation, by_user);
+    let enabled = store.set_user_enabled(u.id, true, 5).await.unwrap();
+    assert_eq!(enabled.revocation, by_user);
+    let disabled = store.set_api_key_enabled(k.id, false).await.unwrap();
+    assert_eq!(disabled.revocation, by_key);
+    let deleted = store.delete_api_key(k.id).await.unwrap();
+    assert_eq!(deleted.revocation, by_key);
+    let gone = store.delete_user(u.id).await.unwrap();
+    assert_eq!((gone.outcome, gone.revocation), (true, by_user));
+}
 
 fn user(email: &str, created_time: i64) -> UserRecord {
     UserRecord {
@@ -263,7 +306,13 @@ async fn check_disabling_a_user_outdates_tokens_and_ends_sessions(store: &Store)
     store.insert_session(&other_s).await.unwrap();
 
     let (t1, t2) = (1_750_000_000, 1_760_000_000);
-    assert!(store.set_user_enabled(u.id, false, t1).await.unwrap());
+    assert!(
+        store
+            .set_user_enabled(u.id, false, t1)
+            .await
+            .unwrap()
+            .outcome
+    );
     let off = store.user_by_id(u.id).await.unwrap().unwrap();
     assert!(!off.enabled);
     assert_eq!(off.version, 2);
@@ -279,14 +328,26 @@ async fn check_disabling_a_user_outdates_tokens_and_ends_sessions(store: &Store)
     assert_eq!(store.user_by_id(other.id).await.unwrap(), Some(other));
 
     // Enabling again bumps the version and keeps the outdating time.
-    assert!(store.set_user_enabled(u.id, true, t2).await.unwrap());
+    assert!(
+        store
+            .set_user_enabled(u.id, true, t2)
+            .await
+            .unwrap()
+            .outcome
+    );
     let on = store.user_by_id(u.id).await.unwrap().unwrap();
     assert!(on.enabled);
     assert_eq!(on.version, 3);
     assert_eq!(on.tokens_valid_after, t1);
 
     let nobody = Uuid::new_v4();
-    assert!(!store.set_user_enabled(nobody, false, t2).await.unwrap());
+    assert!(
+        !store
+            .set_user_enabled(nobody, false, t2)
+            .await
+            .unwrap()
+            .outcome
+    );
 }
 
 async fn check_deleting_a_user_removes_their_keys_and_sessions(store: &Store) {
@@ -299,12 +360,12 @@ async fn check_deleting_a_user_removes_their_keys_and_sessions(store: &Store) {
     let s = session(&u);
     store.insert_session(&s).await.unwrap();
 
-    assert!(store.delete_user(u.id).await.unwrap());
+    assert!(store.delete_user(u.id).await.unwrap().outcome);
     assert_eq!(store.user_by_id(u.id).await.unwrap(), None);
     assert_eq!(store.api_key_by_id(k.id).await.unwrap(), None);
     assert_eq!(store.api_key_by_digest("d1").await.unwrap(), None);
     assert_eq!(store.session_by_id(s.id).await.unwrap(), None);
-    assert!(!store.delete_user(u.id).await.unwrap());
+    assert!(!store.delete_user(u.id).await.unwrap().outcome);
 
     let kept = store.api_key_by_id(other_k.id).await.unwrap();
     assert_eq!(kept, Some(other_k));
@@ -329,14 +390,32 @@ async fn check_api_keys_are_found_listed_toggled_and_deleted(store: &Store) {
     let nobody = Uuid::new_v4();
     assert!(store.list_api_keys(nobody).await.unwrap().is_empty());
 
-    assert!(store.set_api_key_enabled(late.id, false).await.unwrap());
+    assert!(
+        store
+            .set_api_key_enabled(late.id, false)
+            .await
+            .unwrap()
+            .outcome
+    );
     assert!(!store.api_key_by_id(late.id).await.unwrap().unwrap().enabled);
-    assert!(store.set_api_key_enabled(late.id, true).await.unwrap());
+    assert!(
+        store
+            .set_api_key_enabled(late.id, true)
+            .await
+            .unwrap()
+            .outcome
+    );
     assert!(store.api_key_by_id(late.id).await.unwrap().unwrap().enabled);
-    assert!(!store.set_api_key_enabled(nobody, false).await.unwrap());
+    assert!(
+        !store
+            .set_api_key_enabled(nobody, false)
+            .await
+            .unwrap()
+            .outcome
+    );
 
-    assert!(store.delete_api_key(late.id).await.unwrap());
-    assert!(!store.delete_api_key(late.id).await.unwrap());
+    assert!(store.delete_api_key(late.id).await.unwrap().outcome);
+    assert!(!store.delete_api_key(late.id).await.unwrap().outcome);
     assert_eq!(store.list_api_keys(u.id).await.unwrap(), [early]);
 }
 
@@ -357,7 +436,13 @@ async fn check_sessions_are_found_and_ended(store: &Store) {
     assert_eq!(store.session_by_id(s.id).await.unwrap(), Some(s.clone()));
     assert_eq!(store.session_by_id(Uuid::new_v4()).await.unwrap(), None);
 
-    assert!(store.end_session(s.id, 1_700_000_000_500).await.unwrap());
+    assert!(
+        store
+            .end_session(s.id, 1_700_000_000_500)
+            .await
+            .unwrap()
+            .outcome
+    );
     let ended = store.session_by_id(s.id).await.unwrap().unwrap();
     let expected = SessionRecord {
         ended: true,
@@ -366,7 +451,13 @@ async fn check_sessions_are_found_and_ended(store: &Store) {
     };
     assert_eq!(ended, expected);
     let nobody = Uuid::new_v4();
-    assert!(!store.end_session(nobody, 1_700_000_000_500).await.unwrap());
+    assert!(
+        !store
+            .end_session(nobody, 1_700_000_000_500)
+            .await
+            .unwrap()
+            .outcome
+    );
 }
 
 async fn check_settings_first_value_wins(store: &Store) {
@@ -467,7 +558,13 @@ async fn check_password_change_outdates_tokens_and_ends_sessions_but_rehash_does
     store.insert_user(&u).await.unwrap();
     let s = session(&u);
     store.insert_session(&s).await.unwrap();
-    assert!(store.update_password(u.id, "rehashed", None).await.unwrap());
+    assert!(
+        store
+            .update_password(u.id, "rehashed", None)
+            .await
+            .unwrap()
+            .outcome
+    );
     let after = store.user_by_id(u.id).await.unwrap().unwrap();
     assert_eq!(
         (
@@ -483,6 +580,7 @@ async fn check_password_change_outdates_tokens_and_ends_sessions_but_rehash_does
             .update_password(u.id, "changed", Some(1_800_000_000))
             .await
             .unwrap()
+            .outcome
     );
     let after = store.user_by_id(u.id).await.unwrap().unwrap();
     assert_eq!(
@@ -497,6 +595,7 @@ async fn check_password_change_outdates_tokens_and_ends_sessions_but_rehash_does
             .update_password(Uuid::new_v4(), "x", None)
             .await
             .unwrap()
+            .outcome
     );
 }
 
@@ -508,7 +607,7 @@ async fn check_lockout_counts_locks_and_is_lifted_by_enabling(store: &Store) {
     store.clear_login_failures(u.id).await.unwrap();
     assert_eq!(store.record_login_failure(u.id).await.unwrap(), 1);
     assert!(!store.is_locked(u.id).await.unwrap());
-    assert!(store.lock_user(u.id, 1_800_000_000).await.unwrap());
+    assert!(store.lock_user(u.id, 1_800_000_000).await.unwrap().outcome);
     assert!(store.is_locked(u.id).await.unwrap());
     let locked = store.user_by_id(u.id).await.unwrap().unwrap();
     assert!(!locked.enabled);
@@ -545,12 +644,15 @@ async fn check_activation_token_is_used_once_when_raced(store: &Store) {
         store.activate("tok", "hash-a", 0, 1_800_000_000),
         store.activate("tok", "hash-b", 0, 1_800_000_000),
     );
-    let winners = [a.unwrap(), b.unwrap()];
+    let winners = [a.unwrap().outcome, b.unwrap().outcome];
     assert_eq!(winners.iter().flatten().count(), 1, "{winners:?}");
     let after = store.user_by_id(u.id).await.unwrap().unwrap();
     assert!(matches!(after.password_hash.as_str(), "hash-a" | "hash-b"));
     assert_eq!(store.activation_user("tok", 0).await.unwrap(), None);
-    assert_eq!(store.activate("tok", "hash-c", 0, 1).await.unwrap(), None);
+    assert_eq!(
+        store.activate("tok", "hash-c", 0, 1).await.unwrap().outcome,
+        None
+    );
 }
 
 async fn check_activation_never_sets_the_password_of_an_active_account(store: &Store) {
@@ -564,7 +666,8 @@ async fn check_activation_never_sets_the_password_of_an_active_account(store: &S
         store
             .activate("tok", "attacker", 0, 1_800_000_000)
             .await
-            .unwrap(),
+            .unwrap()
+            .outcome,
         None
     );
     let after = store.user_by_id(u.id).await.unwrap().unwrap();
@@ -593,7 +696,8 @@ async fn check_activation_ends_earlier_sessions_of_the_user(store: &Store) {
         store
             .activate("tok", "first", 0, 1_800_000_000)
             .await
-            .unwrap(),
+            .unwrap()
+            .outcome,
         Some(u.id)
     );
     let after = store.user_by_id(u.id).await.unwrap().unwrap();
@@ -767,7 +871,8 @@ async fn check_pruning_deletes_expired_activation_tokens_only(store: &Store) {
         store
             .activate(digest, "hash", NOW, NOW / 1000)
             .await
-            .unwrap(),
+            .unwrap()
+            .outcome,
         Some(fresh.id)
     );
     // Pruning removed tokens only, never their users.
