@@ -236,9 +236,14 @@ fn init_logging(format: LogFormat) {
         std::io::stderr().is_terminal(),
         std::env::var_os("NO_COLOR").as_deref(),
     );
+    // A log line that cannot be written (stderr closed: a log collector gone)
+    // is dropped. By default the subscriber reports that with `eprintln!`,
+    // which panics on the same closed stderr, killing whatever task logged:
+    // the log must never take the gateway down with it.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(colour)
+        .log_internal_errors(false)
         .with_writer(std::io::stderr);
     match format {
         LogFormat::Json => builder.json().init(),
@@ -282,7 +287,10 @@ async fn serve(
     let shown = dev.then(|| settings.clone());
     let running = server::start(settings, options).await?;
     if let Some(settings) = shown {
-        eprintln!("{}", keygate::dev::quick_start(&running, &settings).await?);
+        // Written once, whole; a closed stderr must not end the server (a
+        // panicking eprintln! would).
+        let text = keygate::dev::quick_start(&running, &settings).await?;
+        let _ = std::io::Write::write_all(&mut std::io::stderr(), format!("{text}\n").as_bytes());
     }
     // In development mode the routes point at the in-process upstream: a
     // reload from the (default) configuration would point them elsewhere, so

@@ -16,6 +16,7 @@
 
 use std::collections::HashMap;
 use std::convert::Infallible;
+use std::io::Write;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -53,7 +54,7 @@ pub async fn serve(listener: TcpListener, shutdown: impl std::future::Future<Out
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => spawn_connection(stream, Arc::clone(&store)),
                 Err(err) => {
-                    eprintln!("accept failed: {err}");
+                    let _ = writeln!(std::io::stderr(), "accept failed: {err}");
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }
             },
@@ -67,7 +68,7 @@ fn spawn_connection(stream: TcpStream, store: Arc<Store>) {
         let builder = auto::Builder::new(TokioExecutor::new());
         let connection = builder.serve_connection(TokioIo::new(stream), service);
         if let Err(err) = connection.await {
-            eprintln!("connection error: {err}");
+            let _ = writeln!(std::io::stderr(), "connection error: {err}");
         }
     });
 }

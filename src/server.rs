@@ -265,10 +265,12 @@ pub async fn start(mut settings: Settings, options: StartOptions) -> Result<Runn
     };
     if let Some(password) = &generated_password {
         // Shown once, on the console of the first start; never stored in clear.
-        eprintln!(
-            "\nkeygate: created the first administrator {} with password: {password}\n",
+        // Written without eprintln!, which would panic on a closed stderr.
+        let text = format!(
+            "\nkeygate: created the first administrator {} with password: {password}\n\n",
             accounts::BOOTSTRAP_EMAIL
         );
+        let _ = std::io::Write::write_all(&mut std::io::stderr(), text.as_bytes());
     }
 
     let secret = signing_key(&settings, &store).await?;

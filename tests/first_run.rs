@@ -74,11 +74,11 @@ fn stderr_until(child: &mut Child, stop: impl Fn(&str) -> bool) -> String {
     let stderr = child.stderr.take().unwrap();
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
+        // Drains stderr to the end, also after the test stopped listening:
+        // the process keeps a live stderr, as under a real log collector.
         for line in BufReader::new(stderr).lines() {
             let Ok(line) = line else { break };
-            if tx.send(line).is_err() {
-                break;
-            }
+            let _ = tx.send(line);
         }
     });
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -283,4 +283,54 @@ fn a_bootstrap_password_for_a_store_with_users_is_reported_not_ignored() {
         seen.contains("KEYGATE_BOOTSTRAP_PASSWORD is set but the store already has users"),
         "{seen}"
     );
+}
+
+#[tokio::test]
+async fn a_closed_stderr_never_takes_the_gateway_down() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_keygate"))
+        .args(["serve", "--dev"])
+        .current_dir(dir.path())
+        .env("KEYGATE_LISTEN_HTTPS", "127.0.0.1:0")
+        .env("KEYGATE_LISTEN_HTTP", "127.0.0.1:0")
+        .env("KEYGATE_LISTEN_ADMIN", "127.0.0.1:0")
+        .env("RUST_LOG", "info")
+        .env_remove("KEYGATE_CONFIG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut console = String::new();
+    {
+        // Read up to the quick-start text, then close the pipe: every log
+        // line after this fails to write, as when a log collector goes away.
+        let mut reader = BufReader::new(child.stderr.take().unwrap());
+        let mut line = String::new();
+        while reader.read_line(&mut line).unwrap() > 0 {
+            console.push_str(&line);
+            if line.starts_with("Stop with Ctrl-C") {
+                break;
+            }
+            line.clear();
+        }
+    }
+    let dev = Dev {
+        child,
+        dir,
+        console,
+    };
+    let browser = dev.field("API browser");
+    let base = browser.trim_end_matches("/swagger-ui.html").to_string();
+    let client = dev.client();
+    for n in 0..5 {
+        let response = client
+            .post(format!("{base}/api/device"))
+            .header("X-Authorization", format!("ApiKey {}", dev.key()))
+            .json(&serde_json::json!({"name": format!("Device {n}")}))
+            .send()
+            .await
+            .expect("the gateway still answers, its access line unwritable");
+        assert_eq!(response.status(), 200);
+    }
 }
