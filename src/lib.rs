@@ -1,7 +1,7 @@
 //! keygate: a TLS-terminating authentication gateway for a device-platform REST API.
 //!
 //! A request meets the modules in this order: [`listener`] (TCP, TLS, limits,
-//! deadlines, [`listener::Transport`]) → [`app`] (the request path) → [`proxy::path`]
+//! deadlines, [`conn::Connection`]) → [`app`] (the request path) → [`proxy::path`]
 //! (normalisation) → [`auth::credential`] (parsing) → [`auth`] (verification
 //! through [`auth::cache`] and [`store`]) → [`identity`] (strip and inject) →
 //! [`proxy`] (forwarding). Errors leave through [`error`].

@@ -336,6 +336,7 @@ pub async fn start(mut settings: Settings, options: StartOptions) -> Result<Runn
         &settings.limits,
         per_address,
         metrics.clone(),
+        settings.proxy.trusted_proxies.clone(),
         settings.shutdown_grace,
     ));
     // The routes live in one table from here on, which reload swaps; the

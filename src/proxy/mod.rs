@@ -277,7 +277,8 @@ impl Proxy {
         fallback
     }
 
-    /// Sends a prepared request (headers already processed) to the route.
+    /// Sends a prepared request (headers already processed) to the route; the
+    /// response head comes back as the upstream sent it.
     /// `path` is the normalised path; the upstream receives exactly it.
     pub async fn forward<'r>(
         &self,
@@ -329,8 +330,7 @@ impl Proxy {
                 Ok(Ok(response)) => {
                     upstream.down_until.store(0, Ordering::Relaxed);
                     self.metrics.upstream(&upstream.label, started.elapsed());
-                    let (mut head, incoming) = response.into_parts();
-                    headers::to_client(&mut head.headers);
+                    let (head, incoming) = response.into_parts();
                     return Ok((
                         Response::from_parts(head, body::boxed(incoming)),
                         upstream.label.as_str(),
