@@ -30,7 +30,7 @@ use crate::framing::AmbiguousFraming;
 use crate::identity::Identity;
 use crate::proxy::headers::{self, X_REQUEST_ID};
 use crate::proxy::{Proxy, Route, RouteTable, Routes, path};
-use crate::telemetry::Metrics;
+use crate::telemetry::{AuthSeries, Metrics, RouteSeries};
 
 pub struct App {
     settings: Arc<Settings>,
@@ -42,9 +42,19 @@ pub struct App {
     routes: Arc<Routes>,
     proxy: Proxy,
     metrics: Arc<Metrics>,
+    series: Series,
     /// Base of the links keygate builds when no public base URL is configured
     /// and no trusted proxy forwarded a host: this machine's own listener.
     listener_base_url: String,
+}
+
+/// The metric series of what the request path counts, resolved once.
+struct Series {
+    /// One per endpoint of [`api::ROUTES`], in its order.
+    endpoints: Vec<RouteSeries>,
+    browser: RouteSeries,
+    unmatched: RouteSeries,
+    auth: AuthSeries,
 }
 
 /// One request on its way through the phases: what they all read, and what
@@ -56,8 +66,8 @@ struct Exchange<'t> {
     request_id: HeaderValue,
     /// Kept only when the access log is on.
     logged: Option<Logged>,
-    /// The metric and log label of the target, once dispatched.
-    route: Option<&'t str>,
+    /// The target's series and label, once dispatched.
+    route: Option<&'t RouteSeries>,
     upstream: Option<&'t str>,
     identity: Option<Identity>,
 }
@@ -96,8 +106,18 @@ impl App {
         metrics: Arc<Metrics>,
         listener_base_url: String,
     ) -> App {
-        let proxy = Proxy::new(&settings.proxy, &settings.limits, metrics.clone());
+        let proxy = Proxy::new(&settings.proxy, &settings.limits);
+        let series = Series {
+            endpoints: api::ROUTES
+                .iter()
+                .map(|route| metrics.route_series(route.pattern))
+                .collect(),
+            browser: metrics.route_series("api_browser"),
+            unmatched: metrics.route_series("unmatched"),
+            auth: metrics.auth_series(),
+        };
         App {
+            series,
             settings,
             api,
             browser,
@@ -197,9 +217,9 @@ impl App {
         };
         let target = self.dispatch(routes, req.method(), &path)?;
         ex.route = Some(match &target {
-            Target::Browser(_) => "api_browser",
-            Target::Endpoint(matched) => matched.route.pattern,
-            Target::Proxied(route) => &route.name,
+            Target::Browser(_) => &self.series.browser,
+            Target::Endpoint(matched) => self.endpoint_series(matched),
+            Target::Proxied(route) => &route.series,
         });
         match target {
             Target::Browser(browser) => serve_browser(browser, &req, &path),
@@ -251,6 +271,14 @@ impl App {
             .find(path)
             .map(Target::Proxied)
             .ok_or_else(ApiError::not_found)
+    }
+
+    fn endpoint_series(&self, matched: &Matched) -> &RouteSeries {
+        api::ROUTES
+            .iter()
+            .position(|route| std::ptr::eq(route, matched.route))
+            .and_then(|index| self.series.endpoints.get(index))
+            .unwrap_or(&self.series.unmatched)
     }
 
     /// An endpoint keygate answers itself.
@@ -324,10 +352,9 @@ impl App {
     /// without a value (no upstream, no trace, no identity) are left out of
     /// the line rather than written empty.
     fn log(&self, ex: &Exchange<'_>, response: &Response<Body>) {
-        let route = ex.route.unwrap_or("unmatched");
+        let series = ex.route.unwrap_or(&self.series.unmatched);
         let elapsed = ex.started.elapsed();
-        self.metrics
-            .request(route, &ex.method, response.status(), elapsed);
+        series.request(&ex.method, response.status(), elapsed);
         let Some(logged) = &ex.logged else {
             return;
         };
@@ -337,7 +364,7 @@ impl App {
             request_id = ex.request_id.to_str().unwrap_or(""),
             method = %ex.method,
             path = %logged.uri.path(),
-            route,
+            route = series.label(),
             status = response.status().as_u16(),
             duration_ms = duration_ms(elapsed),
             bytes = http_body::Body::size_hint(response.body()).exact(),
@@ -370,16 +397,18 @@ impl App {
                 if self.settings.disable_key_on_plaintext {
                     self.auth.disable_exposed_key(&key).await;
                 }
-                self.metrics
-                    .auth("api_key", AuthFailure::PlaintextRefused.label());
+                self.series
+                    .auth
+                    .count(API_KEY, Err(AuthFailure::PlaintextRefused));
                 Err(AuthFailure::PlaintextRefused.to_api_error())
             }
             Ok(Credential::Bearer(_))
                 if !client.may_send_secrets(self.settings.listen.allow_plaintext_credentials) =>
             {
                 tracing::warn!(target: "keygate::security", peer = %client.conn.peer, "refused a Bearer token sent over plain HTTP");
-                self.metrics
-                    .auth("jwt", AuthFailure::PlaintextRefused.label());
+                self.series
+                    .auth
+                    .count(JWT, Err(AuthFailure::PlaintextRefused));
                 Err(ApiError::credentials_over_plain_http())
             }
             _ => Ok(()),
@@ -397,11 +426,11 @@ impl App {
             return Ok(None);
         }
         let result = match credential::parse(req.headers()) {
-            Err(e) => Err(("none", AuthFailure::from(e))),
+            Err(e) => Err((NO_CREDENTIAL, AuthFailure::from(e))),
             Ok(credential) => {
                 let method = match credential {
-                    Credential::ApiKey(_) => "api_key",
-                    Credential::Bearer(_) => "jwt",
+                    Credential::ApiKey(_) => API_KEY,
+                    Credential::Bearer(_) => JWT,
                 };
                 self.auth
                     .verify(&credential)
@@ -412,11 +441,11 @@ impl App {
         };
         match result {
             Ok((method, identity)) => {
-                self.metrics.auth(method, "accepted");
+                self.series.auth.count(method, Ok(()));
                 Ok(Some(identity))
             }
             Err((method, failure)) => {
-                self.metrics.auth(method, failure.label());
+                self.series.auth.count(method, Err(failure));
                 Err(failure.to_api_error())
             }
         }
@@ -461,6 +490,11 @@ fn ambiguous_framing() -> Response<Body> {
 
 const TRACEPARENT: &str = "traceparent";
 
+/// Credential methods, as indices into [`crate::telemetry::AUTH_METHODS`].
+const API_KEY: usize = 0;
+const JWT: usize = 1;
+const NO_CREDENTIAL: usize = 2;
+
 /// Milliseconds rounded to whole microseconds: `0.021`, not `0.020661000000000002`.
 fn duration_ms(elapsed: std::time::Duration) -> f64 {
     let micros = elapsed.as_nanos().saturating_add(500) / 1000;
@@ -487,6 +521,14 @@ fn header_block_size<B>(req: &Request<B>) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn credential_methods_count_under_their_metric_labels() {
+        use crate::telemetry::AUTH_METHODS;
+        assert_eq!(AUTH_METHODS[API_KEY], "api_key");
+        assert_eq!(AUTH_METHODS[JWT], "jwt");
+        assert_eq!(AUTH_METHODS[NO_CREDENTIAL], "none");
+    }
 
     #[test]
     fn trace_ids_are_read_from_valid_traceparent_headers_only() {

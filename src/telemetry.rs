@@ -14,11 +14,12 @@
 #[cfg(target_os = "linux")]
 mod process;
 
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
-    TextEncoder,
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 pub struct Metrics {
@@ -69,6 +70,116 @@ pub const HASH_PURPOSES: [&str; 2] = ["login", "other"];
 pub const RELOADED: [&str; 2] = ["routes", "tls"];
 
 const OUTCOMES: [&str; 2] = ["success", "failure"];
+
+/// The request series of one route label, each looked up on its first use and
+/// then kept, so counting a request costs no label lookup. Nothing is created
+/// before the first request, as with looking the labels up each time.
+pub struct RouteSeries {
+    label: Box<str>,
+    requests: IntCounterVec,
+    durations: HistogramVec,
+    counters: [OnceLock<IntCounter>; METHOD_CLASSES * STATUS_CLASSES],
+    duration: OnceLock<Histogram>,
+}
+
+const METHOD_CLASSES: usize = 8;
+const STATUS_CLASSES: usize = 5;
+
+impl RouteSeries {
+    /// The route label, as the metrics and the access log name it.
+    pub fn label(&self) -> &str {
+        &self.label
+    }
+
+    /// Counts one answered request and its duration.
+    pub fn request(&self, method: &http::Method, status: http::StatusCode, elapsed: Duration) {
+        let (m, s) = (method_index(method), status_index(status));
+        self.counters[m * STATUS_CLASSES + s]
+            .get_or_init(|| {
+                self.requests
+                    .with_label_values(&[&self.label, METHOD_LABELS[m], STATUS_LABELS[s]])
+            })
+            .inc();
+        self.duration
+            .get_or_init(|| self.durations.with_label_values(&[&self.label]))
+            .observe(elapsed.as_secs_f64());
+    }
+}
+
+/// Authentication outcomes by credential method, each looked up on first use.
+pub struct AuthSeries {
+    auth: IntCounterVec,
+    /// Per method ([`AUTH_METHODS`]): accepted, then each [`AuthFailure`] in order.
+    counters: [[OnceLock<IntCounter>; AUTH_RESULTS]; 3],
+}
+
+/// The credential methods of `keygate_auth_total` the request path counts.
+pub const AUTH_METHODS: [&str; 3] = ["api_key", "jwt", "none"];
+const AUTH_RESULTS: usize = 1 + crate::auth::AuthFailure::ALL.len();
+
+impl AuthSeries {
+    /// Counts one outcome: `Ok` accepted, or the failure. `method` is an
+    /// index into [`AUTH_METHODS`].
+    pub fn count(&self, method: usize, outcome: Result<(), crate::auth::AuthFailure>) {
+        let result = match outcome {
+            Ok(()) => 0,
+            Err(failure) => 1 + failure as usize,
+        };
+        self.counters[method][result]
+            .get_or_init(|| {
+                let label = match outcome {
+                    Ok(()) => "accepted",
+                    Err(failure) => failure.label(),
+                };
+                self.auth.with_label_values(&[AUTH_METHODS[method], label])
+            })
+            .inc();
+    }
+}
+
+/// One upstream's series: its answer times (created on the first answer) and
+/// its errors by kind (created at 0 with the upstream).
+pub struct UpstreamSeries {
+    durations: HistogramVec,
+    label: Box<str>,
+    duration: OnceLock<Histogram>,
+    errors: Vec<IntCounter>,
+}
+
+impl UpstreamSeries {
+    pub fn answered(&self, elapsed: Duration) {
+        self.duration
+            .get_or_init(|| self.durations.with_label_values(&[&self.label]))
+            .observe(elapsed.as_secs_f64());
+    }
+
+    /// Counts an error of the kind at `kind` in the kinds the series was made with.
+    pub fn error(&self, kind: usize) {
+        self.errors[kind].inc();
+    }
+}
+
+/// One credential cache's lookup and eviction counters, created at 0.
+#[derive(Clone)]
+pub struct CacheSeries {
+    hit: IntCounter,
+    miss: IntCounter,
+    eviction: IntCounter,
+}
+
+impl CacheSeries {
+    pub fn hit(&self) {
+        self.hit.inc();
+    }
+
+    pub fn miss(&self) {
+        self.miss.inc();
+    }
+
+    pub fn eviction(&self) {
+        self.eviction.inc();
+    }
+}
 
 const LATENCY_BUCKETS: &[f64] = &[
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
@@ -308,23 +419,47 @@ impl Metrics {
         }
     }
 
-    /// Creates the error series of configured upstreams with 0, one per
-    /// upstream and error kind (`kinds`).
-    pub fn init_upstreams<'a>(&self, upstreams: impl IntoIterator<Item = &'a str>, kinds: &[&str]) {
-        for upstream in upstreams {
-            for kind in kinds {
-                self.upstream_errors.with_label_values(&[upstream, kind]);
-            }
+    /// Creates a credential cache's series with 0, and returns its counters.
+    pub fn init_cache(&self, cache: &str) -> CacheSeries {
+        self.cache_entries.with_label_values(&[cache]);
+        CacheSeries {
+            hit: self.cache.with_label_values(&[cache, "hit"]),
+            miss: self.cache.with_label_values(&[cache, "miss"]),
+            eviction: self.cache_evictions.with_label_values(&[cache]),
         }
     }
 
-    /// Creates a credential cache's series with 0.
-    pub fn init_cache(&self, cache: &str) {
-        for result in ["hit", "miss"] {
-            self.cache.with_label_values(&[cache, result]);
+    /// The request series of a route label ([`RouteSeries`]).
+    pub fn route_series(&self, label: &str) -> RouteSeries {
+        RouteSeries {
+            label: label.into(),
+            requests: self.requests.clone(),
+            durations: self.request_duration.clone(),
+            counters: std::array::from_fn(|_| OnceLock::new()),
+            duration: OnceLock::new(),
         }
-        self.cache_evictions.with_label_values(&[cache]);
-        self.cache_entries.with_label_values(&[cache]);
+    }
+
+    /// The authentication outcome counters of the request path ([`AuthSeries`]).
+    pub fn auth_series(&self) -> AuthSeries {
+        AuthSeries {
+            auth: self.auth.clone(),
+            counters: std::array::from_fn(|_| std::array::from_fn(|_| OnceLock::new())),
+        }
+    }
+
+    /// An upstream's series; its error series exist (at 0) from here on, one
+    /// per kind (`kinds`).
+    pub fn upstream_series(&self, upstream: &str, kinds: &[&str]) -> UpstreamSeries {
+        UpstreamSeries {
+            durations: self.upstream_duration.clone(),
+            label: upstream.into(),
+            duration: OnceLock::new(),
+            errors: kinds
+                .iter()
+                .map(|kind| self.upstream_errors.with_label_values(&[upstream, kind]))
+                .collect(),
+        }
     }
 
     /// Creates the store pruning series with 0, where pruning runs: the rows
@@ -365,18 +500,6 @@ impl Metrics {
 
     pub fn auth(&self, method: &str, result: &str) {
         self.auth.with_label_values(&[method, result]).inc();
-    }
-
-    pub fn upstream(&self, upstream: &str, elapsed: Duration) {
-        self.upstream_duration
-            .with_label_values(&[upstream])
-            .observe(elapsed.as_secs_f64());
-    }
-
-    pub fn upstream_error(&self, upstream: &str, kind: &str) {
-        self.upstream_errors
-            .with_label_values(&[upstream, kind])
-            .inc();
     }
 
     pub fn login(&self, outcome: &str) {
@@ -420,18 +543,6 @@ impl Metrics {
 
     pub fn revocation_listener(&self, up: bool) {
         self.revocation_listener_up.set(i64::from(up));
-    }
-
-    pub fn cache_hit(&self, cache: &str) {
-        self.cache.with_label_values(&[cache, "hit"]).inc();
-    }
-
-    pub fn cache_miss(&self, cache: &str) {
-        self.cache.with_label_values(&[cache, "miss"]).inc();
-    }
-
-    pub fn cache_eviction(&self, cache: &str) {
-        self.cache_evictions.with_label_values(&[cache]).inc();
     }
 
     pub fn connection_opened(&self, listener: &str) {
@@ -500,27 +611,40 @@ fn outcome(ok: bool) -> &'static str {
     OUTCOMES[usize::from(!ok)]
 }
 
-pub fn method_class(method: &http::Method) -> &'static str {
+const METHOD_LABELS: [&str; METHOD_CLASSES] = [
+    "GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS", "OTHER",
+];
+const STATUS_LABELS: [&str; STATUS_CLASSES] = ["1xx", "2xx", "3xx", "4xx", "5xx"];
+
+fn method_index(method: &http::Method) -> usize {
     match *method {
-        http::Method::GET => "GET",
-        http::Method::POST => "POST",
-        http::Method::PUT => "PUT",
-        http::Method::DELETE => "DELETE",
-        http::Method::PATCH => "PATCH",
-        http::Method::HEAD => "HEAD",
-        http::Method::OPTIONS => "OPTIONS",
-        _ => "OTHER",
+        http::Method::GET => 0,
+        http::Method::POST => 1,
+        http::Method::PUT => 2,
+        http::Method::DELETE => 3,
+        http::Method::PATCH => 4,
+        http::Method::HEAD => 5,
+        http::Method::OPTIONS => 6,
+        _ => 7,
     }
 }
 
-pub fn status_class(status: http::StatusCode) -> &'static str {
+fn status_index(status: http::StatusCode) -> usize {
     match status.as_u16() {
-        100..=199 => "1xx",
-        200..=299 => "2xx",
-        300..=399 => "3xx",
-        400..=499 => "4xx",
-        _ => "5xx",
+        100..=199 => 0,
+        200..=299 => 1,
+        300..=399 => 2,
+        400..=499 => 3,
+        _ => 4,
     }
+}
+
+pub fn method_class(method: &http::Method) -> &'static str {
+    METHOD_LABELS[method_index(method)]
+}
+
+pub fn status_class(status: http::StatusCode) -> &'static str {
+    STATUS_LABELS[status_index(status)]
 }
 
 #[cfg(test)]
@@ -563,8 +687,8 @@ mod tests {
         assert!(!text.contains("keygate_store_prune_runs_total{"));
         m.init_pruning(&["ended_sessions"]);
         m.init_connections("https", &["idle"]);
-        m.init_upstreams(["http://10.0.0.1:8080"], &["connect"]);
-        m.init_cache("users");
+        let _upstream = m.upstream_series("http://10.0.0.1:8080", &["connect"]);
+        let _users = m.init_cache("users");
         let text = m.render();
         for series in [
             r#"keygate_store_pruned_rows_total{kind="ended_sessions"} 0"#,
@@ -574,6 +698,45 @@ mod tests {
             r#"keygate_upstream_errors_total{kind="connect",upstream="http://10.0.0.1:8080"} 0"#,
             r#"keygate_cache_requests_total{cache="users",result="miss"} 0"#,
             r#"keygate_cache_evictions_total{cache="users"} 0"#,
+        ] {
+            assert!(text.contains(series), "{series} missing:\n{text}");
+        }
+    }
+
+    #[test]
+    fn resolved_handles_count_into_the_same_series_as_label_lookups() {
+        let m = Metrics::new();
+        let route = m.route_series("api");
+        assert!(!m.render().contains(r#"route="api""#), "nothing before use");
+        route.request(
+            &http::Method::GET,
+            http::StatusCode::OK,
+            Duration::from_millis(1),
+        );
+        route.request(
+            &http::Method::GET,
+            http::StatusCode::OK,
+            Duration::from_millis(1),
+        );
+        m.request(
+            "api",
+            &http::Method::GET,
+            http::StatusCode::OK,
+            Duration::from_millis(1),
+        );
+        let auth = m.auth_series();
+        auth.count(1, Err(crate::auth::AuthFailure::Expired));
+        auth.count(0, Ok(()));
+        let upstream = m.upstream_series("http://10.0.0.1:8080", &["connect", "timeout"]);
+        upstream.error(1);
+        let text = m.render();
+        for series in [
+            r#"keygate_requests_total{method="GET",route="api",status="2xx"} 3"#,
+            r#"keygate_request_duration_seconds_count{route="api"} 3"#,
+            r#"keygate_auth_total{method="jwt",result="expired"} 1"#,
+            r#"keygate_auth_total{method="api_key",result="accepted"} 1"#,
+            r#"keygate_upstream_errors_total{kind="connect",upstream="http://10.0.0.1:8080"} 0"#,
+            r#"keygate_upstream_errors_total{kind="timeout",upstream="http://10.0.0.1:8080"} 1"#,
         ] {
             assert!(text.contains(series), "{series} missing:\n{text}");
         }
