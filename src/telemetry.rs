@@ -24,16 +24,147 @@ use prometheus::{
 
 pub struct Metrics {
     registry: Registry,
+    traffic: Traffic,
+    operations: Operations,
+    pub tls_cert_not_after: IntGauge,
+}
+
+/// Registers each metric as it is created; a clash is a programming error.
+struct Registrar<'r>(&'r Registry);
+
+impl Registrar<'_> {
+    fn counter(&self, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+        let c = IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric");
+        self.0.register(Box::new(c.clone())).expect("unique metric");
+        c
+    }
+
+    fn histogram(&self, name: &str, help: &str, labels: &[&str]) -> HistogramVec {
+        let h = HistogramVec::new(
+            HistogramOpts::new(name, help).buckets(LATENCY_BUCKETS.to_vec()),
+            labels,
+        )
+        .expect("valid metric");
+        self.0.register(Box::new(h.clone())).expect("unique metric");
+        h
+    }
+
+    fn gauge(&self, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
+        let g = IntGaugeVec::new(Opts::new(name, help), labels).expect("valid metric");
+        self.0.register(Box::new(g.clone())).expect("unique metric");
+        g
+    }
+}
+
+/// The request path's metrics: requests, authentication, upstreams, caches,
+/// connections.
+struct Traffic {
     requests: IntCounterVec,
     request_duration: HistogramVec,
     auth: IntCounterVec,
     upstream_duration: HistogramVec,
     upstream_errors: IntCounterVec,
     cache: IntCounterVec,
-    cache_entries: IntGaugeVec,
     cache_evictions: IntCounterVec,
+    cache_entries: IntGaugeVec,
     open_connections: IntGaugeVec,
     connections_closed: IntCounterVec,
+}
+
+impl Traffic {
+    fn new(r: &Registrar<'_>) -> Traffic {
+        let requests = r.counter(
+            "keygate_requests_total",
+            "Requests answered, by route, method class and status class.",
+            &["route", "method", "status"],
+        );
+        let request_duration = r.histogram(
+            "keygate_request_duration_seconds",
+            "Time from request head to response head, by route.",
+            &["route"],
+        );
+        let auth = r.counter(
+            "keygate_auth_total",
+            "Authentication outcomes, by credential method and result.",
+            &["method", "result"],
+        );
+        let upstream_duration = r.histogram(
+            "keygate_upstream_duration_seconds",
+            "Time for an upstream to answer with a response head, by upstream.",
+            &["upstream"],
+        );
+        let upstream_errors = r.counter(
+            "keygate_upstream_errors_total",
+            "Upstream requests that failed, by upstream and kind (connect, timeout, reset).",
+            &["upstream", "kind"],
+        );
+        let cache = r.counter(
+            "keygate_cache_requests_total",
+            "Credential cache lookups, by cache and result (hit, miss).",
+            &["cache", "result"],
+        );
+        let cache_evictions = r.counter(
+            "keygate_cache_evictions_total",
+            "Credential cache entries pushed out by the size bound, by cache.",
+            &["cache"],
+        );
+        let cache_entries = r.gauge(
+            "keygate_cache_entries",
+            "Entries held by each credential cache.",
+            &["cache"],
+        );
+        let open_connections = r.gauge(
+            "keygate_open_connections",
+            "Client connections currently open, by listener.",
+            &["listener"],
+        );
+        let connections_closed = r.counter(
+            "keygate_connections_closed_total",
+            "Client connections keygate closed for a limit, by listener and reason \
+             (per_address_cap, tls_handshake_timeout, head_timeout, idle, keep_alive_timeout, body_timeout).",
+            &["listener", "reason"],
+        );
+        zero_auth_outcomes(&auth);
+        Traffic {
+            requests,
+            request_duration,
+            auth,
+            upstream_duration,
+            upstream_errors,
+            cache,
+            cache_evictions,
+            cache_entries,
+            open_connections,
+            connections_closed,
+        }
+    }
+}
+
+/// Creates the authentication outcomes that can happen with 0: each method
+/// with every failure it can meet, parse failures under `none`, and the
+/// password sent in clear.
+fn zero_auth_outcomes(auth: &IntCounterVec) {
+    for method in ["api_key", "jwt"] {
+        auth.with_label_values(&[method, "accepted"]);
+        for failure in crate::auth::AuthFailure::ALL {
+            if !failure.is_parse_failure() {
+                auth.with_label_values(&[method, failure.label()]);
+            }
+        }
+    }
+    for failure in crate::auth::AuthFailure::ALL {
+        if failure.is_parse_failure() {
+            auth.with_label_values(&["none", failure.label()]);
+        }
+    }
+    auth.with_label_values(&[
+        "password",
+        crate::auth::AuthFailure::PlaintextRefused.label(),
+    ]);
+}
+
+/// Accounts, reloads, revocations and store pruning.
+struct Operations {
     logins: IntCounterVec,
     rate_limited: IntCounterVec,
     password_hashes: IntCounterVec,
@@ -45,9 +176,110 @@ pub struct Metrics {
     revocation_listener_up: IntGauge,
     reloads: IntCounterVec,
     last_reload: IntGauge,
-    pub tls_cert_not_after: IntGauge,
     pruned_rows: IntCounterVec,
     prune_runs: IntCounterVec,
+}
+
+impl Operations {
+    fn new(r: &Registrar<'_>) -> Operations {
+        let logins = r.counter(
+            "keygate_login_attempts_total",
+            "Login attempts, by outcome (success, bad_credentials, disabled, locked, rate_limited, bad_request).",
+            &["outcome"],
+        );
+        let rate_limited = r.counter(
+            "keygate_rate_limited_total",
+            "Requests refused by a rate limit, by limiter (account, address).",
+            &["limiter"],
+        );
+        let password_hashes = r.counter(
+            "keygate_password_hashes_total",
+            "Argon2id / bcrypt computations, by allowance (login, other).",
+            &["purpose"],
+        );
+        let refresh_reuse = prometheus::IntCounter::new(
+            "keygate_refresh_token_reuse_total",
+            "Retired refresh tokens presented again; each ended its session.",
+        )
+        .expect("valid metric");
+        r.0.register(Box::new(refresh_reuse.clone()))
+            .expect("unique metric");
+        let revocations = prometheus::IntCounter::new(
+            "keygate_revocation_notifications_total",
+            "Revocation notifications received from the shared store.",
+        )
+        .expect("valid metric");
+        r.0.register(Box::new(revocations.clone()))
+            .expect("unique metric");
+        let keys_disabled_on_plaintext = prometheus::IntCounter::new(
+            "keygate_api_keys_disabled_on_plaintext_total",
+            "API keys disabled because they arrived over plain HTTP.",
+        )
+        .expect("valid metric");
+        r.0.register(Box::new(keys_disabled_on_plaintext.clone()))
+            .expect("unique metric");
+        let revocation_listener_up = IntGauge::new(
+            "keygate_revocation_listener_up",
+            "1 while the revocation listener is connected to PostgreSQL, else 0. \
+             Exported only on a PostgreSQL store.",
+        )
+        .expect("valid metric");
+        let reloads = r.counter(
+            "keygate_config_reloads_total",
+            "Reloads of routes or the TLS certificate, by what and outcome (success, failure).",
+            &["what", "outcome"],
+        );
+        let last_reload = IntGauge::new(
+            "keygate_config_last_reload_success_timestamp_seconds",
+            "When a reload last succeeded (Unix time; 0 before the first).",
+        )
+        .expect("valid metric");
+        r.0.register(Box::new(last_reload.clone()))
+            .expect("unique metric");
+        let pruned_rows = r.counter(
+            "keygate_store_pruned_rows_total",
+            "Dead rows deleted from the store, by kind (ended_sessions, expired_sessions, activation_tokens).",
+            &["kind"],
+        );
+        let prune_runs = r.counter(
+            "keygate_store_prune_runs_total",
+            "Runs of the store pruning, by outcome (success, failure).",
+            &["outcome"],
+        );
+        let operations = Operations {
+            logins,
+            rate_limited,
+            password_hashes,
+            refresh_reuse,
+            revocations,
+            keys_disabled_on_plaintext,
+            revocation_listener_up,
+            reloads,
+            last_reload,
+            pruned_rows,
+            prune_runs,
+        };
+        operations.zero_known_outcomes();
+        operations
+    }
+
+    /// Creates the series of every known outcome with 0.
+    fn zero_known_outcomes(&self) {
+        for outcome in LOGIN_OUTCOMES {
+            self.logins.with_label_values(&[outcome]);
+        }
+        for limiter in RATE_LIMITERS {
+            self.rate_limited.with_label_values(&[limiter]);
+        }
+        for purpose in HASH_PURPOSES {
+            self.password_hashes.with_label_values(&[purpose]);
+        }
+        for what in RELOADED {
+            for outcome in OUTCOMES {
+                self.reloads.with_label_values(&[what, outcome]);
+            }
+        }
+    }
 }
 
 /// Login outcomes ([`Metrics::login`]).
@@ -188,159 +420,17 @@ const LATENCY_BUCKETS: &[f64] = &[
 impl Metrics {
     pub fn new() -> Metrics {
         let registry = Registry::new();
-        let counter = |name: &str, help: &str, labels: &[&str]| {
-            let c = IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric");
-            registry
-                .register(Box::new(c.clone()))
-                .expect("unique metric");
-            c
-        };
-        let histogram = |name: &str, help: &str, labels: &[&str]| {
-            let h = HistogramVec::new(
-                HistogramOpts::new(name, help).buckets(LATENCY_BUCKETS.to_vec()),
-                labels,
-            )
-            .expect("valid metric");
-            registry
-                .register(Box::new(h.clone()))
-                .expect("unique metric");
-            h
-        };
-        let gauge = |name: &str, help: &str, labels: &[&str]| {
-            let g = IntGaugeVec::new(Opts::new(name, help), labels).expect("valid metric");
-            registry
-                .register(Box::new(g.clone()))
-                .expect("unique metric");
-            g
-        };
-        let requests = counter(
-            "keygate_requests_total",
-            "Requests answered, by route, method class and status class.",
-            &["route", "method", "status"],
-        );
-        let request_duration = histogram(
-            "keygate_request_duration_seconds",
-            "Time from request head to response head, by route.",
-            &["route"],
-        );
-        let auth = counter(
-            "keygate_auth_total",
-            "Authentication outcomes, by credential method and result.",
-            &["method", "result"],
-        );
-        let upstream_duration = histogram(
-            "keygate_upstream_duration_seconds",
-            "Time for an upstream to answer with a response head, by upstream.",
-            &["upstream"],
-        );
-        let upstream_errors = counter(
-            "keygate_upstream_errors_total",
-            "Upstream requests that failed, by upstream and kind (connect, timeout, reset).",
-            &["upstream", "kind"],
-        );
-        let cache = counter(
-            "keygate_cache_requests_total",
-            "Credential cache lookups, by cache and result (hit, miss).",
-            &["cache", "result"],
-        );
-        let cache_evictions = counter(
-            "keygate_cache_evictions_total",
-            "Credential cache entries pushed out by the size bound, by cache.",
-            &["cache"],
-        );
-        let cache_entries = gauge(
-            "keygate_cache_entries",
-            "Entries held by each credential cache.",
-            &["cache"],
-        );
-        let open_connections = gauge(
-            "keygate_open_connections",
-            "Client connections currently open, by listener.",
-            &["listener"],
-        );
-        let connections_closed = counter(
-            "keygate_connections_closed_total",
-            "Client connections keygate closed for a limit, by listener and reason \
-             (per_address_cap, tls_handshake_timeout, head_timeout, idle, keep_alive_timeout, body_timeout).",
-            &["listener", "reason"],
-        );
-        let logins = counter(
-            "keygate_login_attempts_total",
-            "Login attempts, by outcome (success, bad_credentials, disabled, locked, rate_limited, bad_request).",
-            &["outcome"],
-        );
-        let rate_limited = counter(
-            "keygate_rate_limited_total",
-            "Requests refused by a rate limit, by limiter (account, address).",
-            &["limiter"],
-        );
-        let password_hashes = counter(
-            "keygate_password_hashes_total",
-            "Argon2id / bcrypt computations, by allowance (login, other).",
-            &["purpose"],
-        );
-        let refresh_reuse = prometheus::IntCounter::new(
-            "keygate_refresh_token_reuse_total",
-            "Retired refresh tokens presented again; each ended its session.",
-        )
-        .expect("valid metric");
-        registry
-            .register(Box::new(refresh_reuse.clone()))
-            .expect("unique metric");
-        let revocations = prometheus::IntCounter::new(
-            "keygate_revocation_notifications_total",
-            "Revocation notifications received from the shared store.",
-        )
-        .expect("valid metric");
-        registry
-            .register(Box::new(revocations.clone()))
-            .expect("unique metric");
-        let keys_disabled_on_plaintext = prometheus::IntCounter::new(
-            "keygate_api_keys_disabled_on_plaintext_total",
-            "API keys disabled because they arrived over plain HTTP.",
-        )
-        .expect("valid metric");
-        registry
-            .register(Box::new(keys_disabled_on_plaintext.clone()))
-            .expect("unique metric");
-        let revocation_listener_up = IntGauge::new(
-            "keygate_revocation_listener_up",
-            "1 while the revocation listener is connected to PostgreSQL, else 0. \
-             Exported only on a PostgreSQL store.",
-        )
-        .expect("valid metric");
-        let reloads = counter(
-            "keygate_config_reloads_total",
-            "Reloads of routes or the TLS certificate, by what and outcome (success, failure).",
-            &["what", "outcome"],
-        );
-        let last_reload = IntGauge::new(
-            "keygate_config_last_reload_success_timestamp_seconds",
-            "When a reload last succeeded (Unix time; 0 before the first).",
-        )
-        .expect("valid metric");
-        registry
-            .register(Box::new(last_reload.clone()))
-            .expect("unique metric");
+        let r = Registrar(&registry);
+        let traffic = Traffic::new(&r);
+        let operations = Operations::new(&r);
         let tls_cert_not_after = IntGauge::new(
             "keygate_tls_certificate_expiry_timestamp_seconds",
             "When the served TLS certificate expires (Unix time).",
         )
         .expect("valid metric");
-        registry
-            .register(Box::new(tls_cert_not_after.clone()))
+        r.0.register(Box::new(tls_cert_not_after.clone()))
             .expect("unique metric");
-        let pruned_rows = counter(
-            "keygate_store_pruned_rows_total",
-            "Dead rows deleted from the store, by kind (ended_sessions, expired_sessions, activation_tokens).",
-            &["kind"],
-        );
-        let prune_runs = counter(
-            "keygate_store_prune_runs_total",
-            "Runs of the store pruning, by outcome (success, failure).",
-            &["outcome"],
-        );
-        let build = gauge(
+        let build = r.gauge(
             "keygate_build_info",
             "Build information; the value is always 1.",
             &["version"],
@@ -351,81 +441,32 @@ impl Metrics {
             .register(Box::new(process::ProcessCollector::new()))
             .expect("unique metric");
 
-        for method in ["api_key", "jwt"] {
-            auth.with_label_values(&[method, "accepted"]);
-            for failure in crate::auth::AuthFailure::ALL {
-                if !failure.is_parse_failure() {
-                    auth.with_label_values(&[method, failure.label()]);
-                }
-            }
-        }
-        for failure in crate::auth::AuthFailure::ALL {
-            if failure.is_parse_failure() {
-                auth.with_label_values(&["none", failure.label()]);
-            }
-        }
-        auth.with_label_values(&[
-            "password",
-            crate::auth::AuthFailure::PlaintextRefused.label(),
-        ]);
-        for outcome in LOGIN_OUTCOMES {
-            logins.with_label_values(&[outcome]);
-        }
-        for limiter in RATE_LIMITERS {
-            rate_limited.with_label_values(&[limiter]);
-        }
-        for purpose in HASH_PURPOSES {
-            password_hashes.with_label_values(&[purpose]);
-        }
-        for what in RELOADED {
-            for outcome in OUTCOMES {
-                reloads.with_label_values(&[what, outcome]);
-            }
-        }
         Metrics {
-            registry,
-            requests,
-            request_duration,
-            auth,
-            upstream_duration,
-            upstream_errors,
-            cache,
-            cache_entries,
-            cache_evictions,
-            open_connections,
-            connections_closed,
-            logins,
-            rate_limited,
-            password_hashes,
-            refresh_reuse,
-            revocations,
-            keys_disabled_on_plaintext,
-            revocation_listener_up,
-            reloads,
-            last_reload,
+            traffic,
+            operations,
             tls_cert_not_after,
-            pruned_rows,
-            prune_runs,
+            registry,
         }
     }
 
     /// Creates a listener's connection series with 0: its open connections
     /// and each reason it may close one (`reasons`).
     pub fn init_connections(&self, listener: &str, reasons: &[&str]) {
-        self.open_connections.with_label_values(&[listener]);
+        self.traffic.open_connections.with_label_values(&[listener]);
         for reason in reasons {
-            self.connections_closed
+            self.traffic
+                .connections_closed
                 .with_label_values(&[listener, reason]);
         }
     }
 
     /// Creates a credential cache's series with 0, and returns its counters.
     pub fn init_cache(&self, cache: &str) -> CacheSeries {
-        self.cache_entries.with_label_values(&[cache]);
+        self.traffic.cache_entries.with_label_values(&[cache]);
         CacheSeries {
-            hit: self.cache.with_label_values(&[cache, "hit"]),
-            miss: self.cache.with_label_values(&[cache, "miss"]),
-            eviction: self.cache_evictions.with_label_values(&[cache]),
+            hit: self.traffic.cache.with_label_values(&[cache, "hit"]),
+            miss: self.traffic.cache.with_label_values(&[cache, "miss"]),
+            eviction: self.traffic.cache_evictions.with_label_values(&[cache]),
         }
     }
 
@@ -433,8 +474,8 @@ impl Metrics {
     pub fn route_series(&self, label: &str) -> RouteSeries {
         RouteSeries {
             label: label.into(),
-            requests: self.requests.clone(),
-            durations: self.request_duration.clone(),
+            requests: self.traffic.requests.clone(),
+            durations: self.traffic.request_duration.clone(),
             counters: std::array::from_fn(|_| OnceLock::new()),
             duration: OnceLock::new(),
         }
@@ -443,7 +484,7 @@ impl Metrics {
     /// The authentication outcome counters of the request path ([`AuthSeries`]).
     pub fn auth_series(&self) -> AuthSeries {
         AuthSeries {
-            auth: self.auth.clone(),
+            auth: self.traffic.auth.clone(),
             counters: std::array::from_fn(|_| std::array::from_fn(|_| OnceLock::new())),
         }
     }
@@ -452,12 +493,16 @@ impl Metrics {
     /// per kind (`kinds`).
     pub fn upstream_series(&self, upstream: &str, kinds: &[&str]) -> UpstreamSeries {
         UpstreamSeries {
-            durations: self.upstream_duration.clone(),
+            durations: self.traffic.upstream_duration.clone(),
             label: upstream.into(),
             duration: OnceLock::new(),
             errors: kinds
                 .iter()
-                .map(|kind| self.upstream_errors.with_label_values(&[upstream, kind]))
+                .map(|kind| {
+                    self.traffic
+                        .upstream_errors
+                        .with_label_values(&[upstream, kind])
+                })
                 .collect(),
         }
     }
@@ -466,10 +511,10 @@ impl Metrics {
     /// of each kind (`kinds`) and the runs by outcome.
     pub fn init_pruning(&self, kinds: &[&str]) {
         for kind in kinds {
-            self.pruned_rows.with_label_values(&[kind]);
+            self.operations.pruned_rows.with_label_values(&[kind]);
         }
         for outcome in OUTCOMES {
-            self.prune_runs.with_label_values(&[outcome]);
+            self.operations.prune_runs.with_label_values(&[outcome]);
         }
     }
 
@@ -480,7 +525,7 @@ impl Metrics {
         // Already registered is the only possible error, and the same metric.
         let _ = self
             .registry
-            .register(Box::new(self.revocation_listener_up.clone()));
+            .register(Box::new(self.operations.revocation_listener_up.clone()));
     }
 
     pub fn request(
@@ -490,79 +535,104 @@ impl Metrics {
         status: http::StatusCode,
         elapsed: Duration,
     ) {
-        self.requests
+        self.traffic
+            .requests
             .with_label_values(&[route, method_class(method), status_class(status)])
             .inc();
-        self.request_duration
+        self.traffic
+            .request_duration
             .with_label_values(&[route])
             .observe(elapsed.as_secs_f64());
     }
 
     pub fn auth(&self, method: &str, result: &str) {
-        self.auth.with_label_values(&[method, result]).inc();
+        self.traffic.auth.with_label_values(&[method, result]).inc();
     }
 
     pub fn login(&self, outcome: &str) {
-        self.logins.with_label_values(&[outcome]).inc();
+        self.operations.logins.with_label_values(&[outcome]).inc();
     }
 
     pub fn password_hash(&self, purpose: &str) {
-        self.password_hashes.with_label_values(&[purpose]).inc();
+        self.operations
+            .password_hashes
+            .with_label_values(&[purpose])
+            .inc();
     }
 
     pub fn rate_limited(&self, limiter: &str) {
-        self.rate_limited.with_label_values(&[limiter]).inc();
+        self.operations
+            .rate_limited
+            .with_label_values(&[limiter])
+            .inc();
     }
 
     pub fn refresh_reuse(&self) {
-        self.refresh_reuse.inc();
+        self.operations.refresh_reuse.inc();
     }
 
     pub fn key_disabled_on_plaintext(&self) {
-        self.keys_disabled_on_plaintext.inc();
+        self.operations.keys_disabled_on_plaintext.inc();
     }
 
     pub fn reload(&self, what: &str, ok: bool) {
-        self.reloads.with_label_values(&[what, outcome(ok)]).inc();
+        self.operations
+            .reloads
+            .with_label_values(&[what, outcome(ok)])
+            .inc();
         if ok {
-            self.last_reload.set(crate::clock::now_secs());
+            self.operations.last_reload.set(crate::clock::now_secs());
         }
     }
 
     pub fn pruned(&self, kind: &str, rows: u64) {
-        self.pruned_rows.with_label_values(&[kind]).inc_by(rows);
+        self.operations
+            .pruned_rows
+            .with_label_values(&[kind])
+            .inc_by(rows);
     }
 
     pub fn prune_run(&self, ok: bool) {
-        self.prune_runs.with_label_values(&[outcome(ok)]).inc();
+        self.operations
+            .prune_runs
+            .with_label_values(&[outcome(ok)])
+            .inc();
     }
 
     pub fn revocation_received(&self) {
-        self.revocations.inc();
+        self.operations.revocations.inc();
     }
 
     pub fn revocation_listener(&self, up: bool) {
-        self.revocation_listener_up.set(i64::from(up));
+        self.operations.revocation_listener_up.set(i64::from(up));
     }
 
     pub fn connection_opened(&self, listener: &str) {
-        self.open_connections.with_label_values(&[listener]).inc();
+        self.traffic
+            .open_connections
+            .with_label_values(&[listener])
+            .inc();
     }
 
     pub fn connection_closed(&self, listener: &str) {
-        self.open_connections.with_label_values(&[listener]).dec();
+        self.traffic
+            .open_connections
+            .with_label_values(&[listener])
+            .dec();
     }
 
     /// Counts a connection closed by a limit; `reason` is one fixed word.
     pub fn connection_closed_by(&self, listener: &str, reason: &str) {
-        self.connections_closed
+        self.traffic
+            .connections_closed
             .with_label_values(&[listener, reason])
             .inc();
     }
 
     pub fn set_cache_entries(&self, sizes: &[(&str, u64)]) {
         for (name, size) in sizes {
-            self.cache_entries
+            self.traffic
+                .cache_entries
                 .with_label_values(&[name])
                 .set(*size as i64);
         }
