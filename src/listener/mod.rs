@@ -16,14 +16,14 @@ use hyper_util::rt::{TokioExecutor, TokioTimer};
 use hyper_util::server::conn::auto;
 use ipnet::IpNet;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio_rustls::TlsAcceptor;
 
 use crate::body::Body;
 use crate::config::Limits;
 use crate::conn::Connection;
 use crate::telemetry::Metrics;
-use address_cap::AddressCap;
+use address_cap::{AddressCap, Slot};
 use connection::{Deadlines, Reason};
 
 /// What a listener serves: every request of its connections.
@@ -156,21 +156,15 @@ async fn accept_loop<H: Handler>(listener: Listener<H>, shared: Arc<Shared>) {
             name,
             &shared.trusted_proxies,
         ));
-        let shared = shared.clone();
-        let handler = handler.clone();
-        let tls = tls.clone();
-        let draining = draining.clone();
-        tokio::spawn(async move {
-            let _permit = permit;
-            let _slot = slot;
-            shared.metrics.connection_opened(name);
-            let reason = connection(stream, tls, handler, conn, &shared, draining).await;
-            if let Some(reason) = reason {
-                tracing::debug!(%peer, listener = name, reason = reason.label(), "connection closed");
-                shared.metrics.connection_closed_by(name, reason.label());
-            }
-            shared.metrics.connection_closed(name);
-        });
+        let held = (permit, slot, draining.clone());
+        tokio::spawn(run_connection(
+            stream,
+            tls.clone(),
+            handler.clone(),
+            conn,
+            shared.clone(),
+            held,
+        ));
     }
     drop(tcp);
     drop(draining);
@@ -184,6 +178,29 @@ async fn accept_loop<H: Handler>(listener: Listener<H>, shared: Arc<Shared>) {
             "shutdown grace period ended with connections still open"
         );
     }
+}
+
+/// What an accepted connection holds until it closes: its place in the
+/// listener's budget, its place under the per-address cap, and the drain signal.
+type Held = (OwnedSemaphorePermit, Slot, watch::Receiver<bool>);
+
+/// Serves one accepted connection and counts how it ended.
+async fn run_connection<H: Handler>(
+    stream: TcpStream,
+    tls: Option<TlsAcceptor>,
+    handler: Arc<H>,
+    conn: Arc<Connection>,
+    shared: Arc<Shared>,
+    (_permit, _slot, draining): Held,
+) {
+    let (name, peer) = (conn.listener, conn.peer);
+    shared.metrics.connection_opened(name);
+    let reason = connection(stream, tls, handler, conn, &shared, draining).await;
+    if let Some(reason) = reason {
+        tracing::debug!(%peer, listener = name, reason = reason.label(), "connection closed");
+        shared.metrics.connection_closed_by(name, reason.label());
+    }
+    shared.metrics.connection_closed(name);
 }
 
 /// One accepted connection: the TLS handshake (bounded), then HTTP.
