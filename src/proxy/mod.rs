@@ -270,6 +270,38 @@ impl Proxy {
         fallback
     }
 
+    /// Counts a failed attempt against its upstream (a connect failure also
+    /// marks it down for a while); `None` when another upstream may be tried.
+    fn failed(&self, upstream: &Upstream, failure: Failure, may_retry: bool) -> Option<ApiError> {
+        Some(match failure {
+            Failure::Connect => {
+                self.error(upstream, UpstreamError::Connect);
+                upstream.down_until.store(
+                    self.now_ms() + self.retry_after.as_millis() as u64,
+                    Ordering::Relaxed,
+                );
+                tracing::warn!(upstream = %upstream.label, "upstream refused the connection; skipping it for a while");
+                if may_retry {
+                    return None;
+                }
+                ApiError::bad_gateway()
+            }
+            Failure::Timeout => {
+                self.error(upstream, UpstreamError::Timeout);
+                ApiError::gateway_timeout()
+            }
+            Failure::BodyTooLarge => ApiError::body_too_large(),
+            Failure::ClientBody => {
+                tracing::debug!(upstream = %upstream.label, "the client's request body broke off or was malformed");
+                ApiError::bad_request("Request body could not be read")
+            }
+            Failure::Other => {
+                self.error(upstream, UpstreamError::Reset);
+                ApiError::bad_gateway()
+            }
+        })
+    }
+
     /// Sends a prepared request (headers already processed) to the route; the
     /// response head comes back as the upstream sent it.
     /// `path` is the normalised path; the upstream receives exactly it.
@@ -332,32 +364,9 @@ impl Proxy {
                 Ok(Err(error)) => classify(&error),
                 Err(_) => Failure::Timeout,
             };
-            let error = match failure {
-                Failure::Connect => {
-                    self.error(upstream, UpstreamError::Connect);
-                    upstream.down_until.store(
-                        self.now_ms() + self.retry_after.as_millis() as u64,
-                        Ordering::Relaxed,
-                    );
-                    tracing::warn!(upstream = %upstream.label, "upstream refused the connection; skipping it for a while");
-                    if replayable && tried.len() < route.upstreams.len() {
-                        continue;
-                    }
-                    ApiError::bad_gateway()
-                }
-                Failure::Timeout => {
-                    self.error(upstream, UpstreamError::Timeout);
-                    ApiError::gateway_timeout()
-                }
-                Failure::BodyTooLarge => ApiError::body_too_large(),
-                Failure::ClientBody => {
-                    tracing::debug!(upstream = %upstream.label, "the client's request body broke off or was malformed");
-                    ApiError::bad_request("Request body could not be read")
-                }
-                Failure::Other => {
-                    self.error(upstream, UpstreamError::Reset);
-                    ApiError::bad_gateway()
-                }
+            let may_retry = replayable && tried.len() < route.upstreams.len();
+            let Some(error) = self.failed(upstream, failure, may_retry) else {
+                continue;
             };
             return Err(ForwardError {
                 error,
