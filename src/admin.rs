@@ -10,7 +10,8 @@ use hyper::body::Incoming;
 
 use crate::auth::Authenticator;
 use crate::body::{self, Body};
-use crate::listener::{Handler, Transport};
+use crate::conn::Connection;
+use crate::listener::Handler;
 use crate::store::Store;
 use crate::telemetry::Metrics;
 
@@ -60,7 +61,11 @@ impl Admin {
 }
 
 impl Handler for Admin {
-    async fn handle(&self, req: Request<Incoming>, _transport: Transport) -> Response<Body> {
+    async fn handle(
+        &self,
+        req: Request<Incoming>,
+        _conn: std::sync::Arc<Connection>,
+    ) -> Response<Body> {
         Admin::handle(self, req).await
     }
 }

@@ -1,29 +1,36 @@
-//! The request path, one stage a line: limits and framing, path normalisation,
-//! cleartext rules, routing, authentication, header editing, forwarding; then
-//! the access log and metrics.
-
-use std::net::IpAddr;
+//! The request path as named phases, in this order:
+//!
+//! 1. [`App::admit`]: limits, framing, path normalisation, secrets sent in clear;
+//! 2. [`App::dispatch`]: one [`Target`], the API browser, an endpoint keygate
+//!    answers itself, or a proxied route;
+//! 3. [`App::authenticate`]: the credential, where the target asks for one;
+//! 4. [`App::headers_to_upstream`], [`App::forward`], [`App::headers_to_client`]
+//!    for a proxied route;
+//! 5. [`App::log`]: metrics and the access log.
+//!
+//! What the phases learn about a request travels in its [`Exchange`].
 
 use std::sync::Arc;
 use std::time::Instant;
 
-use http::{HeaderValue, Request, Response};
+use std::borrow::Cow;
+
+use http::{HeaderValue, Method, Request, Response, Uri};
 use hyper::body::Incoming;
 
-use crate::api::{self, Access, Api, OwnedRequest};
+use crate::api::{self, Access, Api, Matched, OwnedRequest};
 use crate::auth::credential::{self, Credential};
 use crate::auth::{AuthFailure, Authenticator};
 use crate::body::Body;
 use crate::browser::Browser;
 use crate::config::Settings;
-use crate::conn::Client;
+use crate::conn::{Client, Connection};
 use crate::error::ApiError;
 use crate::framing::AmbiguousFraming;
 use crate::identity::Identity;
-use crate::listener::Transport;
 use crate::proxy::headers::{self, X_REQUEST_ID};
-use crate::proxy::{Proxy, RouteTable, Routes, path};
-use crate::telemetry::Metrics;
+use crate::proxy::{Proxy, Route, RouteTable, Routes, path};
+use crate::telemetry::{AuthSeries, Metrics, RouteSeries};
 
 pub struct App {
     settings: Arc<Settings>,
@@ -35,17 +42,58 @@ pub struct App {
     routes: Arc<Routes>,
     proxy: Proxy,
     metrics: Arc<Metrics>,
+    series: Series,
     /// Base of the links keygate builds when no public base URL is configured
     /// and no trusted proxy forwarded a host: this machine's own listener.
     listener_base_url: String,
 }
 
-/// What the access log and metrics learn about one request.
-#[derive(Default)]
-struct Outcome<'a> {
-    route: Option<&'a str>,
-    upstream: Option<&'a str>,
+/// The metric series of what the request path counts, resolved once.
+struct Series {
+    /// One per endpoint of [`api::ROUTES`], in its order.
+    endpoints: Vec<RouteSeries>,
+    browser: RouteSeries,
+    unmatched: RouteSeries,
+    auth: AuthSeries,
+}
+
+/// One request on its way through the phases: what they all read, and what
+/// the log phase reports.
+struct Exchange<'t> {
+    started: Instant,
+    method: Method,
+    client: Client<'t>,
+    request_id: HeaderValue,
+    /// Kept only when the access log is on.
+    logged: Option<Logged>,
+    /// The target's series and label, once dispatched.
+    route: Option<&'t RouteSeries>,
+    upstream: Option<&'t str>,
     identity: Option<Identity>,
+}
+
+/// What only the access log needs; a `Uri` or `HeaderValue` clone shares its
+/// bytes, and nothing is kept when the log is off.
+struct Logged {
+    uri: Uri,
+    traceparent: Option<HeaderValue>,
+}
+
+/// What a request is for, decided once by [`App::dispatch`].
+enum Target<'t> {
+    /// The API browser (Swagger UI and its documents).
+    Browser(&'t Browser),
+    /// An endpoint keygate answers itself.
+    Endpoint(Matched),
+    /// A route forwarded to an upstream.
+    Proxied(&'t Route),
+}
+
+/// What [`App::admit`] lets through: the normalised path, or the answer when
+/// the request is refused before anything else is read.
+enum Admission<'p> {
+    Path(Cow<'p, str>),
+    Answered(Response<Body>),
 }
 
 impl App {
@@ -58,8 +106,18 @@ impl App {
         metrics: Arc<Metrics>,
         listener_base_url: String,
     ) -> App {
-        let proxy = Proxy::new(&settings.proxy, &settings.limits, metrics.clone());
+        let proxy = Proxy::new(&settings.proxy, &settings.limits);
+        let series = Series {
+            endpoints: api::ROUTES
+                .iter()
+                .map(|route| metrics.route_series(route.pattern))
+                .collect(),
+            browser: metrics.route_series("api_browser"),
+            unmatched: metrics.route_series("unmatched"),
+            auth: metrics.auth_series(),
+        };
         App {
+            series,
             settings,
             api,
             browser,
@@ -88,61 +146,15 @@ impl App {
         &self.auth
     }
 
-    fn is_trusted(&self, ip: &IpAddr) -> bool {
-        self.settings
-            .proxy
-            .trusted_proxies
-            .iter()
-            .any(|net| net.contains(ip))
-    }
-
-    fn client(&self, transport: Transport, req: &Request<Incoming>) -> Client {
-        let trusted = self.is_trusted(&transport.peer.ip());
-        let secure = transport.tls
-            || (trusted
-                && req
-                    .headers()
-                    .get(&headers::X_FORWARDED_PROTO)
-                    .is_some_and(|v| v == "https"));
-        Client {
-            transport,
-            trusted,
-            secure,
-        }
-    }
-
-    /// The real client address: the peer, or, behind trusted proxies, the
-    /// right-most `X-Forwarded-For` entry that is not itself a trusted proxy.
-    fn client_ip(&self, client: &Client, headers: &http::HeaderMap) -> IpAddr {
-        let peer = client.transport.peer.ip();
-        if !client.trusted {
-            return peer;
-        }
-        let chain: Vec<IpAddr> = headers
-            .get_all(&headers::X_FORWARDED_FOR)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(','))
-            .filter_map(|entry| entry.trim().parse().ok())
-            .collect();
-        chain
-            .iter()
-            .rev()
-            .find(|ip| !self.is_trusted(ip))
-            .or(chain.first())
-            .copied()
-            .unwrap_or(peer)
-    }
-
     /// `scheme://host` for links: the configured public base URL; else what a
     /// trusted proxy forwarded; else this machine's listener. A client's own
     /// Host header is never used: it would let anyone choose where a link points.
-    fn base_url(&self, client: &Client, req: &Request<Incoming>) -> String {
+    fn base_url(&self, client: &Client<'_>, req: &Request<Incoming>) -> String {
         if let Some(base) = &self.settings.public_base_url {
             return base.clone();
         }
         let forwarded_host = client
-            .trusted
+            .trusted()
             .then(|| req.headers().get(&headers::X_FORWARDED_HOST))
             .flatten()
             .and_then(|h| h.to_str().ok())
@@ -157,133 +169,214 @@ impl App {
     }
 
     /// Handles one request; every error becomes a contract response here.
-    pub async fn handle(&self, req: Request<Incoming>, transport: Transport) -> Response<Body> {
-        let started = Instant::now();
-        let method = req.method().clone();
-        let client = self.client(transport, &req);
-        let request_id = headers::request_id(req.headers(), client.trusted);
-        // A Uri clone shares its bytes: no copy of the path per request.
-        let log_uri = req.uri().clone();
-        // Kept only for the access log; a HeaderValue clone shares its bytes.
-        let traceparent = if self.settings.log.access_log {
-            req.headers().get(TRACEPARENT).cloned()
-        } else {
-            None
-        };
-        let mut outcome = Outcome::default();
+    pub async fn handle(&self, req: Request<Incoming>, conn: Arc<Connection>) -> Response<Body> {
         let routes = self.routes.load();
-        let mut response = match self
-            .process(&routes, req, &client, request_id.clone(), &mut outcome)
-            .await
-        {
+        let mut ex = self.exchange(&req, &conn);
+        let mut response = match self.process(&routes, req, &mut ex).await {
             Ok(response) => response,
             Err(error) => error.into_response(),
         };
         response
             .headers_mut()
-            .insert(X_REQUEST_ID.clone(), request_id.clone());
-        let route = outcome.route.unwrap_or("unmatched");
-        let elapsed = started.elapsed();
-        self.metrics
-            .request(route, &method, response.status(), elapsed);
-        if self.settings.log.access_log {
-            // Fields without a value (no upstream, no trace, no identity) are
-            // left out of the line rather than written empty.
-            let identity = outcome.identity.as_ref();
-            tracing::info!(
-                target: "keygate::access",
-                request_id = request_id.to_str().unwrap_or(""),
-                method = %method,
-                path = %log_uri.path(),
-                route,
-                status = response.status().as_u16(),
-                duration_ms = duration_ms(elapsed),
-                bytes = http_body::Body::size_hint(response.body()).exact(),
-                upstream = outcome.upstream,
-                trace_id = traceparent.as_ref().and_then(trace_id),
-                peer = %transport.peer,
-                auth = identity.map(|i| i.method.label()),
-                user_id = identity.map(|i| tracing::field::display(i.principal.user_id)),
-                key_id = identity
-                    .and_then(|i| i.api_key_id())
-                    .map(tracing::field::display),
-            );
-        }
+            .insert(X_REQUEST_ID.clone(), ex.request_id.clone());
+        self.log(&ex, &response);
         response
     }
 
-    async fn process<'a>(
-        &'a self,
-        routes: &'a RouteTable,
+    /// The request's context, worked out once from its connection and head.
+    fn exchange<'t>(&self, req: &Request<Incoming>, conn: &'t Connection) -> Exchange<'t> {
+        let logged = self.settings.log.access_log.then(|| Logged {
+            uri: req.uri().clone(),
+            traceparent: req.headers().get(TRACEPARENT).cloned(),
+        });
+        Exchange {
+            started: Instant::now(),
+            method: req.method().clone(),
+            client: conn.client(req.headers()),
+            request_id: headers::request_id(req.headers(), conn.trusted),
+            logged,
+            route: None,
+            upstream: None,
+            identity: None,
+        }
+    }
+
+    /// The phases in order; each returns early with the error a client sees.
+    async fn process<'t>(
+        &'t self,
+        routes: &'t RouteTable,
         req: Request<Incoming>,
-        client: &Client,
-        request_id: HeaderValue,
-        outcome: &mut Outcome<'a>,
+        ex: &mut Exchange<'t>,
     ) -> Result<Response<Body>, ApiError> {
-        if header_block_size(&req) > self.settings.limits.max_header_bytes {
-            return Err(ApiError::headers_too_large());
-        }
-        if req.extensions().get::<AmbiguousFraming>().is_some() {
-            return Ok(ambiguous_framing());
-        }
         // Normalise from a shared copy of the Uri, so the (usually borrowed)
         // path outlives moving the request on.
         let uri = req.uri().clone();
-        let normalized = path::normalize(uri.path())
-            .map_err(|e| ApiError::bad_request(format!("Invalid request path: {e}")))?;
-        self.refuse_secrets_in_clear(client, &req).await?;
-        if let Some(browser) = self.browser.as_ref().filter(|_| Browser::owns(&normalized)) {
-            outcome.route = Some("api_browser");
-            if !matches!(*req.method(), http::Method::GET | http::Method::HEAD) {
-                return Err(ApiError::with_message(
-                    http::StatusCode::METHOD_NOT_ALLOWED,
-                    crate::error::code::BAD_REQUEST_PARAMS,
-                    format!("Request method '{}' is not supported", req.method()),
-                ));
-            }
-            return Ok(browser.handle(&normalized));
-        }
-        if let Some(matched) = api::find(req.method(), &normalized)? {
-            outcome.route = Some(matched.route.pattern);
-            let identity = match matched.route.access {
-                Access::Public => None,
-                Access::Authenticated => Some(self.authenticate(&req).await?),
-            };
-            let owned = OwnedRequest {
-                base_url: self.base_url(client, &req),
-                client_ip: self.client_ip(client, req.headers()),
-                may_send_secrets: client
-                    .may_send_secrets(self.settings.listen.allow_plaintext_credentials),
-                query: req.uri().query().map(str::to_owned),
-                body: api::read_body(req, &self.settings.limits).await?,
-                identity: identity.clone(),
-                params: matched.params,
-            };
-            outcome.identity = identity;
-            return self.api.handle(matched.route.endpoint, owned).await;
-        }
-        let route = routes.find(&normalized).ok_or_else(ApiError::not_found)?;
-        outcome.route = Some(&route.name);
-
-        let identity = if route.public {
-            None
-        } else {
-            Some(self.authenticate(&req).await?)
+        let path = match self.admit(&req, &uri, &ex.client).await? {
+            Admission::Path(path) => path,
+            Admission::Answered(response) => return Ok(response),
         };
+        let target = self.dispatch(routes, req.method(), &path)?;
+        ex.route = Some(match &target {
+            Target::Browser(_) => &self.series.browser,
+            Target::Endpoint(matched) => self.endpoint_series(matched),
+            Target::Proxied(route) => &route.series,
+        });
+        match target {
+            Target::Browser(browser) => serve_browser(browser, &req, &path),
+            Target::Endpoint(matched) => self.answer(matched, req, ex).await,
+            Target::Proxied(route) => {
+                ex.identity = self.authenticate(&req, !route.public).await?;
+                let parts = self.headers_to_upstream(req, ex);
+                self.forward(route, parts, &path, ex).await
+            }
+        }
+    }
 
+    /// Refuses what must not go further: an oversized head, ambiguous
+    /// framing, a path that does not normalise, secrets sent in clear.
+    async fn admit<'p>(
+        &self,
+        req: &Request<Incoming>,
+        uri: &'p Uri,
+        client: &Client<'_>,
+    ) -> Result<Admission<'p>, ApiError> {
+        if header_block_size(req) > self.settings.limits.max_header_bytes {
+            return Err(ApiError::headers_too_large());
+        }
+        if req.extensions().get::<AmbiguousFraming>().is_some() {
+            return Ok(Admission::Answered(ambiguous_framing()));
+        }
+        let path = path::normalize(uri.path())
+            .map_err(|e| ApiError::bad_request(format!("Invalid request path: {e}")))?;
+        self.refuse_secrets_in_clear(client, req).await?;
+        Ok(Admission::Path(path))
+    }
+
+    /// The one target of a normalised path, in this order: the API browser,
+    /// keygate's own endpoints (a 405 for one asked with another method), the
+    /// proxied routes (a 404 when none matches).
+    fn dispatch<'t>(
+        &'t self,
+        routes: &'t RouteTable,
+        method: &Method,
+        path: &str,
+    ) -> Result<Target<'t>, ApiError> {
+        if let Some(browser) = self.browser.as_deref().filter(|_| Browser::owns(path)) {
+            return Ok(Target::Browser(browser));
+        }
+        if let Some(matched) = api::find(method, path)? {
+            return Ok(Target::Endpoint(matched));
+        }
+        routes
+            .find(path)
+            .map(Target::Proxied)
+            .ok_or_else(ApiError::not_found)
+    }
+
+    fn endpoint_series(&self, matched: &Matched) -> &RouteSeries {
+        api::ROUTES
+            .iter()
+            .position(|route| std::ptr::eq(route, matched.route))
+            .and_then(|index| self.series.endpoints.get(index))
+            .unwrap_or(&self.series.unmatched)
+    }
+
+    /// An endpoint keygate answers itself.
+    async fn answer(
+        &self,
+        matched: Matched,
+        req: Request<Incoming>,
+        ex: &mut Exchange<'_>,
+    ) -> Result<Response<Body>, ApiError> {
+        let required = matches!(matched.route.access, Access::Authenticated);
+        let identity = self.authenticate(&req, required).await?;
+        let client = &ex.client;
+        let owned = OwnedRequest {
+            base_url: self.base_url(client, &req),
+            client_ip: client.address(req.headers(), &self.settings.proxy.trusted_proxies),
+            may_send_secrets: client
+                .may_send_secrets(self.settings.listen.allow_plaintext_credentials),
+            query: req.uri().query().map(str::to_owned),
+            body: api::read_body(req, &self.settings.limits).await?,
+            identity: identity.clone(),
+            params: matched.params,
+        };
+        ex.identity = identity;
+        self.api.handle(matched.route.endpoint, owned).await
+    }
+
+    /// Every edit of the request head before it leaves
+    /// ([`headers::to_upstream`]), with the identity authentication verified.
+    fn headers_to_upstream(
+        &self,
+        req: Request<Incoming>,
+        ex: &Exchange<'_>,
+    ) -> (http::request::Parts, Incoming) {
         let (mut parts, body) = req.into_parts();
-        headers::to_upstream(&mut parts, client, request_id, identity.as_ref());
-        outcome.identity = identity;
-        match self.proxy.forward(route, parts, body, &normalized).await {
-            Ok((response, upstream)) => {
-                outcome.upstream = Some(upstream);
+        headers::to_upstream(
+            &mut parts,
+            &ex.client,
+            ex.request_id.clone(),
+            ex.identity.as_ref(),
+        );
+        (parts, body)
+    }
+
+    /// Sends the prepared request to the route's upstreams.
+    async fn forward<'t>(
+        &self,
+        route: &'t Route,
+        (parts, body): (http::request::Parts, Incoming),
+        path: &str,
+        ex: &mut Exchange<'t>,
+    ) -> Result<Response<Body>, ApiError> {
+        match self.proxy.forward(route, parts, body, path).await {
+            Ok((mut response, upstream)) => {
+                ex.upstream = Some(upstream);
+                Self::headers_to_client(&mut response);
                 Ok(response)
             }
             Err(failed) => {
-                outcome.upstream = failed.upstream;
+                ex.upstream = failed.upstream;
                 Err(failed.error)
             }
         }
+    }
+
+    /// Every edit of an upstream's response head ([`headers::to_client`]).
+    fn headers_to_client(response: &mut Response<Body>) {
+        headers::to_client(response.headers_mut());
+    }
+
+    /// The request's metrics, and its access line when the log is on. Fields
+    /// without a value (no upstream, no trace, no identity) are left out of
+    /// the line rather than written empty.
+    fn log(&self, ex: &Exchange<'_>, response: &Response<Body>) {
+        let series = ex.route.unwrap_or(&self.series.unmatched);
+        let elapsed = ex.started.elapsed();
+        series.request(&ex.method, response.status(), elapsed);
+        let Some(logged) = &ex.logged else {
+            return;
+        };
+        let identity = ex.identity.as_ref();
+        tracing::info!(
+            target: "keygate::access",
+            request_id = ex.request_id.to_str().unwrap_or(""),
+            method = %ex.method,
+            path = %logged.uri.path(),
+            route = series.label(),
+            status = response.status().as_u16(),
+            duration_ms = duration_ms(elapsed),
+            bytes = http_body::Body::size_hint(response.body()).exact(),
+            upstream = ex.upstream,
+            trace_id = logged.traceparent.as_ref().and_then(trace_id),
+            peer = %ex.client.conn.peer,
+            auth = identity.map(|i| i.method.label()),
+            user_id = identity.map(|i| tracing::field::display(i.principal.user_id)),
+            key_id = identity
+                .and_then(|i| i.api_key_id())
+                .map(tracing::field::display),
+        );
     }
 
     /// Secrets sent in clear, on any route, public ones included: an API key is
@@ -292,7 +385,7 @@ impl App {
     /// secrets in clear ([`Client::may_send_secrets`]).
     async fn refuse_secrets_in_clear(
         &self,
-        client: &Client,
+        client: &Client<'_>,
         req: &Request<Incoming>,
     ) -> Result<(), ApiError> {
         if client.secure {
@@ -300,35 +393,44 @@ impl App {
         }
         match credential::parse(req.headers()) {
             Ok(Credential::ApiKey(key)) => {
-                tracing::warn!(target: "keygate::security", peer = %client.transport.peer, "refused an API key sent over plain HTTP");
+                tracing::warn!(target: "keygate::security", peer = %client.conn.peer, "refused an API key sent over plain HTTP");
                 if self.settings.disable_key_on_plaintext {
                     self.auth.disable_exposed_key(&key).await;
                 }
-                self.metrics
-                    .auth("api_key", AuthFailure::PlaintextRefused.label());
+                self.series
+                    .auth
+                    .count(API_KEY, Err(AuthFailure::PlaintextRefused));
                 Err(AuthFailure::PlaintextRefused.to_api_error())
             }
             Ok(Credential::Bearer(_))
                 if !client.may_send_secrets(self.settings.listen.allow_plaintext_credentials) =>
             {
-                tracing::warn!(target: "keygate::security", peer = %client.transport.peer, "refused a Bearer token sent over plain HTTP");
-                self.metrics
-                    .auth("jwt", AuthFailure::PlaintextRefused.label());
+                tracing::warn!(target: "keygate::security", peer = %client.conn.peer, "refused a Bearer token sent over plain HTTP");
+                self.series
+                    .auth
+                    .count(JWT, Err(AuthFailure::PlaintextRefused));
                 Err(ApiError::credentials_over_plain_http())
             }
             _ => Ok(()),
         }
     }
 
-    /// Parses and verifies the credential, counting the outcome. Secrets sent
-    /// in clear were refused before routing.
-    async fn authenticate(&self, req: &Request<Incoming>) -> Result<Identity, ApiError> {
+    /// Parses and verifies the credential when the target asks for one,
+    /// counting the outcome. Secrets sent in clear were refused on admission.
+    async fn authenticate(
+        &self,
+        req: &Request<Incoming>,
+        required: bool,
+    ) -> Result<Option<Identity>, ApiError> {
+        if !required {
+            return Ok(None);
+        }
         let result = match credential::parse(req.headers()) {
-            Err(e) => Err(("none", AuthFailure::from(e))),
+            Err(e) => Err((NO_CREDENTIAL, AuthFailure::from(e))),
             Ok(credential) => {
                 let method = match credential {
-                    Credential::ApiKey(_) => "api_key",
-                    Credential::Bearer(_) => "jwt",
+                    Credential::ApiKey(_) => API_KEY,
+                    Credential::Bearer(_) => JWT,
                 };
                 self.auth
                     .verify(&credential)
@@ -339,11 +441,11 @@ impl App {
         };
         match result {
             Ok((method, identity)) => {
-                self.metrics.auth(method, "accepted");
-                Ok(identity)
+                self.series.auth.count(method, Ok(()));
+                Ok(Some(identity))
             }
             Err((method, failure)) => {
-                self.metrics.auth(method, failure.label());
+                self.series.auth.count(method, Err(failure));
                 Err(failure.to_api_error())
             }
         }
@@ -351,9 +453,25 @@ impl App {
 }
 
 impl crate::listener::Handler for App {
-    async fn handle(&self, req: Request<Incoming>, transport: Transport) -> Response<Body> {
-        App::handle(self, req, transport).await
+    async fn handle(&self, req: Request<Incoming>, conn: Arc<Connection>) -> Response<Body> {
+        App::handle(self, req, conn).await
     }
+}
+
+/// The API browser answers reads only.
+fn serve_browser(
+    browser: &Browser,
+    req: &Request<Incoming>,
+    path: &str,
+) -> Result<Response<Body>, ApiError> {
+    if !matches!(*req.method(), Method::GET | Method::HEAD) {
+        return Err(ApiError::with_message(
+            http::StatusCode::METHOD_NOT_ALLOWED,
+            crate::error::code::BAD_REQUEST_PARAMS,
+            format!("Request method '{}' is not supported", req.method()),
+        ));
+    }
+    Ok(browser.handle(path))
 }
 
 /// A request that stated its body length two ways (`Content-Length` and
@@ -371,6 +489,11 @@ fn ambiguous_framing() -> Response<Body> {
 }
 
 const TRACEPARENT: &str = "traceparent";
+
+/// Credential methods, as indices into [`crate::telemetry::AUTH_METHODS`].
+const API_KEY: usize = 0;
+const JWT: usize = 1;
+const NO_CREDENTIAL: usize = 2;
 
 /// Milliseconds rounded to whole microseconds: `0.021`, not `0.020661000000000002`.
 fn duration_ms(elapsed: std::time::Duration) -> f64 {
@@ -398,6 +521,14 @@ fn header_block_size<B>(req: &Request<B>) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn credential_methods_count_under_their_metric_labels() {
+        use crate::telemetry::AUTH_METHODS;
+        assert_eq!(AUTH_METHODS[API_KEY], "api_key");
+        assert_eq!(AUTH_METHODS[JWT], "jwt");
+        assert_eq!(AUTH_METHODS[NO_CREDENTIAL], "none");
+    }
 
     #[test]
     fn trace_ids_are_read_from_valid_traceparent_headers_only() {

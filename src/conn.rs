@@ -1,28 +1,168 @@
-//! What is known about the sender of a request before any header is believed:
-//! the connection, whether its peer is a trusted proxy, and whether the request
-//! reached keygate over HTTPS.
+//! What is known about the sender of a request before any header is believed.
+//! [`Connection`] is worked out once, when the connection is accepted: the
+//! peer, TLS or not, the listener, whether the peer is a trusted proxy. Each
+//! request then derives its [`Client`] from it and its own forwarding headers.
 
-use crate::listener::Transport;
+use std::net::{IpAddr, SocketAddr};
+
+use http::{HeaderMap, HeaderName, HeaderValue};
+use ipnet::IpNet;
+
+pub static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+pub static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+
+/// One accepted connection, as every request on it sees it.
+#[derive(Debug, Clone)]
+pub struct Connection {
+    pub peer: SocketAddr,
+    /// TLS was terminated here.
+    pub tls: bool,
+    /// Listener name, for metrics: "https", "http" or "admin".
+    pub listener: &'static str,
+    /// The peer is one of the configured trusted proxies.
+    pub trusted: bool,
+    /// The peer's address as an `X-Forwarded-For` value, formatted once.
+    peer_header: HeaderValue,
+}
+
+impl Connection {
+    /// The context of a connection accepted from `peer`; the only place the
+    /// trusted-proxy list is matched against the peer.
+    pub fn accept(
+        peer: SocketAddr,
+        tls: bool,
+        listener: &'static str,
+        trusted_proxies: &[IpNet],
+    ) -> Connection {
+        let ip = peer.ip();
+        Connection {
+            peer,
+            tls,
+            listener,
+            trusted: is_trusted(trusted_proxies, &ip),
+            peer_header: HeaderValue::from_str(&ip.to_string()).expect("an IP address is ASCII"),
+        }
+    }
+
+    /// The client address the connection alone tells: the peer's.
+    pub fn address(&self) -> IpAddr {
+        self.peer.ip()
+    }
+
+    /// The peer's address as an `X-Forwarded-For` value.
+    pub fn peer_header(&self) -> &HeaderValue {
+        &self.peer_header
+    }
+
+    /// What one request on this connection tells about its sender.
+    pub fn client<'c>(&'c self, headers: &HeaderMap) -> Client<'c> {
+        let secure = self.tls
+            || (self.trusted
+                && headers
+                    .get(&X_FORWARDED_PROTO)
+                    .is_some_and(|v| v == "https"));
+        Client { conn: self, secure }
+    }
+}
 
 /// Who sent a request, as far as the connection and a trusted proxy tell;
 /// worked out once per request.
 #[derive(Debug, Clone, Copy)]
-pub struct Client {
-    pub transport: Transport,
-    /// The peer is one of the configured trusted proxies.
-    pub trusted: bool,
+pub struct Client<'c> {
+    pub conn: &'c Connection,
     /// The request reached keygate over HTTPS: TLS here, or a trusted proxy
     /// that reports `X-Forwarded-Proto: https`.
     pub secure: bool,
 }
 
-impl Client {
+impl Client<'_> {
+    pub fn trusted(&self) -> bool {
+        self.conn.trusted
+    }
+
     /// May this request carry a password or a token? Over HTTPS always; in
     /// clear only from a loopback peer that is not a proxy (a sidecar's
     /// neighbour: the secret never left the machine), or when allowed. A
     /// trusted proxy that reports plain HTTP saw the secret cross the network
     /// in clear, wherever the proxy itself runs.
     pub fn may_send_secrets(&self, allow_plaintext: bool) -> bool {
-        self.secure || (!self.trusted && self.transport.peer.ip().is_loopback()) || allow_plaintext
+        self.secure || (!self.conn.trusted && self.conn.peer.ip().is_loopback()) || allow_plaintext
+    }
+
+    /// The real client address: the peer, or, behind trusted proxies, the
+    /// right-most `X-Forwarded-For` entry that is not itself a trusted proxy
+    /// (the left-most entry when all are). One pass over the header, no copy.
+    pub fn address(&self, headers: &HeaderMap, trusted_proxies: &[IpNet]) -> IpAddr {
+        let peer = self.conn.address();
+        if !self.conn.trusted {
+            return peer;
+        }
+        let mut first = None;
+        let mut last_untrusted = None;
+        let entries = headers
+            .get_all(&X_FORWARDED_FOR)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .filter_map(|entry| entry.trim().parse::<IpAddr>().ok());
+        for ip in entries {
+            first.get_or_insert(ip);
+            if !is_trusted(trusted_proxies, &ip) {
+                last_untrusted = Some(ip);
+            }
+        }
+        last_untrusted.or(first).unwrap_or(peer)
+    }
+}
+
+fn is_trusted(trusted_proxies: &[IpNet], ip: &IpAddr) -> bool {
+    trusted_proxies.iter().any(|net| net.contains(ip))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (name, value) in pairs {
+            map.append(
+                HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                HeaderValue::from_str(value).unwrap(),
+            );
+        }
+        map
+    }
+
+    #[test]
+    fn forwarded_client_address_is_believed_only_from_a_trusted_proxy() {
+        let proxies: Vec<IpNet> = vec!["10.0.0.0/8".parse().unwrap()];
+        let sent = headers(&[
+            ("x-forwarded-for", "198.51.100.7, 203.0.113.9"),
+            ("x-forwarded-for", "10.0.0.5"),
+            ("x-forwarded-proto", "https"),
+        ]);
+        let proxy = Connection::accept("10.1.2.3:5555".parse().unwrap(), false, "http", &proxies);
+        let client = proxy.client(&sent);
+        assert!(client.trusted() && client.secure);
+        assert_eq!(
+            client.address(&sent, &proxies),
+            "203.0.113.9".parse::<IpAddr>().unwrap()
+        );
+        let all_proxies = headers(&[("x-forwarded-for", "10.0.0.9, garbage, 10.0.0.5")]);
+        assert_eq!(
+            proxy.client(&all_proxies).address(&all_proxies, &proxies),
+            "10.0.0.9".parse::<IpAddr>().unwrap()
+        );
+
+        let stranger =
+            Connection::accept("192.0.2.1:4444".parse().unwrap(), false, "http", &proxies);
+        let client = stranger.client(&sent);
+        assert!(!client.trusted() && !client.secure);
+        assert_eq!(
+            client.address(&sent, &proxies),
+            "192.0.2.1".parse::<IpAddr>().unwrap()
+        );
+        assert_eq!(stranger.peer_header(), "192.0.2.1");
     }
 }

@@ -1,9 +1,12 @@
 //! keygate: a TLS-terminating authentication gateway for a device-platform REST API.
 //!
 //! A request meets the modules in this order: [`listener`] (TCP, TLS, limits,
-//! deadlines, [`listener::Transport`]) → [`app`] (the request path) → [`proxy::path`]
+//! deadlines) → [`conn`] (the connection context, worked out once at accept)
+//! → [`app`] (the request path as named phases: admit, dispatch, authenticate,
+//! headers to upstream, forward, headers to client, log) → [`proxy::path`]
 //! (normalisation) → [`auth::credential`] (parsing) → [`auth`] (verification
-//! through [`auth::cache`] and [`store`]) → [`identity`] (strip and inject) →
+//! through [`auth::cache`] and [`store`]) → [`identity`] and
+//! [`proxy::headers`] (strip and inject, one function per direction) →
 //! [`proxy`] (forwarding). Errors leave through [`error`].
 #![forbid(unsafe_code)]
 

@@ -236,6 +236,8 @@ async fn bind(addr: SocketAddr) -> Result<TcpListener, StartError> {
         })
 }
 
+/// Starts the server: build (store, accounts, authentication, the app), bind
+/// the listeners, then spawn what runs.
 pub async fn start(mut settings: Settings, options: StartOptions) -> Result<Running, StartError> {
     let instance = uuid::Uuid::new_v4();
     let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
@@ -243,9 +245,62 @@ pub async fn start(mut settings: Settings, options: StartOptions) -> Result<Runn
     let metrics = Arc::new(Metrics::new());
 
     let store = Store::connect(&settings.store_url, settings.store_max_connections).await?;
+    let generated_password = bootstrap(&store, options, &settings).await?;
+    let secret = signing_key(&settings, &store).await?;
+    let auth = authenticator(&settings, &store, &secret, &metrics);
+    let (tls_acceptor, resolver) = tls_acceptor(&settings, &metrics)?.unzip();
+    let bound = Bound::bind(&settings, &metrics).await?;
+
+    // The routes live in one table from here on, which reload swaps; the
+    // settings keep no copy that could go stale.
+    let routes = Arc::new(Routes::new(
+        &std::mem::take(&mut settings.routes),
+        metrics.clone(),
+    ));
+    let settings = Arc::new(settings);
+    let browser = settings
+        .api_browser
+        .enabled
+        .then(|| Arc::new(Browser::new(routes.clone())));
+    let api = api(&settings, &store, &auth, &metrics, &secret).await?;
+    let app = Arc::new(App::new(
+        settings,
+        api,
+        routes,
+        browser.clone(),
+        auth.clone(),
+        metrics.clone(),
+        listener_base_url(bound.https_addr, bound.http_addr),
+    ));
+    let running = Running {
+        https: bound.https_addr,
+        http: bound.http_addr,
+        admin: bound.admin_addr,
+        store,
+        app,
+        instance,
+        generated_password,
+        resolver,
+        metrics,
+        ready: Arc::new(AtomicBool::new(false)),
+        shutdown: watch::channel(false).0,
+        tasks: Vec::new(),
+        admin_shutdown: watch::channel(false).0,
+        admin_task: None,
+    };
+    Ok(spawn(running, bound, tls_acceptor, browser, auth))
+}
+
+/// Creates the bootstrap administrator in an empty store; returns its
+/// password when this start generated it.
+async fn bootstrap(
+    store: &Store,
+    options: StartOptions,
+    settings: &Settings,
+) -> Result<Option<String>, StartError> {
     let password_given = options.bootstrap_password.is_some();
     let generated_password = match accounts::bootstrap_admin(
-        &store,
+        store,
         options.bootstrap_password,
         &settings.password_policy,
     )
@@ -272,82 +327,60 @@ pub async fn start(mut settings: Settings, options: StartOptions) -> Result<Runn
         );
         let _ = std::io::Write::write_all(&mut std::io::stderr(), text.as_bytes());
     }
+    Ok(generated_password)
+}
 
-    let secret = signing_key(&settings, &store).await?;
+fn authenticator(
+    settings: &Settings,
+    store: &Store,
+    secret: &[u8],
+    metrics: &Arc<Metrics>,
+) -> Arc<Authenticator> {
     let tokens = Arc::new(TokenKeys::new(
-        &secret,
+        secret,
         &settings.jwt.issuer,
         settings.jwt.access_ttl,
         settings.jwt.refresh_ttl,
     ));
-    let caches = Caches::new(&settings.cache, &metrics);
-    let auth = Arc::new(Authenticator::new(
+    let caches = Caches::new(&settings.cache, metrics);
+    Arc::new(Authenticator::new(
         store.clone(),
         tokens,
         caches,
         metrics.clone(),
-    ));
+    ))
+}
 
-    let tls_acceptor = match settings.listen.https {
-        Some(_) => {
-            let loaded = match &settings.tls_files {
-                Some((cert, key)) => tls::load_files(cert, key)?,
-                None => tls::load_or_generate_dev(&settings.data_dir)?,
-            };
-            if let Some(not_after) = loaded.not_after {
-                metrics.tls_cert_not_after.set(not_after);
-            }
-            let resolver = Arc::new(tls::CertResolver::new(loaded.key));
-            Some((
-                TlsAcceptor::from(tls::server_config(resolver.clone())?),
-                resolver,
-            ))
-        }
-        None => None,
+/// The TLS acceptor and its certificate resolver, when HTTPS is configured.
+fn tls_acceptor(
+    settings: &Settings,
+    metrics: &Metrics,
+) -> Result<Option<(TlsAcceptor, Arc<tls::CertResolver>)>, StartError> {
+    if settings.listen.https.is_none() {
+        return Ok(None);
+    }
+    let loaded = match &settings.tls_files {
+        Some((cert, key)) => tls::load_files(cert, key)?,
+        None => tls::load_or_generate_dev(&settings.data_dir)?,
     };
-    let (tls_acceptor, resolver) = tls_acceptor.unzip();
-    let tls_files = settings.tls_files.clone();
+    if let Some(not_after) = loaded.not_after {
+        metrics.tls_cert_not_after.set(not_after);
+    }
+    let resolver = Arc::new(tls::CertResolver::new(loaded.key));
+    Ok(Some((
+        TlsAcceptor::from(tls::server_config(resolver.clone())?),
+        resolver,
+    )))
+}
 
-    let https_listener = match settings.listen.https {
-        Some(addr) => Some(bind(addr).await?),
-        None => None,
-    };
-    let http_listener = match settings.listen.http {
-        Some(addr) => Some(bind(addr).await?),
-        None => None,
-    };
-    let admin_listener = match settings.listen.admin {
-        Some(addr) => Some(bind(addr).await?),
-        None => None,
-    };
-    let local = |l: &Option<TcpListener>| l.as_ref().and_then(|l| l.local_addr().ok());
-    let (https, http, admin_addr) = (
-        local(&https_listener),
-        local(&http_listener),
-        local(&admin_listener),
-    );
-
-    let connections = Arc::new(Semaphore::new(settings.listen.max_connections));
-    let admin_connections = Arc::new(Semaphore::new(settings.listen.admin_max_connections));
-    let per_address = Arc::new(AddressCap::new(
-        settings.listen.max_connections_per_address,
-        settings.listen.max_connections_per_trusted_proxy,
-        settings.proxy.trusted_proxies.clone(),
-    ));
-    let shared = Arc::new(listener::Shared::new(
-        &settings.limits,
-        per_address,
-        metrics.clone(),
-        settings.shutdown_grace,
-    ));
-    // The routes live in one table from here on, which reload swaps; the
-    // settings keep no copy that could go stale.
-    let routes = Arc::new(Routes::new(
-        &std::mem::take(&mut settings.routes),
-        metrics.clone(),
-    ));
-    let settings = Arc::new(settings);
-    let api = Api {
+async fn api(
+    settings: &Arc<Settings>,
+    store: &Store,
+    auth: &Arc<Authenticator>,
+    metrics: &Arc<Metrics>,
+    secret: &[u8],
+) -> Result<Api, StartError> {
+    Ok(Api {
         store: store.clone(),
         auth: auth.clone(),
         limiter: LoginLimiter::new(settings.login.limiter.clone()),
@@ -355,109 +388,174 @@ pub async fn start(mut settings: Settings, options: StartOptions) -> Result<Runn
         settings: settings.clone(),
         hashing: crate::api::Hashing::new(settings.login.max_concurrent_hashes),
         dummy_hash: dummy_hash().await?,
-        log_digest: crate::telemetry::LogDigest::new(&secret),
-    };
-    let browser = settings
-        .api_browser
-        .enabled
-        .then(|| Arc::new(Browser::new(routes.clone())));
-    let browser_settings = settings.api_browser.clone();
-    let app = Arc::new(App::new(
-        settings,
-        api,
-        routes,
-        browser.clone(),
-        auth.clone(),
-        metrics.clone(),
-        listener_base_url(https, http),
-    ));
+        log_digest: crate::telemetry::LogDigest::new(secret),
+    })
+}
+
+/// The bound listeners, before anything is served, and the limits they share.
+struct Bound {
+    https: Option<TcpListener>,
+    http: Option<TcpListener>,
+    admin: Option<TcpListener>,
+    https_addr: Option<SocketAddr>,
+    http_addr: Option<SocketAddr>,
+    admin_addr: Option<SocketAddr>,
+    connections: Arc<Semaphore>,
+    admin_connections: Arc<Semaphore>,
+    shared: Arc<listener::Shared>,
+}
+
+impl Bound {
+    async fn bind(settings: &Settings, metrics: &Arc<Metrics>) -> Result<Bound, StartError> {
+        let listen = &settings.listen;
+        let https = bind_if(listen.https).await?;
+        let http = bind_if(listen.http).await?;
+        let admin = bind_if(listen.admin).await?;
+        let local = |l: &Option<TcpListener>| l.as_ref().and_then(|l| l.local_addr().ok());
+        let per_address = Arc::new(AddressCap::new(
+            listen.max_connections_per_address,
+            listen.max_connections_per_trusted_proxy,
+            settings.proxy.trusted_proxies.clone(),
+        ));
+        Ok(Bound {
+            https_addr: local(&https),
+            http_addr: local(&http),
+            admin_addr: local(&admin),
+            https,
+            http,
+            admin,
+            connections: Arc::new(Semaphore::new(listen.max_connections)),
+            admin_connections: Arc::new(Semaphore::new(listen.admin_max_connections)),
+            shared: Arc::new(listener::Shared::new(
+                &settings.limits,
+                per_address,
+                metrics.clone(),
+                settings.proxy.trusted_proxies.clone(),
+                settings.shutdown_grace,
+            )),
+        })
+    }
+}
+
+async fn bind_if(addr: Option<SocketAddr>) -> Result<Option<TcpListener>, StartError> {
+    match addr {
+        Some(addr) => Ok(Some(bind(addr).await?)),
+        None => Ok(None),
+    }
+}
+
+/// Spawns the listeners and background tasks of a built, bound server, and
+/// turns it ready.
+fn spawn(
+    mut running: Running,
+    bound: Bound,
+    tls_acceptor: Option<TlsAcceptor>,
+    browser: Option<Arc<Browser>>,
+    auth: Arc<Authenticator>,
+) -> Running {
     let (shutdown, shutdown_rx) = watch::channel(false);
-    let ready = Arc::new(AtomicBool::new(false));
     let (admin_shutdown, admin_shutdown_rx) = watch::channel(false);
-    let mut tasks = Vec::new();
-    if let (Some(tcp), Some(acceptor)) = (https_listener, tls_acceptor) {
+    let app = running.app.clone();
+    let metrics = running.metrics.clone();
+    let serve = |name, tcp, tls| {
         let listener = Listener {
-            name: "https",
+            name,
             tcp,
-            tls: Some(acceptor),
+            tls,
             handler: app.clone(),
-            connections: connections.clone(),
+            connections: bound.connections.clone(),
             shutdown: shutdown_rx.clone(),
         };
-        tasks.push(tokio::spawn(listener::serve(listener, shared.clone())));
+        tokio::spawn(listener::serve(listener, bound.shared.clone()))
+    };
+    if let (Some(tcp), Some(acceptor)) = (bound.https, tls_acceptor) {
+        running.tasks.push(serve("https", tcp, Some(acceptor)));
     }
-    if let Some(tcp) = http_listener {
-        let listener = Listener {
-            name: "http",
-            tcp,
-            tls: None,
-            handler: app.clone(),
-            connections: connections.clone(),
-            shutdown: shutdown_rx.clone(),
-        };
-        tasks.push(tokio::spawn(listener::serve(listener, shared.clone())));
+    if let Some(tcp) = bound.http {
+        running.tasks.push(serve("http", tcp, None));
     }
-    if store.dialect() == crate::store::Dialect::Postgres {
-        tasks.push(tokio::spawn(crate::revocation::listen(
-            app.settings().store_url.clone(),
-            instance,
-            auth.clone(),
-            metrics.clone(),
-            shutdown_rx.clone(),
-        )));
-    }
-    if let Some(interval) = app.settings().retention.interval {
-        let pruner = crate::retention::Pruner {
-            store: store.clone(),
-            settings: app.settings().retention.clone(),
-            refresh_ttl: app.settings().jwt.refresh_ttl,
-            metrics: metrics.clone(),
-        };
-        tokio::spawn(pruner.run(interval, shutdown_rx.clone()));
-    }
-    if let Some(browser) = browser {
-        tokio::spawn(browser.refresh_loop(
-            browser_settings.refresh,
-            browser_settings.fetch_timeout,
-            shutdown_rx.clone(),
-        ));
-    }
-    if let (Some(resolver), Some((cert, key))) = (resolver.clone(), tls_files) {
-        tokio::spawn(watch_certificate(
-            resolver,
-            cert,
-            key,
-            metrics.clone(),
-            shutdown_rx.clone(),
-        ));
-    }
-    let reload_metrics = metrics.clone();
+    spawn_background(&mut running, &auth, browser, &shutdown_rx);
     drop(shutdown_rx);
     // The admin listener has its own budget and shutdown: it outlives the
     // drain, so probes see "not ready" meanwhile.
-    let admin_task = admin_listener.map(|tcp| {
+    running.admin_task = bound.admin.map(|tcp| {
         let admin = Arc::new(Admin {
             metrics,
             auth,
-            store: store.clone(),
-            ready: ready.clone(),
+            store: running.store.clone(),
+            ready: running.ready.clone(),
         });
         let listener = Listener {
             name: "admin",
             tcp,
             tls: None,
             handler: admin,
-            connections: admin_connections,
+            connections: bound.admin_connections,
             shutdown: admin_shutdown_rx,
         };
-        tokio::spawn(listener::serve(listener, shared))
+        tokio::spawn(listener::serve(listener, bound.shared))
     });
-    ready.store(true, Ordering::Relaxed);
-    // Plain addresses; a listener that is turned off is left out.
+    running.shutdown = shutdown;
+    running.admin_shutdown = admin_shutdown;
+    running.ready.store(true, Ordering::Relaxed);
+    log_serving(&running);
+    running
+}
+
+/// The revocation listener, store pruning, the API browser's refresh and the
+/// certificate watch, each where configured.
+fn spawn_background(
+    running: &mut Running,
+    auth: &Arc<Authenticator>,
+    browser: Option<Arc<Browser>>,
+    shutdown_rx: &watch::Receiver<bool>,
+) {
+    let settings = running.app.settings();
+    let metrics = &running.metrics;
+    if running.store.dialect() == crate::store::Dialect::Postgres {
+        running.tasks.push(tokio::spawn(crate::revocation::listen(
+            settings.store_url.clone(),
+            running.instance,
+            auth.clone(),
+            metrics.clone(),
+            shutdown_rx.clone(),
+        )));
+    }
+    if let Some(interval) = settings.retention.interval {
+        let pruner = crate::retention::Pruner {
+            store: running.store.clone(),
+            settings: settings.retention.clone(),
+            refresh_ttl: settings.jwt.refresh_ttl,
+            metrics: metrics.clone(),
+        };
+        tokio::spawn(pruner.run(interval, shutdown_rx.clone()));
+    }
+    if let Some(browser) = browser {
+        tokio::spawn(browser.refresh_loop(
+            settings.api_browser.refresh,
+            settings.api_browser.fetch_timeout,
+            shutdown_rx.clone(),
+        ));
+    }
+    if let (Some(resolver), Some((cert, key))) = (running.resolver.clone(), &settings.tls_files) {
+        tokio::spawn(watch_certificate(
+            resolver,
+            cert.clone(),
+            key.clone(),
+            metrics.clone(),
+            shutdown_rx.clone(),
+        ));
+    }
+}
+
+/// The startup log: the plain addresses (a listener that is turned off is
+/// left out), and where the API browser is.
+fn log_serving(running: &Running) {
+    let (https, http) = (running.https, running.http);
     tracing::info!(
         https = https.map(tracing::field::display),
         http = http.map(tracing::field::display),
-        admin = admin_addr.map(tracing::field::display),
+        admin = running.admin.map(tracing::field::display),
         "keygate is serving"
     );
     let browser_at = match (https, http) {
@@ -465,23 +563,7 @@ pub async fn start(mut settings: Settings, options: StartOptions) -> Result<Runn
         (None, Some(addr)) => Some(("http", addr)),
         (None, None) => None,
     };
-    if let (true, Some((scheme, addr))) = (browser_settings.enabled, browser_at) {
+    if let (true, Some((scheme, addr))) = (running.app.settings().api_browser.enabled, browser_at) {
         tracing::info!(url = %browser_url(scheme, addr), "API browser");
     }
-    Ok(Running {
-        https,
-        http,
-        admin: admin_addr,
-        store,
-        app,
-        instance,
-        generated_password,
-        resolver,
-        metrics: reload_metrics,
-        ready,
-        shutdown,
-        tasks,
-        admin_shutdown,
-        admin_task,
-    })
 }

@@ -14,25 +14,157 @@
 #[cfg(target_os = "linux")]
 mod process;
 
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
-    TextEncoder,
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 pub struct Metrics {
     registry: Registry,
+    traffic: Traffic,
+    operations: Operations,
+    pub tls_cert_not_after: IntGauge,
+}
+
+/// Registers each metric as it is created; a clash is a programming error.
+struct Registrar<'r>(&'r Registry);
+
+impl Registrar<'_> {
+    fn counter(&self, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+        let c = IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric");
+        self.0.register(Box::new(c.clone())).expect("unique metric");
+        c
+    }
+
+    fn histogram(&self, name: &str, help: &str, labels: &[&str]) -> HistogramVec {
+        let h = HistogramVec::new(
+            HistogramOpts::new(name, help).buckets(LATENCY_BUCKETS.to_vec()),
+            labels,
+        )
+        .expect("valid metric");
+        self.0.register(Box::new(h.clone())).expect("unique metric");
+        h
+    }
+
+    fn gauge(&self, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
+        let g = IntGaugeVec::new(Opts::new(name, help), labels).expect("valid metric");
+        self.0.register(Box::new(g.clone())).expect("unique metric");
+        g
+    }
+}
+
+/// The request path's metrics: requests, authentication, upstreams, caches,
+/// connections.
+struct Traffic {
     requests: IntCounterVec,
     request_duration: HistogramVec,
     auth: IntCounterVec,
     upstream_duration: HistogramVec,
     upstream_errors: IntCounterVec,
     cache: IntCounterVec,
-    cache_entries: IntGaugeVec,
     cache_evictions: IntCounterVec,
+    cache_entries: IntGaugeVec,
     open_connections: IntGaugeVec,
     connections_closed: IntCounterVec,
+}
+
+impl Traffic {
+    fn new(r: &Registrar<'_>) -> Traffic {
+        let requests = r.counter(
+            "keygate_requests_total",
+            "Requests answered, by route, method class and status class.",
+            &["route", "method", "status"],
+        );
+        let request_duration = r.histogram(
+            "keygate_request_duration_seconds",
+            "Time from request head to response head, by route.",
+            &["route"],
+        );
+        let auth = r.counter(
+            "keygate_auth_total",
+            "Authentication outcomes, by credential method and result.",
+            &["method", "result"],
+        );
+        let upstream_duration = r.histogram(
+            "keygate_upstream_duration_seconds",
+            "Time for an upstream to answer with a response head, by upstream.",
+            &["upstream"],
+        );
+        let upstream_errors = r.counter(
+            "keygate_upstream_errors_total",
+            "Upstream requests that failed, by upstream and kind (connect, timeout, reset).",
+            &["upstream", "kind"],
+        );
+        let cache = r.counter(
+            "keygate_cache_requests_total",
+            "Credential cache lookups, by cache and result (hit, miss).",
+            &["cache", "result"],
+        );
+        let cache_evictions = r.counter(
+            "keygate_cache_evictions_total",
+            "Credential cache entries pushed out by the size bound, by cache.",
+            &["cache"],
+        );
+        let cache_entries = r.gauge(
+            "keygate_cache_entries",
+            "Entries held by each credential cache.",
+            &["cache"],
+        );
+        let open_connections = r.gauge(
+            "keygate_open_connections",
+            "Client connections currently open, by listener.",
+            &["listener"],
+        );
+        let connections_closed = r.counter(
+            "keygate_connections_closed_total",
+            "Client connections keygate closed for a limit, by listener and reason \
+             (per_address_cap, tls_handshake_timeout, head_timeout, idle, keep_alive_timeout, body_timeout).",
+            &["listener", "reason"],
+        );
+        zero_auth_outcomes(&auth);
+        Traffic {
+            requests,
+            request_duration,
+            auth,
+            upstream_duration,
+            upstream_errors,
+            cache,
+            cache_evictions,
+            cache_entries,
+            open_connections,
+            connections_closed,
+        }
+    }
+}
+
+/// Creates the authentication outcomes that can happen with 0: each method
+/// with every failure it can meet, parse failures under `none`, and the
+/// password sent in clear.
+fn zero_auth_outcomes(auth: &IntCounterVec) {
+    for method in ["api_key", "jwt"] {
+        auth.with_label_values(&[method, "accepted"]);
+        for failure in crate::auth::AuthFailure::ALL {
+            if !failure.is_parse_failure() {
+                auth.with_label_values(&[method, failure.label()]);
+            }
+        }
+    }
+    for failure in crate::auth::AuthFailure::ALL {
+        if failure.is_parse_failure() {
+            auth.with_label_values(&["none", failure.label()]);
+        }
+    }
+    auth.with_label_values(&[
+        "password",
+        crate::auth::AuthFailure::PlaintextRefused.label(),
+    ]);
+}
+
+/// Accounts, reloads, revocations and store pruning.
+struct Operations {
     logins: IntCounterVec,
     rate_limited: IntCounterVec,
     password_hashes: IntCounterVec,
@@ -44,9 +176,110 @@ pub struct Metrics {
     revocation_listener_up: IntGauge,
     reloads: IntCounterVec,
     last_reload: IntGauge,
-    pub tls_cert_not_after: IntGauge,
     pruned_rows: IntCounterVec,
     prune_runs: IntCounterVec,
+}
+
+impl Operations {
+    fn new(r: &Registrar<'_>) -> Operations {
+        let logins = r.counter(
+            "keygate_login_attempts_total",
+            "Login attempts, by outcome (success, bad_credentials, disabled, locked, rate_limited, bad_request).",
+            &["outcome"],
+        );
+        let rate_limited = r.counter(
+            "keygate_rate_limited_total",
+            "Requests refused by a rate limit, by limiter (account, address).",
+            &["limiter"],
+        );
+        let password_hashes = r.counter(
+            "keygate_password_hashes_total",
+            "Argon2id / bcrypt computations, by allowance (login, other).",
+            &["purpose"],
+        );
+        let refresh_reuse = prometheus::IntCounter::new(
+            "keygate_refresh_token_reuse_total",
+            "Retired refresh tokens presented again; each ended its session.",
+        )
+        .expect("valid metric");
+        r.0.register(Box::new(refresh_reuse.clone()))
+            .expect("unique metric");
+        let revocations = prometheus::IntCounter::new(
+            "keygate_revocation_notifications_total",
+            "Revocation notifications received from the shared store.",
+        )
+        .expect("valid metric");
+        r.0.register(Box::new(revocations.clone()))
+            .expect("unique metric");
+        let keys_disabled_on_plaintext = prometheus::IntCounter::new(
+            "keygate_api_keys_disabled_on_plaintext_total",
+            "API keys disabled because they arrived over plain HTTP.",
+        )
+        .expect("valid metric");
+        r.0.register(Box::new(keys_disabled_on_plaintext.clone()))
+            .expect("unique metric");
+        let revocation_listener_up = IntGauge::new(
+            "keygate_revocation_listener_up",
+            "1 while the revocation listener is connected to PostgreSQL, else 0. \
+             Exported only on a PostgreSQL store.",
+        )
+        .expect("valid metric");
+        let reloads = r.counter(
+            "keygate_config_reloads_total",
+            "Reloads of routes or the TLS certificate, by what and outcome (success, failure).",
+            &["what", "outcome"],
+        );
+        let last_reload = IntGauge::new(
+            "keygate_config_last_reload_success_timestamp_seconds",
+            "When a reload last succeeded (Unix time; 0 before the first).",
+        )
+        .expect("valid metric");
+        r.0.register(Box::new(last_reload.clone()))
+            .expect("unique metric");
+        let pruned_rows = r.counter(
+            "keygate_store_pruned_rows_total",
+            "Dead rows deleted from the store, by kind (ended_sessions, expired_sessions, activation_tokens).",
+            &["kind"],
+        );
+        let prune_runs = r.counter(
+            "keygate_store_prune_runs_total",
+            "Runs of the store pruning, by outcome (success, failure).",
+            &["outcome"],
+        );
+        let operations = Operations {
+            logins,
+            rate_limited,
+            password_hashes,
+            refresh_reuse,
+            revocations,
+            keys_disabled_on_plaintext,
+            revocation_listener_up,
+            reloads,
+            last_reload,
+            pruned_rows,
+            prune_runs,
+        };
+        operations.zero_known_outcomes();
+        operations
+    }
+
+    /// Creates the series of every known outcome with 0.
+    fn zero_known_outcomes(&self) {
+        for outcome in LOGIN_OUTCOMES {
+            self.logins.with_label_values(&[outcome]);
+        }
+        for limiter in RATE_LIMITERS {
+            self.rate_limited.with_label_values(&[limiter]);
+        }
+        for purpose in HASH_PURPOSES {
+            self.password_hashes.with_label_values(&[purpose]);
+        }
+        for what in RELOADED {
+            for outcome in OUTCOMES {
+                self.reloads.with_label_values(&[what, outcome]);
+            }
+        }
+    }
 }
 
 /// Login outcomes ([`Metrics::login`]).
@@ -70,6 +303,116 @@ pub const RELOADED: [&str; 2] = ["routes", "tls"];
 
 const OUTCOMES: [&str; 2] = ["success", "failure"];
 
+/// The request series of one route label, each looked up on its first use and
+/// then kept, so counting a request costs no label lookup. Nothing is created
+/// before the first request, as with looking the labels up each time.
+pub struct RouteSeries {
+    label: Box<str>,
+    requests: IntCounterVec,
+    durations: HistogramVec,
+    counters: [OnceLock<IntCounter>; METHOD_CLASSES * STATUS_CLASSES],
+    duration: OnceLock<Histogram>,
+}
+
+const METHOD_CLASSES: usize = 8;
+const STATUS_CLASSES: usize = 5;
+
+impl RouteSeries {
+    /// The route label, as the metrics and the access log name it.
+    pub fn label(&self) -> &str {
+        &self.label
+    }
+
+    /// Counts one answered request and its duration.
+    pub fn request(&self, method: &http::Method, status: http::StatusCode, elapsed: Duration) {
+        let (m, s) = (method_index(method), status_index(status));
+        self.counters[m * STATUS_CLASSES + s]
+            .get_or_init(|| {
+                self.requests
+                    .with_label_values(&[&self.label, METHOD_LABELS[m], STATUS_LABELS[s]])
+            })
+            .inc();
+        self.duration
+            .get_or_init(|| self.durations.with_label_values(&[&self.label]))
+            .observe(elapsed.as_secs_f64());
+    }
+}
+
+/// Authentication outcomes by credential method, each looked up on first use.
+pub struct AuthSeries {
+    auth: IntCounterVec,
+    /// Per method ([`AUTH_METHODS`]): accepted, then each [`AuthFailure`] in order.
+    counters: [[OnceLock<IntCounter>; AUTH_RESULTS]; 3],
+}
+
+/// The credential methods of `keygate_auth_total` the request path counts.
+pub const AUTH_METHODS: [&str; 3] = ["api_key", "jwt", "none"];
+const AUTH_RESULTS: usize = 1 + crate::auth::AuthFailure::ALL.len();
+
+impl AuthSeries {
+    /// Counts one outcome: `Ok` accepted, or the failure. `method` is an
+    /// index into [`AUTH_METHODS`].
+    pub fn count(&self, method: usize, outcome: Result<(), crate::auth::AuthFailure>) {
+        let result = match outcome {
+            Ok(()) => 0,
+            Err(failure) => 1 + failure as usize,
+        };
+        self.counters[method][result]
+            .get_or_init(|| {
+                let label = match outcome {
+                    Ok(()) => "accepted",
+                    Err(failure) => failure.label(),
+                };
+                self.auth.with_label_values(&[AUTH_METHODS[method], label])
+            })
+            .inc();
+    }
+}
+
+/// One upstream's series: its answer times (created on the first answer) and
+/// its errors by kind (created at 0 with the upstream).
+pub struct UpstreamSeries {
+    durations: HistogramVec,
+    label: Box<str>,
+    duration: OnceLock<Histogram>,
+    errors: Vec<IntCounter>,
+}
+
+impl UpstreamSeries {
+    pub fn answered(&self, elapsed: Duration) {
+        self.duration
+            .get_or_init(|| self.durations.with_label_values(&[&self.label]))
+            .observe(elapsed.as_secs_f64());
+    }
+
+    /// Counts an error of the kind at `kind` in the kinds the series was made with.
+    pub fn error(&self, kind: usize) {
+        self.errors[kind].inc();
+    }
+}
+
+/// One credential cache's lookup and eviction counters, created at 0.
+#[derive(Clone)]
+pub struct CacheSeries {
+    hit: IntCounter,
+    miss: IntCounter,
+    eviction: IntCounter,
+}
+
+impl CacheSeries {
+    pub fn hit(&self) {
+        self.hit.inc();
+    }
+
+    pub fn miss(&self) {
+        self.miss.inc();
+    }
+
+    pub fn eviction(&self) {
+        self.eviction.inc();
+    }
+}
+
 const LATENCY_BUCKETS: &[f64] = &[
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 ];
@@ -77,159 +420,17 @@ const LATENCY_BUCKETS: &[f64] = &[
 impl Metrics {
     pub fn new() -> Metrics {
         let registry = Registry::new();
-        let counter = |name: &str, help: &str, labels: &[&str]| {
-            let c = IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric");
-            registry
-                .register(Box::new(c.clone()))
-                .expect("unique metric");
-            c
-        };
-        let histogram = |name: &str, help: &str, labels: &[&str]| {
-            let h = HistogramVec::new(
-                HistogramOpts::new(name, help).buckets(LATENCY_BUCKETS.to_vec()),
-                labels,
-            )
-            .expect("valid metric");
-            registry
-                .register(Box::new(h.clone()))
-                .expect("unique metric");
-            h
-        };
-        let gauge = |name: &str, help: &str, labels: &[&str]| {
-            let g = IntGaugeVec::new(Opts::new(name, help), labels).expect("valid metric");
-            registry
-                .register(Box::new(g.clone()))
-                .expect("unique metric");
-            g
-        };
-        let requests = counter(
-            "keygate_requests_total",
-            "Requests answered, by route, method class and status class.",
-            &["route", "method", "status"],
-        );
-        let request_duration = histogram(
-            "keygate_request_duration_seconds",
-            "Time from request head to response head, by route.",
-            &["route"],
-        );
-        let auth = counter(
-            "keygate_auth_total",
-            "Authentication outcomes, by credential method and result.",
-            &["method", "result"],
-        );
-        let upstream_duration = histogram(
-            "keygate_upstream_duration_seconds",
-            "Time for an upstream to answer with a response head, by upstream.",
-            &["upstream"],
-        );
-        let upstream_errors = counter(
-            "keygate_upstream_errors_total",
-            "Upstream requests that failed, by upstream and kind (connect, timeout, reset).",
-            &["upstream", "kind"],
-        );
-        let cache = counter(
-            "keygate_cache_requests_total",
-            "Credential cache lookups, by cache and result (hit, miss).",
-            &["cache", "result"],
-        );
-        let cache_evictions = counter(
-            "keygate_cache_evictions_total",
-            "Credential cache entries pushed out by the size bound, by cache.",
-            &["cache"],
-        );
-        let cache_entries = gauge(
-            "keygate_cache_entries",
-            "Entries held by each credential cache.",
-            &["cache"],
-        );
-        let open_connections = gauge(
-            "keygate_open_connections",
-            "Client connections currently open, by listener.",
-            &["listener"],
-        );
-        let connections_closed = counter(
-            "keygate_connections_closed_total",
-            "Client connections keygate closed for a limit, by listener and reason \
-             (per_address_cap, tls_handshake_timeout, head_timeout, idle, keep_alive_timeout, body_timeout).",
-            &["listener", "reason"],
-        );
-        let logins = counter(
-            "keygate_login_attempts_total",
-            "Login attempts, by outcome (success, bad_credentials, disabled, locked, rate_limited, bad_request).",
-            &["outcome"],
-        );
-        let rate_limited = counter(
-            "keygate_rate_limited_total",
-            "Requests refused by a rate limit, by limiter (account, address).",
-            &["limiter"],
-        );
-        let password_hashes = counter(
-            "keygate_password_hashes_total",
-            "Argon2id / bcrypt computations, by allowance (login, other).",
-            &["purpose"],
-        );
-        let refresh_reuse = prometheus::IntCounter::new(
-            "keygate_refresh_token_reuse_total",
-            "Retired refresh tokens presented again; each ended its session.",
-        )
-        .expect("valid metric");
-        registry
-            .register(Box::new(refresh_reuse.clone()))
-            .expect("unique metric");
-        let revocations = prometheus::IntCounter::new(
-            "keygate_revocation_notifications_total",
-            "Revocation notifications received from the shared store.",
-        )
-        .expect("valid metric");
-        registry
-            .register(Box::new(revocations.clone()))
-            .expect("unique metric");
-        let keys_disabled_on_plaintext = prometheus::IntCounter::new(
-            "keygate_api_keys_disabled_on_plaintext_total",
-            "API keys disabled because they arrived over plain HTTP.",
-        )
-        .expect("valid metric");
-        registry
-            .register(Box::new(keys_disabled_on_plaintext.clone()))
-            .expect("unique metric");
-        let revocation_listener_up = IntGauge::new(
-            "keygate_revocation_listener_up",
-            "1 while the revocation listener is connected to PostgreSQL, else 0. \
-             Exported only on a PostgreSQL store.",
-        )
-        .expect("valid metric");
-        let reloads = counter(
-            "keygate_config_reloads_total",
-            "Reloads of routes or the TLS certificate, by what and outcome (success, failure).",
-            &["what", "outcome"],
-        );
-        let last_reload = IntGauge::new(
-            "keygate_config_last_reload_success_timestamp_seconds",
-            "When a reload last succeeded (Unix time; 0 before the first).",
-        )
-        .expect("valid metric");
-        registry
-            .register(Box::new(last_reload.clone()))
-            .expect("unique metric");
+        let r = Registrar(&registry);
+        let traffic = Traffic::new(&r);
+        let operations = Operations::new(&r);
         let tls_cert_not_after = IntGauge::new(
             "keygate_tls_certificate_expiry_timestamp_seconds",
             "When the served TLS certificate expires (Unix time).",
         )
         .expect("valid metric");
-        registry
-            .register(Box::new(tls_cert_not_after.clone()))
+        r.0.register(Box::new(tls_cert_not_after.clone()))
             .expect("unique metric");
-        let pruned_rows = counter(
-            "keygate_store_pruned_rows_total",
-            "Dead rows deleted from the store, by kind (ended_sessions, expired_sessions, activation_tokens).",
-            &["kind"],
-        );
-        let prune_runs = counter(
-            "keygate_store_prune_runs_total",
-            "Runs of the store pruning, by outcome (success, failure).",
-            &["outcome"],
-        );
-        let build = gauge(
+        let build = r.gauge(
             "keygate_build_info",
             "Build information; the value is always 1.",
             &["version"],
@@ -240,101 +441,80 @@ impl Metrics {
             .register(Box::new(process::ProcessCollector::new()))
             .expect("unique metric");
 
-        for method in ["api_key", "jwt"] {
-            auth.with_label_values(&[method, "accepted"]);
-            for failure in crate::auth::AuthFailure::ALL {
-                if !failure.is_parse_failure() {
-                    auth.with_label_values(&[method, failure.label()]);
-                }
-            }
-        }
-        for failure in crate::auth::AuthFailure::ALL {
-            if failure.is_parse_failure() {
-                auth.with_label_values(&["none", failure.label()]);
-            }
-        }
-        auth.with_label_values(&[
-            "password",
-            crate::auth::AuthFailure::PlaintextRefused.label(),
-        ]);
-        for outcome in LOGIN_OUTCOMES {
-            logins.with_label_values(&[outcome]);
-        }
-        for limiter in RATE_LIMITERS {
-            rate_limited.with_label_values(&[limiter]);
-        }
-        for purpose in HASH_PURPOSES {
-            password_hashes.with_label_values(&[purpose]);
-        }
-        for what in RELOADED {
-            for outcome in OUTCOMES {
-                reloads.with_label_values(&[what, outcome]);
-            }
-        }
         Metrics {
-            registry,
-            requests,
-            request_duration,
-            auth,
-            upstream_duration,
-            upstream_errors,
-            cache,
-            cache_entries,
-            cache_evictions,
-            open_connections,
-            connections_closed,
-            logins,
-            rate_limited,
-            password_hashes,
-            refresh_reuse,
-            revocations,
-            keys_disabled_on_plaintext,
-            revocation_listener_up,
-            reloads,
-            last_reload,
+            traffic,
+            operations,
             tls_cert_not_after,
-            pruned_rows,
-            prune_runs,
+            registry,
         }
     }
 
     /// Creates a listener's connection series with 0: its open connections
     /// and each reason it may close one (`reasons`).
     pub fn init_connections(&self, listener: &str, reasons: &[&str]) {
-        self.open_connections.with_label_values(&[listener]);
+        self.traffic.open_connections.with_label_values(&[listener]);
         for reason in reasons {
-            self.connections_closed
+            self.traffic
+                .connections_closed
                 .with_label_values(&[listener, reason]);
         }
     }
 
-    /// Creates the error series of configured upstreams with 0, one per
-    /// upstream and error kind (`kinds`).
-    pub fn init_upstreams<'a>(&self, upstreams: impl IntoIterator<Item = &'a str>, kinds: &[&str]) {
-        for upstream in upstreams {
-            for kind in kinds {
-                self.upstream_errors.with_label_values(&[upstream, kind]);
-            }
+    /// Creates a credential cache's series with 0, and returns its counters.
+    pub fn init_cache(&self, cache: &str) -> CacheSeries {
+        self.traffic.cache_entries.with_label_values(&[cache]);
+        CacheSeries {
+            hit: self.traffic.cache.with_label_values(&[cache, "hit"]),
+            miss: self.traffic.cache.with_label_values(&[cache, "miss"]),
+            eviction: self.traffic.cache_evictions.with_label_values(&[cache]),
         }
     }
 
-    /// Creates a credential cache's series with 0.
-    pub fn init_cache(&self, cache: &str) {
-        for result in ["hit", "miss"] {
-            self.cache.with_label_values(&[cache, result]);
+    /// The request series of a route label ([`RouteSeries`]).
+    pub fn route_series(&self, label: &str) -> RouteSeries {
+        RouteSeries {
+            label: label.into(),
+            requests: self.traffic.requests.clone(),
+            durations: self.traffic.request_duration.clone(),
+            counters: std::array::from_fn(|_| OnceLock::new()),
+            duration: OnceLock::new(),
         }
-        self.cache_evictions.with_label_values(&[cache]);
-        self.cache_entries.with_label_values(&[cache]);
+    }
+
+    /// The authentication outcome counters of the request path ([`AuthSeries`]).
+    pub fn auth_series(&self) -> AuthSeries {
+        AuthSeries {
+            auth: self.traffic.auth.clone(),
+            counters: std::array::from_fn(|_| std::array::from_fn(|_| OnceLock::new())),
+        }
+    }
+
+    /// An upstream's series; its error series exist (at 0) from here on, one
+    /// per kind (`kinds`).
+    pub fn upstream_series(&self, upstream: &str, kinds: &[&str]) -> UpstreamSeries {
+        UpstreamSeries {
+            durations: self.traffic.upstream_duration.clone(),
+            label: upstream.into(),
+            duration: OnceLock::new(),
+            errors: kinds
+                .iter()
+                .map(|kind| {
+                    self.traffic
+                        .upstream_errors
+                        .with_label_values(&[upstream, kind])
+                })
+                .collect(),
+        }
     }
 
     /// Creates the store pruning series with 0, where pruning runs: the rows
     /// of each kind (`kinds`) and the runs by outcome.
     pub fn init_pruning(&self, kinds: &[&str]) {
         for kind in kinds {
-            self.pruned_rows.with_label_values(&[kind]);
+            self.operations.pruned_rows.with_label_values(&[kind]);
         }
         for outcome in OUTCOMES {
-            self.prune_runs.with_label_values(&[outcome]);
+            self.operations.prune_runs.with_label_values(&[outcome]);
         }
     }
 
@@ -345,7 +525,7 @@ impl Metrics {
         // Already registered is the only possible error, and the same metric.
         let _ = self
             .registry
-            .register(Box::new(self.revocation_listener_up.clone()));
+            .register(Box::new(self.operations.revocation_listener_up.clone()));
     }
 
     pub fn request(
@@ -355,103 +535,104 @@ impl Metrics {
         status: http::StatusCode,
         elapsed: Duration,
     ) {
-        self.requests
+        self.traffic
+            .requests
             .with_label_values(&[route, method_class(method), status_class(status)])
             .inc();
-        self.request_duration
+        self.traffic
+            .request_duration
             .with_label_values(&[route])
             .observe(elapsed.as_secs_f64());
     }
 
     pub fn auth(&self, method: &str, result: &str) {
-        self.auth.with_label_values(&[method, result]).inc();
-    }
-
-    pub fn upstream(&self, upstream: &str, elapsed: Duration) {
-        self.upstream_duration
-            .with_label_values(&[upstream])
-            .observe(elapsed.as_secs_f64());
-    }
-
-    pub fn upstream_error(&self, upstream: &str, kind: &str) {
-        self.upstream_errors
-            .with_label_values(&[upstream, kind])
-            .inc();
+        self.traffic.auth.with_label_values(&[method, result]).inc();
     }
 
     pub fn login(&self, outcome: &str) {
-        self.logins.with_label_values(&[outcome]).inc();
+        self.operations.logins.with_label_values(&[outcome]).inc();
     }
 
     pub fn password_hash(&self, purpose: &str) {
-        self.password_hashes.with_label_values(&[purpose]).inc();
+        self.operations
+            .password_hashes
+            .with_label_values(&[purpose])
+            .inc();
     }
 
     pub fn rate_limited(&self, limiter: &str) {
-        self.rate_limited.with_label_values(&[limiter]).inc();
+        self.operations
+            .rate_limited
+            .with_label_values(&[limiter])
+            .inc();
     }
 
     pub fn refresh_reuse(&self) {
-        self.refresh_reuse.inc();
+        self.operations.refresh_reuse.inc();
     }
 
     pub fn key_disabled_on_plaintext(&self) {
-        self.keys_disabled_on_plaintext.inc();
+        self.operations.keys_disabled_on_plaintext.inc();
     }
 
     pub fn reload(&self, what: &str, ok: bool) {
-        self.reloads.with_label_values(&[what, outcome(ok)]).inc();
+        self.operations
+            .reloads
+            .with_label_values(&[what, outcome(ok)])
+            .inc();
         if ok {
-            self.last_reload.set(crate::clock::now_secs());
+            self.operations.last_reload.set(crate::clock::now_secs());
         }
     }
 
     pub fn pruned(&self, kind: &str, rows: u64) {
-        self.pruned_rows.with_label_values(&[kind]).inc_by(rows);
+        self.operations
+            .pruned_rows
+            .with_label_values(&[kind])
+            .inc_by(rows);
     }
 
     pub fn prune_run(&self, ok: bool) {
-        self.prune_runs.with_label_values(&[outcome(ok)]).inc();
+        self.operations
+            .prune_runs
+            .with_label_values(&[outcome(ok)])
+            .inc();
     }
 
     pub fn revocation_received(&self) {
-        self.revocations.inc();
+        self.operations.revocations.inc();
     }
 
     pub fn revocation_listener(&self, up: bool) {
-        self.revocation_listener_up.set(i64::from(up));
-    }
-
-    pub fn cache_hit(&self, cache: &str) {
-        self.cache.with_label_values(&[cache, "hit"]).inc();
-    }
-
-    pub fn cache_miss(&self, cache: &str) {
-        self.cache.with_label_values(&[cache, "miss"]).inc();
-    }
-
-    pub fn cache_eviction(&self, cache: &str) {
-        self.cache_evictions.with_label_values(&[cache]).inc();
+        self.operations.revocation_listener_up.set(i64::from(up));
     }
 
     pub fn connection_opened(&self, listener: &str) {
-        self.open_connections.with_label_values(&[listener]).inc();
+        self.traffic
+            .open_connections
+            .with_label_values(&[listener])
+            .inc();
     }
 
     pub fn connection_closed(&self, listener: &str) {
-        self.open_connections.with_label_values(&[listener]).dec();
+        self.traffic
+            .open_connections
+            .with_label_values(&[listener])
+            .dec();
     }
 
     /// Counts a connection closed by a limit; `reason` is one fixed word.
     pub fn connection_closed_by(&self, listener: &str, reason: &str) {
-        self.connections_closed
+        self.traffic
+            .connections_closed
             .with_label_values(&[listener, reason])
             .inc();
     }
 
     pub fn set_cache_entries(&self, sizes: &[(&str, u64)]) {
         for (name, size) in sizes {
-            self.cache_entries
+            self.traffic
+                .cache_entries
                 .with_label_values(&[name])
                 .set(*size as i64);
         }
@@ -500,27 +681,40 @@ fn outcome(ok: bool) -> &'static str {
     OUTCOMES[usize::from(!ok)]
 }
 
-pub fn method_class(method: &http::Method) -> &'static str {
+const METHOD_LABELS: [&str; METHOD_CLASSES] = [
+    "GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS", "OTHER",
+];
+const STATUS_LABELS: [&str; STATUS_CLASSES] = ["1xx", "2xx", "3xx", "4xx", "5xx"];
+
+fn method_index(method: &http::Method) -> usize {
     match *method {
-        http::Method::GET => "GET",
-        http::Method::POST => "POST",
-        http::Method::PUT => "PUT",
-        http::Method::DELETE => "DELETE",
-        http::Method::PATCH => "PATCH",
-        http::Method::HEAD => "HEAD",
-        http::Method::OPTIONS => "OPTIONS",
-        _ => "OTHER",
+        http::Method::GET => 0,
+        http::Method::POST => 1,
+        http::Method::PUT => 2,
+        http::Method::DELETE => 3,
+        http::Method::PATCH => 4,
+        http::Method::HEAD => 5,
+        http::Method::OPTIONS => 6,
+        _ => 7,
     }
 }
 
-pub fn status_class(status: http::StatusCode) -> &'static str {
+fn status_index(status: http::StatusCode) -> usize {
     match status.as_u16() {
-        100..=199 => "1xx",
-        200..=299 => "2xx",
-        300..=399 => "3xx",
-        400..=499 => "4xx",
-        _ => "5xx",
+        100..=199 => 0,
+        200..=299 => 1,
+        300..=399 => 2,
+        400..=499 => 3,
+        _ => 4,
     }
+}
+
+pub fn method_class(method: &http::Method) -> &'static str {
+    METHOD_LABELS[method_index(method)]
+}
+
+pub fn status_class(status: http::StatusCode) -> &'static str {
+    STATUS_LABELS[status_index(status)]
 }
 
 #[cfg(test)]
@@ -563,8 +757,8 @@ mod tests {
         assert!(!text.contains("keygate_store_prune_runs_total{"));
         m.init_pruning(&["ended_sessions"]);
         m.init_connections("https", &["idle"]);
-        m.init_upstreams(["http://10.0.0.1:8080"], &["connect"]);
-        m.init_cache("users");
+        let _upstream = m.upstream_series("http://10.0.0.1:8080", &["connect"]);
+        let _users = m.init_cache("users");
         let text = m.render();
         for series in [
             r#"keygate_store_pruned_rows_total{kind="ended_sessions"} 0"#,
@@ -574,6 +768,45 @@ mod tests {
             r#"keygate_upstream_errors_total{kind="connect",upstream="http://10.0.0.1:8080"} 0"#,
             r#"keygate_cache_requests_total{cache="users",result="miss"} 0"#,
             r#"keygate_cache_evictions_total{cache="users"} 0"#,
+        ] {
+            assert!(text.contains(series), "{series} missing:\n{text}");
+        }
+    }
+
+    #[test]
+    fn resolved_handles_count_into_the_same_series_as_label_lookups() {
+        let m = Metrics::new();
+        let route = m.route_series("api");
+        assert!(!m.render().contains(r#"route="api""#), "nothing before use");
+        route.request(
+            &http::Method::GET,
+            http::StatusCode::OK,
+            Duration::from_millis(1),
+        );
+        route.request(
+            &http::Method::GET,
+            http::StatusCode::OK,
+            Duration::from_millis(1),
+        );
+        m.request(
+            "api",
+            &http::Method::GET,
+            http::StatusCode::OK,
+            Duration::from_millis(1),
+        );
+        let auth = m.auth_series();
+        auth.count(1, Err(crate::auth::AuthFailure::Expired));
+        auth.count(0, Ok(()));
+        let upstream = m.upstream_series("http://10.0.0.1:8080", &["connect", "timeout"]);
+        upstream.error(1);
+        let text = m.render();
+        for series in [
+            r#"keygate_requests_total{method="GET",route="api",status="2xx"} 3"#,
+            r#"keygate_request_duration_seconds_count{route="api"} 3"#,
+            r#"keygate_auth_total{method="jwt",result="expired"} 1"#,
+            r#"keygate_auth_total{method="api_key",result="accepted"} 1"#,
+            r#"keygate_upstream_errors_total{kind="connect",upstream="http://10.0.0.1:8080"} 0"#,
+            r#"keygate_upstream_errors_total{kind="timeout",upstream="http://10.0.0.1:8080"} 1"#,
         ] {
             assert!(text.contains(series), "{series} missing:\n{text}");
         }

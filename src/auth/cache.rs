@@ -20,7 +20,7 @@ use super::api_key::KeyDigest;
 use super::jwt::AccessClaims;
 use crate::config::CacheSettings;
 use crate::identity::Principal;
-use crate::telemetry::Metrics;
+use crate::telemetry::{CacheSeries, Metrics};
 
 /// An API key's verifiable state.
 #[derive(Debug)]
@@ -87,15 +87,22 @@ impl Expiry<[u8; 32], Arc<VerifiedToken>> for TokenLifetime {
 
 /// Counts entries pushed out by the size bound (not expiry or invalidation).
 fn count_evictions<K, V>(
-    metrics: &Arc<Metrics>,
-    name: &'static str,
+    series: &CacheSeries,
 ) -> impl Fn(Arc<K>, V, RemovalCause) + Send + Sync + 'static {
-    let metrics = metrics.clone();
+    let series = series.clone();
     move |_key, _value, cause| {
         if cause == RemovalCause::Size {
-            metrics.cache_eviction(name);
+            series.eviction();
         }
     }
+}
+
+/// Each cache's lookup counters, resolved when the caches are built.
+pub struct CacheCounters {
+    pub keys: CacheSeries,
+    pub users: CacheSeries,
+    pub sessions: CacheSeries,
+    pub tokens: CacheSeries,
 }
 
 pub struct Caches {
@@ -103,16 +110,23 @@ pub struct Caches {
     pub users: Cache<Uuid, Lookup<UserState>>,
     pub sessions: Cache<Uuid, Lookup<SessionState>>,
     pub tokens: Cache<[u8; 32], Arc<VerifiedToken>>,
+    pub counters: CacheCounters,
 }
 
 impl Caches {
     pub fn new(settings: &CacheSettings, metrics: &Arc<Metrics>) -> Caches {
         let negative = settings.negative_ttl.min(settings.ttl);
-        let caches = Caches {
+        let counters = CacheCounters {
+            keys: metrics.init_cache("api_keys"),
+            users: metrics.init_cache("users"),
+            sessions: metrics.init_cache("sessions"),
+            tokens: metrics.init_cache("tokens"),
+        };
+        Caches {
             keys: Cache::builder()
                 .name("api_keys")
                 .max_capacity(settings.capacity)
-                .eviction_listener(count_evictions(metrics, "api_keys"))
+                .eviction_listener(count_evictions(&counters.keys))
                 .time_to_live(settings.ttl)
                 .expire_after(Lifetimes { negative })
                 .support_invalidation_closures()
@@ -120,14 +134,14 @@ impl Caches {
             users: Cache::builder()
                 .name("users")
                 .max_capacity(settings.capacity)
-                .eviction_listener(count_evictions(metrics, "users"))
+                .eviction_listener(count_evictions(&counters.users))
                 .time_to_live(settings.ttl)
                 .expire_after(Lifetimes { negative })
                 .build(),
             sessions: Cache::builder()
                 .name("sessions")
                 .max_capacity(settings.capacity)
-                .eviction_listener(count_evictions(metrics, "sessions"))
+                .eviction_listener(count_evictions(&counters.sessions))
                 .time_to_live(settings.ttl)
                 .expire_after(Lifetimes { negative })
                 .support_invalidation_closures()
@@ -135,14 +149,11 @@ impl Caches {
             tokens: Cache::builder()
                 .name("tokens")
                 .max_capacity(settings.capacity)
-                .eviction_listener(count_evictions(metrics, "tokens"))
+                .eviction_listener(count_evictions(&counters.tokens))
                 .expire_after(TokenLifetime { max: settings.ttl })
                 .build(),
-        };
-        for (name, _) in caches.sizes() {
-            metrics.init_cache(name);
+            counters,
         }
-        caches
     }
 
     /// Forget one key, by its digest.

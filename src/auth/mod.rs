@@ -239,10 +239,10 @@ impl Authenticator {
         let mut key = [0u8; 32];
         key.copy_from_slice(digest(&SHA256, token.as_bytes()).as_ref());
         if let Some(hit) = self.caches.tokens.get(&key).await {
-            self.metrics.cache_hit("tokens");
+            self.caches.counters.tokens.hit();
             return Ok(hit);
         }
-        self.metrics.cache_miss("tokens");
+        self.caches.counters.tokens.miss();
         let claims = self.tokens.verify_access(token)?;
         let verified = Arc::new(VerifiedToken {
             session_header: id_header_value(&claims.session_id),
@@ -254,10 +254,10 @@ impl Authenticator {
 
     async fn key_state(&self, digest: KeyDigest) -> Result<Lookup<KeyState>, AuthFailure> {
         if let Some(hit) = self.caches.keys.get(&digest).await {
-            self.metrics.cache_hit("api_keys");
+            self.caches.counters.keys.hit();
             return Ok(hit);
         }
-        self.metrics.cache_miss("api_keys");
+        self.caches.counters.keys.miss();
         let store = &self.store;
         self.caches
             .keys
@@ -279,10 +279,10 @@ impl Authenticator {
 
     async fn user_state(&self, id: Uuid) -> Result<Lookup<UserState>, AuthFailure> {
         if let Some(hit) = self.caches.users.get(&id).await {
-            self.metrics.cache_hit("users");
+            self.caches.counters.users.hit();
             return Ok(hit);
         }
-        self.metrics.cache_miss("users");
+        self.caches.counters.users.miss();
         let store = &self.store;
         self.caches
             .users
@@ -296,10 +296,10 @@ impl Authenticator {
 
     async fn session_state(&self, id: Uuid) -> Result<Lookup<SessionState>, AuthFailure> {
         if let Some(hit) = self.caches.sessions.get(&id).await {
-            self.metrics.cache_hit("sessions");
+            self.caches.counters.sessions.hit();
             return Ok(hit);
         }
-        self.metrics.cache_miss("sessions");
+        self.caches.counters.sessions.miss();
         let store = &self.store;
         self.caches
             .sessions

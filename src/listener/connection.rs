@@ -31,8 +31,9 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 
-use super::{Handler, Transport};
+use super::Handler;
 use crate::body::{Body, BoxError};
+use crate::conn::Connection;
 use crate::framing::{AmbiguousFraming, FramingScanner};
 
 /// Why keygate closed a connection; the label of
@@ -330,7 +331,7 @@ pub async fn serve<I, H>(
     io: I,
     builder: &auto::Builder<TokioExecutor>,
     handler: Arc<H>,
-    transport: Transport,
+    conn: Arc<Connection>,
     deadlines: Deadlines,
     mut drain: watch::Receiver<bool>,
 ) -> Option<Reason>
@@ -349,9 +350,10 @@ where
             req.extensions_mut().insert(AmbiguousFraming);
         }
         let handler = handler.clone();
+        let conn = conn.clone();
         async move {
             let version = req.version();
-            let mut response = handler.handle(req, transport).await;
+            let mut response = handler.handle(req, conn).await;
             if asks_to_close(&response) {
                 let reason = (response.status() == StatusCode::REQUEST_TIMEOUT)
                     .then_some(Reason::BodyTimeout);

@@ -7,7 +7,6 @@ pub mod address_cap;
 pub mod connection;
 
 use std::future::Future;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,32 +14,24 @@ use http::{Request, Response};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use hyper_util::server::conn::auto;
+use ipnet::IpNet;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio_rustls::TlsAcceptor;
 
 use crate::body::Body;
 use crate::config::Limits;
+use crate::conn::Connection;
 use crate::telemetry::Metrics;
-use address_cap::AddressCap;
+use address_cap::{AddressCap, Slot};
 use connection::{Deadlines, Reason};
-
-/// What the connection tells about a request: was TLS terminated here, and who
-/// is the peer.
-#[derive(Debug, Clone, Copy)]
-pub struct Transport {
-    pub tls: bool,
-    pub peer: SocketAddr,
-    /// Listener name, for metrics: "https", "http" or "admin".
-    pub listener: &'static str,
-}
 
 /// What a listener serves: every request of its connections.
 pub trait Handler: Send + Sync + 'static {
     fn handle(
         &self,
         req: Request<Incoming>,
-        transport: Transport,
+        conn: Arc<Connection>,
     ) -> impl Future<Output = Response<Body>> + Send;
 }
 
@@ -64,6 +55,8 @@ pub struct Shared {
     per_address: Arc<AddressCap>,
     metrics: Arc<Metrics>,
     deadlines: Deadlines,
+    /// Matched once per connection ([`Connection::accept`]).
+    trusted_proxies: Vec<IpNet>,
     tls_handshake_timeout: Duration,
     /// How long open connections may take to finish after shutdown.
     grace: Duration,
@@ -74,6 +67,7 @@ impl Shared {
         limits: &Limits,
         per_address: Arc<AddressCap>,
         metrics: Arc<Metrics>,
+        trusted_proxies: Vec<IpNet>,
         grace: Duration,
     ) -> Shared {
         let mut builder = auto::Builder::new(TokioExecutor::new());
@@ -97,6 +91,7 @@ impl Shared {
                 idle: limits.idle_timeout,
                 close: limits.http2_keep_alive_timeout,
             },
+            trusted_proxies,
             tls_handshake_timeout: limits.tls_handshake_timeout,
             grace,
         }
@@ -155,26 +150,21 @@ async fn accept_loop<H: Handler>(listener: Listener<H>, shared: Arc<Shared>) {
             continue;
         };
         let _ = stream.set_nodelay(true);
-        let transport = Transport {
-            tls: tls.is_some(),
+        let conn = Arc::new(Connection::accept(
             peer,
-            listener: name,
-        };
-        let shared = shared.clone();
-        let handler = handler.clone();
-        let tls = tls.clone();
-        let draining = draining.clone();
-        tokio::spawn(async move {
-            let _permit = permit;
-            let _slot = slot;
-            shared.metrics.connection_opened(name);
-            let reason = connection(stream, tls, handler, transport, &shared, draining).await;
-            if let Some(reason) = reason {
-                tracing::debug!(%peer, listener = name, reason = reason.label(), "connection closed");
-                shared.metrics.connection_closed_by(name, reason.label());
-            }
-            shared.metrics.connection_closed(name);
-        });
+            tls.is_some(),
+            name,
+            &shared.trusted_proxies,
+        ));
+        let held = (permit, slot, draining.clone());
+        tokio::spawn(run_connection(
+            stream,
+            tls.clone(),
+            handler.clone(),
+            conn,
+            shared.clone(),
+            held,
+        ));
     }
     drop(tcp);
     drop(draining);
@@ -190,12 +180,35 @@ async fn accept_loop<H: Handler>(listener: Listener<H>, shared: Arc<Shared>) {
     }
 }
 
+/// What an accepted connection holds until it closes: its place in the
+/// listener's budget, its place under the per-address cap, and the drain signal.
+type Held = (OwnedSemaphorePermit, Slot, watch::Receiver<bool>);
+
+/// Serves one accepted connection and counts how it ended.
+async fn run_connection<H: Handler>(
+    stream: TcpStream,
+    tls: Option<TlsAcceptor>,
+    handler: Arc<H>,
+    conn: Arc<Connection>,
+    shared: Arc<Shared>,
+    (_permit, _slot, draining): Held,
+) {
+    let (name, peer) = (conn.listener, conn.peer);
+    shared.metrics.connection_opened(name);
+    let reason = connection(stream, tls, handler, conn, &shared, draining).await;
+    if let Some(reason) = reason {
+        tracing::debug!(%peer, listener = name, reason = reason.label(), "connection closed");
+        shared.metrics.connection_closed_by(name, reason.label());
+    }
+    shared.metrics.connection_closed(name);
+}
+
 /// One accepted connection: the TLS handshake (bounded), then HTTP.
 async fn connection<H: Handler>(
     stream: TcpStream,
     tls: Option<TlsAcceptor>,
     handler: Arc<H>,
-    transport: Transport,
+    conn: Arc<Connection>,
     shared: &Shared,
     draining: watch::Receiver<bool>,
 ) -> Option<Reason> {
@@ -204,20 +217,20 @@ async fn connection<H: Handler>(
             stream,
             &shared.builder,
             handler,
-            transport,
+            conn,
             shared.deadlines,
             draining,
         )
         .await;
     };
-    let peer = transport.peer;
+    let peer = conn.peer;
     match tokio::time::timeout(shared.tls_handshake_timeout, acceptor.accept(stream)).await {
         Ok(Ok(tls_stream)) => {
             connection::serve(
                 tls_stream,
                 &shared.builder,
                 handler,
-                transport,
+                conn,
                 shared.deadlines,
                 draining,
             )

@@ -8,8 +8,7 @@ use http::{HeaderMap, HeaderName, HeaderValue};
 use crate::conn::Client;
 use crate::identity::{self, Identity};
 
-pub static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
-pub static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+pub use crate::conn::{X_FORWARDED_FOR, X_FORWARDED_PROTO};
 pub static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 pub static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 static KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
@@ -111,7 +110,7 @@ pub fn is_forwarding(name: &HeaderName) -> bool {
 /// `Host` out (the upstream URI carries the authority); the verified identity in.
 pub fn to_upstream(
     parts: &mut http::request::Parts,
-    client: &Client,
+    client: &Client<'_>,
     request_id: HeaderValue,
     identity: Option<&Identity>,
 ) {
@@ -122,7 +121,7 @@ pub fn to_upstream(
         .filter(|name| {
             identity::is_reserved(name)
                 || identity::is_credential(name)
-                || (!client.trusted && is_forwarding(name))
+                || (!client.trusted() && is_forwarding(name))
         })
         .cloned()
         .collect();
@@ -151,17 +150,20 @@ pub fn to_client(headers: &mut HeaderMap) {
 /// were removed and are set from the connection.
 fn set_forwarding(
     headers: &mut HeaderMap,
-    client: &Client,
+    client: &Client<'_>,
     authority: Option<&str>,
     request_id: HeaderValue,
 ) {
-    let trusted = client.trusted;
-    let peer_ip = client.transport.peer.ip().to_string();
-    let forwarded_for = match headers.get(&X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
-        Some(chain) if trusted && !chain.trim().is_empty() => format!("{chain}, {peer_ip}"),
-        _ => peer_ip,
+    let trusted = client.trusted();
+    let peer = client.conn.peer_header();
+    // The chain a trusted proxy sent is extended as text, not parsed.
+    let extended = match headers.get(&X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
+        Some(chain) if trusted && !chain.trim().is_empty() => {
+            HeaderValue::from_str(&format!("{chain}, {}", client.conn.address())).ok()
+        }
+        _ => Some(peer.clone()),
     };
-    if let Ok(value) = HeaderValue::from_str(&forwarded_for) {
+    if let Some(value) = extended {
         headers.insert(X_FORWARDED_FOR.clone(), value);
     }
     let proto_ok = trusted
@@ -169,11 +171,7 @@ fn set_forwarding(
             .get(&X_FORWARDED_PROTO)
             .is_some_and(|v| v == "https" || v == "http");
     if !proto_ok {
-        let proto = if client.transport.tls {
-            "https"
-        } else {
-            "http"
-        };
+        let proto = if client.conn.tls { "https" } else { "http" };
         headers.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static(proto));
     }
     if !(trusted && headers.contains_key(&X_FORWARDED_HOST)) {
@@ -196,17 +194,21 @@ fn set_forwarding(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::listener::Transport;
+    use crate::conn::Connection;
 
-    fn client(tls: bool, trusted: bool) -> Client {
+    fn conn(tls: bool, trusted: bool) -> Connection {
+        let proxies: Vec<ipnet::IpNet> = if trusted {
+            vec!["10.0.0.0/8".parse().unwrap()]
+        } else {
+            vec![]
+        };
+        Connection::accept("10.1.2.3:5555".parse().unwrap(), tls, "https", &proxies)
+    }
+
+    fn client(conn: &Connection) -> Client<'_> {
         Client {
-            transport: Transport {
-                tls,
-                peer: "10.1.2.3:5555".parse().unwrap(),
-                listener: "https",
-            },
-            trusted,
-            secure: tls,
+            conn,
+            secure: conn.tls,
         }
     }
 
@@ -261,7 +263,7 @@ mod tests {
             .insert(HOST, HeaderValue::from_static("gw.example:8080"));
         p.headers.insert("accept", HeaderValue::from_static("*/*"));
         let id = request_id(&p.headers, false);
-        to_upstream(&mut p, &client(false, false), id, None);
+        to_upstream(&mut p, &client(&conn(false, false)), id, None);
         let left: Vec<&str> = p.headers.keys().map(|k| k.as_str()).collect();
         assert_eq!(
             left.len(),
@@ -287,7 +289,7 @@ mod tests {
         ]);
         let id = request_id(&p.headers, true);
         assert_eq!(id, "req-123");
-        to_upstream(&mut p, &client(false, true), id, None);
+        to_upstream(&mut p, &client(&conn(false, true)), id, None);
         assert_eq!(p.headers[&X_FORWARDED_FOR], "203.0.113.9, 10.1.2.3");
         assert_eq!(p.headers[&X_FORWARDED_PROTO], "https");
         assert_eq!(p.headers[&X_FORWARDED_HOST], "api.example");
@@ -319,7 +321,7 @@ mod tests {
         ]);
         to_upstream(
             &mut p,
-            &client(true, false),
+            &client(&conn(true, false)),
             request_id(&HeaderMap::new(), false),
             Some(&identity),
         );

@@ -22,7 +22,7 @@ use hyper_util::rt::{TokioExecutor, TokioTimer};
 use crate::body::{self, Body};
 use crate::config::{Limits, ProxySettings, RouteSpec, UpstreamUrl};
 use crate::error::ApiError;
-use crate::telemetry::Metrics;
+use crate::telemetry::{Metrics, RouteSeries, UpstreamSeries};
 
 /// One upstream base URL and its health.
 pub struct Upstream {
@@ -32,6 +32,7 @@ pub struct Upstream {
     base_path: String,
     /// Metric label: the configured URL.
     pub label: String,
+    series: UpstreamSeries,
     /// Milliseconds since `epoch` until which the upstream is skipped.
     down_until: AtomicU64,
 }
@@ -41,6 +42,8 @@ pub struct Route {
     pub prefix: String,
     pub public: bool,
     pub timeout: Duration,
+    /// The route's request series, labelled with its name.
+    pub series: RouteSeries,
     upstreams: Vec<Arc<Upstream>>,
     next: AtomicUsize,
 }
@@ -64,7 +67,7 @@ pub struct Routes {
 impl Routes {
     pub fn new(specs: &[RouteSpec], metrics: Arc<Metrics>) -> Routes {
         Routes {
-            table: ArcSwap::from_pointee(route_table(specs, &metrics)),
+            table: ArcSwap::from_pointee(RouteTable::new(specs, &metrics)),
             changed: watch::Sender::new(()),
             metrics,
         }
@@ -78,7 +81,7 @@ impl Routes {
     /// Puts a new table in force and tells those that follow changes.
     pub fn replace(&self, specs: &[RouteSpec]) {
         self.table
-            .store(Arc::new(route_table(specs, &self.metrics)));
+            .store(Arc::new(RouteTable::new(specs, &self.metrics)));
         self.changed.send_replace(());
     }
 
@@ -88,26 +91,15 @@ impl Routes {
     }
 }
 
-/// The route table for `specs`; the error series of each of its upstreams
-/// exist (at 0) from here on.
-fn route_table(specs: &[RouteSpec], metrics: &Metrics) -> RouteTable {
-    let table = RouteTable::new(specs);
-    let upstreams = table
-        .routes
-        .iter()
-        .flat_map(|route| &route.upstreams)
-        .map(|upstream| upstream.label.as_str());
-    metrics.init_upstreams(upstreams, &UpstreamError::ALL.map(UpstreamError::label));
-    table
-}
-
 impl RouteTable {
     /// The routes as configured, in configuration order.
     pub fn specs(&self) -> &[RouteSpec] {
         &self.specs
     }
 
-    pub fn new(specs: &[RouteSpec]) -> RouteTable {
+    /// The table for `specs`, with each route's and upstream's metric series
+    /// resolved; the error series of each upstream exist (at 0) from here on.
+    pub fn new(specs: &[RouteSpec], metrics: &Metrics) -> RouteTable {
         let mut routes: Vec<Route> = specs
             .iter()
             .map(|spec| Route {
@@ -115,10 +107,11 @@ impl RouteTable {
                 prefix: spec.prefix.clone(),
                 public: spec.public,
                 timeout: spec.request_timeout,
+                series: metrics.route_series(&spec.name),
                 upstreams: spec
                     .upstreams
                     .iter()
-                    .map(|uri| Arc::new(Upstream::new(uri)))
+                    .map(|uri| Arc::new(Upstream::new(uri, metrics)))
                     .collect(),
                 next: AtomicUsize::new(0),
             })
@@ -137,12 +130,14 @@ impl RouteTable {
 }
 
 impl Upstream {
-    fn new(url: &UpstreamUrl) -> Upstream {
+    fn new(url: &UpstreamUrl, metrics: &Metrics) -> Upstream {
+        let label = url.to_string();
         Upstream {
             scheme: url.scheme().clone(),
             authority: url.authority().clone(),
             base_path: url.base_path().to_string(),
-            label: url.to_string(),
+            series: metrics.upstream_series(&label, &UpstreamError::ALL.map(UpstreamError::label)),
+            label,
             down_until: AtomicU64::new(0),
         }
     }
@@ -171,7 +166,6 @@ pub struct Proxy {
     epoch: Instant,
     retry_after: Duration,
     limits: Limits,
-    metrics: Arc<Metrics>,
 }
 
 /// How a request to an upstream failed, as counted against that upstream.
@@ -227,7 +221,7 @@ enum Failure {
 }
 
 impl Proxy {
-    pub fn new(settings: &ProxySettings, limits: &Limits, metrics: Arc<Metrics>) -> Proxy {
+    pub fn new(settings: &ProxySettings, limits: &Limits) -> Proxy {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         connector.set_connect_timeout(Some(settings.connect_timeout));
@@ -243,12 +237,11 @@ impl Proxy {
             epoch: Instant::now(),
             retry_after: settings.upstream_retry_after,
             limits: limits.clone(),
-            metrics,
         }
     }
 
     fn error(&self, upstream: &Upstream, kind: UpstreamError) {
-        self.metrics.upstream_error(&upstream.label, kind.label());
+        upstream.series.error(kind as usize);
     }
 
     fn now_ms(&self) -> u64 {
@@ -274,7 +267,40 @@ impl Proxy {
         fallback
     }
 
-    /// Sends a prepared request (headers already processed) to the route.
+    /// Counts a failed attempt against its upstream (a connect failure also
+    /// marks it down for a while); `None` when another upstream may be tried.
+    fn failed(&self, upstream: &Upstream, failure: Failure, may_retry: bool) -> Option<ApiError> {
+        Some(match failure {
+            Failure::Connect => {
+                self.error(upstream, UpstreamError::Connect);
+                upstream.down_until.store(
+                    self.now_ms() + self.retry_after.as_millis() as u64,
+                    Ordering::Relaxed,
+                );
+                tracing::warn!(upstream = %upstream.label, "upstream refused the connection; skipping it for a while");
+                if may_retry {
+                    return None;
+                }
+                ApiError::bad_gateway()
+            }
+            Failure::Timeout => {
+                self.error(upstream, UpstreamError::Timeout);
+                ApiError::gateway_timeout()
+            }
+            Failure::BodyTooLarge => ApiError::body_too_large(),
+            Failure::ClientBody => {
+                tracing::debug!(upstream = %upstream.label, "the client's request body broke off or was malformed");
+                ApiError::bad_request("Request body could not be read")
+            }
+            Failure::Other => {
+                self.error(upstream, UpstreamError::Reset);
+                ApiError::bad_gateway()
+            }
+        })
+    }
+
+    /// Sends a prepared request (headers already processed) to the route; the
+    /// response head comes back as the upstream sent it.
     /// `path` is the normalised path; the upstream receives exactly it.
     pub async fn forward<'r>(
         &self,
@@ -325,9 +351,8 @@ impl Proxy {
             let failure = match result {
                 Ok(Ok(response)) => {
                     upstream.down_until.store(0, Ordering::Relaxed);
-                    self.metrics.upstream(&upstream.label, started.elapsed());
-                    let (mut head, incoming) = response.into_parts();
-                    headers::to_client(&mut head.headers);
+                    upstream.series.answered(started.elapsed());
+                    let (head, incoming) = response.into_parts();
                     return Ok((
                         Response::from_parts(head, body::boxed(incoming)),
                         upstream.label.as_str(),
@@ -336,32 +361,9 @@ impl Proxy {
                 Ok(Err(error)) => classify(&error),
                 Err(_) => Failure::Timeout,
             };
-            let error = match failure {
-                Failure::Connect => {
-                    self.error(upstream, UpstreamError::Connect);
-                    upstream.down_until.store(
-                        self.now_ms() + self.retry_after.as_millis() as u64,
-                        Ordering::Relaxed,
-                    );
-                    tracing::warn!(upstream = %upstream.label, "upstream refused the connection; skipping it for a while");
-                    if replayable && tried.len() < route.upstreams.len() {
-                        continue;
-                    }
-                    ApiError::bad_gateway()
-                }
-                Failure::Timeout => {
-                    self.error(upstream, UpstreamError::Timeout);
-                    ApiError::gateway_timeout()
-                }
-                Failure::BodyTooLarge => ApiError::body_too_large(),
-                Failure::ClientBody => {
-                    tracing::debug!(upstream = %upstream.label, "the client's request body broke off or was malformed");
-                    ApiError::bad_request("Request body could not be read")
-                }
-                Failure::Other => {
-                    self.error(upstream, UpstreamError::Reset);
-                    ApiError::bad_gateway()
-                }
+            let may_retry = replayable && tried.len() < route.upstreams.len();
+            let Some(error) = self.failed(upstream, failure, may_retry) else {
+                continue;
             };
             return Err(ForwardError {
                 error,
@@ -468,27 +470,33 @@ mod tests {
 
     #[test]
     fn longest_prefix_wins() {
-        let table = RouteTable::new(&[
-            spec("/api/", false),
-            spec("/api/noauth/", true),
-            spec("/", false),
-        ]);
+        let table = RouteTable::new(
+            &[
+                spec("/api/", false),
+                spec("/api/noauth/", true),
+                spec("/", false),
+            ],
+            &Metrics::new(),
+        );
         assert_eq!(table.find("/api/noauth/x").unwrap().prefix, "/api/noauth/");
         assert_eq!(table.find("/api/devices").unwrap().prefix, "/api/");
         assert_eq!(table.find("/other").unwrap().prefix, "/");
-        let table = RouteTable::new(&[spec("/api/", false)]);
+        let table = RouteTable::new(&[spec("/api/", false)], &Metrics::new());
         assert!(table.find("/apix").is_none());
         assert!(table.find("/api").is_none());
     }
 
     #[test]
     fn upstream_uri_joins_base_path_path_and_query() {
-        let upstream = Upstream::new(&"http://127.0.0.1:9000/base/".parse().unwrap());
+        let upstream = Upstream::new(
+            &"http://127.0.0.1:9000/base/".parse().unwrap(),
+            &Metrics::new(),
+        );
         assert_eq!(
             upstream.uri("/api/x", Some("a=1")).unwrap().to_string(),
             "http://127.0.0.1:9000/base/api/x?a=1"
         );
-        let upstream = Upstream::new(&"http://127.0.0.1:9000".parse().unwrap());
+        let upstream = Upstream::new(&"http://127.0.0.1:9000".parse().unwrap(), &Metrics::new());
         assert_eq!(
             upstream.uri("/api/x", None).unwrap().to_string(),
             "http://127.0.0.1:9000/api/x"
@@ -502,14 +510,14 @@ mod tests {
             "http://127.0.0.1:1".parse().unwrap(),
             "http://127.0.0.1:2".parse().unwrap(),
         ];
-        let table = RouteTable::new(&[s]);
+        let table = RouteTable::new(&[s], &Metrics::new());
         let route = table.find("/api/x").unwrap();
         let settings = crate::config::load(&crate::config::Source {
             file: None,
             env: vec![],
         })
         .unwrap();
-        let proxy = Proxy::new(&settings.proxy, &settings.limits, Arc::new(Metrics::new()));
+        let proxy = Proxy::new(&settings.proxy, &settings.limits);
         let picks: Vec<_> = (0..4).map(|_| proxy.pick(route, &[]).unwrap()).collect();
         assert_eq!(picks, vec![0, 1, 0, 1]);
         route.upstreams[0]
