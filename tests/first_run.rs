@@ -5,6 +5,21 @@ use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// The keygate binary run in `dir` with `args`, every listener on port 0 and
+/// no configuration file but the defaults.
+fn serving(dir: &std::path::Path, args: &[&str], rust_log: &str) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_keygate"));
+    command
+        .args(args)
+        .current_dir(dir)
+        .env("KEYGATE_LISTEN_HTTPS", "127.0.0.1:0")
+        .env("KEYGATE_LISTEN_HTTP", "127.0.0.1:0")
+        .env("KEYGATE_LISTEN_ADMIN", "127.0.0.1:0")
+        .env("RUST_LOG", rust_log)
+        .env_remove("KEYGATE_CONFIG");
+    command
+}
+
 /// A `keygate serve --dev` process in an empty folder, listeners on port 0.
 struct Dev {
     child: Child,
@@ -16,14 +31,7 @@ struct Dev {
 impl Dev {
     fn start() -> Dev {
         let dir = tempfile::tempdir().unwrap();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_keygate"))
-            .args(["serve", "--dev"])
-            .current_dir(dir.path())
-            .env("KEYGATE_LISTEN_HTTPS", "127.0.0.1:0")
-            .env("KEYGATE_LISTEN_HTTP", "127.0.0.1:0")
-            .env("KEYGATE_LISTEN_ADMIN", "127.0.0.1:0")
-            .env("RUST_LOG", "warn")
-            .env_remove("KEYGATE_CONFIG")
+        let mut child = serving(dir.path(), &["serve", "--dev"], "warn")
             .env_remove("KEYGATE_BOOTSTRAP_PASSWORD")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -262,15 +270,8 @@ fn a_bootstrap_password_for_a_store_with_users_is_reported_not_ignored() {
         .write_all(b"a-long-password\n")
         .unwrap();
     assert!(add.wait_with_output().unwrap().status.success());
-    let mut serve = Command::new(env!("CARGO_BIN_EXE_keygate"))
-        .arg("serve")
-        .current_dir(dir.path())
+    let mut serve = serving(dir.path(), &["serve"], "warn")
         .env("KEYGATE_BOOTSTRAP_PASSWORD", "change-me-now")
-        .env("KEYGATE_LISTEN_HTTPS", "127.0.0.1:0")
-        .env("KEYGATE_LISTEN_HTTP", "127.0.0.1:0")
-        .env("KEYGATE_LISTEN_ADMIN", "127.0.0.1:0")
-        .env("RUST_LOG", "warn")
-        .env_remove("KEYGATE_CONFIG")
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
@@ -288,14 +289,7 @@ fn a_bootstrap_password_for_a_store_with_users_is_reported_not_ignored() {
 #[tokio::test]
 async fn a_closed_stderr_never_takes_the_gateway_down() {
     let dir = tempfile::tempdir().unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_keygate"))
-        .args(["serve", "--dev"])
-        .current_dir(dir.path())
-        .env("KEYGATE_LISTEN_HTTPS", "127.0.0.1:0")
-        .env("KEYGATE_LISTEN_HTTP", "127.0.0.1:0")
-        .env("KEYGATE_LISTEN_ADMIN", "127.0.0.1:0")
-        .env("RUST_LOG", "info")
-        .env_remove("KEYGATE_CONFIG")
+    let mut child = serving(dir.path(), &["serve", "--dev"], "info")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
