@@ -147,7 +147,7 @@ struct Documents {
     reported: BTreeSet<(u64, Clash)>,
 }
 
-pub struct Browser {
+pub struct ApiBrowser {
     own: Value,
     /// The routes in force, shared with the request path: the documents
     /// follow a reload.
@@ -158,11 +158,11 @@ pub struct Browser {
     assets: Arc<utoipa_swagger_ui::Config<'static>>,
 }
 
-impl Browser {
-    pub fn new(routes: Arc<Routes>) -> Browser {
+impl ApiBrowser {
+    pub fn new(routes: Arc<Routes>) -> ApiBrowser {
         let own = openapi::document();
         let merged = RwLock::new(Bytes::from(merge(&own, &[]).document.to_string()));
-        Browser {
+        ApiBrowser {
             own,
             routes,
             documents: Mutex::new(Documents::default()),
@@ -864,7 +864,7 @@ mod tests {
 
     #[test]
     fn every_browser_response_carries_the_content_policy_and_frame_protection() {
-        let browser = Browser::new(Arc::new(Routes::new(&[], Arc::new(Metrics::new()))));
+        let browser = ApiBrowser::new(Arc::new(Routes::new(&[], Arc::new(Metrics::new()))));
         for path in [
             "/swagger-ui.html",
             SCRIPT_PATH,
@@ -923,7 +923,7 @@ mod tests {
 
     #[test]
     fn swagger_ui_pages_without_keygates_credential_rule_are_not_served() {
-        let browser = Browser::new(Arc::new(Routes::new(&[], Arc::new(Metrics::new()))));
+        let browser = ApiBrowser::new(Arc::new(Routes::new(&[], Arc::new(Metrics::new()))));
         for path in ["/swagger-ui", "/swagger-ui/", "/swagger-ui/index.html"] {
             let response = browser.handle(path);
             assert_eq!(response.status(), StatusCode::FOUND, "{path}");
@@ -949,7 +949,7 @@ mod tests {
                 "{path}"
             );
         }
-        assert!(Browser::owns("/swagger-ui") && Browser::owns("/swagger-ui/"));
+        assert!(ApiBrowser::owns("/swagger-ui") && ApiBrowser::owns("/swagger-ui/"));
     }
 
     /// A log subscriber that writes into a buffer, for the duration of `run`.
@@ -986,7 +986,7 @@ mod tests {
         }
     }
 
-    fn document_of(browser: &Browser) -> Value {
+    fn document_of(browser: &ApiBrowser) -> Value {
         serde_json::from_slice(&browser.merged.read().unwrap()).unwrap()
     }
 
@@ -1000,7 +1000,7 @@ mod tests {
             )],
             Arc::new(Metrics::new()),
         ));
-        let browser = Browser::new(routes.clone());
+        let browser = ApiBrowser::new(routes.clone());
         let source = Source::of(routes.load().specs()).remove(0);
         // Two schemas keygate's own document already defines differently,
         // and a path keygate already documents.
@@ -1061,7 +1061,7 @@ mod tests {
             route("b", "/b/", Some("http://127.0.0.1:1/b-docs")),
         ];
         let routes = Arc::new(Routes::new(&with_docs, Arc::new(Metrics::new())));
-        let browser = Browser::new(routes.clone());
+        let browser = ApiBrowser::new(routes.clone());
         let sources = Source::of(routes.load().specs());
         for (source, path) in sources.into_iter().zip(["/a/x", "/b/x"]) {
             browser.keep(source, json!({"paths": {path: {"get": {}}}}));
@@ -1098,7 +1098,7 @@ mod tests {
 
     #[test]
     fn swagger_ui_assets_are_built_in() {
-        let browser = Browser::new(Arc::new(Routes::new(&[], Arc::new(Metrics::new()))));
+        let browser = ApiBrowser::new(Arc::new(Routes::new(&[], Arc::new(Metrics::new()))));
         for path in [
             "/swagger-ui.html",
             "/swagger-ui/swagger-ui-bundle.js",

@@ -18,11 +18,12 @@ use std::borrow::Cow;
 use http::{HeaderValue, Method, Request, Response, Uri};
 use hyper::body::Incoming;
 
-use crate::api::{self, Access, Api, Matched, OwnedRequest};
+use crate::api::{self, Access, EndpointRequest, Endpoints, Matched};
+use crate::api_browser::ApiBrowser;
 use crate::auth::credential::{self, Credential};
+use crate::auth::outcomes::{API_KEY, JWT, NO_CREDENTIAL, Outcomes};
 use crate::auth::{AuthFailure, Authenticator};
 use crate::body::Body;
-use crate::browser::Browser;
 use crate::config::Settings;
 use crate::conn::{Client, Connection};
 use crate::error::ApiError;
@@ -30,12 +31,12 @@ use crate::framing::AmbiguousFraming;
 use crate::identity::Identity;
 use crate::proxy::headers::{self, X_REQUEST_ID};
 use crate::proxy::{Proxy, Route, RouteTable, Routes, path};
-use crate::telemetry::{AuthSeries, Metrics, RouteSeries};
+use crate::telemetry::{Metrics, RouteSeries};
 
 pub struct App {
     settings: Arc<Settings>,
-    api: Api,
-    browser: Option<Arc<Browser>>,
+    endpoints: Endpoints,
+    browser: Option<Arc<ApiBrowser>>,
     auth: Arc<Authenticator>,
     /// The routes in force, shared with the API browser; each request works
     /// on the table it loaded.
@@ -54,7 +55,7 @@ struct Series {
     endpoints: Vec<RouteSeries>,
     browser: RouteSeries,
     unmatched: RouteSeries,
-    auth: AuthSeries,
+    auth: Outcomes,
 }
 
 /// One request on its way through the phases: what they all read, and what
@@ -82,7 +83,7 @@ struct Logged {
 /// What a request is for, decided once by [`App::dispatch`].
 enum Target<'t> {
     /// The API browser (Swagger UI and its documents).
-    Browser(&'t Browser),
+    ApiBrowser(&'t ApiBrowser),
     /// An endpoint keygate answers itself.
     Endpoint(Matched),
     /// A route forwarded to an upstream.
@@ -99,9 +100,9 @@ enum Admission<'p> {
 impl App {
     pub fn new(
         settings: Arc<Settings>,
-        api: Api,
+        endpoints: Endpoints,
         routes: Arc<Routes>,
-        browser: Option<Arc<Browser>>,
+        browser: Option<Arc<ApiBrowser>>,
         auth: Arc<Authenticator>,
         metrics: Arc<Metrics>,
         listener_base_url: String,
@@ -114,12 +115,12 @@ impl App {
                 .collect(),
             browser: metrics.route_series("api_browser"),
             unmatched: metrics.route_series("unmatched"),
-            auth: metrics.auth_series(),
+            auth: Outcomes::new(&metrics),
         };
         App {
             series,
             settings,
-            api,
+            endpoints,
             browser,
             auth,
             routes,
@@ -217,12 +218,12 @@ impl App {
         };
         let target = self.dispatch(routes, req.method(), &path)?;
         ex.route = Some(match &target {
-            Target::Browser(_) => &self.series.browser,
+            Target::ApiBrowser(_) => &self.series.browser,
             Target::Endpoint(matched) => self.endpoint_series(matched),
             Target::Proxied(route) => &route.series,
         });
         match target {
-            Target::Browser(browser) => serve_browser(browser, &req, &path),
+            Target::ApiBrowser(browser) => serve_browser(browser, &req, &path),
             Target::Endpoint(matched) => self.answer(matched, req, ex).await,
             Target::Proxied(route) => {
                 ex.identity = self.authenticate(&req, !route.public).await?;
@@ -261,8 +262,8 @@ impl App {
         method: &Method,
         path: &str,
     ) -> Result<Target<'t>, ApiError> {
-        if let Some(browser) = self.browser.as_deref().filter(|_| Browser::owns(path)) {
-            return Ok(Target::Browser(browser));
+        if let Some(browser) = self.browser.as_deref().filter(|_| ApiBrowser::owns(path)) {
+            return Ok(Target::ApiBrowser(browser));
         }
         if let Some(matched) = api::find(method, path)? {
             return Ok(Target::Endpoint(matched));
@@ -291,7 +292,7 @@ impl App {
         let required = matches!(matched.route.access, Access::Authenticated);
         let identity = self.authenticate(&req, required).await?;
         let client = &ex.client;
-        let owned = OwnedRequest {
+        let request = EndpointRequest {
             base_url: self.base_url(client, &req),
             client_ip: client.address(req.headers(), &self.settings.proxy.trusted_proxies),
             may_send_secrets: client
@@ -302,7 +303,7 @@ impl App {
             params: matched.params,
         };
         ex.identity = identity;
-        self.api.handle(matched.route.endpoint, owned).await
+        self.endpoints.handle(matched.route.endpoint, request).await
     }
 
     /// Every edit of the request head before it leaves
@@ -394,8 +395,10 @@ impl App {
         match credential::parse(req.headers()) {
             Ok(Credential::ApiKey(key)) => {
                 tracing::warn!(target: "keygate::security", peer = %client.conn.peer, "refused an API key sent over plain HTTP");
-                if self.settings.disable_key_on_plaintext {
-                    self.auth.disable_exposed_key(&key).await;
+                if self.settings.disable_key_on_plaintext
+                    && let Some(revocation) = self.auth.disable_exposed_key(&key).await
+                {
+                    crate::revocation::apply(self.auth.caches(), revocation).await;
                 }
                 self.series
                     .auth
@@ -460,7 +463,7 @@ impl crate::listener::Handler for App {
 
 /// The API browser answers reads only.
 fn serve_browser(
-    browser: &Browser,
+    browser: &ApiBrowser,
     req: &Request<Incoming>,
     path: &str,
 ) -> Result<Response<Body>, ApiError> {
@@ -490,11 +493,6 @@ fn ambiguous_framing() -> Response<Body> {
 
 const TRACEPARENT: &str = "traceparent";
 
-/// Credential methods, as indices into [`crate::telemetry::AUTH_METHODS`].
-const API_KEY: usize = 0;
-const JWT: usize = 1;
-const NO_CREDENTIAL: usize = 2;
-
 /// Milliseconds rounded to whole microseconds: `0.021`, not `0.020661000000000002`.
 fn duration_ms(elapsed: std::time::Duration) -> f64 {
     let micros = elapsed.as_nanos().saturating_add(500) / 1000;
@@ -521,14 +519,6 @@ fn header_block_size<B>(req: &Request<B>) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn credential_methods_count_under_their_metric_labels() {
-        use crate::telemetry::AUTH_METHODS;
-        assert_eq!(AUTH_METHODS[API_KEY], "api_key");
-        assert_eq!(AUTH_METHODS[JWT], "jwt");
-        assert_eq!(AUTH_METHODS[NO_CREDENTIAL], "none");
-    }
 
     #[test]
     fn trace_ids_are_read_from_valid_traceparent_headers_only() {

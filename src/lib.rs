@@ -11,12 +11,11 @@
 #![forbid(unsafe_code)]
 
 pub mod accounts;
-pub mod admin;
 pub mod api;
+pub mod api_browser;
 pub mod app;
 pub mod auth;
 pub mod body;
-pub mod browser;
 pub mod clock;
 pub mod config;
 pub mod conn;
@@ -25,6 +24,7 @@ pub mod error;
 pub mod framing;
 pub mod identity;
 pub mod listener;
+pub mod probes;
 pub mod proxy;
 pub mod reference;
 pub mod retention;

@@ -15,7 +15,7 @@ use crate::listener::Handler;
 use crate::store::Store;
 use crate::telemetry::Metrics;
 
-pub struct Admin {
+pub struct Probes {
     pub metrics: Arc<Metrics>,
     pub auth: Arc<Authenticator>,
     pub store: Store,
@@ -24,7 +24,7 @@ pub struct Admin {
     pub ready: Arc<AtomicBool>,
 }
 
-impl Admin {
+impl Probes {
     async fn handle(&self, req: Request<Incoming>) -> Response<Body> {
         match req.uri().path() {
             "/metrics" => {
@@ -60,13 +60,13 @@ impl Admin {
     }
 }
 
-impl Handler for Admin {
+impl Handler for Probes {
     async fn handle(
         &self,
         req: Request<Incoming>,
         _conn: std::sync::Arc<Connection>,
     ) -> Response<Body> {
-        Admin::handle(self, req).await
+        Probes::handle(self, req).await
     }
 }
 

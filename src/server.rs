@@ -11,17 +11,17 @@ use tokio::task::JoinHandle;
 use tokio_rustls::TlsAcceptor;
 
 use crate::accounts;
-use crate::admin::Admin;
-use crate::api::Api;
+use crate::api::Endpoints;
+use crate::api_browser::ApiBrowser;
 use crate::app::App;
 use crate::auth::Authenticator;
 use crate::auth::cache::Caches;
 use crate::auth::jwt::TokenKeys;
 use crate::auth::limiter::LoginLimiter;
-use crate::browser::Browser;
 use crate::config::Settings;
 use crate::listener::address_cap::AddressCap;
 use crate::listener::{self, Listener};
+use crate::probes::Probes;
 use crate::proxy::Routes;
 use crate::store::Store;
 use crate::telemetry::Metrics;
@@ -261,7 +261,7 @@ pub async fn start(mut settings: Settings, options: StartOptions) -> Result<Runn
     let browser = settings
         .api_browser
         .enabled
-        .then(|| Arc::new(Browser::new(routes.clone())));
+        .then(|| Arc::new(ApiBrowser::new(routes.clone())));
     let api = api(&settings, &store, &auth, &metrics, &secret).await?;
     let app = Arc::new(App::new(
         settings,
@@ -379,8 +379,8 @@ async fn api(
     auth: &Arc<Authenticator>,
     metrics: &Arc<Metrics>,
     secret: &[u8],
-) -> Result<Api, StartError> {
-    Ok(Api {
+) -> Result<Endpoints, StartError> {
+    Ok(Endpoints {
         store: store.clone(),
         auth: auth.clone(),
         limiter: LoginLimiter::new(settings.login.limiter.clone()),
@@ -450,7 +450,7 @@ fn spawn(
     mut running: Running,
     bound: Bound,
     tls_acceptor: Option<TlsAcceptor>,
-    browser: Option<Arc<Browser>>,
+    browser: Option<Arc<ApiBrowser>>,
     auth: Arc<Authenticator>,
 ) -> Running {
     let (shutdown, shutdown_rx) = watch::channel(false);
@@ -479,7 +479,7 @@ fn spawn(
     // The admin listener has its own budget and shutdown: it outlives the
     // drain, so probes see "not ready" meanwhile.
     running.admin_task = bound.admin.map(|tcp| {
-        let admin = Arc::new(Admin {
+        let probes = Arc::new(Probes {
             metrics,
             auth,
             store: running.store.clone(),
@@ -489,7 +489,7 @@ fn spawn(
             name: "admin",
             tcp,
             tls: None,
-            handler: admin,
+            handler: probes,
             connections: bound.admin_connections,
             shutdown: admin_shutdown_rx,
         };
@@ -507,7 +507,7 @@ fn spawn(
 fn spawn_background(
     running: &mut Running,
     auth: &Arc<Authenticator>,
-    browser: Option<Arc<Browser>>,
+    browser: Option<Arc<ApiBrowser>>,
     shutdown_rx: &watch::Receiver<bool>,
 ) {
     let settings = running.app.settings();

@@ -124,7 +124,6 @@ impl Traffic {
              (per_address_cap, tls_handshake_timeout, head_timeout, idle, keep_alive_timeout, body_timeout).",
             &["listener", "reason"],
         );
-        zero_auth_outcomes(&auth);
         Traffic {
             requests,
             request_duration,
@@ -138,29 +137,6 @@ impl Traffic {
             connections_closed,
         }
     }
-}
-
-/// Creates the authentication outcomes that can happen with 0: each method
-/// with every failure it can meet, parse failures under `none`, and the
-/// password sent in clear.
-fn zero_auth_outcomes(auth: &IntCounterVec) {
-    for method in ["api_key", "jwt"] {
-        auth.with_label_values(&[method, "accepted"]);
-        for failure in crate::auth::AuthFailure::ALL {
-            if !failure.is_parse_failure() {
-                auth.with_label_values(&[method, failure.label()]);
-            }
-        }
-    }
-    for failure in crate::auth::AuthFailure::ALL {
-        if failure.is_parse_failure() {
-            auth.with_label_values(&["none", failure.label()]);
-        }
-    }
-    auth.with_label_values(&[
-        "password",
-        crate::auth::AuthFailure::PlaintextRefused.label(),
-    ]);
 }
 
 /// Accounts, reloads, revocations and store pruning.
@@ -339,31 +315,26 @@ impl RouteSeries {
 }
 
 /// Authentication outcomes by credential method, each looked up on first use.
+/// The outcomes are the caller's: telemetry knows only their labels.
 pub struct AuthSeries {
     auth: IntCounterVec,
-    /// Per method ([`AUTH_METHODS`]): accepted, then each [`AuthFailure`] in order.
-    counters: [[OnceLock<IntCounter>; AUTH_RESULTS]; 3],
+    /// Result labels, in the order of the indices [`AuthSeries::count`] takes.
+    results: &'static [&'static str],
+    /// `AUTH_METHODS.len() * results.len()` handles, method-major.
+    counters: Box<[OnceLock<IntCounter>]>,
 }
 
 /// The credential methods of `keygate_auth_total` the request path counts.
-pub const AUTH_METHODS: [&str; 3] = ["api_key", "jwt", "none"];
-const AUTH_RESULTS: usize = 1 + crate::auth::AuthFailure::ALL.len();
+pub const AUTH_METHODS: [&str; 3] = ["api-key", "jwt", "none"];
 
 impl AuthSeries {
-    /// Counts one outcome: `Ok` accepted, or the failure. `method` is an
-    /// index into [`AUTH_METHODS`].
-    pub fn count(&self, method: usize, outcome: Result<(), crate::auth::AuthFailure>) {
-        let result = match outcome {
-            Ok(()) => 0,
-            Err(failure) => 1 + failure as usize,
-        };
-        self.counters[method][result]
+    /// Counts one outcome: `method` indexes [`AUTH_METHODS`], `result` the
+    /// result labels this series was made with.
+    pub fn count(&self, method: usize, result: usize) {
+        self.counters[method * self.results.len() + result]
             .get_or_init(|| {
-                let label = match outcome {
-                    Ok(()) => "accepted",
-                    Err(failure) => failure.label(),
-                };
-                self.auth.with_label_values(&[AUTH_METHODS[method], label])
+                self.auth
+                    .with_label_values(&[AUTH_METHODS[method], self.results[result]])
             })
             .inc();
     }
@@ -481,12 +452,22 @@ impl Metrics {
         }
     }
 
-    /// The authentication outcome counters of the request path ([`AuthSeries`]).
-    pub fn auth_series(&self) -> AuthSeries {
+    /// The authentication outcome counters of the request path
+    /// ([`AuthSeries`]), over the given result labels.
+    pub fn auth_series(&self, results: &'static [&'static str]) -> AuthSeries {
         AuthSeries {
             auth: self.traffic.auth.clone(),
-            counters: std::array::from_fn(|_| std::array::from_fn(|_| OnceLock::new())),
+            results,
+            counters: (0..AUTH_METHODS.len() * results.len())
+                .map(|_| OnceLock::new())
+                .collect(),
         }
+    }
+
+    /// Creates an authentication outcome at 0, so it is exported before it
+    /// first happens.
+    pub fn init_auth(&self, method: &str, result: &str) {
+        self.traffic.auth.with_label_values(&[method, result]);
     }
 
     /// An upstream's series; its error series exist (at 0) from here on, one
@@ -738,10 +719,6 @@ mod tests {
         let m = Metrics::new();
         let text = m.render();
         for series in [
-            r#"keygate_auth_total{method="api_key",result="accepted"} 0"#,
-            r#"keygate_auth_total{method="jwt",result="expired"} 0"#,
-            r#"keygate_auth_total{method="none",result="missing"} 0"#,
-            r#"keygate_auth_total{method="password",result="plaintext_refused"} 0"#,
             r#"keygate_login_attempts_total{outcome="bad_credentials"} 0"#,
             r#"keygate_rate_limited_total{limiter="address"} 0"#,
             r#"keygate_password_hashes_total{purpose="other"} 0"#,
@@ -750,10 +727,6 @@ mod tests {
         ] {
             assert!(text.contains(series), "{series} missing:\n{text}");
         }
-        assert!(
-            !text.contains(r#"method="none",result="accepted""#),
-            "only outcomes that can happen"
-        );
         assert!(!text.contains("keygate_store_prune_runs_total{"));
         m.init_pruning(&["ended_sessions"]);
         m.init_connections("https", &["idle"]);
@@ -794,9 +767,9 @@ mod tests {
             http::StatusCode::OK,
             Duration::from_millis(1),
         );
-        let auth = m.auth_series();
-        auth.count(1, Err(crate::auth::AuthFailure::Expired));
-        auth.count(0, Ok(()));
+        let auth = m.auth_series(&["accepted", "expired"]);
+        auth.count(1, 1);
+        auth.count(0, 0);
         let upstream = m.upstream_series("http://10.0.0.1:8080", &["connect", "timeout"]);
         upstream.error(1);
         let text = m.render();
@@ -804,7 +777,7 @@ mod tests {
             r#"keygate_requests_total{method="GET",route="api",status="2xx"} 3"#,
             r#"keygate_request_duration_seconds_count{route="api"} 3"#,
             r#"keygate_auth_total{method="jwt",result="expired"} 1"#,
-            r#"keygate_auth_total{method="api_key",result="accepted"} 1"#,
+            r#"keygate_auth_total{method="api-key",result="accepted"} 1"#,
             r#"keygate_upstream_errors_total{kind="connect",upstream="http://10.0.0.1:8080"} 0"#,
             r#"keygate_upstream_errors_total{kind="timeout",upstream="http://10.0.0.1:8080"} 1"#,
         ] {
@@ -832,14 +805,14 @@ mod tests {
             http::StatusCode::IM_A_TEAPOT,
             Duration::from_millis(3),
         );
-        m.auth("api_key", "plaintext_refused");
+        m.auth("api-key", "plaintext_refused");
         let text = m.render();
         assert!(
             text.contains(r#"keygate_requests_total{method="OTHER",route="api",status="4xx"} 1"#),
             "{text}"
         );
         assert!(
-            text.contains(r#"keygate_auth_total{method="api_key",result="plaintext_refused"} 1"#)
+            text.contains(r#"keygate_auth_total{method="api-key",result="plaintext_refused"} 1"#)
         );
         assert!(text.contains("keygate_build_info"));
     }

@@ -90,7 +90,7 @@ async fn api_key_over_plain_http_is_refused_and_not_forwarded() {
     assert_eq!(response.status(), 403);
     let metrics = gw.metrics().await;
     assert!(
-        metrics.contains(r#"keygate_auth_total{method="api_key",result="plaintext_refused"} 2"#),
+        metrics.contains(r#"keygate_auth_total{method="api-key",result="plaintext_refused"} 2"#),
         "{metrics}"
     );
 }

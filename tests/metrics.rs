@@ -48,8 +48,8 @@ async fn known_outcome_series_are_zero_before_any_traffic() {
     let metrics = gw.metrics().await;
     let upstream_label = upstream.url();
     let mut expected: Vec<String> = [
-        r#"keygate_auth_total{method="api_key",result="accepted"}"#,
-        r#"keygate_auth_total{method="api_key",result="unknown"}"#,
+        r#"keygate_auth_total{method="api-key",result="accepted"}"#,
+        r#"keygate_auth_total{method="api-key",result="unknown"}"#,
         r#"keygate_auth_total{method="jwt",result="expired"}"#,
         r#"keygate_auth_total{method="none",result="missing"}"#,
         r#"keygate_auth_total{method="password",result="plaintext_refused"}"#,

@@ -3,16 +3,16 @@
 use super::access::{audit, check_manage, page_json, page_request, path_id};
 use super::records::{ApiKey, PageDataApiKey};
 use super::wire::{ApiKeyCreateRequest, ManageErrors};
-use super::{Api, OwnedRequest, empty_response, json_response};
+use super::{EndpointRequest, Endpoints, empty_response, json_response};
 use crate::accounts::{self, AccountError};
 use crate::body::Body;
 use crate::error::ApiError;
 use crate::store::ApiKeyRecord;
 
-impl Api {
+impl Endpoints {
     /// The key of `id` if the caller may manage its owner; 404 otherwise, so
     /// keys of users the caller cannot see do not reveal their existence.
-    async fn managed_key(&self, req: &OwnedRequest, id: &str) -> Result<ApiKeyRecord, ApiError> {
+    async fn managed_key(&self, req: &EndpointRequest, id: &str) -> Result<ApiKeyRecord, ApiError> {
         let actor = &req.identity()?.principal;
         let id = path_id(id)?;
         let key = self.store.api_key_by_id(id).await?;
@@ -36,7 +36,10 @@ impl Api {
     ),
     security(("HttpLoginForm" = []), ("ApiKeyForm" = []))
 )]
-pub async fn create(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>, ApiError> {
+pub async fn create(
+    api: &Endpoints,
+    req: EndpointRequest,
+) -> Result<http::Response<Body>, ApiError> {
     let identity = req.identity()?;
     let body: ApiKeyCreateRequest = req.json()?;
     let owner = api.store.user_by_id(body.user_id.id).await?;
@@ -88,7 +91,7 @@ pub async fn create(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>
     ),
     security(("HttpLoginForm" = []), ("ApiKeyForm" = []))
 )]
-pub async fn list(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>, ApiError> {
+pub async fn list(api: &Endpoints, req: EndpointRequest) -> Result<http::Response<Body>, ApiError> {
     let actor = &req.identity()?.principal;
     let user_id = path_id(&req.params[0])?;
     let owner = api.store.user_by_id(user_id).await?;
@@ -114,7 +117,10 @@ pub async fn list(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>, 
     ),
     security(("HttpLoginForm" = []), ("ApiKeyForm" = []))
 )]
-pub async fn describe(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>, ApiError> {
+pub async fn describe(
+    api: &Endpoints,
+    req: EndpointRequest,
+) -> Result<http::Response<Body>, ApiError> {
     let identity = req.identity()?;
     let mut key = api.managed_key(&req, &req.params[0]).await?;
     // The body is the bare description; a JSON string is accepted too.
@@ -148,7 +154,10 @@ pub async fn describe(api: &Api, req: OwnedRequest) -> Result<http::Response<Bod
     ),
     security(("HttpLoginForm" = []), ("ApiKeyForm" = []))
 )]
-pub async fn set_enabled(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>, ApiError> {
+pub async fn set_enabled(
+    api: &Endpoints,
+    req: EndpointRequest,
+) -> Result<http::Response<Body>, ApiError> {
     let identity = req.identity()?;
     let mut key = api.managed_key(&req, &req.params[0]).await?;
     let enabled = match req.params[1].as_str() {
@@ -189,7 +198,10 @@ pub async fn set_enabled(api: &Api, req: OwnedRequest) -> Result<http::Response<
     ),
     security(("HttpLoginForm" = []), ("ApiKeyForm" = []))
 )]
-pub async fn delete(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>, ApiError> {
+pub async fn delete(
+    api: &Endpoints,
+    req: EndpointRequest,
+) -> Result<http::Response<Body>, ApiError> {
     let identity = req.identity()?;
     let key = api.managed_key(&req, &req.params[0]).await?;
     let deleted = api.store.delete_api_key(key.id).await?;

@@ -221,7 +221,7 @@ fn match_pattern(pattern: &str, path: &str) -> Option<Vec<String>> {
 
 /// What a handler gets: the verified identity (authenticated routes), the path
 /// parameters, the query string, the body (bounded) and the real client address.
-pub struct OwnedRequest {
+pub struct EndpointRequest {
     pub identity: Option<Identity>,
     pub params: Vec<String>,
     pub query: Option<String>,
@@ -236,7 +236,7 @@ pub struct OwnedRequest {
     pub base_url: String,
 }
 
-impl OwnedRequest {
+impl EndpointRequest {
     /// The identity of an authenticated route.
     pub fn identity(&self) -> Result<&Identity, ApiError> {
         self.identity
@@ -324,7 +324,7 @@ pub fn empty_response() -> Response<Body> {
 }
 
 /// Everything the owned endpoints need.
-pub struct Api {
+pub struct Endpoints {
     pub store: Store,
     pub auth: Arc<Authenticator>,
     pub limiter: LoginLimiter,
@@ -355,7 +355,7 @@ impl Hashing {
     }
 }
 
-impl Api {
+impl Endpoints {
     /// Applies the revocation a store change published to this replica's
     /// caches, as its notification does on the others; returns what the
     /// change did.
@@ -369,7 +369,7 @@ impl Api {
     pub async fn handle(
         &self,
         endpoint: Endpoint,
-        req: OwnedRequest,
+        req: EndpointRequest,
     ) -> Result<Response<Body>, ApiError> {
         match endpoint {
             Endpoint::Login => session::login(self, req).await,

@@ -7,7 +7,7 @@ use super::wire::{
     BodyErrors, ChangePasswordRequest, CredentialErrors, JwtPair, LoginErrors, LoginRequest,
     RefreshErrors, RefreshTokenRequest, TokenErrors,
 };
-use super::{Api, OwnedRequest, empty_response, json_response};
+use super::{EndpointRequest, Endpoints, empty_response, json_response};
 use crate::auth::jwt::TokenError;
 use crate::auth::limiter::{Attempt, Limited};
 use crate::auth::password;
@@ -24,7 +24,7 @@ pub(super) enum HashFor {
     Other,
 }
 
-impl Api {
+impl Endpoints {
     async fn hashing_permit(
         &self,
         purpose: HashFor,
@@ -100,7 +100,7 @@ impl Api {
     pub(super) async fn password_attempt(
         &self,
         account: &str,
-        req: &OwnedRequest,
+        req: &EndpointRequest,
     ) -> Result<Attempt, ApiError> {
         self.limiter
             .acquire(account, req.client_ip)
@@ -112,7 +112,7 @@ impl Api {
         &self,
         limited: Limited,
         account: Option<&str>,
-        req: &OwnedRequest,
+        req: &EndpointRequest,
     ) -> ApiError {
         self.metrics.rate_limited(limited.by);
         let account = account.map(|a| self.log_digest.of(a)).unwrap_or_default();
@@ -120,8 +120,8 @@ impl Api {
         ApiError::too_many_requests(limited.retry_after.as_secs())
     }
 
-    /// Refuses a password or token sent in clear (see [`OwnedRequest::may_send_secrets`]).
-    pub(super) fn require_confidential(&self, req: &OwnedRequest) -> Result<(), ApiError> {
+    /// Refuses a password or token sent in clear (see [`EndpointRequest::may_send_secrets`]).
+    pub(super) fn require_confidential(&self, req: &EndpointRequest) -> Result<(), ApiError> {
         if req.may_send_secrets {
             return Ok(());
         }
@@ -143,7 +143,10 @@ impl Api {
         LoginErrors
     )
 )]
-pub async fn login(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>, ApiError> {
+pub async fn login(
+    api: &Endpoints,
+    req: EndpointRequest,
+) -> Result<http::Response<Body>, ApiError> {
     api.require_confidential(&req)?;
     let body: LoginRequest = req
         .json()
@@ -192,10 +195,10 @@ pub async fn login(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>,
 /// optional lockout. The typed name is logged as a keyed digest, never as
 /// typed: people type passwords there.
 async fn failed_login(
-    api: &Api,
+    api: &Endpoints,
     username: &str,
     user: Option<&UserRecord>,
-    req: &OwnedRequest,
+    req: &EndpointRequest,
 ) -> ApiError {
     api.metrics.login("bad_credentials");
     match user {
@@ -246,7 +249,10 @@ async fn failed_login(
         RefreshErrors
     )
 )]
-pub async fn refresh(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>, ApiError> {
+pub async fn refresh(
+    api: &Endpoints,
+    req: EndpointRequest,
+) -> Result<http::Response<Body>, ApiError> {
     api.require_confidential(&req)?;
     let body: RefreshTokenRequest = req.json()?;
     let claims = api
@@ -312,7 +318,10 @@ pub async fn refresh(api: &Api, req: OwnedRequest) -> Result<http::Response<Body
     ),
     security(("HttpLoginForm" = []), ("ApiKeyForm" = []))
 )]
-pub async fn logout(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>, ApiError> {
+pub async fn logout(
+    api: &Endpoints,
+    req: EndpointRequest,
+) -> Result<http::Response<Body>, ApiError> {
     let identity = req.identity()?;
     if let AuthMethod::Jwt { session_id } = identity.method {
         let ended = api
@@ -337,7 +346,10 @@ pub async fn logout(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>
     ),
     security(("HttpLoginForm" = []), ("ApiKeyForm" = []))
 )]
-pub async fn current_user(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>, ApiError> {
+pub async fn current_user(
+    api: &Endpoints,
+    req: EndpointRequest,
+) -> Result<http::Response<Body>, ApiError> {
     let identity = req.identity()?;
     let user = api
         .store
@@ -361,8 +373,8 @@ pub async fn current_user(api: &Api, req: OwnedRequest) -> Result<http::Response
     security(("HttpLoginForm" = []), ("ApiKeyForm" = []))
 )]
 pub async fn change_password(
-    api: &Api,
-    req: OwnedRequest,
+    api: &Endpoints,
+    req: EndpointRequest,
 ) -> Result<http::Response<Body>, ApiError> {
     let identity = req.identity()?;
     api.require_confidential(&req)?;

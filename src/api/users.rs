@@ -7,7 +7,7 @@ use super::access::{audit, check_manage, page_json, page_request, param, path_id
 use super::records::{EntityId, PageDataUser, User};
 use super::session::HashFor;
 use super::wire::{ActivateUserRequest, BodyErrors, JwtPair, ListErrors, ManageErrors};
-use super::{Api, OwnedRequest, empty_response, json_response};
+use super::{EndpointRequest, Endpoints, empty_response, json_response};
 use crate::accounts::{self, AccountError, NewProfile, NewUser};
 use crate::auth::api_key::{self, KeyDigest};
 use crate::body::Body;
@@ -61,7 +61,7 @@ fn account_error(error: AccountError) -> ApiError {
     ),
     security(("HttpLoginForm" = []), ("ApiKeyForm" = []))
 )]
-pub async fn save(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>, ApiError> {
+pub async fn save(api: &Endpoints, req: EndpointRequest) -> Result<http::Response<Body>, ApiError> {
     let identity = req.identity()?;
     let actor = &identity.principal;
     let body: UserBody = req.json()?;
@@ -139,7 +139,7 @@ pub async fn save(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>, 
     ),
     security(("HttpLoginForm" = []), ("ApiKeyForm" = []))
 )]
-pub async fn get(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>, ApiError> {
+pub async fn get(api: &Endpoints, req: EndpointRequest) -> Result<http::Response<Body>, ApiError> {
     let actor = &req.identity()?.principal;
     let user = api.store.user_by_id(path_id(&req.params[0])?).await?;
     check_manage(actor, user.as_ref())?;
@@ -160,7 +160,7 @@ pub async fn get(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>, A
     ),
     security(("HttpLoginForm" = []), ("ApiKeyForm" = []))
 )]
-pub async fn list(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>, ApiError> {
+pub async fn list(api: &Endpoints, req: EndpointRequest) -> Result<http::Response<Body>, ApiError> {
     let actor = &req.identity()?.principal;
     let tenant = match actor.authority {
         Authority::SysAdmin => None,
@@ -185,7 +185,10 @@ pub async fn list(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>, 
     ),
     security(("HttpLoginForm" = []), ("ApiKeyForm" = []))
 )]
-pub async fn delete(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>, ApiError> {
+pub async fn delete(
+    api: &Endpoints,
+    req: EndpointRequest,
+) -> Result<http::Response<Body>, ApiError> {
     let identity = req.identity()?;
     let id = path_id(&req.params[0])?;
     let user = api.store.user_by_id(id).await?;
@@ -209,7 +212,10 @@ pub async fn delete(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>
     ),
     security(("HttpLoginForm" = []), ("ApiKeyForm" = []))
 )]
-pub async fn set_enabled(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>, ApiError> {
+pub async fn set_enabled(
+    api: &Endpoints,
+    req: EndpointRequest,
+) -> Result<http::Response<Body>, ApiError> {
     let identity = req.identity()?;
     let id = path_id(&req.params[0])?;
     let pairs = query_pairs(req.query.as_deref());
@@ -257,8 +263,8 @@ pub async fn set_enabled(api: &Api, req: OwnedRequest) -> Result<http::Response<
     security(("HttpLoginForm" = []), ("ApiKeyForm" = []))
 )]
 pub async fn activation_link(
-    api: &Api,
-    req: OwnedRequest,
+    api: &Endpoints,
+    req: EndpointRequest,
 ) -> Result<http::Response<Body>, ApiError> {
     let identity = req.identity()?;
     let id = path_id(&req.params[0])?;
@@ -305,7 +311,10 @@ pub async fn activation_link(
         BodyErrors
     )
 )]
-pub async fn activate(api: &Api, req: OwnedRequest) -> Result<http::Response<Body>, ApiError> {
+pub async fn activate(
+    api: &Endpoints,
+    req: EndpointRequest,
+) -> Result<http::Response<Body>, ApiError> {
     api.require_confidential(&req)?;
     let body: ActivateUserRequest = req.json()?;
     api.settings

@@ -5,6 +5,7 @@ pub mod cache;
 pub mod credential;
 pub mod jwt;
 pub mod limiter;
+pub mod outcomes;
 pub mod password;
 
 use std::sync::Arc;
@@ -18,7 +19,7 @@ use self::credential::{Credential, CredentialError, Secret};
 use self::jwt::{TokenError, TokenKeys};
 use crate::error::ApiError;
 use crate::identity::{AuthMethod, Identity, Principal, id_header_value};
-use crate::store::{Store, StoreError, UserRecord};
+use crate::store::{Revocation, Store, StoreError, UserRecord};
 use crate::telemetry::Metrics;
 
 /// Why a request was not authenticated. Each maps to one contract error and one
@@ -141,22 +142,16 @@ impl Authenticator {
         &self.tokens
     }
 
-    /// Disables a key that was exposed (sent over plain HTTP), if it exists.
     /// Disables the key `value` names, if it is a live one: it crossed the wire
     /// in clear. The lookup goes through the caches (and the negative cache), so
-    /// random keys sent in clear cannot hammer the store.
-    pub async fn disable_exposed_key(&self, value: &Secret) {
-        let Ok(identity) = self.verify_api_key(value).await else {
-            return;
-        };
-        let Some(key_id) = identity.api_key_id() else {
-            return;
-        };
+    /// random keys sent in clear cannot hammer the store. Returns the
+    /// revocation to apply, so this replica drops the key the same way a
+    /// disable from the API or another replica does (`revocation::apply`).
+    pub async fn disable_exposed_key(&self, value: &Secret) -> Option<Revocation> {
+        let identity = self.verify_api_key(value).await.ok()?;
+        let key_id = identity.api_key_id()?;
         match self.store.set_api_key_enabled(key_id, false).await {
-            Ok(_) => {
-                self.caches
-                    .invalidate_key(&KeyDigest::of(value.expose()))
-                    .await;
+            Ok(published) => {
                 self.metrics.key_disabled_on_plaintext();
                 tracing::warn!(
                     target: "keygate::security",
@@ -164,8 +159,12 @@ impl Authenticator {
                     user_id = %identity.principal.user_id,
                     "disabled an API key that was sent over plain HTTP"
                 );
+                published.revocation
             }
-            Err(error) => tracing::error!(%error, "disabling an exposed API key failed"),
+            Err(error) => {
+                tracing::error!(%error, "disabling an exposed API key failed");
+                None
+            }
         }
     }
 
