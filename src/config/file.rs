@@ -130,6 +130,7 @@ pub struct LimitsSection {
     pub body_read_timeout: String,
     pub http2_keep_alive_interval: String,
     pub http2_keep_alive_timeout: String,
+    pub http2_max_concurrent_streams: i64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -299,6 +300,7 @@ impl Default for LimitsSection {
             body_read_timeout: "10s".into(),
             http2_keep_alive_interval: "20s".into(),
             http2_keep_alive_timeout: "20s".into(),
+            http2_max_concurrent_streams: 128,
         }
     }
 }

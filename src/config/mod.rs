@@ -238,6 +238,8 @@ pub struct Limits {
     pub body_read_timeout: Duration,
     pub http2_keep_alive_interval: Duration,
     pub http2_keep_alive_timeout: Duration,
+    /// Streams one HTTP/2 connection may have open at once.
+    pub http2_max_concurrent_streams: u32,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -413,6 +413,11 @@ impl LimitsSection {
         let max_header_bytes =
             positive_usize("limits.max_header_bytes", self.max_header_bytes, errors);
         let max_body_bytes = positive("limits.max_body_bytes", self.max_body_bytes, errors);
+        let http2_max_concurrent_streams = positive_usize(
+            "limits.http2_max_concurrent_streams",
+            self.http2_max_concurrent_streams,
+            errors,
+        );
         if max_header_bytes < 1024 {
             errors.push("limits.max_header_bytes: must be at least 1024".into());
         }
@@ -425,6 +430,8 @@ impl LimitsSection {
             body_read_timeout,
             http2_keep_alive_interval,
             http2_keep_alive_timeout,
+            http2_max_concurrent_streams: u32::try_from(http2_max_concurrent_streams)
+                .unwrap_or(u32::MAX),
         }
     }
 }

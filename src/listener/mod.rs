@@ -80,6 +80,12 @@ impl Shared {
             .http2()
             .timer(TokioTimer::new())
             .max_header_list_size((limits.max_header_bytes * 2) as u32)
+            .max_concurrent_streams(limits.http2_max_concurrent_streams)
+            // A reset frees its stream at once, so the stream limit alone does
+            // not bound a "rapid reset" flood: more than this many streams
+            // reset by the client before they are served ends the connection
+            // (GOAWAY ENHANCE_YOUR_CALM). Also h2's default, kept explicit.
+            .max_pending_accept_reset_streams(Some(20))
             .keep_alive_interval(Some(limits.http2_keep_alive_interval))
             .keep_alive_timeout(limits.http2_keep_alive_timeout);
         Shared {

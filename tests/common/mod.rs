@@ -123,6 +123,10 @@ async fn answer(
     if path_and_query.contains("/slow") {
         tokio::time::sleep(Duration::from_secs(2)).await;
     }
+    if path_and_query.contains("/big") {
+        // 1 MiB, for clients that never read what they asked for.
+        return Response::new(Full::new(Bytes::from(vec![b'x'; 1 << 20])));
+    }
     record.lock().unwrap().push(Recorded {
         method: parts.method.to_string(),
         path_and_query: path_and_query.clone(),
@@ -388,6 +392,16 @@ pub struct Process {
     pub http: u16,
     pub admin: u16,
     pub log: std::path::PathBuf,
+}
+
+/// A test that fails never leaves its server behind.
+impl Drop for Process {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
 }
 
 impl Process {
