@@ -198,9 +198,9 @@ impl Session {
         let ending = self
             .serve(&mut client, opening, &mut traffic, &mut identity)
             .await;
-        close(&mut client, ending.client_frame()).await;
         sockets.metrics.closed(&ending);
         self.log(&ending, &traffic, identity.as_ref());
+        close(&mut client, ending.client_frame()).await;
     }
 
     /// Everything between the upgrade and the close.
