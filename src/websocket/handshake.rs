@@ -194,7 +194,7 @@ mod tests {
             ("Sec-WebSocket-Version", "13"),
             ("Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ=="),
         ]);
-        assert_eq!(accept_key(&req).unwrap(), "s3pPLMBiTxaQ9kYGzzhZRjXHaLk=");
+        assert_eq!(accept_key(&req).unwrap(), "s3pPLMBiTxaQ9kYGzzhZRbK+xOo=");
         let old = upgrade(&[
             ("Sec-WebSocket-Version", "8"),
             ("Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ=="),
