@@ -26,12 +26,17 @@ impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
 
 type Socket = WebSocketStream<Box<dyn Io>>;
 
-/// keygate in front of the reference entity service, with `extra` config.
-async fn setup(extra: &str) -> Gateway {
+/// The reference entity service on a free port; its URL.
+async fn reference() -> String {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(keygate::reference::serve(listener, std::future::pending()));
-    Gateway::start(&format!("http://{addr}"), extra).await
+    format!("http://{addr}")
+}
+
+/// keygate in front of the reference entity service, with `extra` config.
+async fn setup(extra: &str) -> Gateway {
+    Gateway::start(&reference().await, extra).await
 }
 
 /// A TLS client that trusts the development CA.
@@ -85,6 +90,19 @@ async fn try_open(
     };
     let (socket, _) = tokio_tungstenite::client_async(request, io).await?;
     Ok(socket)
+}
+
+/// A plain `ws://` socket to a loopback port.
+async fn open_plain(port: u16, path: &str) -> Socket {
+    let request = format!("ws://127.0.0.1:{port}{path}")
+        .into_client_request()
+        .unwrap();
+    let tcp = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    let io: Box<dyn Io> = Box::new(tcp);
+    tokio_tungstenite::client_async(request, io)
+        .await
+        .unwrap()
+        .0
 }
 
 async fn open(gw: &Gateway, path: &str) -> Socket {
@@ -537,4 +555,152 @@ async fn an_upgrade_on_another_route_is_checked_like_any_request() {
     let described = round_trip(&mut socket, r#"{"authCmd":{"cmdId":0}}"#).await;
     assert_eq!(described["received"], json!({"authCmd": {"cmdId": 0}}));
     assert_eq!(header(&described, "x-auth-method"), Some("api-key"));
+}
+
+#[tokio::test]
+async fn a_silent_client_is_pinged_then_closed_1001_and_a_live_one_stays() {
+    let gw = setup("[websocket]\nping_interval = \"200ms\"\nidle_timeout = \"300ms\"\n").await;
+    let user = gw.user("ws-idle@example.com", Authority::TenantAdmin).await;
+    let (_, key) = gw.api_key(&user, 0).await;
+    let mut silent = open(&gw, "/api/ws").await;
+    send(&mut silent, &auth_cmd_key(&key)).await;
+    round_trip(&mut silent, "silent").await;
+    let mut live = open(&gw, "/api/ws").await;
+    send(&mut live, &auth_cmd_key(&key)).await;
+    round_trip(&mut live, "live").await;
+    // Reading answers pings (the client library sends the pong); the silent
+    // socket reads nothing, so it never answers.
+    let mut pings = 0;
+    let until = Instant::now() + Duration::from_millis(1200);
+    while let Ok(Some(Ok(message))) = tokio::time::timeout_at(until.into(), live.next()).await {
+        pings += usize::from(matches!(message, Message::Ping(_)));
+    }
+    assert!(pings >= 1, "the live client was pinged");
+    assert_eq!(close_of(&mut silent).await, (1001, "Idle timeout".into()));
+    assert_eq!(
+        round_trip(&mut live, "still here").await["received"],
+        "still here"
+    );
+}
+
+#[tokio::test]
+async fn sigterm_closes_open_sockets_with_1001_and_the_log_never_shows_the_token() {
+    let upstream = reference().await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("keygate.toml");
+    let data = dir.path().display();
+    std::fs::write(
+        &config,
+        format!(
+            "[server]\ndata_dir = \"{data}\"\nshutdown_grace = \"10s\"\n\
+             [listen]\nhttps = \"127.0.0.1:0\"\nhttp = \"127.0.0.1:0\"\nadmin = \"127.0.0.1:0\"\n\
+             [store]\nurl = \"sqlite://{data}/k.db\"\n[[route]]\nprefix = \"/api/\"\nupstreams = [\"{upstream}\"]\n"
+        ),
+    )
+    .unwrap();
+    let mut process = common::Process::spawn(&config, "info");
+    let login: Value = reqwest::Client::new()
+        .post(format!("http://127.0.0.1:{}/api/auth/login", process.http))
+        .json(&json!({"username": "sysadmin@keygate.local", "password": "bootstrap-password"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let token = login["token"].as_str().unwrap().to_owned();
+    let path = format!("/api/ws/plugins/telemetry?token={token}");
+    let mut by_query = open_plain(process.http, &path).await;
+    round_trip(&mut by_query, r#"{"tsSubCmds":[]}"#).await;
+    let mut by_frame = open_plain(process.http, "/api/ws").await;
+    round_trip(
+        &mut by_frame,
+        &auth_cmd_token(&token, json!([{"cmdId": 1}])),
+    )
+    .await;
+
+    let started = Instant::now();
+    process.signal("TERM");
+    for socket in [&mut by_query, &mut by_frame] {
+        let (code, _) = closed_after(socket, started, "SIGTERM").await;
+        assert_eq!(code, 1001);
+    }
+    let exit = tokio::task::spawn_blocking(move || process.child.wait().map(|e| (e, process.log)))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(exit.0.success(), "keygate exits 0 after draining");
+    let log = std::fs::read_to_string(&exit.1).unwrap();
+    assert!(!log.contains(&token), "the token reached the log");
+    assert_eq!(
+        log.lines()
+            .filter(|line| line.contains(r#""websocket":"shutdown""#))
+            .count(),
+        2,
+        "{log}"
+    );
+}
+
+/// A fresh schema on the test database; the URL that selects it, and its name.
+async fn fresh_schema(base: &str) -> (String, String) {
+    use sqlx::Connection;
+    let schema = format!("kg_ws_{}", Uuid::new_v4().simple());
+    let mut conn = sqlx::postgres::PgConnection::connect(base).await.unwrap();
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    let separator = if base.contains('?') { '&' } else { '?' };
+    let url = format!("{base}{separator}options=-c%20search_path%3D{schema}");
+    (url, schema)
+}
+
+#[tokio::test]
+async fn a_key_disabled_through_one_replica_closes_its_socket_on_the_other() {
+    let Ok(base) = std::env::var("KEYGATE_TEST_DATABASE_URL") else {
+        println!("KEYGATE_TEST_DATABASE_URL is not set: multi-replica socket test not run");
+        return;
+    };
+    let (url, schema) = fresh_schema(&base).await;
+    let upstream = reference().await;
+    let a = Gateway::start_on(&upstream, "", Some(&url)).await;
+    let b = Gateway::start_on(&upstream, "", Some(&url)).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !b
+        .metrics()
+        .await
+        .contains("keygate_revocation_listener_up 1")
+    {
+        assert!(Instant::now() < deadline, "replica B never listened");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let user = a
+        .user("ws-replicas@example.com", Authority::TenantAdmin)
+        .await;
+    let (key_id, key) = a.api_key(&user, 0).await;
+    let (_, token) = a.access_token(&user).await;
+    let mut socket = open(&b, "/api/ws").await;
+    send(&mut socket, &auth_cmd_key(&key)).await;
+    round_trip(&mut socket, "on replica B").await;
+
+    let started = Instant::now();
+    let disabled = a
+        .client()
+        .put(a.https(&format!("/api/apiKey/{key_id}/enabled/false")))
+        .header("X-Authorization", format!("Bearer {token}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(disabled.status(), 200);
+    let (code, _) = closed_after(&mut socket, started, "key disabled on the other replica").await;
+    assert_eq!(code, 1008);
+    assert!(started.elapsed() < Duration::from_secs(1));
+    a.running.shutdown();
+    b.running.shutdown();
+    if let Ok(mut conn) = <sqlx::postgres::PgConnection as sqlx::Connection>::connect(&base).await {
+        let drop = format!("DROP SCHEMA {schema} CASCADE");
+        let _ = sqlx::raw_sql(sqlx::AssertSqlSafe(drop))
+            .execute(&mut conn)
+            .await;
+    }
 }
