@@ -344,7 +344,10 @@ where
     let requests = activity.clone();
     let mut drain = hold.draining();
     let service = service_fn(move |mut req: Request<Incoming>| {
-        req.extensions_mut().insert(hold.clone());
+        // Only a request that may be upgraded keeps the connection's places.
+        if req.headers().contains_key(header::UPGRADE) {
+            req.extensions_mut().insert(hold.clone());
+        }
         let in_flight = requests.start(req.version());
         if requests.ambiguous_framing.load(Ordering::Relaxed)
             && req.headers().contains_key(header::TRANSFER_ENCODING)

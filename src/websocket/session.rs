@@ -224,7 +224,6 @@ impl Session {
             return Ending::UpstreamUnavailable;
         };
         if let Some(first) = authenticated.first {
-            traffic.to_upstream += first.len() as u64;
             if upstream.send(Message::text(first)).await.is_err() {
                 return Ending::UpstreamUnavailable;
             }

@@ -16,12 +16,11 @@ use crate::auth::credential::Credential;
 use crate::auth::live::Held;
 use crate::config::WebSocketSettings;
 
-/// Payload bytes each way, for the access log.
+/// Payload bytes from and to the client, for the access log.
 #[derive(Debug, Default)]
 pub struct Traffic {
     pub from_client: u64,
     pub to_client: u64,
-    pub to_upstream: u64,
 }
 
 /// What re-checks the credential: a revocation wakes `held`; the
@@ -87,7 +86,6 @@ pub async fn run(
                     return Ending::ClientClosed(frame);
                 }
                 traffic.from_client += message.len() as u64;
-                traffic.to_upstream += message.len() as u64;
                 if upstream.send(message).await.is_err() {
                     return Ending::UpstreamUnavailable;
                 }
