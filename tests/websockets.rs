@@ -704,3 +704,16 @@ async fn a_key_disabled_through_one_replica_closes_its_socket_on_the_other() {
             .await;
     }
 }
+
+#[tokio::test]
+async fn an_unreachable_upstream_closes_the_authenticated_socket_1011() {
+    let gw = Gateway::start("http://127.0.0.1:1", "").await;
+    let user = gw.user("ws-down@example.com", Authority::TenantAdmin).await;
+    let (_, key) = gw.api_key(&user, 0).await;
+    let mut socket = open(&gw, "/api/ws").await;
+    send(&mut socket, &auth_cmd_key(&key)).await;
+    assert_eq!(
+        close_of(&mut socket).await,
+        (1011, "Upstream is unavailable".into())
+    );
+}
