@@ -211,24 +211,11 @@ impl Session {
         traffic: &mut Traffic,
         identity: &mut Option<Identity>,
     ) -> Ending {
-        let authenticated = match self.authenticate(client, opening).await {
-            Ok(authenticated) => authenticated,
+        let (mut upstream, held, credential) = match self.open(client, opening, identity).await {
+            Ok(opened) => opened,
             Err(ending) => return ending,
         };
-        *identity = authenticated.identity.clone();
-        let held = match self.hold(authenticated.identity.as_ref()) {
-            Ok(held) => held,
-            Err(ending) => return ending,
-        };
-        let Some(mut upstream) = self.connect(authenticated.identity.as_ref()).await else {
-            return Ending::UpstreamUnavailable;
-        };
-        if let Some(first) = authenticated.first {
-            if upstream.send(Message::text(first)).await.is_err() {
-                return Ending::UpstreamUnavailable;
-            }
-        }
-        let recheck = match (&held, authenticated.credential) {
+        let recheck = match (&held, credential) {
             (Some(held), Some(credential)) => Some(splice::Recheck {
                 held,
                 credential,
@@ -236,19 +223,39 @@ impl Session {
             }),
             _ => None,
         };
-        let ending = splice::run(
-            client,
-            &mut upstream,
-            recheck,
-            self.drain(),
-            &self.sockets.settings,
-            traffic,
-        )
-        .await;
+        let drain = self.drain();
+        let settings = &self.sockets.settings;
+        let ending = splice::run(client, &mut upstream, recheck, drain, settings, traffic).await;
         if !matches!(ending, Ending::UpstreamClosed(_)) {
-            close(&mut upstream, ending.upstream_frame()).await;
+            // The client's close does not wait for the upstream's answer.
+            let frame = ending.upstream_frame();
+            tokio::spawn(async move { close(&mut upstream, frame).await });
         }
         ending
+    }
+
+    /// Authenticates, holds the credential, opens the upstream socket and
+    /// forwards what the first frame left.
+    async fn open(
+        &self,
+        client: &mut ClientSocket,
+        opening: Opening,
+        identity: &mut Option<Identity>,
+    ) -> Result<(UpstreamSocket, Option<Held>, Option<Credential>), Ending> {
+        let authenticated = self.authenticate(client, opening).await?;
+        identity.clone_from(&authenticated.identity);
+        let held = self.hold(authenticated.identity.as_ref())?;
+        let mut upstream = self
+            .connect(authenticated.identity.as_ref())
+            .await
+            .ok_or(Ending::UpstreamUnavailable)?;
+        if let Some(first) = authenticated.first {
+            upstream
+                .send(Message::text(first))
+                .await
+                .map_err(|_| Ending::UpstreamUnavailable)?;
+        }
+        Ok((upstream, held, authenticated.credential))
     }
 
     /// The drain signal of the listener that accepted the connection.
