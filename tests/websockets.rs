@@ -717,3 +717,96 @@ async fn an_unreachable_upstream_closes_the_authenticated_socket_1011() {
         (1011, "Upstream is unavailable".into())
     );
 }
+
+/// Opens a socket on `/api/ws` authenticated by `frame`, and checks it is up.
+async fn open_with(gw: &Gateway, frame: &str) -> Socket {
+    let mut socket = open(gw, "/api/ws").await;
+    send(&mut socket, frame).await;
+    assert_eq!(round_trip(&mut socket, "up").await["received"], "up");
+    socket
+}
+
+#[tokio::test]
+async fn disabling_the_user_closes_every_socket_of_theirs_with_1008() {
+    let gw = setup("").await;
+    let admin = gw
+        .user("ws-sysadmin@example.com", Authority::SysAdmin)
+        .await;
+    let (_, admin_token) = gw.access_token(&admin).await;
+    let user = gw
+        .user("ws-user-off@example.com", Authority::TenantAdmin)
+        .await;
+    let (_, key) = gw.api_key(&user, 0).await;
+    let (_, token) = gw.access_token(&user).await;
+    let mut by_key = open_with(&gw, &auth_cmd_key(&key)).await;
+    let mut by_token = open_with(&gw, &auth_cmd_token(&token, json!([]))).await;
+
+    let started = Instant::now();
+    let disabled = gw
+        .client()
+        .post(gw.https(&format!(
+            "/api/user/{}/userCredentialsEnabled?userCredentialsEnabled=false",
+            user.id
+        )))
+        .header("X-Authorization", format!("Bearer {admin_token}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(disabled.status(), 200);
+    for socket in [&mut by_key, &mut by_token] {
+        let close = closed_after(socket, started, "user disabled").await;
+        assert_eq!(close, (1008, "User account is not active".into()));
+    }
+    assert!(started.elapsed() < Duration::from_secs(1));
+}
+
+#[tokio::test]
+async fn an_api_key_reaching_its_expiration_time_closes_its_socket_with_1008() {
+    let gw = setup("").await;
+    let user = gw
+        .user("ws-key-exp@example.com", Authority::TenantAdmin)
+        .await;
+    let (_, key) = gw.api_key(&user, keygate::clock::now_ms() + 1500).await;
+    let mut socket = open_with(&gw, &auth_cmd_key(&key)).await;
+    let started = Instant::now();
+    let close = closed_after(&mut socket, started, "API key expiration").await;
+    assert_eq!(close, (1008, "API key is expired".into()));
+    assert!(started.elapsed() < Duration::from_secs(3));
+}
+
+#[tokio::test]
+async fn a_password_change_closes_the_users_older_token_sockets_but_not_their_key_sockets() {
+    let gw = setup("").await;
+    let user = gw
+        .user("ws-password@example.com", Authority::TenantAdmin)
+        .await;
+    let (_, key) = gw.api_key(&user, 0).await;
+    // Issued a minute ago: strictly older than the change.
+    let ttl = gw.running.app.settings().jwt.access_ttl.as_secs() as i64;
+    let older = token_expiring_in(&gw, &user, ttl - 60).await;
+    let mut by_token = open_with(&gw, &auth_cmd_token(&older, json!([]))).await;
+    let mut by_key = open_with(&gw, &auth_cmd_key(&key)).await;
+
+    let started = Instant::now();
+    let changed = gw
+        .client()
+        .post(gw.https("/api/auth/changePassword"))
+        .header("X-Authorization", format!("Bearer {older}"))
+        .json(&json!({"currentPassword": PASSWORD, "newPassword": "another-horse-battery"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(changed.status(), 200);
+    let close = closed_after(&mut by_token, started, "password change").await;
+    assert_eq!(close, (1008, "Token has expired".into()));
+    // An API key outlives a password change, over HTTP and here alike.
+    assert_eq!(round_trip(&mut by_key, "key").await["received"], "key");
+    let metrics = gw.metrics().await;
+    for line in [
+        "keygate_websocket_closes_total{reason=\"revoked\"} 1",
+        "keygate_websocket_auth_total{form=\"auth_cmd\",result=\"accepted\"} 2",
+        "keygate_websocket_open{route=\"/api/ws\"} 1",
+    ] {
+        assert!(metrics.contains(line), "{line} not in:\n{metrics}");
+    }
+}

@@ -28,6 +28,7 @@ use hyper::body::Incoming;
 
 use crate::auth::Authenticator;
 use crate::auth::credential::Credential;
+use crate::auth::outcomes::Outcomes;
 use crate::body::Body;
 use crate::config::{Settings, WebSocketSettings};
 use crate::conn::Client;
@@ -45,6 +46,8 @@ pub struct WebSockets {
     settings: WebSocketSettings,
     auth: Arc<Authenticator>,
     metrics: SocketMetrics,
+    /// `keygate_auth_total`, counted by credential method as for requests.
+    outcomes: Outcomes,
     /// Disable an API key that arrived over plain `ws://`.
     disable_key_on_plaintext: bool,
     allow_plaintext_credentials: bool,
@@ -77,6 +80,7 @@ impl WebSockets {
         let labels: Vec<&str> = websocket.routes.iter().map(String::as_str).collect();
         WebSockets {
             metrics: SocketMetrics::new(metrics, &labels),
+            outcomes: Outcomes::new(metrics),
             settings: websocket,
             auth,
             disable_key_on_plaintext: settings.disable_key_on_plaintext,

@@ -22,6 +22,7 @@ use super::splice::{self, Traffic};
 use crate::auth::AuthFailure;
 use crate::auth::credential::Credential;
 use crate::auth::live::{Held, HoldLimits, OverLimit};
+use crate::auth::outcomes::{API_KEY, JWT, NO_CREDENTIAL};
 use crate::conn::{Client, Connection};
 use crate::error::ApiError;
 use crate::identity::Identity;
@@ -186,7 +187,7 @@ impl Session {
             return;
         };
         let sockets = self.sockets.clone();
-        let _open = sockets.metrics.opened(&self.label);
+        let open = sockets.metrics.opened(&self.label);
         let config = WebSocketConfig::default()
             .max_message_size(Some(sockets.settings.max_message_bytes))
             .max_frame_size(Some(sockets.settings.max_message_bytes));
@@ -199,6 +200,7 @@ impl Session {
             .serve(&mut client, opening, &mut traffic, &mut identity)
             .await;
         sockets.metrics.closed(&ending);
+        drop(open);
         self.log(&ending, &traffic, identity.as_ref());
         close(&mut client, ending.client_frame()).await;
     }
@@ -285,7 +287,7 @@ impl Session {
                 });
             }
             Opening::Platform(Some((form, parsed))) => {
-                let credential = parsed.map_err(|failure| self.refused(form, failure))?;
+                let credential = parsed.map_err(|failure| self.refused(form, None, failure))?;
                 (form, credential, None)
             }
             Opening::Platform(None) => {
@@ -296,20 +298,39 @@ impl Session {
         self.refuse_in_clear(form, &credential).await?;
         match self.sockets.auth.verify(&credential).await {
             Ok(identity) => {
-                self.sockets.metrics.auth(form, ACCEPTED);
+                self.count(form, Some(&credential), Ok(()));
                 Ok(Authenticated {
                     identity: Some(identity),
                     credential: Some(credential),
                     first,
                 })
             }
-            Err(failure) => Err(self.refused(form, failure)),
+            Err(failure) => Err(self.refused(form, Some(&credential), failure)),
         }
     }
 
+    /// Counts an outcome by form, and by credential method (`none` when no
+    /// credential could be read) as requests count theirs.
+    fn count(&self, form: Form, credential: Option<&Credential>, outcome: Result<(), AuthFailure>) {
+        let label = match outcome {
+            Ok(()) => ACCEPTED,
+            Err(failure) => failure.label(),
+        };
+        self.sockets.metrics.auth(form, label);
+        self.sockets.outcomes.count(method_of(credential), outcome);
+    }
+
+    /// Counts a first frame that never brought a credential: by its form's
+    /// `result`, and as a missing credential.
+    fn unauthenticated(&self, result: &str) {
+        self.sockets.metrics.auth(Form::AuthCmd, result);
+        let missing = Err(AuthFailure::Missing);
+        self.sockets.outcomes.count(NO_CREDENTIAL, missing);
+    }
+
     /// Counts a refused credential and says how the socket closes.
-    fn refused(&self, form: Form, failure: AuthFailure) -> Ending {
-        self.sockets.metrics.auth(form, failure.label());
+    fn refused(&self, form: Form, credential: Option<&Credential>, failure: AuthFailure) -> Ending {
+        self.count(form, credential, Err(failure));
         match (form, failure) {
             (Form::QueryToken, AuthFailure::TokenExpired) => Ending::QueryTokenExpired,
             _ => Ending::BadCredential(failure),
@@ -324,7 +345,7 @@ impl Session {
         let deadline = self.sockets.settings.auth_timeout;
         let text = match tokio::time::timeout(deadline, first_data(client)).await {
             Err(_) => {
-                self.sockets.metrics.auth(Form::AuthCmd, DEADLINE);
+                self.unauthenticated(DEADLINE);
                 return Err(Ending::AuthDeadline);
             }
             Ok(Err(ending)) => return Err(ending),
@@ -333,10 +354,10 @@ impl Session {
         match text.as_deref().map(first_frame::parse) {
             Some(Ok(frame)) => Ok(frame),
             Some(Err(FrameError::BadCredential)) => {
-                Err(self.refused(Form::AuthCmd, AuthFailure::Malformed))
+                Err(self.refused(Form::AuthCmd, None, AuthFailure::Malformed))
             }
             Some(Err(FrameError::MissingAuthCmd)) | None => {
-                self.sockets.metrics.auth(Form::AuthCmd, NO_AUTH_CMD);
+                self.unauthenticated(NO_AUTH_CMD);
                 Err(Ending::MissingAuthCmd)
             }
         }
@@ -370,9 +391,7 @@ impl Session {
             }
             Credential::Bearer(_) => return Ok(()),
         }
-        sockets
-            .metrics
-            .auth(form, AuthFailure::PlaintextRefused.label());
+        self.count(form, Some(credential), Err(AuthFailure::PlaintextRefused));
         let reason = match credential {
             Credential::ApiKey(_) => ApiError::api_key_over_plain_http(),
             Credential::Bearer(_) => ApiError::credentials_over_plain_http(),
@@ -468,6 +487,15 @@ impl Session {
                 .and_then(|i| i.api_key_id())
                 .map(tracing::field::display),
         );
+    }
+}
+
+/// The `keygate_auth_total` method of a credential; `none` when none was read.
+fn method_of(credential: Option<&Credential>) -> usize {
+    match credential {
+        Some(Credential::ApiKey(_)) => API_KEY,
+        Some(Credential::Bearer(_)) => JWT,
+        None => NO_CREDENTIAL,
     }
 }
 
