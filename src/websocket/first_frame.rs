@@ -166,4 +166,67 @@ mod tests {
         let frame = parsed(json!({"authCmd": {"token": "very-secret"}})).unwrap();
         assert!(!format!("{frame:?}").contains("very-secret"));
     }
+
+    /// Hostile first frames, for the property tests and `fuzz/run`.
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        /// JSON-ish text around an `authCmd`: members, values and breakage
+        /// that have confused frame parsers.
+        fn frame() -> impl Strategy<Value = String> {
+            let value = prop_oneof![
+                any::<String>().prop_map(|s| Value::String(s).to_string()),
+                Just("null".to_string()),
+                Just("[]".to_string()),
+                Just("{}".to_string()),
+                Just(r#"{"token":"a.b.c"}"#.to_string()),
+                Just(r#"{"apiKey":"tb_k"}"#.to_string()),
+                Just(r#"{"token":"a","apiKey":"k"}"#.to_string()),
+                Just(r#"[{"cmdId":1}]"#.to_string()),
+                "-?[0-9]{1,30}(\\.[0-9]{1,5})?",
+            ];
+            let key = prop_oneof![
+                Just("authCmd".to_string()),
+                Just("cmds".to_string()),
+                Just("AuthCmd".to_string()),
+                Just("authCmd\\u0000".to_string()),
+                "[a-zA-Z]{0,8}",
+            ];
+            proptest::collection::vec((key, value), 0..6).prop_map(|members| {
+                let body: Vec<String> = members
+                    .iter()
+                    .map(|(k, v)| format!("{}:{v}", Value::String(k.clone())))
+                    .collect();
+                format!("{{{}}}", body.join(","))
+            })
+        }
+
+        proptest! {
+            #[test]
+            fn any_text_is_read_or_refused_and_never_forwards_the_auth_cmd(
+                text in prop_oneof![frame(), any::<String>()]
+            ) {
+                if let Ok(parsed) = parse(&text) {
+                    if let Some(rest) = parsed.rest {
+                        let rest: Value = serde_json::from_str(&rest).unwrap();
+                        prop_assert!(rest.get("authCmd").is_none(), "{rest}");
+                    }
+                }
+            }
+
+            #[test]
+            fn a_token_is_taken_as_sent_and_the_cmds_kept(
+                token in "[A-Za-z0-9._~+/=-]{1,200}",
+                ids in proptest::collection::vec(0u32..1000, 0..8),
+            ) {
+                let cmds: Vec<Value> = ids.iter().map(|id| json!({"cmdId": id})).collect();
+                let text = json!({"authCmd": {"cmdId": 0, "token": token}, "cmds": cmds}).to_string();
+                let parsed = parse(&text).unwrap();
+                prop_assert_eq!(parsed.credential, Credential::Bearer(Secret::new(token)));
+                let rest = parsed.rest.map(|r| serde_json::from_str::<Value>(&r).unwrap());
+                prop_assert_eq!(rest, (!ids.is_empty()).then(|| json!({"cmds": cmds})));
+            }
+        }
+    }
 }
