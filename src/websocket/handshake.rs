@@ -241,4 +241,46 @@ mod tests {
         assert_eq!(parsed, Ok(Credential::ApiKey(Secret::new("k1"))));
         assert!(upgrade_credential(None, &HeaderMap::new()).is_none());
     }
+
+    /// Hostile upgrade queries, for the property tests and `fuzz/run`.
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        fn pair() -> impl Strategy<Value = String> {
+            prop_oneof![
+                Just("token=a.b.c".to_string()),
+                Just("token".to_string()),
+                Just("token=".to_string()),
+                Just("token=%zz".to_string()),
+                Just("Token=x".to_string()),
+                Just("tokenx=y".to_string()),
+                Just("x=token".to_string()),
+                "[a-z%0-9.=_-]{0,12}",
+            ]
+        }
+
+        proptest! {
+            #[test]
+            fn no_token_parameter_survives_and_the_rest_keeps_its_order(
+                pairs in proptest::collection::vec(pair(), 1..8)
+            ) {
+                let query = pairs.join("&");
+                let Ok(mut uri) = format!("/api/ws?{query}").parse::<Uri>() else {
+                    return Ok(());
+                };
+                let taken = take_token(&mut uri);
+                let kept: Vec<&str> = pairs
+                    .iter()
+                    .map(String::as_str)
+                    .filter(|p| *p != "token" && !p.starts_with("token="))
+                    .collect();
+                let left = uri.query().unwrap_or("");
+                prop_assert!(left.split('&').all(|p| p != "token" && !p.starts_with("token=")));
+                prop_assert_eq!(taken.rest.as_deref().unwrap_or(""), kept.join("&"));
+                prop_assert_eq!(left, kept.join("&"));
+                prop_assert_eq!(taken.token.is_some(), kept.len() < pairs.len());
+            }
+        }
+    }
 }
