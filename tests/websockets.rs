@@ -810,3 +810,40 @@ async fn a_password_change_closes_the_users_older_token_sockets_but_not_their_ke
         assert!(metrics.contains(line), "{line} not in:\n{metrics}");
     }
 }
+
+#[tokio::test]
+async fn sockets_over_the_per_tenant_limit_are_closed_with_the_platforms_wording() {
+    let gw = setup("[websocket]\nmax_per_tenant = 2\n").await;
+    let first = gw
+        .user("ws-tenant-a@example.com", Authority::TenantAdmin)
+        .await;
+    let colleague = keygate::accounts::NewUser {
+        email: "ws-tenant-b@example.com".into(),
+        authority: Authority::CustomerUser,
+        tenant_id: Some(first.tenant_id),
+        customer_id: Some(Uuid::new_v4()),
+        first_name: "Colleague".into(),
+        last_name: String::new(),
+    };
+    let policy = Default::default();
+    let second =
+        keygate::accounts::create_user(&gw.running.store, colleague, PASSWORD.into(), &policy)
+            .await
+            .unwrap();
+    let (_, first_key) = gw.api_key(&first, 0).await;
+    let (_, second_key) = gw.api_key(&second, 0).await;
+    let _a = open_with(&gw, &auth_cmd_key(&first_key)).await;
+    let _b = open_with(&gw, &auth_cmd_key(&second_key)).await;
+    let mut over = open(&gw, "/api/ws").await;
+    send(&mut over, &auth_cmd_key(&second_key)).await;
+    assert_eq!(
+        close_of(&mut over).await,
+        (1008, "Max tenant sessions limit reached!".into())
+    );
+    // Another tenant is not limited by this one's sockets.
+    let other = gw
+        .user("ws-tenant-c@example.com", Authority::TenantAdmin)
+        .await;
+    let (_, other_key) = gw.api_key(&other, 0).await;
+    open_with(&gw, &auth_cmd_key(&other_key)).await;
+}
