@@ -21,6 +21,15 @@ use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::{self, Message};
 use uuid::Uuid;
 
+/// A close that came from the revocation itself: far under `cache.ttl`
+/// (30 s), after which a cached credential state would have gone anyway.
+/// (The time each took is printed; alone it is a few milliseconds.)
+const AT_ONCE: Duration = Duration::from_secs(2);
+
+/// A bound for timings on a loaded machine (every test of this file runs
+/// its own server at once): the printed times show the real values.
+const LOADED: Duration = Duration::from_secs(15);
+
 trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
 impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
 
@@ -311,7 +320,7 @@ async fn a_client_that_never_authenticates_is_closed_1008_at_the_deadline() {
     let took = started.elapsed();
     println!("closed for the deadline after {took:?}");
     assert_eq!(code, 1008);
-    assert!(took >= Duration::from_millis(300) && took < Duration::from_secs(3));
+    assert!(took >= Duration::from_millis(300) && took < LOADED);
 }
 
 #[tokio::test]
@@ -412,7 +421,7 @@ async fn disabling_the_key_closes_its_open_socket_with_1008() {
     let (code, reason) = closed_after(&mut socket, started, "key disabled").await;
     assert_eq!(code, 1008);
     assert_eq!(reason, "User account is not active");
-    assert!(started.elapsed() < Duration::from_secs(1));
+    assert!(started.elapsed() < AT_ONCE);
 }
 
 #[tokio::test]
@@ -446,7 +455,7 @@ async fn logout_closes_the_sessions_socket_with_1008() {
     assert_eq!(logout.status(), 200);
     let (code, reason) = closed_after(&mut socket, started, "logout").await;
     assert_eq!((code, reason.as_str()), (1008, "Token has expired"));
-    assert!(started.elapsed() < Duration::from_secs(1));
+    assert!(started.elapsed() < AT_ONCE);
 }
 
 #[tokio::test]
@@ -459,7 +468,7 @@ async fn a_jwt_reaching_exp_closes_its_socket_with_1008() {
     let started = Instant::now();
     let (code, reason) = closed_after(&mut socket, started, "JWT exp").await;
     assert_eq!((code, reason.as_str()), (1008, "Token has expired"));
-    assert!(started.elapsed() < Duration::from_secs(4));
+    assert!(started.elapsed() < LOADED);
 }
 
 #[tokio::test]
@@ -694,7 +703,7 @@ async fn a_key_disabled_through_one_replica_closes_its_socket_on_the_other() {
     assert_eq!(disabled.status(), 200);
     let (code, _) = closed_after(&mut socket, started, "key disabled on the other replica").await;
     assert_eq!(code, 1008);
-    assert!(started.elapsed() < Duration::from_secs(1));
+    assert!(started.elapsed() < AT_ONCE);
     a.running.shutdown();
     b.running.shutdown();
     if let Ok(mut conn) = <sqlx::postgres::PgConnection as sqlx::Connection>::connect(&base).await {
@@ -757,7 +766,7 @@ async fn disabling_the_user_closes_every_socket_of_theirs_with_1008() {
         let close = closed_after(socket, started, "user disabled").await;
         assert_eq!(close, (1008, "User account is not active".into()));
     }
-    assert!(started.elapsed() < Duration::from_secs(1));
+    assert!(started.elapsed() < AT_ONCE);
 }
 
 #[tokio::test]
@@ -771,7 +780,7 @@ async fn an_api_key_reaching_its_expiration_time_closes_its_socket_with_1008() {
     let started = Instant::now();
     let close = closed_after(&mut socket, started, "API key expiration").await;
     assert_eq!(close, (1008, "API key is expired".into()));
-    assert!(started.elapsed() < Duration::from_secs(3));
+    assert!(started.elapsed() < LOADED);
 }
 
 #[tokio::test]
