@@ -509,6 +509,17 @@ async fn sockets_over_the_per_user_limit_are_closed_with_the_platforms_wording()
         metrics.contains("keygate_websocket_closes_total{reason=\"user_limit\"} 1"),
         "{metrics}"
     );
+    // An upgraded connection still counts as open, and holds its place.
+    let open_connections: i64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("keygate_open_connections{listener=\"https\"} "))
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(
+        open_connections >= 21,
+        "{open_connections} open connections"
+    );
 }
 
 #[tokio::test]

@@ -156,10 +156,13 @@ async fn accept_loop<H: Handler>(listener: Listener<H>, shared: Arc<Shared>) {
             name,
             &shared.trusted_proxies,
         ));
+        shared.metrics.connection_opened(name);
         let hold = Hold(Arc::new(Held {
             _permit: permit,
             _slot: slot,
             draining: draining.clone(),
+            metrics: shared.metrics.clone(),
+            listener: name,
         }));
         tokio::spawn(run_connection(
             stream,
@@ -185,10 +188,11 @@ async fn accept_loop<H: Handler>(listener: Listener<H>, shared: Arc<Shared>) {
 }
 
 /// What an accepted connection holds until it closes: its place in the
-/// listener's budget, its place under the per-address cap, and the drain
-/// signal. Each request carries a clone (a request extension), so that a
-/// connection upgraded to a WebSocket keeps its places, and is waited for
-/// by the drain, until the socket closes.
+/// listener's budget, its place under the per-address cap, the drain signal,
+/// and its count among the open connections. A request that may be upgraded
+/// carries a clone (a request extension), so that a connection upgraded to a
+/// WebSocket keeps its places, stays counted, and is waited for by the
+/// drain, until the socket closes.
 #[derive(Clone)]
 pub struct Hold(Arc<Held>);
 
@@ -196,6 +200,14 @@ struct Held {
     _permit: OwnedSemaphorePermit,
     _slot: Slot,
     draining: watch::Receiver<bool>,
+    metrics: Arc<Metrics>,
+    listener: &'static str,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.metrics.connection_closed(self.listener);
+    }
 }
 
 impl Hold {
@@ -215,13 +227,11 @@ async fn run_connection<H: Handler>(
     hold: Hold,
 ) {
     let (name, peer) = (conn.listener, conn.peer);
-    shared.metrics.connection_opened(name);
     let reason = connection(stream, tls, handler, conn, &shared, hold).await;
     if let Some(reason) = reason {
         tracing::debug!(%peer, listener = name, reason = reason.label(), "connection closed");
         shared.metrics.connection_closed_by(name, reason.label());
     }
-    shared.metrics.connection_closed(name);
 }
 
 /// One accepted connection: the TLS handshake (bounded), then HTTP.
