@@ -545,9 +545,16 @@ async fn shutdown_closes_open_sockets_with_1001() {
     let mut socket = open(&gw, "/api/ws").await;
     send(&mut socket, &auth_cmd_key(&key)).await;
     round_trip(&mut socket, "up").await;
+    let mut waiting = open(&gw, "/api/ws").await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let started = Instant::now();
     gw.running.shutdown();
     let (code, _) = close_of(&mut socket).await;
     assert_eq!(code, 1001);
+    // One still to authenticate is not waited for until its deadline.
+    let (code, _) = close_of(&mut waiting).await;
+    assert_eq!(code, 1001);
+    assert!(started.elapsed() < Duration::from_secs(5));
 }
 
 #[tokio::test]

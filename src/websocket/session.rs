@@ -337,19 +337,23 @@ impl Session {
         }
     }
 
-    /// Waits (bounded) for the first data frame and reads its `authCmd`.
+    /// Waits (bounded, and not past a drain) for the first data frame and
+    /// reads its `authCmd`.
     async fn first_frame(
         &self,
         client: &mut ClientSocket,
     ) -> Result<first_frame::FirstFrame, Ending> {
         let deadline = self.sockets.settings.auth_timeout;
-        let text = match tokio::time::timeout(deadline, first_data(client)).await {
-            Err(_) => {
-                self.unauthenticated(DEADLINE);
-                return Err(Ending::AuthDeadline);
-            }
-            Ok(Err(ending)) => return Err(ending),
-            Ok(Ok(text)) => text,
+        let mut drain = self.drain();
+        let text = tokio::select! {
+            read = tokio::time::timeout(deadline, first_data(client)) => match read {
+                Err(_) => {
+                    self.unauthenticated(DEADLINE);
+                    return Err(Ending::AuthDeadline);
+                }
+                Ok(read) => read?,
+            },
+            () = splice::drained(&mut drain) => return Err(Ending::Shutdown),
         };
         match text.as_deref().map(first_frame::parse) {
             Some(Ok(frame)) => Ok(frame),

@@ -133,7 +133,7 @@ pub async fn run(
 }
 
 /// Completes when the listener drains; never once no drain can come.
-async fn drained(drain: &mut watch::Receiver<bool>) {
+pub async fn drained(drain: &mut watch::Receiver<bool>) {
     if drain.wait_for(|draining| *draining).await.is_err() {
         std::future::pending::<()>().await;
     }
