@@ -32,6 +32,7 @@ use crate::identity::Identity;
 use crate::proxy::headers::{self, X_REQUEST_ID};
 use crate::proxy::{Proxy, Route, RouteTable, Routes, path};
 use crate::telemetry::{Metrics, RouteSeries};
+use crate::websocket::{self, Start, Upgrade, WebSockets};
 
 pub struct App {
     settings: Arc<Settings>,
@@ -42,6 +43,7 @@ pub struct App {
     /// on the table it loaded.
     routes: Arc<Routes>,
     proxy: Proxy,
+    websockets: Arc<WebSockets>,
     metrics: Arc<Metrics>,
     series: Series,
     /// Base of the links keygate builds when no public base URL is configured
@@ -88,6 +90,9 @@ enum Target<'t> {
     Endpoint(Matched),
     /// A route forwarded to an upstream.
     Proxied(&'t Route),
+    /// A WebSocket upgrade on a platform WebSocket route (its label), to
+    /// the upstream of the route it falls under.
+    WebSocket(&'t Route, &'t str),
 }
 
 /// What [`App::admit`] lets through: the normalised path, or the answer when
@@ -108,6 +113,7 @@ impl App {
         listener_base_url: String,
     ) -> App {
         let proxy = Proxy::new(&settings.proxy, &settings.limits);
+        let websockets = Arc::new(WebSockets::new(&settings, auth.clone(), &metrics));
         let series = Series {
             endpoints: api::ROUTES
                 .iter()
@@ -125,6 +131,7 @@ impl App {
             auth,
             routes,
             proxy,
+            websockets,
             metrics,
             listener_base_url,
         }
@@ -216,15 +223,25 @@ impl App {
             Admission::Path(path) => path,
             Admission::Answered(response) => return Ok(response),
         };
-        let target = self.dispatch(routes, req.method(), &path)?;
+        let upgrade = websocket::is_upgrade(&req);
+        let target = self.dispatch(routes, req.method(), &path, upgrade)?;
         ex.route = Some(match &target {
             Target::ApiBrowser(_) => &self.series.browser,
             Target::Endpoint(matched) => self.endpoint_series(matched),
-            Target::Proxied(route) => &route.series,
+            Target::Proxied(route) | Target::WebSocket(route, _) => &route.series,
         });
         match target {
             Target::ApiBrowser(browser) => serve_browser(browser, &req, &path),
             Target::Endpoint(matched) => self.answer(matched, req, ex).await,
+            Target::WebSocket(route, label) => {
+                self.upgrade(route, label, req, &path, ex, Start::Platform)
+            }
+            Target::Proxied(route) if upgrade => {
+                ex.identity = self.authenticate(&req, !route.public).await?;
+                let credential = credential::parse(req.headers()).ok();
+                let checked = ex.identity.clone().zip(credential);
+                self.upgrade(route, &route.name, req, &path, ex, Start::Checked(checked))
+            }
             Target::Proxied(route) => {
                 ex.identity = self.authenticate(&req, !route.public).await?;
                 let parts = self.headers_to_upstream(req, ex);
@@ -255,12 +272,14 @@ impl App {
 
     /// The one target of a normalised path, in this order: the API browser,
     /// keygate's own endpoints (a 405 for one asked with another method), the
-    /// proxied routes (a 404 when none matches).
+    /// proxied routes (a 404 when none matches), where a WebSocket upgrade
+    /// on a platform WebSocket route is a target of its own.
     fn dispatch<'t>(
         &'t self,
         routes: &'t RouteTable,
         method: &Method,
         path: &str,
+        upgrade: bool,
     ) -> Result<Target<'t>, ApiError> {
         if let Some(browser) = self.browser.as_deref().filter(|_| ApiBrowser::owns(path)) {
             return Ok(Target::ApiBrowser(browser));
@@ -268,10 +287,32 @@ impl App {
         if let Some(matched) = api::find(method, path)? {
             return Ok(Target::Endpoint(matched));
         }
-        routes
-            .find(path)
-            .map(Target::Proxied)
-            .ok_or_else(ApiError::not_found)
+        let route = routes.find(path).ok_or_else(ApiError::not_found)?;
+        match self.websockets.route_of(path) {
+            Some(label) if upgrade => Ok(Target::WebSocket(route, label)),
+            _ => Ok(Target::Proxied(route)),
+        }
+    }
+
+    /// Answers a WebSocket upgrade; the socket runs on ([`crate::websocket`]).
+    fn upgrade<'t>(
+        &self,
+        route: &'t Route,
+        label: &'t str,
+        req: Request<Incoming>,
+        path: &str,
+        ex: &mut Exchange<'t>,
+        start: Start,
+    ) -> Result<Response<Body>, ApiError> {
+        let upgrade = Upgrade {
+            route,
+            label,
+            path,
+            client: ex.client,
+            request_id: ex.request_id.clone(),
+            start,
+        };
+        self.websockets.accept(&self.proxy, req, upgrade)
     }
 
     fn endpoint_series(&self, matched: &Matched) -> &RouteSeries {
@@ -494,7 +535,7 @@ fn ambiguous_framing() -> Response<Body> {
 const TRACEPARENT: &str = "traceparent";
 
 /// Milliseconds rounded to whole microseconds: `0.021`, not `0.020661000000000002`.
-fn duration_ms(elapsed: std::time::Duration) -> f64 {
+pub(crate) fn duration_ms(elapsed: std::time::Duration) -> f64 {
     let micros = elapsed.as_nanos().saturating_add(500) / 1000;
     micros as f64 / 1000.0
 }

@@ -7,7 +7,8 @@
 //! (normalisation) → [`auth::credential`] (parsing) → [`auth`] (verification
 //! through [`auth::cache`] and [`store`]) → [`identity`] and
 //! [`proxy::headers`] (strip and inject, one function per direction) →
-//! [`proxy`] (forwarding). Errors leave through [`error`].
+//! [`proxy`] (forwarding). Errors leave through [`error`]. A WebSocket
+//! upgrade leaves the request path at dispatch for [`websocket`].
 #![forbid(unsafe_code)]
 
 pub mod accounts;
@@ -33,3 +34,4 @@ pub mod server;
 pub mod store;
 pub mod telemetry;
 pub mod tls;
+pub mod websocket;

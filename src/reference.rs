@@ -10,6 +10,9 @@
 //! - `POST /api/asset`, `GET|DELETE /api/asset/{id}`, `GET /api/tenant/assets`
 //! - `/api/echo[/*]` and `/api/noauth/echo`: describe the forwarded request
 //! - `GET /api/slow?ms=N`, `GET /healthz`, `GET /v3/api-docs` (OpenAPI 3.1)
+//! - `/api/ws[/*]`: a WebSocket that answers each text message with what it
+//!   received and the request it was opened with (path, query, headers: the
+//!   identity it was given), and echoes binary ones
 //!
 //! It serves HTTP/1.1 and cleartext HTTP/2 (h2c). It is for trying keygate and
 //! for tests, not for production data: everything lives in memory.
@@ -66,7 +69,7 @@ fn spawn_connection(stream: TcpStream, store: Arc<Store>) {
     tokio::spawn(async move {
         let service = service_fn(move |req| handle(req, Arc::clone(&store)));
         let builder = auto::Builder::new(TokioExecutor::new());
-        let connection = builder.serve_connection(TokioIo::new(stream), service);
+        let connection = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
         if let Err(err) = connection.await {
             let _ = writeln!(std::io::stderr(), "connection error: {err}");
         }
@@ -102,6 +105,9 @@ async fn route(req: Request<Incoming>, store: &Store) -> ApiResult {
     let identity = Identity::from_request(&req)?;
     if is_under(&path, "/api/echo") {
         return echo(req).await;
+    }
+    if is_under(&path, "/api/ws") {
+        return websocket(req);
     }
     let query = parse_query(req.uri().query());
     if method == Method::GET && path == "/api/slow" {
@@ -372,6 +378,87 @@ fn list(store: &Store, identity: &Identity, kind: Kind, query: &Query) -> ApiRes
 // ---------------------------------------------------------------------------
 // Diagnostic handlers
 
+/// Answers a WebSocket upgrade; the socket runs on its own task.
+fn websocket(mut req: Request<Incoming>) -> ApiResult {
+    use http::header::{CONNECTION, SEC_WEBSOCKET_ACCEPT, SEC_WEBSOCKET_KEY, UPGRADE};
+    let key = req
+        .headers()
+        .get(SEC_WEBSOCKET_KEY)
+        .ok_or_else(|| ApiError::bad_request("Expected a WebSocket upgrade".into()))?;
+    let accept = tokio_tungstenite::tungstenite::handshake::derive_accept_key(key.as_bytes());
+    let opened = json!({
+        "path": req.uri().path(),
+        "query": req.uri().query(),
+        "headers": headers_json(req.headers()),
+    });
+    let on_upgrade = hyper::upgrade::on(&mut req);
+    tokio::spawn(async move {
+        if let Ok(upgraded) = on_upgrade.await {
+            let socket = tokio_tungstenite::WebSocketStream::from_raw_socket(
+                TokioIo::new(upgraded),
+                tokio_tungstenite::tungstenite::protocol::Role::Server,
+                None,
+            )
+            .await;
+            answer_socket(socket, opened).await;
+        }
+    });
+    let mut response = response(StatusCode::SWITCHING_PROTOCOLS, "text/plain", Bytes::new());
+    let headers = response.headers_mut();
+    headers.remove(CONTENT_TYPE);
+    headers.insert(UPGRADE, HeaderValue::from_static("websocket"));
+    headers.insert(CONNECTION, HeaderValue::from_static("Upgrade"));
+    if let Ok(accept) = HeaderValue::from_str(&accept) {
+        headers.insert(SEC_WEBSOCKET_ACCEPT, accept);
+    }
+    Ok(response)
+}
+
+/// Answers each text message with `opened` and what it received (JSON when
+/// it parses); echoes binary messages; pings are answered by the protocol.
+async fn answer_socket<S>(mut socket: tokio_tungstenite::WebSocketStream<S>, opened: Value)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    use futures_util::{SinkExt as _, StreamExt as _};
+    use tokio_tungstenite::tungstenite::Message;
+    while let Some(Ok(message)) = socket.next().await {
+        let reply = match message {
+            Message::Text(text) => {
+                let received = serde_json::from_str::<Value>(&text)
+                    .unwrap_or_else(|_| Value::String(text.as_str().to_owned()));
+                let mut reply = opened.clone();
+                reply["received"] = received;
+                Message::text(reply.to_string())
+            }
+            Message::Binary(bytes) => Message::Binary(bytes),
+            Message::Close(_) => break,
+            _ => continue,
+        };
+        if socket.send(reply).await.is_err() {
+            break;
+        }
+    }
+}
+
+/// Every header, a repeated one as an array of its values.
+fn headers_json(headers: &http::HeaderMap) -> Map<String, Value> {
+    let mut described = Map::new();
+    for name in headers.keys() {
+        let values: Vec<Value> = headers
+            .get_all(name)
+            .iter()
+            .map(|v| Value::String(String::from_utf8_lossy(v.as_bytes()).into_owned()))
+            .collect();
+        let value = match <[Value; 1]>::try_from(values) {
+            Ok([single]) => single,
+            Err(many) => Value::Array(many),
+        };
+        described.insert(name.as_str().to_owned(), value);
+    }
+    described
+}
+
 async fn echo(req: Request<Incoming>) -> ApiResult {
     let (parts, mut body) = req.into_parts();
     let mut body_length: u64 = 0;
@@ -382,20 +469,7 @@ async fn echo(req: Request<Incoming>) -> ApiResult {
             body_length += data.len() as u64;
         }
     }
-    let mut headers = Map::new();
-    for name in parts.headers.keys() {
-        let values: Vec<Value> = parts
-            .headers
-            .get_all(name)
-            .iter()
-            .map(|v| Value::String(String::from_utf8_lossy(v.as_bytes()).into_owned()))
-            .collect();
-        let value = match <[Value; 1]>::try_from(values) {
-            Ok([single]) => single,
-            Err(many) => Value::Array(many),
-        };
-        headers.insert(name.as_str().to_owned(), value);
-    }
+    let headers = headers_json(&parts.headers);
     let body = json!({
         "method": parts.method.as_str(),
         "path": parts.uri.path(),

@@ -19,7 +19,9 @@ use crate::auth::cache::Caches;
 use crate::store::{REVOCATION_CHANNEL, Revocation};
 use crate::telemetry::Metrics;
 
-/// Drops what a revocation affects from this replica's caches.
+/// Drops what a revocation affects from this replica's caches, then wakes
+/// the open sockets holding an affected credential: they verify again (so
+/// against the store's new state) and close if it died.
 pub async fn apply(caches: &Caches, revocation: Revocation) {
     match revocation {
         Revocation::Key(id) => caches.invalidate_key_id(id),
@@ -29,6 +31,7 @@ pub async fn apply(caches: &Caches, revocation: Revocation) {
         }
         Revocation::Session(id) => caches.invalidate_session(id).await,
     }
+    caches.live.revoked(&revocation);
 }
 
 /// Listens until shutdown, reconnecting with backoff.

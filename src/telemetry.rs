@@ -619,6 +619,16 @@ impl Metrics {
         }
     }
 
+    /// Registers a counter family whose series a stage owns (and bounds).
+    pub fn register_counter(&self, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+        Registrar(&self.registry).counter(name, help, labels)
+    }
+
+    /// Registers a gauge family whose series a stage owns (and bounds).
+    pub fn register_gauge(&self, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
+        Registrar(&self.registry).gauge(name, help, labels)
+    }
+
     /// The registry in Prometheus text format.
     pub fn render(&self) -> String {
         let mut out = Vec::new();

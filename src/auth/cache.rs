@@ -106,6 +106,8 @@ pub struct CacheCounters {
 }
 
 pub struct Caches {
+    /// Credentials held open by WebSockets, woken by every revocation.
+    pub live: Arc<super::live::LiveCredentials>,
     pub keys: Cache<KeyDigest, Lookup<KeyState>>,
     pub users: Cache<Uuid, Lookup<UserState>>,
     pub sessions: Cache<Uuid, Lookup<SessionState>>,
@@ -123,6 +125,7 @@ impl Caches {
             tokens: metrics.init_cache("tokens"),
         };
         Caches {
+            live: Arc::default(),
             keys: Cache::builder()
                 .name("api_keys")
                 .max_capacity(settings.capacity)
@@ -186,12 +189,14 @@ impl Caches {
         });
     }
 
-    /// Forget everything (e.g. after a lost notification channel).
+    /// Forget everything (e.g. after a lost notification channel); every
+    /// open socket checks its credential again.
     pub fn invalidate_all(&self) {
         self.keys.invalidate_all();
         self.users.invalidate_all();
         self.sessions.invalidate_all();
         self.tokens.invalidate_all();
+        self.live.wake_all();
     }
 
     /// (name, entry count) of each cache, for metrics.

@@ -5,6 +5,7 @@ pub mod cache;
 pub mod credential;
 pub mod jwt;
 pub mod limiter;
+pub mod live;
 pub mod outcomes;
 pub mod password;
 
@@ -172,6 +173,22 @@ impl Authenticator {
         match credential {
             Credential::ApiKey(value) => self.verify_api_key(value).await,
             Credential::Bearer(token) => self.verify_token(token).await,
+        }
+    }
+
+    /// When a credential stops being valid on its own (epoch ms): a token's
+    /// `exp`, a key's expiration time. `None` for a key that never expires,
+    /// or a credential that does not verify.
+    pub async fn expiry(&self, credential: &Credential) -> Option<i64> {
+        match credential {
+            Credential::Bearer(token) => {
+                let verified = self.verified_token(token.expose()).await.ok()?;
+                Some(verified.claims.exp.saturating_mul(1000))
+            }
+            Credential::ApiKey(value) => {
+                let key = self.key_state(KeyDigest::of(value.expose())).await.ok()??;
+                (key.expiration_time != 0).then_some(key.expiration_time)
+            }
         }
     }
 

@@ -4,11 +4,11 @@
 use toml::Value;
 
 /// `KEYGATE_` variables that are not config keys.
-const NON_CONFIG_ENV: &[&str] = &[
-    "KEYGATE_CONFIG",
-    "KEYGATE_BOOTSTRAP_PASSWORD",
-    "KEYGATE_TEST_DATABASE_URL",
-];
+const NON_CONFIG_ENV: &[&str] = &["KEYGATE_CONFIG", "KEYGATE_BOOTSTRAP_PASSWORD"];
+
+/// Variables of the test suites (`KEYGATE_TEST_DATABASE_URL` and the like):
+/// there is no `[test]` section, so they are never config keys.
+const TEST_ENV_PREFIX: &str = "KEYGATE_TEST_";
 
 /// The platform's setting names, mapped onto `[jwt]`.
 const PLATFORM_ENV: &[(&str, &str)] = &[
@@ -99,7 +99,7 @@ fn overrides<'a>(
         let Some(rest) = name.strip_prefix("KEYGATE_") else {
             continue;
         };
-        if NON_CONFIG_ENV.contains(&name.as_str()) {
+        if NON_CONFIG_ENV.contains(&name.as_str()) || name.starts_with(TEST_ENV_PREFIX) {
             continue;
         }
         let lower = rest.to_ascii_lowercase();

@@ -22,6 +22,7 @@ pub struct FileConfig {
     pub login: LoginSection,
     pub api_browser: ApiBrowserSection,
     pub log: LogSection,
+    pub websocket: WebSocketSection,
     #[serde(rename = "route")]
     pub routes: Vec<RouteSection>,
 }
@@ -173,6 +174,33 @@ pub struct LogSection {
     pub access_log: bool,
 }
 
+/// The platform's WebSocket routes and their limits.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WebSocketSection {
+    pub routes: Vec<String>,
+    pub auth_timeout: String,
+    pub max_message_bytes: i64,
+    pub max_per_user: i64,
+    pub max_per_tenant: i64,
+    pub ping_interval: String,
+    pub idle_timeout: String,
+}
+
+impl Default for WebSocketSection {
+    fn default() -> Self {
+        WebSocketSection {
+            routes: vec!["/api/ws".into(), "/api/ws/plugins/".into()],
+            auth_timeout: "10s".into(),
+            max_message_bytes: 32 * 1024,
+            max_per_user: 0,
+            max_per_tenant: 0,
+            ping_interval: "30s".into(),
+            idle_timeout: "30s".into(),
+        }
+    }
+}
+
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RouteSection {
@@ -200,6 +228,7 @@ impl Default for FileConfig {
             login: LoginSection::default(),
             api_browser: ApiBrowserSection::default(),
             log: LogSection::default(),
+            websocket: WebSocketSection::default(),
             routes: vec![
                 RouteSection {
                     name: "api".into(),

@@ -95,6 +95,7 @@ pub struct Settings {
     pub password_policy: PasswordPolicy,
     pub api_browser: ApiBrowserSettings,
     pub log: LogSettings,
+    pub websocket: WebSocketSettings,
     /// The routes as loaded. A started server moves them into its route
     /// table ([`crate::proxy::Routes`]), the one copy that reload swaps and
     /// everything reads; its settings then hold none.
@@ -240,6 +241,26 @@ pub struct Limits {
     pub http2_keep_alive_timeout: Duration,
     /// Streams one HTTP/2 connection may have open at once.
     pub http2_max_concurrent_streams: u32,
+}
+
+/// The platform's WebSocket routes ([`crate::websocket`]) and their limits.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WebSocketSettings {
+    /// Paths where keygate answers the upgrade and authenticates the socket
+    /// the platform's way; one ending in `/` is a prefix, any other exact.
+    pub routes: Vec<String>,
+    /// Time a client has to authenticate (its first frame's `authCmd`).
+    pub auth_timeout: Duration,
+    /// Longest message (and frame) a client may send.
+    pub max_message_bytes: usize,
+    /// Open sockets one user may hold; `None`: no limit.
+    pub max_per_user: Option<usize>,
+    /// Open sockets one tenant's users may hold; `None`: no limit.
+    pub max_per_tenant: Option<usize>,
+    /// A client silent this long is pinged.
+    pub ping_interval: Duration,
+    /// A pinged client silent this long after the ping is closed.
+    pub idle_timeout: Duration,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

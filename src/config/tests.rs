@@ -468,3 +468,39 @@ mod properties {
         }
     }
 }
+
+#[test]
+fn websocket_settings_have_the_platforms_defaults_and_are_checked() {
+    let settings = load_text("", &[]).unwrap().websocket;
+    assert_eq!(settings.routes, ["/api/ws", "/api/ws/plugins/"]);
+    assert_eq!(settings.auth_timeout, Duration::from_secs(10));
+    assert_eq!(settings.max_message_bytes, 32 * 1024);
+    assert_eq!(
+        (settings.max_per_user, settings.max_per_tenant),
+        (None, None)
+    );
+    let settings = load_text(
+        "[websocket]\nmax_per_user = 5\n",
+        &[("KEYGATE_WEBSOCKET_ROUTES", "/ws,/live/")],
+    )
+    .unwrap()
+    .websocket;
+    assert_eq!(settings.routes, ["/ws", "/live/"]);
+    assert_eq!(settings.max_per_user, Some(5));
+    let errors = load_text(
+        "[websocket]\nroutes = [\"api/ws\", \"/api/../ws\"]\nauth_timeout = \"0s\"\n\
+         max_message_bytes = 0\nmax_per_tenant = -1\n",
+        &[],
+    )
+    .unwrap_err();
+    let text = errors.0.join("\n");
+    for needle in [
+        "websocket.routes: \"api/ws\" is not a normalised absolute path",
+        "websocket.routes: \"/api/../ws\" is not a normalised absolute path",
+        "websocket.auth_timeout: must be greater than zero",
+        "websocket.max_message_bytes: must be a positive integer",
+        "websocket.max_per_tenant: must not be negative",
+    ] {
+        assert!(text.contains(needle), "missing {needle:?} in:\n{text}");
+    }
+}

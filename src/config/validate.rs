@@ -12,7 +12,7 @@ use ipnet::IpNet;
 use super::file::{
     ApiBrowserSection, ApiKeySection, CacheSection, FileConfig, JwtSection, LimitsSection,
     ListenSection, LogSection, LoginSection, ProxySection, RetentionSection, RouteSection,
-    ServerSection, StoreSection, TlsSection,
+    ServerSection, StoreSection, TlsSection, WebSocketSection,
 };
 use super::url::{PUBLIC_BASE_URL, UpstreamUrl, check_url, openapi_url};
 use super::*;
@@ -34,6 +34,7 @@ pub(super) fn validate(file: &FileConfig, errors: &mut Vec<String>) -> Settings 
     let retention = file.retention.validate(errors);
     let api_keys = file.api_keys.validate(errors);
     let log = file.log.validate(errors);
+    let websocket = file.websocket.validate(errors);
     let routes = validate_routes(&file.routes, proxy.request_timeout, errors);
     let server = file.server.validate(errors);
     Settings {
@@ -55,6 +56,7 @@ pub(super) fn validate(file: &FileConfig, errors: &mut Vec<String>) -> Settings 
         password_policy,
         api_browser,
         log,
+        websocket,
         routes,
     }
 }
@@ -541,6 +543,56 @@ impl LogSection {
 
 /// Every `[[route]]`; routes without a `request_timeout` take
 /// `proxy.request_timeout`.
+/// Largest `websocket.max_message_bytes`: 64 MiB.
+const MAX_WEBSOCKET_MESSAGE: i64 = 64 * 1024 * 1024;
+
+impl WebSocketSection {
+    fn validate(&self, errors: &mut Vec<String>) -> WebSocketSettings {
+        for route in &self.routes {
+            let normal = crate::proxy::path::normalize(route).is_ok_and(|p| p == route.as_str());
+            if !route.starts_with('/') || !normal {
+                errors.push(format!(
+                    "websocket.routes: {route:?} is not a normalised absolute path like /api/ws"
+                ));
+            }
+        }
+        let max_message_bytes = positive_usize(
+            "websocket.max_message_bytes",
+            self.max_message_bytes,
+            errors,
+        );
+        if self.max_message_bytes > MAX_WEBSOCKET_MESSAGE {
+            errors.push(format!(
+                "websocket.max_message_bytes: at most {MAX_WEBSOCKET_MESSAGE}, got {}",
+                self.max_message_bytes
+            ));
+        }
+        WebSocketSettings {
+            routes: self.routes.clone(),
+            auth_timeout: nonzero_duration("websocket.auth_timeout", &self.auth_timeout, errors),
+            max_message_bytes,
+            max_per_user: limit("websocket.max_per_user", self.max_per_user, errors),
+            max_per_tenant: limit("websocket.max_per_tenant", self.max_per_tenant, errors),
+            ping_interval: nonzero_duration("websocket.ping_interval", &self.ping_interval, errors),
+            idle_timeout: nonzero_duration("websocket.idle_timeout", &self.idle_timeout, errors),
+        }
+    }
+}
+
+/// A count limit where 0 means none.
+fn limit(name: &str, n: i64, errors: &mut Vec<String>) -> Option<usize> {
+    match n {
+        0 => None,
+        n if n > 0 => Some(usize::try_from(n).unwrap_or(usize::MAX)),
+        n => {
+            errors.push(format!(
+                "{name}: must not be negative (0: no limit), got {n}"
+            ));
+            None
+        }
+    }
+}
+
 fn validate_routes(
     routes: &[RouteSection],
     default_timeout: Duration,

@@ -28,7 +28,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::sync::{Notify, watch};
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::Handler;
@@ -333,7 +333,7 @@ pub async fn serve<I, H>(
     handler: Arc<H>,
     conn: Arc<Connection>,
     deadlines: Deadlines,
-    mut drain: watch::Receiver<bool>,
+    hold: super::Hold,
 ) -> Option<Reason>
 where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
@@ -342,7 +342,12 @@ where
     let opened = Instant::now();
     let activity = Arc::new(Activity::new());
     let requests = activity.clone();
+    let mut drain = hold.draining();
     let service = service_fn(move |mut req: Request<Incoming>| {
+        // Only a request that may be upgraded keeps the connection's places.
+        if req.headers().contains_key(header::UPGRADE) {
+            req.extensions_mut().insert(hold.clone());
+        }
         let in_flight = requests.start(req.version());
         if requests.ambiguous_framing.load(Ordering::Relaxed)
             && req.headers().contains_key(header::TRANSFER_ENCODING)
@@ -356,12 +361,12 @@ where
         activity: activity.clone(),
         framing: Some(FramingScanner::default()),
     };
-    let mut conn = pin!(builder.serve_connection(TokioIo::new(io), service));
+    let mut conn = pin!(builder.serve_connection_with_upgrades(TokioIo::new(io), service));
 
     // Once a graceful close has started: its hard deadline and why it started.
     let mut closing: Option<(Instant, Option<Reason>)> = None;
     let mut shut_down = false;
-    let mut shut = |conn: Pin<&mut auto::Connection<'_, _, _, _>>| {
+    let mut shut = |conn: Pin<&mut auto::UpgradeableConnection<'_, _, _, _>>| {
         if !std::mem::replace(&mut shut_down, true) {
             conn.graceful_shutdown();
         }

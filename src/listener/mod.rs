@@ -162,14 +162,21 @@ async fn accept_loop<H: Handler>(listener: Listener<H>, shared: Arc<Shared>) {
             name,
             &shared.trusted_proxies,
         ));
-        let held = (permit, slot, draining.clone());
+        shared.metrics.connection_opened(name);
+        let hold = Hold(Arc::new(Held {
+            _permit: permit,
+            _slot: slot,
+            draining: draining.clone(),
+            metrics: shared.metrics.clone(),
+            listener: name,
+        }));
         tokio::spawn(run_connection(
             stream,
             tls.clone(),
             handler.clone(),
             conn,
             shared.clone(),
-            held,
+            hold,
         ));
     }
     drop(tcp);
@@ -187,8 +194,34 @@ async fn accept_loop<H: Handler>(listener: Listener<H>, shared: Arc<Shared>) {
 }
 
 /// What an accepted connection holds until it closes: its place in the
-/// listener's budget, its place under the per-address cap, and the drain signal.
-type Held = (OwnedSemaphorePermit, Slot, watch::Receiver<bool>);
+/// listener's budget, its place under the per-address cap, the drain signal,
+/// and its count among the open connections. A request that may be upgraded
+/// carries a clone (a request extension), so that a connection upgraded to a
+/// WebSocket keeps its places, stays counted, and is waited for by the
+/// drain, until the socket closes.
+#[derive(Clone)]
+pub struct Hold(Arc<Held>);
+
+struct Held {
+    _permit: OwnedSemaphorePermit,
+    _slot: Slot,
+    draining: watch::Receiver<bool>,
+    metrics: Arc<Metrics>,
+    listener: &'static str,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.metrics.connection_closed(self.listener);
+    }
+}
+
+impl Hold {
+    /// Turns true when the listener drains (shutdown).
+    pub fn draining(&self) -> watch::Receiver<bool> {
+        self.0.draining.clone()
+    }
+}
 
 /// Serves one accepted connection and counts how it ended.
 async fn run_connection<H: Handler>(
@@ -197,16 +230,14 @@ async fn run_connection<H: Handler>(
     handler: Arc<H>,
     conn: Arc<Connection>,
     shared: Arc<Shared>,
-    (_permit, _slot, draining): Held,
+    hold: Hold,
 ) {
     let (name, peer) = (conn.listener, conn.peer);
-    shared.metrics.connection_opened(name);
-    let reason = connection(stream, tls, handler, conn, &shared, draining).await;
+    let reason = connection(stream, tls, handler, conn, &shared, hold).await;
     if let Some(reason) = reason {
         tracing::debug!(%peer, listener = name, reason = reason.label(), "connection closed");
         shared.metrics.connection_closed_by(name, reason.label());
     }
-    shared.metrics.connection_closed(name);
 }
 
 /// One accepted connection: the TLS handshake (bounded), then HTTP.
@@ -216,7 +247,7 @@ async fn connection<H: Handler>(
     handler: Arc<H>,
     conn: Arc<Connection>,
     shared: &Shared,
-    draining: watch::Receiver<bool>,
+    hold: Hold,
 ) -> Option<Reason> {
     let Some(acceptor) = tls else {
         return connection::serve(
@@ -225,7 +256,7 @@ async fn connection<H: Handler>(
             handler,
             conn,
             shared.deadlines,
-            draining,
+            hold,
         )
         .await;
     };
@@ -238,7 +269,7 @@ async fn connection<H: Handler>(
                 handler,
                 conn,
                 shared.deadlines,
-                draining,
+                hold,
             )
             .await
         }

@@ -163,6 +163,7 @@ impl Upstream {
 /// Forwards requests to upstreams over pooled keep-alive connections.
 pub struct Proxy {
     client: Client<HttpConnector, Body>,
+    connect_timeout: Duration,
     epoch: Instant,
     retry_after: Duration,
     limits: Limits,
@@ -234,10 +235,31 @@ impl Proxy {
             .build(connector);
         Proxy {
             client,
+            connect_timeout: settings.connect_timeout,
             epoch: Instant::now(),
             retry_after: settings.upstream_retry_after,
             limits: limits.clone(),
         }
+    }
+
+    /// How long opening a connection to an upstream may take.
+    pub fn connect_timeout(&self) -> Duration {
+        self.connect_timeout
+    }
+
+    /// Where a WebSocket on `route` goes: one of its upstreams (round-robin,
+    /// as for requests), as a `ws://` URI for `path` and `query`, with the
+    /// upstream's label.
+    pub fn websocket_upstream<'r>(
+        &self,
+        route: &'r Route,
+        path: &str,
+        query: Option<&str>,
+    ) -> Option<(Uri, &'r str)> {
+        let upstream = &route.upstreams[self.pick(route, &[])?];
+        let mut parts = upstream.uri(path, query).ok()?.into_parts();
+        parts.scheme = Some("ws".parse().ok()?);
+        Some((Uri::from_parts(parts).ok()?, upstream.label.as_str()))
     }
 
     fn error(&self, upstream: &Upstream, kind: UpstreamError) {

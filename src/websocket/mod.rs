@@ -1,0 +1,147 @@
+//! WebSockets through keygate: the platform's live subscriptions, and plain
+//! WebSocket proxying on other routes.
+//!
+//! On a configured WebSocket route ([`crate::config::WebSocketSettings`])
+//! keygate answers the upgrade itself, then authenticates the socket the
+//! platform's way: `?token=<JWT>` on the upgrade, an `X-Authorization` header
+//! on it, or the first text frame's `authCmd` ([`first_frame`]). Only then it
+//! opens the upstream socket, with the verified identity headers
+//! ([`crate::proxy::headers::to_upstream`]), and splices frames both ways
+//! ([`session`]). An upgrade on any other route is authenticated like any
+//! request, and spliced the same way.
+//!
+//! A socket holds its credential in [`crate::auth::live`]: a revocation wakes
+//! it, it verifies again, and closes with 1008 when the credential died. The
+//! same registry counts sockets per user and per tenant.
+
+pub mod first_frame;
+mod handshake;
+mod metrics;
+mod session;
+mod splice;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use http::{HeaderValue, Request, Response};
+use hyper::body::Incoming;
+
+use crate::auth::Authenticator;
+use crate::auth::credential::Credential;
+use crate::auth::outcomes::Outcomes;
+use crate::body::Body;
+use crate::config::{Settings, WebSocketSettings};
+use crate::conn::Client;
+use crate::error::ApiError;
+use crate::identity::Identity;
+use crate::proxy::{Proxy, Route};
+use crate::telemetry::Metrics;
+
+pub use handshake::is_upgrade;
+use metrics::SocketMetrics;
+use session::{Opening, Session};
+
+/// Everything a socket needs, shared by all of them.
+pub struct WebSockets {
+    settings: WebSocketSettings,
+    auth: Arc<Authenticator>,
+    metrics: SocketMetrics,
+    /// `keygate_auth_total`, counted by credential method as for requests.
+    outcomes: Outcomes,
+    /// Disable an API key that arrived over plain `ws://`.
+    disable_key_on_plaintext: bool,
+    allow_plaintext_credentials: bool,
+    access_log: bool,
+}
+
+/// How a socket on a WebSocket route is to be authenticated.
+pub enum Start {
+    /// The platform's ways: from the upgrade, else from the first frame.
+    Platform,
+    /// Already checked like any request (another route): its identity, if
+    /// the route asks for one, and the credential to re-check.
+    Checked(Option<(Identity, Credential)>),
+}
+
+/// What the request path hands over for one upgrade.
+pub struct Upgrade<'r> {
+    pub route: &'r Route,
+    /// The WebSocket route that matched, or the proxied route's name.
+    pub label: &'r str,
+    pub path: &'r str,
+    pub client: Client<'r>,
+    pub request_id: HeaderValue,
+    pub start: Start,
+}
+
+impl WebSockets {
+    pub fn new(settings: &Settings, auth: Arc<Authenticator>, metrics: &Metrics) -> WebSockets {
+        let websocket = settings.websocket.clone();
+        let labels: Vec<&str> = websocket.routes.iter().map(String::as_str).collect();
+        WebSockets {
+            metrics: SocketMetrics::new(metrics, &labels),
+            outcomes: Outcomes::new(metrics),
+            settings: websocket,
+            auth,
+            disable_key_on_plaintext: settings.disable_key_on_plaintext,
+            allow_plaintext_credentials: settings.listen.allow_plaintext_credentials,
+            access_log: settings.log.access_log,
+        }
+    }
+
+    /// The configured WebSocket route a normalised path falls under: an
+    /// entry ending in `/` is a prefix, any other an exact path.
+    pub fn route_of(&self, path: &str) -> Option<&str> {
+        self.settings
+            .routes
+            .iter()
+            .find(|route| match route.strip_suffix('/') {
+                Some(_) => path.starts_with(route.as_str()),
+                None => path == route.as_str(),
+            })
+            .map(String::as_str)
+    }
+
+    /// Answers the upgrade (101) and serves the socket on its own task.
+    pub fn accept(
+        self: &Arc<Self>,
+        proxy: &Proxy,
+        mut req: Request<Incoming>,
+        upgrade: Upgrade<'_>,
+    ) -> Result<Response<Body>, ApiError> {
+        let accept_key = handshake::accept_key(&req)?;
+        let on_upgrade = hyper::upgrade::on(&mut req);
+        let hold = req.extensions_mut().remove::<crate::listener::Hold>();
+        let (mut parts, _body) = req.into_parts();
+        let (query, opening) = match upgrade.start {
+            Start::Platform => {
+                let query = handshake::take_token(&mut parts.uri);
+                let credential =
+                    handshake::upgrade_credential(query.token.as_deref(), &parts.headers);
+                (query.rest, Opening::Platform(credential))
+            }
+            Start::Checked(checked) => (
+                parts.uri.query().map(str::to_owned),
+                Opening::Checked(checked),
+            ),
+        };
+        let (uri, upstream) = proxy
+            .websocket_upstream(upgrade.route, upgrade.path, query.as_deref())
+            .ok_or_else(ApiError::unavailable)?;
+        let session = Session {
+            sockets: self.clone(),
+            conn: upgrade.client.conn.clone(),
+            secure: upgrade.client.secure,
+            parts,
+            upstream_uri: uri,
+            upstream: upstream.to_owned(),
+            connect_timeout: proxy.connect_timeout(),
+            request_id: upgrade.request_id,
+            label: upgrade.label.to_owned(),
+            started: Instant::now(),
+            hold,
+        };
+        tokio::spawn(session.run(on_upgrade, opening));
+        Ok(handshake::switching_protocols(&accept_key))
+    }
+}

@@ -1,0 +1,532 @@
+//! One socket from upgrade to close: authenticate, hold the credential,
+//! open the upstream socket, splice ([`super::splice`]), close, log.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_util::{SinkExt as _, StreamExt as _};
+use http::HeaderValue;
+use hyper::upgrade::{OnUpgrade, Upgraded};
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpStream;
+use tokio_tungstenite::WebSocketStream;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest as _;
+use tokio_tungstenite::tungstenite::protocol::{CloseFrame, Role, WebSocketConfig};
+use tokio_tungstenite::tungstenite::{Error as WsError, Message};
+
+use super::WebSockets;
+use super::first_frame::{self, FrameError};
+use super::handshake::Form;
+use super::metrics::{ACCEPTED, DEADLINE, NO_AUTH_CMD};
+use super::splice::{self, Traffic};
+use crate::auth::AuthFailure;
+use crate::auth::credential::Credential;
+use crate::auth::live::{Held, HoldLimits, OverLimit};
+use crate::auth::outcomes::{API_KEY, JWT, NO_CREDENTIAL};
+use crate::conn::{Client, Connection};
+use crate::error::ApiError;
+use crate::identity::Identity;
+use crate::proxy::headers;
+
+pub type ClientSocket = WebSocketStream<TokioIo<Upgraded>>;
+pub type UpstreamSocket = WebSocketStream<TcpStream>;
+
+/// How the socket is to be authenticated, as the upgrade decided.
+pub enum Opening {
+    /// The platform's ways: the upgrade's own credential if it carried one
+    /// (and how), else the first frame's `authCmd`.
+    Platform(Option<(Form, Result<Credential, AuthFailure>)>),
+    /// Checked like any request already (not a platform WebSocket route).
+    Checked(Option<(Identity, Credential)>),
+}
+
+/// One upgraded request, with what its task needs.
+pub struct Session {
+    pub sockets: Arc<WebSockets>,
+    pub conn: Connection,
+    pub secure: bool,
+    /// The upgrade's head, without the `token` parameter.
+    pub parts: http::request::Parts,
+    pub upstream_uri: http::Uri,
+    pub upstream: String,
+    pub connect_timeout: Duration,
+    pub request_id: HeaderValue,
+    pub label: String,
+    pub started: Instant,
+    /// The accepted connection's place in the listener's budget, held until
+    /// the socket closes; it also signals the drain on shutdown.
+    pub hold: Option<crate::listener::Hold>,
+}
+
+/// An authenticated socket, ready for its upstream.
+struct Authenticated {
+    identity: Option<Identity>,
+    credential: Option<Credential>,
+    /// What the first frame holds beyond `authCmd`, to forward.
+    first: Option<String>,
+}
+
+/// How a socket ended: closed by one side (its frame passed on to the
+/// other), or closed by keygate with a code and a reason.
+#[derive(Debug)]
+pub enum Ending {
+    ClientClosed(Option<CloseFrame>),
+    UpstreamClosed(Option<CloseFrame>),
+    /// The client's connection broke without a close frame.
+    ClientGone,
+    MissingAuthCmd,
+    AuthDeadline,
+    BadCredential(AuthFailure),
+    /// An expired JWT in `?token=`: the platform closes 1011.
+    QueryTokenExpired,
+    PlaintextRefused(&'static str),
+    UserLimit,
+    TenantLimit,
+    /// Verified again (after a revocation or at its expiry) and refused.
+    Revoked(AuthFailure),
+    MessageTooBig,
+    Idle,
+    Shutdown,
+    UpstreamUnavailable,
+}
+
+impl Ending {
+    /// Every label, for creating the series up front.
+    pub const LABELS: [&'static str; 16] = [
+        "client_closed",
+        "upstream_closed",
+        "client_gone",
+        "missing_auth_cmd",
+        "auth_deadline",
+        "bad_credential",
+        "token_expired",
+        "plaintext_refused",
+        "user_limit",
+        "tenant_limit",
+        "revoked",
+        "expired",
+        "message_too_big",
+        "idle",
+        "shutdown",
+        "upstream_unavailable",
+    ];
+
+    pub fn label(&self) -> &'static str {
+        match self {
+            Ending::ClientClosed(_) => "client_closed",
+            Ending::UpstreamClosed(_) => "upstream_closed",
+            Ending::ClientGone => "client_gone",
+            Ending::MissingAuthCmd => "missing_auth_cmd",
+            Ending::AuthDeadline => "auth_deadline",
+            Ending::BadCredential(_) => "bad_credential",
+            Ending::QueryTokenExpired => "token_expired",
+            Ending::PlaintextRefused(_) => "plaintext_refused",
+            Ending::UserLimit => "user_limit",
+            Ending::TenantLimit => "tenant_limit",
+            Ending::Revoked(AuthFailure::TokenExpired | AuthFailure::Expired) => "expired",
+            Ending::Revoked(_) => "revoked",
+            Ending::MessageTooBig => "message_too_big",
+            Ending::Idle => "idle",
+            Ending::Shutdown => "shutdown",
+            Ending::UpstreamUnavailable => "upstream_unavailable",
+        }
+    }
+
+    /// The close frame keygate sends the client.
+    pub fn client_frame(&self) -> Option<CloseFrame> {
+        let (code, reason): (u16, &str) = match self {
+            Ending::ClientClosed(_) | Ending::ClientGone => return None,
+            Ending::UpstreamClosed(frame) => return frame.clone(),
+            Ending::MissingAuthCmd => (1008, "Auth cmd is missing"),
+            Ending::AuthDeadline => (1008, "Auth cmd was not received in time"),
+            Ending::BadCredential(AuthFailure::StoreUnavailable)
+            | Ending::Revoked(AuthFailure::StoreUnavailable) => {
+                (1011, message(AuthFailure::StoreUnavailable))
+            }
+            Ending::BadCredential(failure) => (1007, message(*failure)),
+            Ending::QueryTokenExpired => (1011, message(AuthFailure::TokenExpired)),
+            Ending::PlaintextRefused(reason) => (1008, *reason),
+            Ending::UserLimit => (1008, "Max regular user sessions limit reached!"),
+            Ending::TenantLimit => (1008, "Max tenant sessions limit reached!"),
+            Ending::Revoked(failure) => (1008, message(*failure)),
+            Ending::MessageTooBig => (1009, "Message is too big"),
+            Ending::Idle => (1001, "Idle timeout"),
+            Ending::Shutdown => (1001, "Server is shutting down"),
+            Ending::UpstreamUnavailable => (1011, "Upstream is unavailable"),
+        };
+        Some(CloseFrame {
+            code: code.into(),
+            reason: reason.into(),
+        })
+    }
+
+    /// The close frame keygate sends the upstream: the client's own, or
+    /// "going away" when keygate ends the socket.
+    fn upstream_frame(&self) -> Option<CloseFrame> {
+        match self {
+            Ending::ClientClosed(frame) => frame.clone(),
+            _ => Some(CloseFrame {
+                code: 1001.into(),
+                reason: "Client socket closed".into(),
+            }),
+        }
+    }
+}
+
+/// The contract's message for a failure: the close reason the platform gives.
+fn message(failure: AuthFailure) -> &'static str {
+    match failure.to_api_error().message {
+        std::borrow::Cow::Borrowed(text) => text,
+        std::borrow::Cow::Owned(_) => "Authentication failed",
+    }
+}
+
+impl Session {
+    pub async fn run(self, on_upgrade: OnUpgrade, opening: Opening) {
+        let Ok(upgraded) = on_upgrade.await else {
+            return;
+        };
+        let sockets = self.sockets.clone();
+        let open = sockets.metrics.opened(&self.label);
+        let config = WebSocketConfig::default()
+            .max_message_size(Some(sockets.settings.max_message_bytes))
+            .max_frame_size(Some(sockets.settings.max_message_bytes));
+        let mut client =
+            WebSocketStream::from_raw_socket(TokioIo::new(upgraded), Role::Server, Some(config))
+                .await;
+        let mut traffic = Traffic::default();
+        let mut identity = None;
+        let ending = self
+            .serve(&mut client, opening, &mut traffic, &mut identity)
+            .await;
+        sockets.metrics.closed(&ending);
+        drop(open);
+        self.log(&ending, &traffic, identity.as_ref());
+        close(&mut client, ending.client_frame()).await;
+    }
+
+    /// Everything between the upgrade and the close.
+    async fn serve(
+        &self,
+        client: &mut ClientSocket,
+        opening: Opening,
+        traffic: &mut Traffic,
+        identity: &mut Option<Identity>,
+    ) -> Ending {
+        let (mut upstream, held, credential) = match self.open(client, opening, identity).await {
+            Ok(opened) => opened,
+            Err(ending) => return ending,
+        };
+        let recheck = match (&held, credential) {
+            (Some(held), Some(credential)) => Some(splice::Recheck {
+                held,
+                credential,
+                auth: &self.sockets.auth,
+            }),
+            _ => None,
+        };
+        let drain = self.drain();
+        let settings = &self.sockets.settings;
+        let ending = splice::run(client, &mut upstream, recheck, drain, settings, traffic).await;
+        if !matches!(ending, Ending::UpstreamClosed(_)) {
+            // The client's close does not wait for the upstream's answer.
+            let frame = ending.upstream_frame();
+            tokio::spawn(async move { close(&mut upstream, frame).await });
+        }
+        ending
+    }
+
+    /// Authenticates, holds the credential, opens the upstream socket and
+    /// forwards what the first frame left.
+    async fn open(
+        &self,
+        client: &mut ClientSocket,
+        opening: Opening,
+        identity: &mut Option<Identity>,
+    ) -> Result<(UpstreamSocket, Option<Held>, Option<Credential>), Ending> {
+        let authenticated = self.authenticate(client, opening).await?;
+        identity.clone_from(&authenticated.identity);
+        let held = self.hold(authenticated.identity.as_ref())?;
+        let mut upstream = self
+            .connect(authenticated.identity.as_ref())
+            .await
+            .ok_or(Ending::UpstreamUnavailable)?;
+        if let Some(first) = authenticated.first {
+            upstream
+                .send(Message::text(first))
+                .await
+                .map_err(|_| Ending::UpstreamUnavailable)?;
+        }
+        Ok((upstream, held, authenticated.credential))
+    }
+
+    /// The drain signal of the listener that accepted the connection.
+    fn drain(&self) -> tokio::sync::watch::Receiver<bool> {
+        match &self.hold {
+            Some(hold) => hold.draining(),
+            // Never signalled: the sender is dropped, and `changed` errors
+            // are read as "no drain".
+            None => tokio::sync::watch::channel(false).1,
+        }
+    }
+
+    /// The credential from the upgrade, else from the first frame; refused
+    /// in clear as over HTTP; verified through the same checks and caches.
+    async fn authenticate(
+        &self,
+        client: &mut ClientSocket,
+        opening: Opening,
+    ) -> Result<Authenticated, Ending> {
+        let (form, credential, first) = match opening {
+            Opening::Checked(checked) => {
+                let (identity, credential) = checked.unzip();
+                return Ok(Authenticated {
+                    identity,
+                    credential,
+                    first: None,
+                });
+            }
+            Opening::Platform(Some((form, parsed))) => {
+                let credential = parsed.map_err(|failure| self.refused(form, None, failure))?;
+                (form, credential, None)
+            }
+            Opening::Platform(None) => {
+                let frame = self.first_frame(client).await?;
+                (Form::AuthCmd, frame.credential, frame.rest)
+            }
+        };
+        self.refuse_in_clear(form, &credential).await?;
+        match self.sockets.auth.verify(&credential).await {
+            Ok(identity) => {
+                self.count(form, Some(&credential), Ok(()));
+                Ok(Authenticated {
+                    identity: Some(identity),
+                    credential: Some(credential),
+                    first,
+                })
+            }
+            Err(failure) => Err(self.refused(form, Some(&credential), failure)),
+        }
+    }
+
+    /// Counts an outcome by form, and by credential method (`none` when no
+    /// credential could be read) as requests count theirs.
+    fn count(&self, form: Form, credential: Option<&Credential>, outcome: Result<(), AuthFailure>) {
+        let label = match outcome {
+            Ok(()) => ACCEPTED,
+            Err(failure) => failure.label(),
+        };
+        self.sockets.metrics.auth(form, label);
+        self.sockets.outcomes.count(method_of(credential), outcome);
+    }
+
+    /// Counts a first frame that never brought a credential: by its form's
+    /// `result`, and as a missing credential.
+    fn unauthenticated(&self, result: &str) {
+        self.sockets.metrics.auth(Form::AuthCmd, result);
+        let missing = Err(AuthFailure::Missing);
+        self.sockets.outcomes.count(NO_CREDENTIAL, missing);
+    }
+
+    /// Counts a refused credential and says how the socket closes.
+    fn refused(&self, form: Form, credential: Option<&Credential>, failure: AuthFailure) -> Ending {
+        self.count(form, credential, Err(failure));
+        match (form, failure) {
+            (Form::QueryToken, AuthFailure::TokenExpired) => Ending::QueryTokenExpired,
+            _ => Ending::BadCredential(failure),
+        }
+    }
+
+    /// Waits (bounded, and not past a drain) for the first data frame and
+    /// reads its `authCmd`.
+    async fn first_frame(
+        &self,
+        client: &mut ClientSocket,
+    ) -> Result<first_frame::FirstFrame, Ending> {
+        let deadline = self.sockets.settings.auth_timeout;
+        let mut drain = self.drain();
+        let text = tokio::select! {
+            read = tokio::time::timeout(deadline, first_data(client)) => match read {
+                Err(_) => {
+                    self.unauthenticated(DEADLINE);
+                    return Err(Ending::AuthDeadline);
+                }
+                Ok(read) => read?,
+            },
+            () = splice::drained(&mut drain) => return Err(Ending::Shutdown),
+        };
+        match text.as_deref().map(first_frame::parse) {
+            Some(Ok(frame)) => Ok(frame),
+            Some(Err(FrameError::BadCredential)) => {
+                Err(self.refused(Form::AuthCmd, None, AuthFailure::Malformed))
+            }
+            Some(Err(FrameError::MissingAuthCmd)) | None => {
+                self.unauthenticated(NO_AUTH_CMD);
+                Err(Ending::MissingAuthCmd)
+            }
+        }
+    }
+
+    /// An API key over plain `ws://` is refused and, when configured,
+    /// disabled (it crossed the wire in clear); a token is refused unless the
+    /// peer may send secrets in clear: the rules of plain HTTP.
+    async fn refuse_in_clear(&self, form: Form, credential: &Credential) -> Result<(), Ending> {
+        if self.secure {
+            return Ok(());
+        }
+        let sockets = &self.sockets;
+        let client = Client {
+            conn: &self.conn,
+            secure: self.secure,
+        };
+        match credential {
+            Credential::ApiKey(key) => {
+                tracing::warn!(target: "keygate::security", peer = %self.conn.peer, "refused an API key sent over plain ws://");
+                if sockets.disable_key_on_plaintext
+                    && let Some(revocation) = sockets.auth.disable_exposed_key(key).await
+                {
+                    crate::revocation::apply(sockets.auth.caches(), revocation).await;
+                }
+            }
+            Credential::Bearer(_)
+                if !client.may_send_secrets(sockets.allow_plaintext_credentials) =>
+            {
+                tracing::warn!(target: "keygate::security", peer = %self.conn.peer, "refused a token sent over plain ws://");
+            }
+            Credential::Bearer(_) => return Ok(()),
+        }
+        self.count(form, Some(credential), Err(AuthFailure::PlaintextRefused));
+        let reason = match credential {
+            Credential::ApiKey(_) => ApiError::api_key_over_plain_http(),
+            Credential::Bearer(_) => ApiError::credentials_over_plain_http(),
+        };
+        Err(Ending::PlaintextRefused(match reason.message {
+            std::borrow::Cow::Borrowed(text) => text,
+            std::borrow::Cow::Owned(_) => "Credentials are accepted only over HTTPS",
+        }))
+    }
+
+    /// Holds the credential, within the per-user and per-tenant limits.
+    fn hold(&self, identity: Option<&Identity>) -> Result<Option<Held>, Ending> {
+        let Some(identity) = identity else {
+            return Ok(None);
+        };
+        let settings = &self.sockets.settings;
+        let limits = HoldLimits {
+            per_user: settings.max_per_user,
+            per_tenant: settings.max_per_tenant,
+        };
+        match self.sockets.auth.caches().live.hold(identity, limits) {
+            Ok(held) => Ok(Some(held)),
+            Err(OverLimit::User) => Err(Ending::UserLimit),
+            Err(OverLimit::Tenant) => Err(Ending::TenantLimit),
+        }
+    }
+
+    /// Opens the upstream socket, its upgrade carrying the verified identity
+    /// and none of the client's identity or credential headers.
+    async fn connect(&self, identity: Option<&Identity>) -> Option<UpstreamSocket> {
+        let request = self.upstream_request(identity)?;
+        let authority = self.upstream_uri.authority()?.as_str().to_owned();
+        let attempt = async {
+            let stream = TcpStream::connect(authority).await.ok()?;
+            let _ = stream.set_nodelay(true);
+            let (socket, _) = tokio_tungstenite::client_async(request, stream)
+                .await
+                .ok()?;
+            Some(socket)
+        };
+        match tokio::time::timeout(self.connect_timeout, attempt).await {
+            Ok(Some(socket)) => Some(socket),
+            _ => {
+                tracing::warn!(upstream = %self.upstream, "WebSocket upstream refused or unreachable");
+                None
+            }
+        }
+    }
+
+    /// The upstream upgrade: the client's head edited by
+    /// [`headers::to_upstream`], less what the WebSocket handshake sets itself.
+    fn upstream_request(&self, identity: Option<&Identity>) -> Option<http::Request<()>> {
+        let (mut parts, ()) = http::Request::new(()).into_parts();
+        parts.headers = self.parts.headers.clone();
+        parts.uri = self.upstream_uri.clone();
+        let client = Client {
+            conn: &self.conn,
+            secure: self.secure,
+        };
+        headers::to_upstream(&mut parts, &client, self.request_id.clone(), identity);
+        let mut request = self.upstream_uri.clone().into_client_request().ok()?;
+        for (name, value) in &parts.headers {
+            if !name.as_str().starts_with("sec-websocket-") {
+                request.headers_mut().append(name.clone(), value.clone());
+            }
+        }
+        Some(request)
+    }
+
+    /// The access line of the socket, at its close: never a token or a key.
+    fn log(&self, ending: &Ending, traffic: &Traffic, identity: Option<&Identity>) {
+        if !self.sockets.access_log {
+            return;
+        }
+        let code = ending.client_frame().map(|frame| u16::from(frame.code));
+        tracing::info!(
+            target: "keygate::access",
+            request_id = self.request_id.to_str().unwrap_or(""),
+            method = "GET",
+            path = %self.parts.uri.path(),
+            route = self.label.as_str(),
+            status = 101,
+            websocket = ending.label(),
+            close_code = code,
+            duration_ms = crate::app::duration_ms(self.started.elapsed()),
+            bytes_in = traffic.from_client,
+            bytes_out = traffic.to_client,
+            upstream = self.upstream.as_str(),
+            peer = %self.conn.peer,
+            auth = identity.map(|i| i.method.label()),
+            user_id = identity.map(|i| tracing::field::display(i.principal.user_id)),
+            key_id = identity
+                .and_then(|i| i.api_key_id())
+                .map(tracing::field::display),
+        );
+    }
+}
+
+/// The `keygate_auth_total` method of a credential; `none` when none was read.
+fn method_of(credential: Option<&Credential>) -> usize {
+    match credential {
+        Some(Credential::ApiKey(_)) => API_KEY,
+        Some(Credential::Bearer(_)) => JWT,
+        None => NO_CREDENTIAL,
+    }
+}
+
+/// The first text or binary message's text (`None` for binary); pings and
+/// pongs before it are skipped.
+async fn first_data(client: &mut ClientSocket) -> Result<Option<String>, Ending> {
+    loop {
+        match client.next().await {
+            Some(Ok(Message::Text(text))) => return Ok(Some(text.as_str().to_owned())),
+            Some(Ok(Message::Binary(_))) => return Ok(None),
+            Some(Ok(Message::Ping(_) | Message::Pong(_) | Message::Frame(_))) => {}
+            Some(Ok(Message::Close(frame))) => return Err(Ending::ClientClosed(frame)),
+            Some(Err(WsError::Capacity(_))) => return Err(Ending::MessageTooBig),
+            Some(Err(_)) | None => return Err(Ending::ClientGone),
+        }
+    }
+}
+
+/// Sends a close frame (or flushes the reply to the peer's), then reads
+/// briefly for the peer's answer so the connection ends cleanly.
+pub async fn close<S>(socket: &mut WebSocketStream<S>, frame: Option<CloseFrame>)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    let _ = socket.close(frame).await;
+    let _ = tokio::time::timeout(Duration::from_secs(1), async {
+        while let Some(Ok(_)) = socket.next().await {}
+    })
+    .await;
+}

@@ -1,0 +1,858 @@
+//! WebSockets end to end, with a real client, the real server and the
+//! reference entity service behind it: the platform's ways to authenticate
+//! (authCmd with a JWT or an API key, `?token=`), the `X-Authorization`
+//! upgrade, every close code, the deadline, limits, and sockets closed the
+//! moment their credential dies.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{Gateway, PASSWORD};
+use futures_util::{SinkExt, StreamExt};
+use keygate::identity::Authority;
+use keygate::store::{SessionRecord, UserRecord};
+use serde_json::{Value, json};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_tungstenite::WebSocketStream;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::{self, Message};
+use uuid::Uuid;
+
+/// A close that came from the revocation itself: far under `cache.ttl`
+/// (30 s), after which a cached credential state would have gone anyway.
+/// (The time each took is printed; alone it is a few milliseconds.)
+const AT_ONCE: Duration = Duration::from_secs(2);
+
+/// A bound for timings on a loaded machine (every test of this file runs
+/// its own server at once): the printed times show the real values.
+const LOADED: Duration = Duration::from_secs(15);
+
+trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
+
+type Socket = WebSocketStream<Box<dyn Io>>;
+
+/// The reference entity service on a free port; its URL.
+async fn reference() -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(keygate::reference::serve(listener, std::future::pending()));
+    format!("http://{addr}")
+}
+
+/// keygate in front of the reference entity service, with `extra` config.
+async fn setup(extra: &str) -> Gateway {
+    Gateway::start(&reference().await, extra).await
+}
+
+/// A TLS client that trusts the development CA.
+fn tls_connector(gw: &Gateway) -> tokio_rustls::TlsConnector {
+    use rustls_pki_types::pem::PemObject;
+    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls_pki_types::CertificateDer::pem_slice_iter(&gw.ca_pem) {
+        roots.add(cert.unwrap()).unwrap();
+    }
+    let config = rustls::ClientConfig::builder()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    tokio_rustls::TlsConnector::from(Arc::new(config))
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Scheme {
+    Wss,
+    Ws,
+}
+
+/// Opens a socket to `path` (with its query) over `scheme`, with `headers`
+/// on the upgrade.
+async fn try_open(
+    gw: &Gateway,
+    scheme: Scheme,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> Result<Socket, tungstenite::Error> {
+    let (port, name) = match scheme {
+        Scheme::Wss => (gw.running.https.unwrap().port(), "wss"),
+        Scheme::Ws => (gw.running.http.unwrap().port(), "ws"),
+    };
+    let mut request = format!("{name}://localhost:{port}{path}")
+        .into_client_request()
+        .unwrap();
+    for (header, value) in headers {
+        request.headers_mut().append(
+            http::HeaderName::from_bytes(header.as_bytes()).unwrap(),
+            value.parse().unwrap(),
+        );
+    }
+    let tcp = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    let io: Box<dyn Io> = match scheme {
+        Scheme::Ws => Box::new(tcp),
+        Scheme::Wss => {
+            let server_name = rustls_pki_types::ServerName::try_from("localhost").unwrap();
+            Box::new(tls_connector(gw).connect(server_name, tcp).await.unwrap())
+        }
+    };
+    let (socket, _) = tokio_tungstenite::client_async(request, io).await?;
+    Ok(socket)
+}
+
+/// A plain `ws://` socket to a loopback port.
+async fn open_plain(port: u16, path: &str) -> Socket {
+    let request = format!("ws://127.0.0.1:{port}{path}")
+        .into_client_request()
+        .unwrap();
+    let tcp = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    let io: Box<dyn Io> = Box::new(tcp);
+    tokio_tungstenite::client_async(request, io)
+        .await
+        .unwrap()
+        .0
+}
+
+async fn open(gw: &Gateway, path: &str) -> Socket {
+    try_open(gw, Scheme::Wss, path, &[]).await.unwrap()
+}
+
+fn auth_cmd_token(token: &str, cmds: Value) -> String {
+    json!({"authCmd": {"cmdId": 0, "token": token}, "cmds": cmds}).to_string()
+}
+
+fn auth_cmd_key(key: &str) -> String {
+    json!({"authCmd": {"cmdId": 0, "apiKey": key}}).to_string()
+}
+
+async fn send(socket: &mut Socket, text: &str) {
+    socket.send(Message::text(text.to_owned())).await.unwrap();
+}
+
+/// The next text message, as JSON (pings and pongs skipped).
+async fn next_json(socket: &mut Socket) -> Value {
+    let read = async {
+        loop {
+            match socket.next().await {
+                Some(Ok(Message::Text(text))) => return serde_json::from_str(&text).unwrap(),
+                Some(Ok(Message::Ping(_) | Message::Pong(_))) => {}
+                other => panic!("expected a text message, got {other:?}"),
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), read)
+        .await
+        .expect("a message within 10 s")
+}
+
+/// Reads until the close frame; its code and reason.
+async fn close_of(socket: &mut Socket) -> (u16, String) {
+    let read = async {
+        loop {
+            match socket.next().await {
+                Some(Ok(Message::Close(Some(frame)))) => {
+                    return (u16::from(frame.code), frame.reason.to_string());
+                }
+                Some(Ok(Message::Close(None))) => return (1005, String::new()),
+                Some(Ok(_)) => {}
+                other => panic!("expected a close frame, got {other:?}"),
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(15), read)
+        .await
+        .expect("a close frame within 15 s")
+}
+
+/// Sends `text` and returns what the reference service says it received.
+async fn round_trip(socket: &mut Socket, text: &str) -> Value {
+    send(socket, text).await;
+    next_json(socket).await
+}
+
+/// A user with a fresh stored session and its access token.
+async fn user_with_token(gw: &Gateway, email: &str) -> (UserRecord, Uuid, String) {
+    let user = gw.user(email, Authority::TenantAdmin).await;
+    let (session, token) = gw.access_token(&user).await;
+    (user, session, token)
+}
+
+/// A token of a new session of `user` that expires `in_secs` from now.
+async fn token_expiring_in(gw: &Gateway, user: &UserRecord, in_secs: i64) -> String {
+    let session = SessionRecord::open(user.id, keygate::clock::now_ms(), String::new());
+    gw.running.store.insert_session(&session).await.unwrap();
+    let ttl = gw.running.app.settings().jwt.access_ttl.as_secs() as i64;
+    let issued = keygate::clock::now_secs() - ttl + in_secs;
+    let keys = gw.running.app.authenticator().token_keys();
+    keys.sign_access(user, session.id, issued).unwrap().token
+}
+
+fn header<'v>(described: &'v Value, name: &str) -> Option<&'v str> {
+    described["headers"][name].as_str()
+}
+
+#[tokio::test]
+async fn auth_cmd_with_a_jwt_opens_the_upstream_with_the_verified_identity_and_runs_its_cmds() {
+    let gw = setup("").await;
+    let (user, session, token) = user_with_token(&gw, "ws-jwt@example.com").await;
+    let mut socket = open(&gw, "/api/ws").await;
+    let cmds = json!([{"cmdId": 1, "type": "ENTITY_DATA"}]);
+    let described = round_trip(&mut socket, &auth_cmd_token(&token, cmds.clone())).await;
+    assert_eq!(described["received"], json!({"cmds": cmds}), "{described}");
+    assert_eq!(described["path"], "/api/ws");
+    assert_eq!(
+        header(&described, "x-auth-user-id"),
+        Some(&*user.id.to_string())
+    );
+    assert_eq!(header(&described, "x-auth-method"), Some("jwt"));
+    assert_eq!(
+        header(&described, "x-auth-session-id"),
+        Some(&*session.to_string())
+    );
+    assert_eq!(header(&described, "x-forwarded-proto"), Some("https"));
+    assert!(!described.to_string().contains(&token));
+
+    let echoed = round_trip(&mut socket, r#"{"cmds":[{"cmdId":2}]}"#).await;
+    assert_eq!(echoed["received"], json!({"cmds": [{"cmdId": 2}]}));
+    socket.close(None).await.unwrap();
+}
+
+#[tokio::test]
+async fn auth_cmd_with_an_api_key_authenticates_the_socket() {
+    let gw = setup("").await;
+    let user = gw.user("ws-key@example.com", Authority::TenantAdmin).await;
+    let (key_id, key) = gw.api_key(&user, 0).await;
+    let mut socket = open(&gw, "/api/ws").await;
+    send(&mut socket, &auth_cmd_key(&key)).await;
+    // Nothing was left of the first frame: the first answer is for this one.
+    let described = round_trip(&mut socket, "hello").await;
+    assert_eq!(described["received"], "hello", "{described}");
+    assert_eq!(header(&described, "x-auth-method"), Some("api-key"));
+    assert_eq!(
+        header(&described, "x-auth-api-key-id"),
+        Some(&*key_id.to_string())
+    );
+    assert!(!described.to_string().contains(&key));
+}
+
+#[tokio::test]
+async fn query_token_on_the_deprecated_path_never_reaches_the_upstream() {
+    let gw = setup("").await;
+    let (user, _, token) = user_with_token(&gw, "ws-query@example.com").await;
+    let path = format!("/api/ws/plugins/telemetry?a=1&token={token}&b=2");
+    let mut socket = open(&gw, &path).await;
+    let described = round_trip(&mut socket, r#"{"tsSubCmds":[]}"#).await;
+    assert_eq!(described["path"], "/api/ws/plugins/telemetry");
+    assert_eq!(described["query"], "a=1&b=2");
+    assert_eq!(
+        header(&described, "x-auth-user-id"),
+        Some(&*user.id.to_string())
+    );
+    assert!(!described.to_string().contains(&token));
+}
+
+#[tokio::test]
+async fn x_authorization_on_the_upgrade_authenticates_a_non_browser_client() {
+    let gw = setup("").await;
+    let user = gw
+        .user("ws-header@example.com", Authority::TenantAdmin)
+        .await;
+    let (_, key) = gw.api_key(&user, 0).await;
+    let credential = format!("ApiKey {key}");
+    let mut socket = try_open(
+        &gw,
+        Scheme::Wss,
+        "/api/ws",
+        &[("X-Authorization", &credential)],
+    )
+    .await
+    .unwrap();
+    let described = round_trip(&mut socket, r#"{"cmds":[]}"#).await;
+    assert_eq!(described["received"], json!({"cmds": []}));
+    assert_eq!(header(&described, "x-auth-method"), Some("api-key"));
+    assert_eq!(header(&described, "x-authorization"), None);
+}
+
+#[tokio::test]
+async fn spoofed_identity_headers_on_the_upgrade_never_reach_the_upstream() {
+    let gw = setup("").await;
+    let (user, _, token) = user_with_token(&gw, "ws-spoof@example.com").await;
+    let mut socket = try_open(
+        &gw,
+        Scheme::Wss,
+        "/api/ws",
+        &[
+            ("X-Auth-User-Id", "evil"),
+            ("x_auth_tenant_id", "evil"),
+            ("X-Auth-Authority", "SYS_ADMIN"),
+            ("X-Forwarded-For", "203.0.113.66"),
+            ("Connection", "x-auth-user-id"),
+        ],
+    )
+    .await
+    .unwrap();
+    let described = round_trip(&mut socket, &auth_cmd_token(&token, json!([{"cmdId": 1}]))).await;
+    assert_eq!(
+        header(&described, "x-auth-user-id"),
+        Some(&*user.id.to_string())
+    );
+    assert_eq!(header(&described, "x-auth-authority"), Some("TENANT_ADMIN"));
+    assert_eq!(header(&described, "x-forwarded-for"), Some("127.0.0.1"));
+    assert!(!described.to_string().contains("evil"), "{described}");
+}
+
+#[tokio::test]
+async fn a_first_frame_without_auth_cmd_closes_1008() {
+    let gw = setup("").await;
+    let mut socket = open(&gw, "/api/ws").await;
+    send(&mut socket, r#"{"cmds":[{"cmdId":1}]}"#).await;
+    let (code, _) = close_of(&mut socket).await;
+    assert_eq!(code, 1008);
+}
+
+#[tokio::test]
+async fn a_client_that_never_authenticates_is_closed_1008_at_the_deadline() {
+    let gw = setup("[websocket]\nauth_timeout = \"300ms\"\n").await;
+    let started = Instant::now();
+    let mut socket = open(&gw, "/api/ws").await;
+    let (code, _) = close_of(&mut socket).await;
+    let took = started.elapsed();
+    println!("closed for the deadline after {took:?}");
+    assert_eq!(code, 1008);
+    assert!(took >= Duration::from_millis(300) && took < LOADED);
+}
+
+#[tokio::test]
+async fn a_bad_credential_closes_1007_with_the_contract_message() {
+    let gw = setup("").await;
+    let mut socket = open(&gw, "/api/ws").await;
+    send(&mut socket, &auth_cmd_token("not.a.token", json!([]))).await;
+    assert_eq!(
+        close_of(&mut socket).await,
+        (1007, "Invalid username or password".into())
+    );
+
+    let mut socket = open(&gw, "/api/ws").await;
+    send(&mut socket, &auth_cmd_key("tb_guessed_key_value")).await;
+    assert_eq!(
+        close_of(&mut socket).await,
+        (1007, "Invalid username or password".into())
+    );
+}
+
+#[tokio::test]
+async fn an_expired_jwt_in_the_query_closes_1011_and_in_auth_cmd_1007() {
+    let gw = setup("").await;
+    let user = gw
+        .user("ws-expired@example.com", Authority::TenantAdmin)
+        .await;
+    let expired = token_expiring_in(&gw, &user, -10).await;
+    let mut socket = open(&gw, &format!("/api/ws/plugins/telemetry?token={expired}")).await;
+    assert_eq!(
+        close_of(&mut socket).await,
+        (1011, "Token has expired".into())
+    );
+    let mut socket = open(&gw, "/api/ws").await;
+    send(&mut socket, &auth_cmd_token(&expired, json!([]))).await;
+    assert_eq!(
+        close_of(&mut socket).await,
+        (1007, "Token has expired".into())
+    );
+}
+
+#[tokio::test]
+async fn an_api_key_sent_over_plain_ws_is_refused_and_disabled() {
+    let gw = setup("[api_keys]\ndisable_on_plaintext = true\n").await;
+    let user = gw
+        .user("ws-clear@example.com", Authority::TenantAdmin)
+        .await;
+    let (_, key) = gw.api_key(&user, 0).await;
+    let mut socket = try_open(&gw, Scheme::Ws, "/api/ws", &[]).await.unwrap();
+    send(&mut socket, &auth_cmd_key(&key)).await;
+    assert_eq!(
+        close_of(&mut socket).await,
+        (1008, "API keys are accepted only over HTTPS".into())
+    );
+    // The key crossed the wire in clear: it no longer works anywhere.
+    let mut socket = open(&gw, "/api/ws").await;
+    send(&mut socket, &auth_cmd_key(&key)).await;
+    let (code, _) = close_of(&mut socket).await;
+    assert_eq!(code, 1007);
+}
+
+#[tokio::test]
+async fn a_jwt_over_plain_ws_from_loopback_is_accepted_as_over_http() {
+    let gw = setup("").await;
+    let (_, _, token) = user_with_token(&gw, "ws-loopback@example.com").await;
+    let mut socket = try_open(&gw, Scheme::Ws, "/api/ws", &[]).await.unwrap();
+    let described = round_trip(&mut socket, &auth_cmd_token(&token, json!([{"cmdId": 3}]))).await;
+    assert_eq!(header(&described, "x-forwarded-proto"), Some("http"));
+}
+
+/// Waits for the close frame and prints how long it took since `since`.
+async fn closed_after(socket: &mut Socket, since: Instant, what: &str) -> (u16, String) {
+    let close = close_of(socket).await;
+    println!("{what}: socket closed {:?} later", since.elapsed());
+    close
+}
+
+#[tokio::test]
+async fn disabling_the_key_closes_its_open_socket_with_1008() {
+    let gw = setup("").await;
+    let user = gw
+        .user("ws-disable@example.com", Authority::TenantAdmin)
+        .await;
+    let (key_id, key) = gw.api_key(&user, 0).await;
+    let (_, token) = gw.access_token(&user).await;
+    let mut socket = open(&gw, "/api/ws").await;
+    send(&mut socket, &auth_cmd_key(&key)).await;
+    round_trip(&mut socket, "up").await;
+
+    let started = Instant::now();
+    let disabled = gw
+        .client()
+        .put(gw.https(&format!("/api/apiKey/{key_id}/enabled/false")))
+        .header("X-Authorization", format!("Bearer {token}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(disabled.status(), 200);
+    let (code, reason) = closed_after(&mut socket, started, "key disabled").await;
+    assert_eq!(code, 1008);
+    assert_eq!(reason, "User account is not active");
+    assert!(started.elapsed() < AT_ONCE);
+}
+
+#[tokio::test]
+async fn logout_closes_the_sessions_socket_with_1008() {
+    let gw = setup("").await;
+    let user = gw
+        .user("ws-logout@example.com", Authority::TenantAdmin)
+        .await;
+    let login: Value = gw
+        .client()
+        .post(gw.https("/api/auth/login"))
+        .json(&json!({"username": user.email, "password": PASSWORD}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let token = login["token"].as_str().unwrap().to_owned();
+    let mut socket = open(&gw, "/api/ws").await;
+    round_trip(&mut socket, &auth_cmd_token(&token, json!([{"cmdId": 1}]))).await;
+
+    let started = Instant::now();
+    let logout = gw
+        .client()
+        .post(gw.https("/api/auth/logout"))
+        .header("X-Authorization", format!("Bearer {token}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(logout.status(), 200);
+    let (code, reason) = closed_after(&mut socket, started, "logout").await;
+    assert_eq!((code, reason.as_str()), (1008, "Token has expired"));
+    assert!(started.elapsed() < AT_ONCE);
+}
+
+#[tokio::test]
+async fn a_jwt_reaching_exp_closes_its_socket_with_1008() {
+    let gw = setup("").await;
+    let user = gw.user("ws-exp@example.com", Authority::TenantAdmin).await;
+    let token = token_expiring_in(&gw, &user, 2).await;
+    let mut socket = open(&gw, "/api/ws").await;
+    round_trip(&mut socket, &auth_cmd_token(&token, json!([{"cmdId": 1}]))).await;
+    let started = Instant::now();
+    let (code, reason) = closed_after(&mut socket, started, "JWT exp").await;
+    assert_eq!((code, reason.as_str()), (1008, "Token has expired"));
+    assert!(started.elapsed() < LOADED);
+}
+
+#[tokio::test]
+async fn sockets_over_the_per_user_limit_are_closed_with_the_platforms_wording() {
+    let gw = setup("[websocket]\nmax_per_user = 20\n").await;
+    let user = gw.user("ws-many@example.com", Authority::TenantAdmin).await;
+    let (_, key) = gw.api_key(&user, 0).await;
+    let mut open_sockets = Vec::new();
+    for n in 0..20 {
+        let mut socket = open(&gw, "/api/ws").await;
+        send(&mut socket, &auth_cmd_key(&key)).await;
+        let described = round_trip(&mut socket, &format!("socket {n}")).await;
+        assert_eq!(described["received"], format!("socket {n}"));
+        open_sockets.push(socket);
+    }
+    let mut extra = open(&gw, "/api/ws").await;
+    send(&mut extra, &auth_cmd_key(&key)).await;
+    assert_eq!(
+        close_of(&mut extra).await,
+        (1008, "Max regular user sessions limit reached!".into())
+    );
+    // Another user is not limited by this one's sockets.
+    let other = gw
+        .user("ws-other@example.com", Authority::TenantAdmin)
+        .await;
+    let (_, other_key) = gw.api_key(&other, 0).await;
+    let mut socket = open(&gw, "/api/ws").await;
+    send(&mut socket, &auth_cmd_key(&other_key)).await;
+    round_trip(&mut socket, "other").await;
+    // A closed socket frees its place.
+    open_sockets.pop().unwrap().close(None).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut again = open(&gw, "/api/ws").await;
+    send(&mut again, &auth_cmd_key(&key)).await;
+    round_trip(&mut again, "again").await;
+    let metrics = gw.metrics().await;
+    assert!(
+        metrics.contains("keygate_websocket_closes_total{reason=\"user_limit\"} 1"),
+        "{metrics}"
+    );
+    // An upgraded connection still counts as open, and holds its place.
+    let open_connections: i64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("keygate_open_connections{listener=\"https\"} "))
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(
+        open_connections >= 21,
+        "{open_connections} open connections"
+    );
+}
+
+#[tokio::test]
+async fn an_oversized_message_closes_1009() {
+    let gw = setup("[websocket]\nmax_message_bytes = 1024\n").await;
+    let user = gw.user("ws-big@example.com", Authority::TenantAdmin).await;
+    let (_, key) = gw.api_key(&user, 0).await;
+    let mut socket = open(&gw, "/api/ws").await;
+    send(&mut socket, &auth_cmd_key(&key)).await;
+    round_trip(&mut socket, "small").await;
+    send(&mut socket, &"x".repeat(2048)).await;
+    let (code, _) = close_of(&mut socket).await;
+    assert_eq!(code, 1009);
+}
+
+#[tokio::test]
+async fn shutdown_closes_open_sockets_with_1001() {
+    let gw = setup("").await;
+    let user = gw
+        .user("ws-drain@example.com", Authority::TenantAdmin)
+        .await;
+    let (_, key) = gw.api_key(&user, 0).await;
+    let mut socket = open(&gw, "/api/ws").await;
+    send(&mut socket, &auth_cmd_key(&key)).await;
+    round_trip(&mut socket, "up").await;
+    let mut waiting = open(&gw, "/api/ws").await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let started = Instant::now();
+    gw.running.shutdown();
+    let (code, _) = close_of(&mut socket).await;
+    assert_eq!(code, 1001);
+    // One still to authenticate is not waited for until its deadline.
+    let (code, _) = close_of(&mut waiting).await;
+    assert_eq!(code, 1001);
+    assert!(started.elapsed() < Duration::from_secs(5));
+}
+
+#[tokio::test]
+async fn an_upgrade_on_another_route_is_checked_like_any_request() {
+    let gw = setup("[websocket]\nroutes = [\"/api/ws/plugins/\"]\n").await;
+    let refused = try_open(&gw, Scheme::Wss, "/api/ws", &[]).await;
+    match refused {
+        Err(tungstenite::Error::Http(response)) => assert_eq!(response.status(), 401),
+        other => panic!("expected a 401, got {:?}", other.map(|_| ())),
+    }
+    let user = gw
+        .user("ws-plain@example.com", Authority::TenantAdmin)
+        .await;
+    let (_, key) = gw.api_key(&user, 0).await;
+    let credential = format!("ApiKey {key}");
+    let mut socket = try_open(
+        &gw,
+        Scheme::Wss,
+        "/api/ws",
+        &[("X-Authorization", &credential)],
+    )
+    .await
+    .unwrap();
+    // No authCmd handling here: the first frame goes through as it is.
+    let described = round_trip(&mut socket, r#"{"authCmd":{"cmdId":0}}"#).await;
+    assert_eq!(described["received"], json!({"authCmd": {"cmdId": 0}}));
+    assert_eq!(header(&described, "x-auth-method"), Some("api-key"));
+}
+
+#[tokio::test]
+async fn a_silent_client_is_pinged_then_closed_1001_and_a_live_one_stays() {
+    let gw = setup("[websocket]\nping_interval = \"200ms\"\nidle_timeout = \"300ms\"\n").await;
+    let user = gw.user("ws-idle@example.com", Authority::TenantAdmin).await;
+    let (_, key) = gw.api_key(&user, 0).await;
+    let mut silent = open(&gw, "/api/ws").await;
+    send(&mut silent, &auth_cmd_key(&key)).await;
+    round_trip(&mut silent, "silent").await;
+    let mut live = open(&gw, "/api/ws").await;
+    send(&mut live, &auth_cmd_key(&key)).await;
+    round_trip(&mut live, "live").await;
+    // Reading answers pings (the client library sends the pong); the silent
+    // socket reads nothing, so it never answers.
+    let mut pings = 0;
+    let until = Instant::now() + Duration::from_millis(1200);
+    while let Ok(Some(Ok(message))) = tokio::time::timeout_at(until.into(), live.next()).await {
+        pings += usize::from(matches!(message, Message::Ping(_)));
+    }
+    assert!(pings >= 1, "the live client was pinged");
+    assert_eq!(close_of(&mut silent).await, (1001, "Idle timeout".into()));
+    assert_eq!(
+        round_trip(&mut live, "still here").await["received"],
+        "still here"
+    );
+}
+
+#[tokio::test]
+async fn sigterm_closes_open_sockets_with_1001_and_the_log_never_shows_the_token() {
+    let upstream = reference().await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("keygate.toml");
+    let data = dir.path().display();
+    std::fs::write(
+        &config,
+        format!(
+            "[server]\ndata_dir = \"{data}\"\nshutdown_grace = \"10s\"\n\
+             [listen]\nhttps = \"127.0.0.1:0\"\nhttp = \"127.0.0.1:0\"\nadmin = \"127.0.0.1:0\"\n\
+             [store]\nurl = \"sqlite://{data}/k.db\"\n[[route]]\nprefix = \"/api/\"\nupstreams = [\"{upstream}\"]\n"
+        ),
+    )
+    .unwrap();
+    let mut process = common::Process::spawn(&config, "info");
+    let login: Value = reqwest::Client::new()
+        .post(format!("http://127.0.0.1:{}/api/auth/login", process.http))
+        .json(&json!({"username": "sysadmin@keygate.local", "password": "bootstrap-password"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let token = login["token"].as_str().unwrap().to_owned();
+    let path = format!("/api/ws/plugins/telemetry?token={token}");
+    let mut by_query = open_plain(process.http, &path).await;
+    round_trip(&mut by_query, r#"{"tsSubCmds":[]}"#).await;
+    let mut by_frame = open_plain(process.http, "/api/ws").await;
+    round_trip(
+        &mut by_frame,
+        &auth_cmd_token(&token, json!([{"cmdId": 1}])),
+    )
+    .await;
+
+    let started = Instant::now();
+    process.signal("TERM");
+    for socket in [&mut by_query, &mut by_frame] {
+        let (code, _) = closed_after(socket, started, "SIGTERM").await;
+        assert_eq!(code, 1001);
+    }
+    let log_path = process.log.clone();
+    let exit = tokio::task::spawn_blocking(move || process.child.wait().map(|e| (e, log_path)))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(exit.0.success(), "keygate exits 0 after draining");
+    let log = std::fs::read_to_string(&exit.1).unwrap();
+    assert!(!log.contains(&token), "the token reached the log");
+    assert_eq!(
+        log.lines()
+            .filter(|line| line.contains(r#""websocket":"shutdown""#))
+            .count(),
+        2,
+        "{log}"
+    );
+}
+
+#[tokio::test]
+async fn a_key_disabled_through_one_replica_closes_its_socket_on_the_other() {
+    let Ok(base) = std::env::var("KEYGATE_TEST_DATABASE_URL") else {
+        println!("KEYGATE_TEST_DATABASE_URL is not set: multi-replica socket test not run");
+        return;
+    };
+    let (url, schema) = common::fresh_schema(&base).await;
+    let upstream = reference().await;
+    let a = Gateway::start_on(&upstream, "", Some(&url)).await;
+    let b = Gateway::start_on(&upstream, "", Some(&url)).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !b
+        .metrics()
+        .await
+        .contains("keygate_revocation_listener_up 1")
+    {
+        assert!(Instant::now() < deadline, "replica B never listened");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let user = a
+        .user("ws-replicas@example.com", Authority::TenantAdmin)
+        .await;
+    let (key_id, key) = a.api_key(&user, 0).await;
+    let (_, token) = a.access_token(&user).await;
+    let mut socket = open(&b, "/api/ws").await;
+    send(&mut socket, &auth_cmd_key(&key)).await;
+    round_trip(&mut socket, "on replica B").await;
+
+    let started = Instant::now();
+    let disabled = a
+        .client()
+        .put(a.https(&format!("/api/apiKey/{key_id}/enabled/false")))
+        .header("X-Authorization", format!("Bearer {token}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(disabled.status(), 200);
+    let (code, _) = closed_after(&mut socket, started, "key disabled on the other replica").await;
+    assert_eq!(code, 1008);
+    assert!(started.elapsed() < AT_ONCE);
+    a.running.shutdown();
+    b.running.shutdown();
+    common::drop_schema(&base, &schema).await;
+}
+
+#[tokio::test]
+async fn an_unreachable_upstream_closes_the_authenticated_socket_1011() {
+    let gw = Gateway::start("http://127.0.0.1:1", "").await;
+    let user = gw.user("ws-down@example.com", Authority::TenantAdmin).await;
+    let (_, key) = gw.api_key(&user, 0).await;
+    let mut socket = open(&gw, "/api/ws").await;
+    send(&mut socket, &auth_cmd_key(&key)).await;
+    assert_eq!(
+        close_of(&mut socket).await,
+        (1011, "Upstream is unavailable".into())
+    );
+}
+
+/// Opens a socket on `/api/ws` authenticated by `frame`, and checks it is up.
+async fn open_with(gw: &Gateway, frame: &str) -> Socket {
+    let mut socket = open(gw, "/api/ws").await;
+    send(&mut socket, frame).await;
+    assert_eq!(round_trip(&mut socket, "up").await["received"], "up");
+    socket
+}
+
+#[tokio::test]
+async fn disabling_the_user_closes_every_socket_of_theirs_with_1008() {
+    let gw = setup("").await;
+    let admin = gw
+        .user("ws-sysadmin@example.com", Authority::SysAdmin)
+        .await;
+    let (_, admin_token) = gw.access_token(&admin).await;
+    let user = gw
+        .user("ws-user-off@example.com", Authority::TenantAdmin)
+        .await;
+    let (_, key) = gw.api_key(&user, 0).await;
+    let (_, token) = gw.access_token(&user).await;
+    let mut by_key = open_with(&gw, &auth_cmd_key(&key)).await;
+    let mut by_token = open_with(&gw, &auth_cmd_token(&token, json!([]))).await;
+
+    let started = Instant::now();
+    let disabled = gw
+        .client()
+        .post(gw.https(&format!(
+            "/api/user/{}/userCredentialsEnabled?userCredentialsEnabled=false",
+            user.id
+        )))
+        .header("X-Authorization", format!("Bearer {admin_token}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(disabled.status(), 200);
+    for socket in [&mut by_key, &mut by_token] {
+        let close = closed_after(socket, started, "user disabled").await;
+        assert_eq!(close, (1008, "User account is not active".into()));
+    }
+    assert!(started.elapsed() < AT_ONCE);
+}
+
+#[tokio::test]
+async fn an_api_key_reaching_its_expiration_time_closes_its_socket_with_1008() {
+    let gw = setup("").await;
+    let user = gw
+        .user("ws-key-exp@example.com", Authority::TenantAdmin)
+        .await;
+    let (_, key) = gw.api_key(&user, keygate::clock::now_ms() + 1500).await;
+    let mut socket = open_with(&gw, &auth_cmd_key(&key)).await;
+    let started = Instant::now();
+    let close = closed_after(&mut socket, started, "API key expiration").await;
+    assert_eq!(close, (1008, "API key is expired".into()));
+    assert!(started.elapsed() < LOADED);
+}
+
+#[tokio::test]
+async fn a_password_change_closes_the_users_older_token_sockets_but_not_their_key_sockets() {
+    let gw = setup("").await;
+    let user = gw
+        .user("ws-password@example.com", Authority::TenantAdmin)
+        .await;
+    let (_, key) = gw.api_key(&user, 0).await;
+    // Issued a minute ago: strictly older than the change.
+    let ttl = gw.running.app.settings().jwt.access_ttl.as_secs() as i64;
+    let older = token_expiring_in(&gw, &user, ttl - 60).await;
+    let mut by_token = open_with(&gw, &auth_cmd_token(&older, json!([]))).await;
+    let mut by_key = open_with(&gw, &auth_cmd_key(&key)).await;
+
+    let started = Instant::now();
+    let changed = gw
+        .client()
+        .post(gw.https("/api/auth/changePassword"))
+        .header("X-Authorization", format!("Bearer {older}"))
+        .json(&json!({"currentPassword": PASSWORD, "newPassword": "another-horse-battery"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(changed.status(), 200);
+    let close = closed_after(&mut by_token, started, "password change").await;
+    assert_eq!(close, (1008, "Token has expired".into()));
+    // An API key outlives a password change, over HTTP and here alike.
+    assert_eq!(round_trip(&mut by_key, "key").await["received"], "key");
+    let metrics = gw.metrics().await;
+    for line in [
+        "keygate_websocket_closes_total{reason=\"revoked\"} 1",
+        "keygate_websocket_auth_total{form=\"auth_cmd\",result=\"accepted\"} 2",
+        "keygate_websocket_open{route=\"/api/ws\"} 1",
+    ] {
+        assert!(metrics.contains(line), "{line} not in:\n{metrics}");
+    }
+}
+
+#[tokio::test]
+async fn sockets_over_the_per_tenant_limit_are_closed_with_the_platforms_wording() {
+    let gw = setup("[websocket]\nmax_per_tenant = 2\n").await;
+    let first = gw
+        .user("ws-tenant-a@example.com", Authority::TenantAdmin)
+        .await;
+    let colleague = keygate::accounts::NewUser {
+        email: "ws-tenant-b@example.com".into(),
+        authority: Authority::CustomerUser,
+        tenant_id: Some(first.tenant_id),
+        customer_id: Some(Uuid::new_v4()),
+        first_name: "Colleague".into(),
+        last_name: String::new(),
+    };
+    let policy = Default::default();
+    let second =
+        keygate::accounts::create_user(&gw.running.store, colleague, PASSWORD.into(), &policy)
+            .await
+            .unwrap();
+    let (_, first_key) = gw.api_key(&first, 0).await;
+    let (_, second_key) = gw.api_key(&second, 0).await;
+    let _a = open_with(&gw, &auth_cmd_key(&first_key)).await;
+    let _b = open_with(&gw, &auth_cmd_key(&second_key)).await;
+    let mut over = open(&gw, "/api/ws").await;
+    send(&mut over, &auth_cmd_key(&second_key)).await;
+    assert_eq!(
+        close_of(&mut over).await,
+        (1008, "Max tenant sessions limit reached!".into())
+    );
+    // Another tenant is not limited by this one's sockets.
+    let other = gw
+        .user("ws-tenant-c@example.com", Authority::TenantAdmin)
+        .await;
+    let (_, other_key) = gw.api_key(&other, 0).await;
+    open_with(&gw, &auth_cmd_key(&other_key)).await;
+}
