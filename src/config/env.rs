@@ -8,6 +8,7 @@ const NON_CONFIG_ENV: &[&str] = &[
     "KEYGATE_CONFIG",
     "KEYGATE_BOOTSTRAP_PASSWORD",
     "KEYGATE_TEST_DATABASE_URL",
+    "KEYGATE_TEST_REDIS_URL",
 ];
 
 /// The platform's setting names, mapped onto `[jwt]`.

@@ -1,0 +1,508 @@
+//! Request quotas per API key, user and tenant, enforced after
+//! authentication on proxied routes.
+//!
+//! A request is decided from this replica's counters alone (see
+//! [`super::counter`]); [`Quotas::sync`] reconciles them with Redis every
+//! `quota.sync_interval`, in the background. When Redis is unreachable the
+//! counters keep deciding: each replica keeps to its share of what was last
+//! known to remain.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use http::{HeaderMap, HeaderName, HeaderValue};
+use redis::Script;
+use uuid::Uuid;
+
+use super::counter::{Budget, Verdict, until_reset};
+use super::link::{Fallback, LinkError, RedisLink};
+use super::rate::{Rate, RouteRate};
+use crate::body::Body;
+use crate::error::ApiError;
+use crate::identity::{Identity, NULL_UUID};
+use crate::telemetry::Metrics;
+
+/// What a quota counts by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Dimension {
+    Key = 0,
+    User = 1,
+    Tenant = 2,
+}
+
+impl Dimension {
+    pub const ALL: [Dimension; 3] = [Dimension::Key, Dimension::User, Dimension::Tenant];
+
+    /// The metric label.
+    pub fn label(self) -> &'static str {
+        ["key", "user", "tenant"][self as usize]
+    }
+
+    /// The policy name in the `RateLimit` headers.
+    fn policy(self) -> &'static str {
+        ["per-key", "per-user", "per-tenant"][self as usize]
+    }
+
+    /// Whom the request counts against, if the dimension applies: a JWT
+    /// names no key, and a system administrator belongs to no tenant.
+    fn subject(self, identity: &Identity) -> Option<Uuid> {
+        match self {
+            Dimension::Key => identity.api_key_id(),
+            Dimension::User => Some(identity.principal.user_id),
+            Dimension::Tenant => Some(identity.principal.tenant_id).filter(|t| *t != NULL_UUID),
+        }
+    }
+}
+
+/// `[quota]`: the rates of routes that do not set their own, and the sync.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QuotaSettings {
+    /// Per dimension, in [`Dimension::ALL`] order; `None`: no quota.
+    pub rates: [Option<Rate>; 3],
+    pub sync_interval: Duration,
+    /// Budgets (subject and window) tracked at once.
+    pub capacity: u64,
+}
+
+/// A route's own quota settings, per dimension in [`Dimension::ALL`] order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RouteQuota(pub [RouteRate; 3]);
+
+/// Which budget a counter belongs to: the global one (`scope` "*") or a
+/// route's own, per dimension and subject.
+type CounterKey = (Arc<str>, Dimension, Uuid);
+
+struct Counter {
+    /// `<prefix>quota:<scope>:<dimension>:<subject>:`; the window index
+    /// completes the Redis key.
+    redis_key: String,
+    budget: Mutex<Budget>,
+}
+
+impl Counter {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Budget> {
+        self.budget.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// A budget to reconcile: what it pushes, for which window.
+struct Due {
+    counter: Arc<Counter>,
+    window: u64,
+    pushing: u64,
+    lifetime_ms: u64,
+}
+
+impl Due {
+    fn of(counter: Arc<Counter>) -> Option<Due> {
+        let budget = counter.lock();
+        if !budget.touched && budget.unsynced == 0 {
+            return None;
+        }
+        let (window, pushing) = (budget.window, budget.unsynced);
+        // Long enough for replicas whose clocks differ a little.
+        let lifetime_ms = 2 * budget.rate.window_ms() + 1000;
+        drop(budget);
+        Some(Due {
+            counter,
+            window,
+            pushing,
+            lifetime_ms,
+        })
+    }
+}
+
+pub struct Quotas {
+    settings: QuotaSettings,
+    global_scope: Arc<str>,
+    counters: moka::sync::Cache<CounterKey, Arc<Counter>>,
+    /// Live replicas as last learned from Redis (1 without it).
+    replicas: AtomicU64,
+    link: Option<Arc<RedisLink>>,
+    instance: String,
+    metrics: Arc<Metrics>,
+    sync_script: Script,
+}
+
+/// The quotas a request was admitted under, for its response headers.
+#[derive(Debug, Default)]
+pub struct Grant {
+    items: Vec<Item>,
+}
+
+/// A request refused by a quota.
+#[derive(Debug)]
+pub struct Refusal {
+    items: Vec<Item>,
+    retry_after: Duration,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Item {
+    dimension: Dimension,
+    rate: Rate,
+    remaining: u64,
+    reset_ms: u64,
+}
+
+/// Pushes what each budget counted since the last sync and reads the global
+/// count back; registers this replica and counts the live ones.
+/// KEYS[1]: the replica set; then one key per budget. ARGV: replica id, now
+/// (ms), staleness (ms); then per budget its increment and key lifetime (ms).
+/// Returns {replicas, total of each budget...}.
+const SYNC: &str = r"
+local now = tonumber(ARGV[2])
+local stale = tonumber(ARGV[3])
+redis.call('ZADD', KEYS[1], now, ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - stale)
+redis.call('PEXPIRE', KEYS[1], stale * 2)
+local out = {redis.call('ZCARD', KEYS[1])}
+for i = 2, #KEYS do
+  out[i] = redis.call('INCRBY', KEYS[i], ARGV[2 * i])
+  if redis.call('PTTL', KEYS[i]) < 0 then
+    redis.call('PEXPIRE', KEYS[i], ARGV[2 * i + 1])
+  end
+end
+return out
+";
+
+/// Budgets pushed by one script call at most.
+const SYNC_BATCH: usize = 500;
+
+impl Quotas {
+    pub fn new(
+        settings: QuotaSettings,
+        link: Option<Arc<RedisLink>>,
+        instance: Uuid,
+        metrics: Arc<Metrics>,
+    ) -> Quotas {
+        Quotas {
+            counters: moka::sync::Cache::builder()
+                .name("quota_budgets")
+                .max_capacity(settings.capacity)
+                .time_to_idle(Duration::from_secs(2 * 86_400))
+                .build(),
+            settings,
+            global_scope: Arc::from("*"),
+            replicas: AtomicU64::new(1),
+            link,
+            instance: instance.to_string(),
+            metrics,
+            sync_script: Script::new(SYNC),
+        }
+    }
+
+    /// Whether the quotas are shared through Redis (and so need syncing).
+    pub fn is_shared(&self) -> bool {
+        self.link.is_some()
+    }
+
+    /// The rate and budget scope of one dimension on a route.
+    fn policy(&self, scope: &Arc<str>, route: &RouteQuota, d: Dimension) -> Option<(Arc<str>, Rate)> {
+        match route.0[d as usize] {
+            RouteRate::Inherit => self.settings.rates[d as usize].map(|r| (self.global_scope.clone(), r)),
+            RouteRate::Off => None,
+            RouteRate::Own(rate) => Some((scope.clone(), rate)),
+        }
+    }
+
+    /// Decides one request from local counters only: admitted in every
+    /// budget that applies, or refused by one and counted in none.
+    pub fn admit(
+        &self,
+        scope: &Arc<str>,
+        route: &RouteQuota,
+        identity: &Identity,
+    ) -> Result<Grant, Refusal> {
+        let now_ms = crate::clock::now_ms().max(0) as u64;
+        let mut applied: Vec<(Dimension, Rate, Arc<Counter>)> = Vec::new();
+        for d in Dimension::ALL {
+            let (Some((budget_scope, rate)), Some(subject)) =
+                (self.policy(scope, route, d), d.subject(identity))
+            else {
+                continue;
+            };
+            let counter = self.counter(budget_scope, d, subject);
+            applied.push((d, rate, counter));
+        }
+        if applied.is_empty() {
+            return Ok(Grant::default());
+        }
+        // Locked in dimension order, so concurrent requests cannot deadlock.
+        let mut budgets: Vec<_> = applied
+            .iter()
+            .map(|(_, _, c)| c.lock())
+            .collect();
+        let replicas = self.replicas.load(Ordering::Relaxed);
+        let mut refused = None;
+        for ((d, rate, _), budget) in applied.iter().zip(budgets.iter_mut()) {
+            budget.roll(*rate, now_ms / rate.window_ms(), replicas);
+            budget.touched = true;
+            match budget.verdict() {
+                Verdict::Admit => {}
+                verdict if refused.is_none() => refused = Some((*d, verdict, *rate)),
+                _ => {}
+            }
+        }
+        if refused.is_none() {
+            budgets.iter_mut().for_each(|b| b.admit());
+        }
+        let items = applied
+            .iter()
+            .zip(budgets.iter())
+            .map(|((d, rate, _), b)| Item {
+                dimension: *d,
+                rate: *rate,
+                remaining: b.remaining(),
+                reset_ms: until_reset(rate, now_ms),
+            })
+            .collect();
+        match refused {
+            None => Ok(Grant { items }),
+            Some((d, verdict, rate)) => {
+                self.metrics.limits.quota_rejected(d.label());
+                let retry_after = match verdict {
+                    Verdict::ShareUsed => self.settings.sync_interval,
+                    _ => Duration::from_millis(until_reset(&rate, now_ms)),
+                };
+                Err(Refusal { items, retry_after })
+            }
+        }
+    }
+
+    fn counter(&self, scope: Arc<str>, d: Dimension, subject: Uuid) -> Arc<Counter> {
+        let key = (scope, d, subject);
+        if let Some(counter) = self.counters.get(&key) {
+            return counter;
+        }
+        let redis_key = match &self.link {
+            Some(link) => link.key(format_args!("quota:{}:{}:{subject}:", key.0, d.label())),
+            None => String::new(),
+        };
+        let replicas = self.replicas.load(Ordering::Relaxed);
+        self.counters.get_with(key, || {
+            Arc::new(Counter {
+                redis_key,
+                budget: Mutex::new(Budget::new(
+                    Rate { limit: 1, window: Duration::from_secs(1) },
+                    u64::MAX,
+                    replicas,
+                )),
+            })
+        })
+    }
+
+    /// Reconciles every budget used since the last sync with Redis, and
+    /// renews this replica's registration. Without Redis there is nothing to do.
+    pub async fn sync(&self) {
+        let Some(link) = &self.link else {
+            return;
+        };
+        let due: Vec<Due> = self.counters.iter().filter_map(|(_, c)| Due::of(c)).collect();
+        let mut batches: Vec<&[Due]> = due.chunks(SYNC_BATCH).collect();
+        if batches.is_empty() {
+            batches.push(&[]);
+        }
+        for batch in batches {
+            if let Err(error) = self.sync_batch(link, batch).await {
+                link.fell_back(Fallback::Quota, &error);
+                return;
+            }
+        }
+    }
+
+    async fn sync_batch(&self, link: &RedisLink, batch: &[Due]) -> Result<(), LinkError> {
+        let stale = (self.settings.sync_interval * 10).max(Duration::from_secs(3));
+        let mut invocation = self.sync_script.prepare_invoke();
+        invocation
+            .key(link.key(format_args!("quota:replicas")))
+            .arg(&self.instance)
+            .arg(crate::clock::now_ms())
+            .arg(stale.as_millis() as u64);
+        for due in batch {
+            invocation
+                .key(format!("{}{}", due.counter.redis_key, due.window))
+                .arg(due.pushing)
+                .arg(due.lifetime_ms);
+        }
+        let totals: Vec<u64> = link.probe(&invocation).await?;
+        let replicas = totals.first().copied().unwrap_or(1).max(1);
+        self.replicas.store(replicas, Ordering::Relaxed);
+        self.metrics.limits.replicas(replicas);
+        for (due, total) in batch.iter().zip(totals.iter().skip(1)) {
+            let mut budget = due.counter.lock();
+            // A budget that moved on to a new window meanwhile keeps its own.
+            if budget.window == due.window {
+                budget.synced(due.pushing, *total, replicas);
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs [`Quotas::sync`] every `sync_interval` until shutdown.
+    pub async fn run(self: Arc<Self>, mut shutdown: tokio::sync::watch::Receiver<bool>) {
+        let mut tick = tokio::time::interval(self.settings.sync_interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = shutdown.changed() => return,
+                _ = tick.tick() => self.sync().await,
+            }
+        }
+    }
+}
+
+static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+
+/// The `RateLimit-Policy` and `RateLimit` fields of the IETF httpapi
+/// rate-limit headers draft: one item per quota that applied, e.g.
+/// `"per-key";q=100;w=1` and `"per-key";r=42;t=1`.
+fn write_headers(items: &[Item], headers: &mut HeaderMap) {
+    if items.is_empty() {
+        return;
+    }
+    let mut put = |name: &HeaderName, item: fn(&Item) -> String| {
+        let text = items.iter().map(item).collect::<Vec<_>>().join(", ");
+        // Policy names and numbers only: always a valid value.
+        if let Ok(value) = HeaderValue::try_from(text) {
+            headers.insert(name.clone(), value);
+        }
+    };
+    put(&RATELIMIT_POLICY, |i| {
+        let (policy, rate) = (i.dimension.policy(), i.rate);
+        format!("\"{policy}\";q={};w={}", rate.limit, rate.window.as_secs())
+    });
+    put(&RATELIMIT, |i| {
+        let reset = i.reset_ms.div_ceil(1000);
+        format!("\"{}\";r={};t={reset}", i.dimension.policy(), i.remaining)
+    });
+}
+
+impl Grant {
+    pub fn write_headers(&self, headers: &mut HeaderMap) {
+        write_headers(&self.items, headers);
+    }
+}
+
+impl Refusal {
+    /// 429 with the contract's JSON (code 33), `Retry-After` and the
+    /// rate-limit headers.
+    pub fn into_response(self) -> http::Response<Body> {
+        let seconds = self.retry_after.as_millis().div_ceil(1000) as u64;
+        let mut response = ApiError::too_many_requests(seconds).into_response();
+        write_headers(&self.items, response.headers_mut());
+        response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::identity::{AuthMethod, Authority, Principal, id_header_value};
+
+    fn quotas(rates: [Option<&str>; 3]) -> Quotas {
+        let settings = QuotaSettings {
+            rates: rates.map(|r| r.map(|r| Rate::parse(r).unwrap())),
+            sync_interval: Duration::from_millis(100),
+            capacity: 1000,
+        };
+        Quotas::new(settings, None, Uuid::new_v4(), Arc::new(Metrics::new()))
+    }
+
+    fn identity(tenant: Uuid, key: Option<Uuid>) -> Identity {
+        let principal = Principal::new(
+            Uuid::new_v4(),
+            tenant,
+            NULL_UUID,
+            Authority::TenantAdmin,
+            "q@example.com".into(),
+        );
+        let method = match key {
+            Some(key_id) => AuthMethod::ApiKey { key_id },
+            None => AuthMethod::Jwt {
+                session_id: Uuid::new_v4(),
+            },
+        };
+        Identity::new(Arc::new(principal), method, id_header_value(&Uuid::new_v4()))
+    }
+
+    fn headers(result: &Result<Grant, Refusal>) -> (String, String) {
+        let mut map = HeaderMap::new();
+        match result {
+            Ok(grant) => grant.write_headers(&mut map),
+            Err(refusal) => write_headers(&refusal.items, &mut map),
+        }
+        let get = |name: &HeaderName| {
+            map.get(name)
+                .map(|v| v.to_str().unwrap().to_string())
+                .unwrap_or_default()
+        };
+        (get(&RATELIMIT_POLICY), get(&RATELIMIT))
+    }
+
+    #[test]
+    fn a_request_over_one_quota_is_counted_in_none() {
+        let q = quotas([Some("3/h"), None, Some("100/h")]);
+        let scope: Arc<str> = Arc::from("route:api");
+        let route = RouteQuota::default();
+        let tenant = Uuid::new_v4();
+        let caller = identity(tenant, Some(Uuid::new_v4()));
+        for _ in 0..3 {
+            assert!(q.admit(&scope, &route, &caller).is_ok());
+        }
+        let refused = q.admit(&scope, &route, &caller);
+        let (policy, limit) = headers(&refused);
+        assert_eq!(policy, r#""per-key";q=3;w=3600, "per-tenant";q=100;w=3600"#);
+        assert!(limit.starts_with(r#""per-key";r=0;t="#), "{limit}");
+        assert!(limit.contains(r#""per-tenant";r=97;t="#), "{limit}");
+        let refusal = refused.unwrap_err();
+        assert!(refusal.retry_after > Duration::from_secs(1));
+        let response = refusal.into_response();
+        assert_eq!(response.status(), http::StatusCode::TOO_MANY_REQUESTS);
+        assert!(response.headers().contains_key(http::header::RETRY_AFTER));
+        // Another key of the same tenant still passes: the tenant counted 3.
+        let other = identity(tenant, Some(Uuid::new_v4()));
+        let (_, limit) = headers(&q.admit(&scope, &route, &other));
+        assert!(limit.contains(r#""per-tenant";r=96;t="#), "{limit}");
+    }
+
+    #[test]
+    fn a_jwt_has_no_key_quota_and_a_system_administrator_no_tenant_quota() {
+        let q = quotas([Some("1/h"), None, Some("1/h")]);
+        let scope: Arc<str> = Arc::from("route:api");
+        let route = RouteQuota::default();
+        let jwt = identity(Uuid::new_v4(), None);
+        assert!(q.admit(&scope, &route, &jwt).is_ok());
+        let (policy, _) = headers(&q.admit(&scope, &route, &jwt));
+        assert_eq!(policy, r#""per-tenant";q=1;w=3600"#);
+        let admin = identity(NULL_UUID, None);
+        for _ in 0..5 {
+            let grant = q.admit(&scope, &route, &admin).unwrap();
+            assert!(grant.items.is_empty());
+        }
+    }
+
+    #[test]
+    fn routes_inherit_override_or_turn_off_each_dimension() {
+        let q = quotas([Some("2/h"), None, None]);
+        let caller = identity(Uuid::new_v4(), Some(Uuid::new_v4()));
+        let inherit = RouteQuota::default();
+        let own = RouteQuota([RouteRate::Own(Rate::parse("1/m").unwrap()), RouteRate::Inherit, RouteRate::Inherit]);
+        let off = RouteQuota([RouteRate::Off, RouteRate::Inherit, RouteRate::Inherit]);
+        let (a, b, c): (Arc<str>, Arc<str>, Arc<str>) =
+            (Arc::from("route:a"), Arc::from("route:b"), Arc::from("route:c"));
+        // Two inheriting routes share the global budget.
+        assert!(q.admit(&a, &inherit, &caller).is_ok());
+        assert!(q.admit(&b, &inherit, &caller).is_ok());
+        assert!(q.admit(&a, &inherit, &caller).is_err());
+        // A route's own rate has a budget of its own; "off" has none.
+        let (policy, _) = headers(&q.admit(&c, &own, &caller));
+        assert_eq!(policy, r#""per-key";q=1;w=60"#);
+        assert!(q.admit(&c, &own, &caller).is_err());
+        for _ in 0..3 {
+            assert!(q.admit(&c, &off, &caller).unwrap().items.is_empty());
+        }
+    }
+}
