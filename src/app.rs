@@ -109,10 +109,10 @@ impl App {
         browser: Option<Arc<ApiBrowser>>,
         auth: Arc<Authenticator>,
         metrics: Arc<Metrics>,
-        quotas: Arc<Quotas>,
         listener_base_url: String,
     ) -> App {
         let proxy = Proxy::new(&settings.proxy, &settings.limits);
+        let settings_quota = settings.quota.clone();
         let series = Series {
             endpoints: api::ROUTES
                 .iter()
@@ -130,10 +130,22 @@ impl App {
             auth,
             routes,
             proxy,
-            quotas,
+            // Kept by this replica alone until shared ones are given.
+            quotas: Arc::new(Quotas::new(
+                settings_quota,
+                None,
+                uuid::Uuid::nil(),
+                metrics.clone(),
+            )),
             metrics,
             listener_base_url,
         }
+    }
+
+    /// Quotas shared with other replicas, instead of this replica's own.
+    pub fn with_quotas(mut self, quotas: Arc<Quotas>) -> App {
+        self.quotas = quotas;
+        self
     }
 
     /// The request quotas, whose sync the server runs.

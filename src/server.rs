@@ -278,16 +278,18 @@ pub async fn start(mut settings: Settings, options: StartOptions) -> Result<Runn
         instance,
         metrics.clone(),
     ));
-    let app = Arc::new(App::new(
-        settings,
-        api,
-        routes,
-        browser.clone(),
-        auth.clone(),
-        metrics.clone(),
-        quotas,
-        listener_base_url(bound.https_addr, bound.http_addr),
-    ));
+    let app = Arc::new(
+        App::new(
+            settings,
+            api,
+            routes,
+            browser.clone(),
+            auth.clone(),
+            metrics.clone(),
+            listener_base_url(bound.https_addr, bound.http_addr),
+        )
+        .with_quotas(quotas),
+    );
     let running = Running {
         https: bound.https_addr,
         http: bound.http_addr,

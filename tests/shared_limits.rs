@@ -54,7 +54,8 @@ impl Drop for Prefix {
                         .await
                         .unwrap_or_default();
                     if !keys.is_empty() {
-                        let _: Result<(), _> = redis::cmd("DEL").arg(keys).query_async(&mut con).await;
+                        let _: Result<(), _> =
+                            redis::cmd("DEL").arg(keys).query_async(&mut con).await;
                     }
                 });
             });
@@ -118,9 +119,13 @@ impl RedisProxy {
 }
 
 /// The config of a replica sharing limits under `prefix` through `url`.
+/// Replicas share their signing key (as they do through one store): it keys
+/// the account digests in Redis.
 fn shared(url: &str, prefix: &Prefix, extra: &str) -> String {
+    let signing_key = "a".repeat(88);
     format!(
-        "[redis]\nurl = \"{url}\"\nkey_prefix = \"{}\"\ncommand_timeout = \"200ms\"\n{extra}",
+        "[redis]\nurl = \"{url}\"\nkey_prefix = \"{}\"\ncommand_timeout = \"200ms\"\n\
+         [jwt]\ntoken_signing_key = \"{signing_key}\"\n{extra}",
         prefix.0
     )
 }
@@ -198,7 +203,11 @@ async fn away_from_a_window_end(seconds: u64, margin: Duration) {
 async fn a_failed_login_at_one_replica_counts_at_the_other() {
     let prefix = Prefix::new();
     let upstream = Upstream::start().await;
-    let config = shared(&redis_url(), &prefix, "[login]\naccount_address_max_failures = 3\n");
+    let config = shared(
+        &redis_url(),
+        &prefix,
+        "[login]\naccount_address_max_failures = 3\n",
+    );
     let a = Gateway::start(&upstream.url(), &config).await;
     let b = Gateway::start(&upstream.url(), &config).await;
     wait_for(&a, "keygate_redis_up 1").await;
@@ -214,7 +223,11 @@ async fn a_failed_login_at_one_replica_counts_at_the_other() {
         let retry_after: u64 = header(&response, "retry-after").unwrap().parse().unwrap();
         assert!((1..=900).contains(&retry_after), "{retry_after}");
         let (status, json) = error_body(response).await;
-        assert_eq!((status, json["errorCode"].as_u64()), (429, Some(33)), "{json}");
+        assert_eq!(
+            (status, json["errorCode"].as_u64()),
+            (429, Some(33)),
+            "{json}"
+        );
     }
     // Another account from the same address is not affected.
     let (status, _) = error_body(login(&b, "other@example.com", "guess").await).await;
@@ -243,7 +256,10 @@ async fn a_quota_holds_across_two_replicas_within_the_documented_bound() {
     for round in 0..30 {
         for (gw, key) in [(&a, &key_a), (&b, &key_b)] {
             let response = get(gw, "/api/devices", key).await;
-            assert_eq!(header(&response, "ratelimit-policy"), Some(r#""per-tenant";q=20;w=3600"#));
+            assert_eq!(
+                header(&response, "ratelimit-policy"),
+                Some(r#""per-tenant";q=20;w=3600"#)
+            );
             let limit = header(&response, "ratelimit").unwrap().to_string();
             assert!(limit.starts_with(r#""per-tenant";r="#), "{limit}");
             if response.status() == 200 {
@@ -251,7 +267,11 @@ async fn a_quota_holds_across_two_replicas_within_the_documented_bound() {
             } else {
                 assert!(header(&response, "retry-after").is_some());
                 let (status, json) = error_body(response).await;
-                assert_eq!((status, json["errorCode"].as_u64()), (429, Some(33)), "{json}");
+                assert_eq!(
+                    (status, json["errorCode"].as_u64()),
+                    (429, Some(33)),
+                    "{json}"
+                );
                 assert_eq!(json["message"], "Too many requests");
             }
         }
@@ -269,7 +289,10 @@ async fn a_quota_holds_across_two_replicas_within_the_documented_bound() {
     }
     let rejected = a.metrics().await + &b.metrics().await;
     assert!(rejected.contains(r#"keygate_quota_rejected_total{dimension="tenant"}"#));
-    assert!(!rejected.contains(&tenant.to_string()), "no tenant id in the metrics");
+    assert!(
+        !rejected.contains(&tenant.to_string()),
+        "no tenant id in the metrics"
+    );
 }
 
 #[tokio::test]
@@ -338,23 +361,43 @@ async fn a_route_with_its_own_quota_counts_apart_from_the_global_one() {
     for remaining in [2, 1, 0] {
         let response = get(&gw, "/api/limited/devices", &key).await;
         assert_eq!(response.status(), 200);
-        assert_eq!(header(&response, "ratelimit-policy"), Some(r#""per-key";q=3;w=3600"#));
+        assert_eq!(
+            header(&response, "ratelimit-policy"),
+            Some(r#""per-key";q=3;w=3600"#)
+        );
         let limit = header(&response, "ratelimit").unwrap();
-        assert!(limit.starts_with(&format!("\"per-key\";r={remaining};t=")), "{limit}");
+        assert!(
+            limit.starts_with(&format!("\"per-key\";r={remaining};t=")),
+            "{limit}"
+        );
     }
     let refused = get(&gw, "/api/limited/devices", &key).await;
     let retry_after: u64 = header(&refused, "retry-after").unwrap().parse().unwrap();
     assert!((1..=3600).contains(&retry_after));
-    assert_eq!(header(&refused, "ratelimit-policy"), Some(r#""per-key";q=3;w=3600"#));
-    assert!(header(&refused, "ratelimit").unwrap().starts_with(r#""per-key";r=0;t="#));
+    assert_eq!(
+        header(&refused, "ratelimit-policy"),
+        Some(r#""per-key";q=3;w=3600"#)
+    );
+    assert!(
+        header(&refused, "ratelimit")
+            .unwrap()
+            .starts_with(r#""per-key";r=0;t="#)
+    );
     let (status, json) = error_body(refused).await;
     assert_eq!((status, json["errorCode"].as_u64()), (429, Some(33)));
 
     // The global budget is another one, untouched by the route's.
     let response = get(&gw, "/api/devices", &key).await;
     assert_eq!(response.status(), 200);
-    assert_eq!(header(&response, "ratelimit-policy"), Some(r#""per-key";q=1000;w=3600"#));
-    assert!(header(&response, "ratelimit").unwrap().starts_with(r#""per-key";r=999;t="#));
+    assert_eq!(
+        header(&response, "ratelimit-policy"),
+        Some(r#""per-key";q=1000;w=3600"#)
+    );
+    assert!(
+        header(&response, "ratelimit")
+            .unwrap()
+            .starts_with(r#""per-key";r=999;t="#)
+    );
     // A route that turns the quota off says nothing of it.
     let response = get(&gw, "/api/free/devices", &key).await;
     assert_eq!(response.status(), 200);

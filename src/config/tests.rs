@@ -423,9 +423,15 @@ fn redis_and_quotas_are_read_from_the_file_and_the_environment() {
     let redis = settings.redis.as_ref().unwrap();
     assert_eq!(redis.command_timeout, Duration::from_millis(100));
     assert_eq!(redis.key_prefix, "keygate:");
-    assert!(!format!("{settings:?}").contains("secret"), "the password never reaches Debug");
+    assert!(
+        !format!("{settings:?}").contains("secret"),
+        "the password never reaches Debug"
+    );
     assert_eq!(settings.quota.rates[0], Some(Rate::parse("100/s").unwrap()));
-    assert_eq!(settings.quota.rates[2], Some(Rate::parse("2000/m").unwrap()));
+    assert_eq!(
+        settings.quota.rates[2],
+        Some(Rate::parse("2000/m").unwrap())
+    );
     let route = &settings.routes[0].quota.0;
     assert_eq!(route[0], RouteRate::Off);
     assert_eq!(route[1], RouteRate::Inherit);

@@ -14,10 +14,10 @@ use super::file::{
     ListenSection, LogSection, LoginSection, ProxySection, QuotaSection, RedisSection,
     RetentionSection, RouteQuotaSection, RouteSection, ServerSection, StoreSection, TlsSection,
 };
-use crate::limits::quota::{QuotaSettings, RouteQuota};
-use crate::limits::rate::{Rate, RouteRate};
 use super::url::{PUBLIC_BASE_URL, UpstreamUrl, check_url, openapi_url};
 use super::*;
+use crate::limits::quota::{QuotaSettings, RouteQuota};
+use crate::limits::rate::{Rate, RouteRate};
 
 /// Largest `retention.batch_size`: one statement stays short.
 const MAX_PRUNE_BATCH: i64 = 100_000;
@@ -515,7 +515,9 @@ impl RedisSection {
         let command_timeout =
             nonzero_duration("redis.command_timeout", &self.command_timeout, errors);
         let prefix = &self.key_prefix;
-        if prefix.len() > MAX_KEY_PREFIX || prefix.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        if prefix.len() > MAX_KEY_PREFIX
+            || prefix.chars().any(|c| c.is_whitespace() || c.is_control())
+        {
             errors.push(format!(
                 "redis.key_prefix: at most {MAX_KEY_PREFIX} characters without spaces, got {prefix:?}"
             ));
@@ -577,7 +579,9 @@ impl RouteQuotaSection {
     fn validate(&self, here: &str, errors: &mut Vec<String>) -> RouteQuota {
         let mut rate = |name: &str, text: &str| {
             RouteRate::parse(text).unwrap_or_else(|e| {
-                errors.push(format!("{here}.quota.{name}: {e} (or \"\" for the global rate, \"off\" for none)"));
+                errors.push(format!(
+                    "{here}.quota.{name}: {e} (or \"\" for the global rate, \"off\" for none)"
+                ));
                 RouteRate::Inherit
             })
         };

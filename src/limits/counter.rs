@@ -80,10 +80,7 @@ impl Budget {
 
     /// Requests this replica may still admit before its next sync.
     pub fn remaining(&self) -> u64 {
-        let global = self
-            .rate
-            .limit
-            .saturating_sub(self.known + self.unsynced);
+        let global = self.rate.limit.saturating_sub(self.known + self.unsynced);
         global.min(self.allowance.saturating_sub(self.unsynced))
     }
 

@@ -111,9 +111,11 @@ impl RedisLink {
         invocation: &ScriptInvocation<'_>,
     ) -> Result<T, LinkError> {
         let mut connection = self.manager.clone();
-        let answer =
-            tokio::time::timeout(self.command_timeout, invocation.invoke_async(&mut connection))
-                .await;
+        let answer = tokio::time::timeout(
+            self.command_timeout,
+            invocation.invoke_async(&mut connection),
+        )
+        .await;
         let result = match answer {
             Ok(Ok(value)) => Ok(value),
             Ok(Err(error)) => Err(LinkError::Redis(error)),

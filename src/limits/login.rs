@@ -110,10 +110,22 @@ impl SharedLogins {
         };
         if let Some(account) = account {
             let account = self.account_digest(account);
-            let pair = self.link.key(format_args!("login:pair:{account}:{address}"));
+            let pair = self
+                .link
+                .key(format_args!("login:pair:{account}:{address}"));
             let whole = self.link.key(format_args!("login:account:{account}"));
-            windows.push((pair.clone(), s.account_address_max_failures, s.account_window, "account"));
-            windows.push((whole.clone(), s.account_max_failures, s.account_window, "account"));
+            windows.push((
+                pair.clone(),
+                s.account_address_max_failures,
+                s.account_window,
+                "account",
+            ));
+            windows.push((
+                whole.clone(),
+                s.account_max_failures,
+                s.account_window,
+                "account",
+            ));
             slots.pair = Some(pair);
             slots.counted.push(whole);
         }
@@ -130,8 +142,8 @@ impl SharedLogins {
             return Ok(Ok(slots));
         }
         let by = windows.get(full - 1).map_or("address", |w| w.3);
-        let retry_after = Duration::from_millis(remaining_ms.max(0) as u64)
-            .max(Duration::from_secs(1));
+        let retry_after =
+            Duration::from_millis(remaining_ms.max(0) as u64).max(Duration::from_secs(1));
         Ok(Err(Limited { by, retry_after }))
     }
 

@@ -199,9 +199,16 @@ impl Quotas {
     }
 
     /// The rate and budget scope of one dimension on a route.
-    fn policy(&self, scope: &Arc<str>, route: &RouteQuota, d: Dimension) -> Option<(Arc<str>, Rate)> {
+    fn policy(
+        &self,
+        scope: &Arc<str>,
+        route: &RouteQuota,
+        d: Dimension,
+    ) -> Option<(Arc<str>, Rate)> {
         match route.0[d as usize] {
-            RouteRate::Inherit => self.settings.rates[d as usize].map(|r| (self.global_scope.clone(), r)),
+            RouteRate::Inherit => {
+                self.settings.rates[d as usize].map(|r| (self.global_scope.clone(), r))
+            }
             RouteRate::Off => None,
             RouteRate::Own(rate) => Some((scope.clone(), rate)),
         }
@@ -230,10 +237,7 @@ impl Quotas {
             return Ok(Grant::default());
         }
         // Locked in dimension order, so concurrent requests cannot deadlock.
-        let mut budgets: Vec<_> = applied
-            .iter()
-            .map(|(_, _, c)| c.lock())
-            .collect();
+        let mut budgets: Vec<_> = applied.iter().map(|(_, _, c)| c.lock()).collect();
         let replicas = self.replicas.load(Ordering::Relaxed);
         let mut refused = None;
         for ((d, rate, _), budget) in applied.iter().zip(budgets.iter_mut()) {
@@ -285,7 +289,10 @@ impl Quotas {
             Arc::new(Counter {
                 redis_key,
                 budget: Mutex::new(Budget::new(
-                    Rate { limit: 1, window: Duration::from_secs(1) },
+                    Rate {
+                        limit: 1,
+                        window: Duration::from_secs(1),
+                    },
                     u64::MAX,
                     replicas,
                 )),
@@ -299,7 +306,11 @@ impl Quotas {
         let Some(link) = &self.link else {
             return;
         };
-        let due: Vec<Due> = self.counters.iter().filter_map(|(_, c)| Due::of(c)).collect();
+        let due: Vec<Due> = self
+            .counters
+            .iter()
+            .filter_map(|(_, c)| Due::of(c))
+            .collect();
         let mut batches: Vec<&[Due]> = due.chunks(SYNC_BATCH).collect();
         if batches.is_empty() {
             batches.push(&[]);
@@ -425,7 +436,11 @@ mod tests {
                 session_id: Uuid::new_v4(),
             },
         };
-        Identity::new(Arc::new(principal), method, id_header_value(&Uuid::new_v4()))
+        Identity::new(
+            Arc::new(principal),
+            method,
+            id_header_value(&Uuid::new_v4()),
+        )
     }
 
     fn headers(result: &Result<Grant, Refusal>) -> (String, String) {
@@ -489,10 +504,17 @@ mod tests {
         let q = quotas([Some("2/h"), None, None]);
         let caller = identity(Uuid::new_v4(), Some(Uuid::new_v4()));
         let inherit = RouteQuota::default();
-        let own = RouteQuota([RouteRate::Own(Rate::parse("1/m").unwrap()), RouteRate::Inherit, RouteRate::Inherit]);
+        let own = RouteQuota([
+            RouteRate::Own(Rate::parse("1/m").unwrap()),
+            RouteRate::Inherit,
+            RouteRate::Inherit,
+        ]);
         let off = RouteQuota([RouteRate::Off, RouteRate::Inherit, RouteRate::Inherit]);
-        let (a, b, c): (Arc<str>, Arc<str>, Arc<str>) =
-            (Arc::from("route:a"), Arc::from("route:b"), Arc::from("route:c"));
+        let (a, b, c): (Arc<str>, Arc<str>, Arc<str>) = (
+            Arc::from("route:a"),
+            Arc::from("route:b"),
+            Arc::from("route:c"),
+        );
         // Two inheriting routes share the global budget.
         assert!(q.admit(&a, &inherit, &caller).is_ok());
         assert!(q.admit(&b, &inherit, &caller).is_ok());
