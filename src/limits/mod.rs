@@ -8,11 +8,14 @@
 //!   script; [`crate::auth::limiter`] asks it after its local windows and
 //!   decides from those alone when Redis does not answer (never fails open).
 //! - [`counter`]: one quota budget's local arithmetic and its accuracy bound.
-//! - [`quota`]: quotas per API key, user and tenant; decided from local
-//!   counters on the request path, reconciled with Redis in the background.
+//! - [`quota`]: quotas per API key, user and tenant, decided from local
+//!   counters on the request path; [`sync`] reconciles them with Redis in the
+//!   background; [`headers`] writes the rate-limit headers and the 429.
 
 pub mod counter;
+pub mod headers;
 pub mod link;
 pub mod login;
 pub mod quota;
 pub mod rate;
+pub mod sync;

@@ -2,7 +2,7 @@
 //! authentication on proxied routes.
 //!
 //! A request is decided from this replica's counters alone (see
-//! [`super::counter`]); [`Quotas::sync`] reconciles them with Redis every
+//! [`super::counter`]); [`Quotas::sync`] ([`super::sync`]) reconciles them with Redis every
 //! `quota.sync_interval`, in the background. When Redis is unreachable the
 //! counters keep deciding: each replica keeps to its share of what was last
 //! known to remain.
@@ -11,15 +11,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use http::{HeaderMap, HeaderName, HeaderValue};
 use redis::Script;
 use uuid::Uuid;
 
 use super::counter::{Budget, Verdict, until_reset};
-use super::link::{Fallback, LinkError, RedisLink};
+use super::headers::Item;
+pub use super::headers::{Grant, Refusal};
+use super::link::RedisLink;
 use super::rate::{Rate, RouteRate};
-use crate::body::Body;
-use crate::error::ApiError;
 use crate::identity::{Identity, NULL_UUID};
 use crate::telemetry::Metrics;
 
@@ -40,7 +39,7 @@ impl Dimension {
     }
 
     /// The policy name in the `RateLimit` headers.
-    fn policy(self) -> &'static str {
+    pub(super) fn policy(self) -> &'static str {
         ["per-key", "per-user", "per-tenant"][self as usize]
     }
 
@@ -69,106 +68,42 @@ pub struct QuotaSettings {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct RouteQuota(pub [RouteRate; 3]);
 
+/// A dimension that applies to a request, at its rate.
+#[derive(Debug, Clone, Copy)]
+struct Applied {
+    dimension: Dimension,
+    rate: Rate,
+}
+
 /// Which budget a counter belongs to: the global one (`scope` "*") or a
 /// route's own, per dimension and subject.
 type CounterKey = (Arc<str>, Dimension, Uuid);
 
-struct Counter {
+pub(super) struct Counter {
     /// `<prefix>quota:<scope>:<dimension>:<subject>:`; the window index
     /// completes the Redis key.
-    redis_key: String,
+    pub(super) redis_key: String,
     budget: Mutex<Budget>,
 }
 
 impl Counter {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Budget> {
+    pub(super) fn lock(&self) -> std::sync::MutexGuard<'_, Budget> {
         self.budget.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
-/// A budget to reconcile: what it pushes, for which window.
-struct Due {
-    counter: Arc<Counter>,
-    window: u64,
-    pushing: u64,
-    lifetime_ms: u64,
-}
-
-impl Due {
-    fn of(counter: Arc<Counter>) -> Option<Due> {
-        let budget = counter.lock();
-        if !budget.touched && budget.unsynced == 0 {
-            return None;
-        }
-        let (window, pushing) = (budget.window, budget.unsynced);
-        // Long enough for replicas whose clocks differ a little.
-        let lifetime_ms = 2 * budget.rate.window_ms() + 1000;
-        drop(budget);
-        Some(Due {
-            counter,
-            window,
-            pushing,
-            lifetime_ms,
-        })
-    }
-}
-
 pub struct Quotas {
-    settings: QuotaSettings,
+    pub(super) settings: QuotaSettings,
     global_scope: Arc<str>,
-    counters: moka::sync::Cache<CounterKey, Arc<Counter>>,
+    pub(super) counters: moka::sync::Cache<CounterKey, Arc<Counter>>,
     /// Live replicas as last learned from Redis (1 without it).
-    replicas: AtomicU64,
-    link: Option<Arc<RedisLink>>,
-    instance: String,
-    metrics: Arc<Metrics>,
-    sync_script: Script,
+    pub(super) replicas: AtomicU64,
+    pub(super) link: Option<Arc<RedisLink>>,
+    /// This replica's name in the replica set.
+    pub(super) instance: String,
+    pub(super) metrics: Arc<Metrics>,
+    pub(super) sync_script: Script,
 }
-
-/// The quotas a request was admitted under, for its response headers.
-#[derive(Debug, Default)]
-pub struct Grant {
-    items: Vec<Item>,
-}
-
-/// A request refused by a quota.
-#[derive(Debug)]
-pub struct Refusal {
-    items: Vec<Item>,
-    retry_after: Duration,
-}
-
-#[derive(Debug, Clone, Copy)]
-struct Item {
-    dimension: Dimension,
-    rate: Rate,
-    remaining: u64,
-    reset_ms: u64,
-}
-
-/// Pushes what each budget counted since the last sync and reads the global
-/// count back; registers this replica and counts the live ones.
-/// KEYS[1]: the replica set; then one key per budget. ARGV: replica id, now
-/// (ms), staleness (ms); then per budget its increment and key lifetime (ms).
-/// Returns {replicas, total of each budget...}.
-const SYNC: &str = r"
-local now = tonumber(ARGV[2])
-local stale = tonumber(ARGV[3])
-redis.call('ZADD', KEYS[1], now, ARGV[1])
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - stale)
-redis.call('PEXPIRE', KEYS[1], stale * 2)
-local out = {redis.call('ZCARD', KEYS[1])}
-for i = 2, #KEYS do
-  out[i] = redis.call('INCRBY', KEYS[i], ARGV[2 * i])
-  if redis.call('PTTL', KEYS[i]) < 0 then
-    redis.call('PEXPIRE', KEYS[i], ARGV[2 * i + 1])
-  end
-end
-return out
-";
-
-/// Budgets pushed by one script call at most.
-const SYNC_BATCH: usize = 500;
 
 impl Quotas {
     pub fn new(
@@ -189,7 +124,7 @@ impl Quotas {
             link,
             instance: instance.to_string(),
             metrics,
-            sync_script: Script::new(SYNC),
+            sync_script: Script::new(super::sync::SYNC),
         }
     }
 
@@ -222,30 +157,21 @@ impl Quotas {
         route: &RouteQuota,
         identity: &Identity,
     ) -> Result<Grant, Refusal> {
-        let now_ms = crate::clock::now_ms().max(0) as u64;
-        let mut applied: Vec<(Dimension, Rate, Arc<Counter>)> = Vec::new();
-        for d in Dimension::ALL {
-            let (Some((budget_scope, rate)), Some(subject)) =
-                (self.policy(scope, route, d), d.subject(identity))
-            else {
-                continue;
-            };
-            let counter = self.counter(budget_scope, d, subject);
-            applied.push((d, rate, counter));
-        }
+        let applied = self.applying(scope, route, identity);
         if applied.is_empty() {
             return Ok(Grant::default());
         }
-        // Locked in dimension order, so concurrent requests cannot deadlock.
-        let mut budgets: Vec<_> = applied.iter().map(|(_, _, c)| c.lock()).collect();
+        let now_ms = crate::clock::now_ms().max(0) as u64;
         let replicas = self.replicas.load(Ordering::Relaxed);
+        // Locked in dimension order, so concurrent requests cannot deadlock.
+        let mut budgets: Vec<_> = applied.iter().map(|(_, c)| c.lock()).collect();
         let mut refused = None;
-        for ((d, rate, _), budget) in applied.iter().zip(budgets.iter_mut()) {
-            budget.roll(*rate, now_ms / rate.window_ms(), replicas);
+        for ((d, _), budget) in applied.iter().zip(budgets.iter_mut()) {
+            budget.roll(d.rate, now_ms / d.rate.window_ms(), replicas);
             budget.touched = true;
             match budget.verdict() {
                 Verdict::Admit => {}
-                verdict if refused.is_none() => refused = Some((*d, verdict, *rate)),
+                verdict if refused.is_none() => refused = Some((*d, verdict)),
                 _ => {}
             }
         }
@@ -255,24 +181,50 @@ impl Quotas {
         let items = applied
             .iter()
             .zip(budgets.iter())
-            .map(|((d, rate, _), b)| Item {
-                dimension: *d,
-                rate: *rate,
+            .map(|((d, _), b)| Item {
+                dimension: d.dimension,
+                rate: d.rate,
                 remaining: b.remaining(),
-                reset_ms: until_reset(rate, now_ms),
+                reset_ms: until_reset(&d.rate, now_ms),
             })
             .collect();
         match refused {
             None => Ok(Grant { items }),
-            Some((d, verdict, rate)) => {
-                self.metrics.limits.quota_rejected(d.label());
-                let retry_after = match verdict {
-                    Verdict::ShareUsed => self.settings.sync_interval,
-                    _ => Duration::from_millis(until_reset(&rate, now_ms)),
-                };
-                Err(Refusal { items, retry_after })
-            }
+            Some((d, verdict)) => Err(self.refuse(d, verdict, items, now_ms)),
         }
+    }
+
+    /// The budgets a request counts in: each dimension that has a rate on the
+    /// route and a subject in the identity.
+    fn applying(
+        &self,
+        scope: &Arc<str>,
+        route: &RouteQuota,
+        identity: &Identity,
+    ) -> Vec<(Applied, Arc<Counter>)> {
+        let mut applied = Vec::new();
+        for dimension in Dimension::ALL {
+            let (Some((budget_scope, rate)), Some(subject)) = (
+                self.policy(scope, route, dimension),
+                dimension.subject(identity),
+            ) else {
+                continue;
+            };
+            let counter = self.counter(budget_scope, dimension, subject);
+            applied.push((Applied { dimension, rate }, counter));
+        }
+        applied
+    }
+
+    /// Counts the refusal; a spent share is worth trying again after the
+    /// next sync, a spent quota after the window.
+    fn refuse(&self, by: Applied, verdict: Verdict, items: Vec<Item>, now_ms: u64) -> Refusal {
+        self.metrics.limits.quota_rejected(by.dimension.label());
+        let retry_after = match verdict {
+            Verdict::ShareUsed => self.settings.sync_interval,
+            _ => Duration::from_millis(until_reset(&by.rate, now_ms)),
+        };
+        Refusal { items, retry_after }
     }
 
     fn counter(&self, scope: Arc<str>, d: Dimension, subject: Uuid) -> Arc<Counter> {
@@ -299,119 +251,14 @@ impl Quotas {
             })
         })
     }
-
-    /// Reconciles every budget used since the last sync with Redis, and
-    /// renews this replica's registration. Without Redis there is nothing to do.
-    pub async fn sync(&self) {
-        let Some(link) = &self.link else {
-            return;
-        };
-        let due: Vec<Due> = self
-            .counters
-            .iter()
-            .filter_map(|(_, c)| Due::of(c))
-            .collect();
-        let mut batches: Vec<&[Due]> = due.chunks(SYNC_BATCH).collect();
-        if batches.is_empty() {
-            batches.push(&[]);
-        }
-        for batch in batches {
-            if let Err(error) = self.sync_batch(link, batch).await {
-                link.fell_back(Fallback::Quota, &error);
-                return;
-            }
-        }
-    }
-
-    async fn sync_batch(&self, link: &RedisLink, batch: &[Due]) -> Result<(), LinkError> {
-        let stale = (self.settings.sync_interval * 10).max(Duration::from_secs(3));
-        let mut invocation = self.sync_script.prepare_invoke();
-        invocation
-            .key(link.key(format_args!("quota:replicas")))
-            .arg(&self.instance)
-            .arg(crate::clock::now_ms())
-            .arg(stale.as_millis() as u64);
-        for due in batch {
-            invocation
-                .key(format!("{}{}", due.counter.redis_key, due.window))
-                .arg(due.pushing)
-                .arg(due.lifetime_ms);
-        }
-        let totals: Vec<u64> = link.probe(&invocation).await?;
-        let replicas = totals.first().copied().unwrap_or(1).max(1);
-        self.replicas.store(replicas, Ordering::Relaxed);
-        self.metrics.limits.replicas(replicas);
-        for (due, total) in batch.iter().zip(totals.iter().skip(1)) {
-            let mut budget = due.counter.lock();
-            // A budget that moved on to a new window meanwhile keeps its own.
-            if budget.window == due.window {
-                budget.synced(due.pushing, *total, replicas);
-            }
-        }
-        Ok(())
-    }
-
-    /// Runs [`Quotas::sync`] every `sync_interval` until shutdown.
-    pub async fn run(self: Arc<Self>, mut shutdown: tokio::sync::watch::Receiver<bool>) {
-        let mut tick = tokio::time::interval(self.settings.sync_interval);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                _ = shutdown.changed() => return,
-                _ = tick.tick() => self.sync().await,
-            }
-        }
-    }
-}
-
-static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
-static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
-
-/// The `RateLimit-Policy` and `RateLimit` fields of the IETF httpapi
-/// rate-limit headers draft: one item per quota that applied, e.g.
-/// `"per-key";q=100;w=1` and `"per-key";r=42;t=1`.
-fn write_headers(items: &[Item], headers: &mut HeaderMap) {
-    if items.is_empty() {
-        return;
-    }
-    let mut put = |name: &HeaderName, item: fn(&Item) -> String| {
-        let text = items.iter().map(item).collect::<Vec<_>>().join(", ");
-        // Policy names and numbers only: always a valid value.
-        if let Ok(value) = HeaderValue::try_from(text) {
-            headers.insert(name.clone(), value);
-        }
-    };
-    put(&RATELIMIT_POLICY, |i| {
-        let (policy, rate) = (i.dimension.policy(), i.rate);
-        format!("\"{policy}\";q={};w={}", rate.limit, rate.window.as_secs())
-    });
-    put(&RATELIMIT, |i| {
-        let reset = i.reset_ms.div_ceil(1000);
-        format!("\"{}\";r={};t={reset}", i.dimension.policy(), i.remaining)
-    });
-}
-
-impl Grant {
-    pub fn write_headers(&self, headers: &mut HeaderMap) {
-        write_headers(&self.items, headers);
-    }
-}
-
-impl Refusal {
-    /// 429 with the contract's JSON (code 33), `Retry-After` and the
-    /// rate-limit headers.
-    pub fn into_response(self) -> http::Response<Body> {
-        let seconds = self.retry_after.as_millis().div_ceil(1000) as u64;
-        let mut response = ApiError::too_many_requests(seconds).into_response();
-        write_headers(&self.items, response.headers_mut());
-        response
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::identity::{AuthMethod, Authority, Principal, id_header_value};
+    use crate::limits::headers::{RATELIMIT, RATELIMIT_POLICY, write_headers};
+    use http::{HeaderMap, HeaderName};
 
     fn quotas(rates: [Option<&str>; 3]) -> Quotas {
         let settings = QuotaSettings {
