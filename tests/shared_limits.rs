@@ -64,10 +64,18 @@ impl Drop for Prefix {
 }
 
 /// A TCP forwarder to Redis that the test can cut (every connection closed,
-/// new ones refused) and restore.
+/// new ones refused), stall (connections accepted, nothing answered) and
+/// restore.
 struct RedisProxy {
     addr: SocketAddr,
-    open: watch::Sender<bool>,
+    mode: watch::Sender<Mode>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Forward,
+    Cut,
+    Stall,
 }
 
 impl RedisProxy {
@@ -79,42 +87,53 @@ impl RedisProxy {
             .trim_end_matches('/')
             .parse()
             .expect("KEYGATE_TEST_REDIS_URL is redis://host:port/");
-        let (open, _) = watch::channel(true);
-        let state = open.clone();
+        let (mode, _) = watch::channel(Mode::Forward);
+        let state = mode.clone();
         tokio::spawn(async move {
             loop {
                 let Ok((client, _)) = listener.accept().await else {
                     continue;
                 };
-                if !*state.borrow() {
-                    continue; // dropped: the connection closes at once
-                }
-                let mut cut = state.subscribe();
+                let mut changed = state.subscribe();
+                let now = *changed.borrow_and_update();
                 tokio::spawn(async move {
-                    let Ok(server) = TcpStream::connect(target).await else {
-                        return;
-                    };
-                    let (mut client, mut server) = (client, server);
-                    tokio::select! {
-                        _ = tokio::io::copy_bidirectional(&mut client, &mut server) => {}
-                        _ = cut.wait_for(|open| !open) => {}
+                    match now {
+                        Mode::Cut => {} // dropped: the connection closes at once
+                        Mode::Stall => {
+                            // Held open and never answered, until the mode changes.
+                            let _held = client;
+                            let _ = changed.changed().await;
+                        }
+                        Mode::Forward => forward(client, target, changed).await,
                     }
                 });
             }
         });
-        RedisProxy { addr, open }
+        RedisProxy { addr, mode }
     }
 
     fn url(&self) -> String {
         format!("redis://{}/", self.addr)
     }
 
-    fn cut(&self) {
-        self.open.send_replace(false);
+    fn set(&self, mode: Mode) {
+        self.mode.send_replace(mode);
     }
+}
 
-    fn restore(&self) {
-        self.open.send_replace(true);
+/// Forwards one connection until the proxy's mode changes; then closes it
+/// (cut), or holds it open without a byte more (stall) until the next change.
+async fn forward(mut client: TcpStream, target: SocketAddr, mut changed: watch::Receiver<Mode>) {
+    let Ok(mut server) = TcpStream::connect(target).await else {
+        return;
+    };
+    tokio::select! {
+        _ = tokio::io::copy_bidirectional(&mut client, &mut server) => return,
+        _ = changed.wait_for(|mode| *mode != Mode::Forward) => {}
+    }
+    if *changed.borrow() == Mode::Stall {
+        let _held = (client, server);
+        let _ = changed.changed().await;
     }
 }
 
@@ -313,7 +332,7 @@ async fn limits_fall_back_to_local_counters_while_redis_is_cut_and_share_again_w
     let (_, key) = a.api_key(&user, 0).await;
     away_from_a_window_end(3600, Duration::from_secs(30)).await;
 
-    proxy.cut();
+    proxy.set(Mode::Cut);
     wait_for(&a, "keygate_redis_up 0").await;
     // Password guesses are still limited, by this replica's own windows.
     for _ in 0..3 {
@@ -331,7 +350,7 @@ async fn limits_fall_back_to_local_counters_while_redis_is_cut_and_share_again_w
     assert_eq!(statuses, [200, 200, 429, 429], "a share of ceil(4 / 2)");
     assert!(!metric(&a, r#"keygate_redis_fallbacks_total{limits="quota"} 0"#).await);
 
-    proxy.restore();
+    proxy.set(Mode::Forward);
     wait_for(&a, "keygate_redis_up 1").await;
     wait_for(&b, "keygate_redis_up 1").await;
     // Shared again: failures at A count at B.
@@ -429,4 +448,43 @@ async fn quotas_without_redis_are_kept_by_each_replica() {
     }
     assert_eq!(statuses, [200, 200, 429]);
     assert!(metric(&gw, r#"keygate_quota_rejected_total{dimension="user"} 1"#).await);
+}
+
+#[tokio::test]
+async fn a_stalled_redis_delays_a_password_attempt_by_the_command_timeout_at_most() {
+    let prefix = Prefix::new();
+    let proxy = RedisProxy::start().await;
+    let upstream = Upstream::start().await;
+    let config = shared(
+        &proxy.url(),
+        &prefix,
+        "[login]\naccount_address_max_failures = 2\n",
+    );
+    let gw = Gateway::start(&upstream.url(), &config).await;
+    wait_for(&gw, "keygate_redis_up 1").await;
+    let (status, _) = error_body(login(&gw, "slow@example.com", "guess").await).await;
+    assert_eq!(status, 401);
+    let started = Instant::now();
+    let (status, _) = error_body(login(&gw, "warm@example.com", "guess").await).await;
+    let with_redis = started.elapsed();
+    assert_eq!(status, 401);
+
+    proxy.set(Mode::Stall);
+    // The first attempt waits out the command timeout (200 ms), then its
+    // replica decides: the second failure of the pair window still counts.
+    let started = Instant::now();
+    let (status, _) = error_body(login(&gw, "slow@example.com", "guess").await).await;
+    let stalled = started.elapsed();
+    assert_eq!(status, 401);
+    assert!(
+        stalled < with_redis + Duration::from_millis(1500),
+        "{stalled:?} against {with_redis:?} with Redis answering"
+    );
+    let (status, _) = error_body(login(&gw, "slow@example.com", "guess").await).await;
+    assert_eq!(status, 429, "decided by the local windows, never unchecked");
+    println!("a login took {with_redis:?} with Redis answering, {stalled:?} with Redis stalled");
+    assert!(metric(&gw, "keygate_redis_up 0").await);
+    assert!(!metric(&gw, r#"keygate_redis_fallbacks_total{limits="login"} 0"#).await);
+    proxy.set(Mode::Forward);
+    wait_for(&gw, "keygate_redis_up 1").await;
 }
