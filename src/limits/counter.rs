@@ -24,9 +24,9 @@ pub struct Budget {
     pub unsynced: u64,
     /// How many this replica may admit between two syncs.
     pub allowance: u64,
-    /// Used since the last sync (admitted or refused), so the next sync
-    /// refreshes it.
-    pub touched: bool,
+    /// Waiting for the next sync: set by the first request after a sync
+    /// (admitted or refused), cleared when a sync takes the budget.
+    pub queued: bool,
 }
 
 /// What a budget says to one request.
@@ -52,14 +52,16 @@ impl Budget {
             known: 0,
             unsynced: 0,
             allowance: share(rate.limit, 0, replicas),
-            touched: false,
+            queued: false,
         }
     }
 
     /// Starts over when the window or the rate changed.
     pub fn roll(&mut self, rate: Rate, window: u64, replicas: u64) {
         if self.window != window || self.rate != rate {
+            let queued = self.queued;
             *self = Budget::new(rate, window, replicas);
+            self.queued = queued;
         }
     }
 
@@ -75,7 +77,6 @@ impl Budget {
 
     pub fn admit(&mut self) {
         self.unsynced += 1;
-        self.touched = true;
     }
 
     /// Requests this replica may still admit before its next sync.
@@ -90,7 +91,6 @@ impl Budget {
         self.unsynced = self.unsynced.saturating_sub(pushed);
         self.known = total;
         self.allowance = share(self.rate.limit, total, replicas);
-        self.touched = false;
     }
 }
 

@@ -60,7 +60,7 @@ pub struct QuotaSettings {
     /// Per dimension, in [`Dimension::ALL`] order; `None`: no quota.
     pub rates: [Option<Rate>; 3],
     pub sync_interval: Duration,
-    /// Budgets (subject and window) tracked at once.
+    /// Budgets (subject and route) tracked at once.
     pub capacity: u64,
 }
 
@@ -103,6 +103,9 @@ pub struct Quotas {
     pub(super) instance: String,
     pub(super) metrics: Arc<Metrics>,
     pub(super) sync_script: Script,
+    /// Budgets used since the last sync, each once: a sync visits these
+    /// only, however many budgets are held.
+    pub(super) queue: Mutex<Vec<Arc<Counter>>>,
 }
 
 impl Quotas {
@@ -125,6 +128,7 @@ impl Quotas {
             instance: instance.to_string(),
             metrics,
             sync_script: Script::new(super::sync::SYNC),
+            queue: Mutex::new(Vec::new()),
         }
     }
 
@@ -166,9 +170,9 @@ impl Quotas {
         // Locked in dimension order, so concurrent requests cannot deadlock.
         let mut budgets: Vec<_> = applied.iter().map(|(_, c)| c.lock()).collect();
         let mut refused = None;
-        for ((d, _), budget) in applied.iter().zip(budgets.iter_mut()) {
+        for ((d, counter), budget) in applied.iter().zip(budgets.iter_mut()) {
             budget.roll(d.rate, now_ms / d.rate.window_ms(), replicas);
-            budget.touched = true;
+            self.enqueue(counter, budget);
             match budget.verdict() {
                 Verdict::Admit => {}
                 verdict if refused.is_none() => refused = Some((*d, verdict)),
@@ -214,6 +218,17 @@ impl Quotas {
             applied.push((Applied { dimension, rate }, counter));
         }
         applied
+    }
+
+    /// Queues a budget for the next sync, once, when there is Redis to sync with.
+    pub(super) fn enqueue(&self, counter: &Arc<Counter>, budget: &mut Budget) {
+        if self.link.is_some() && !budget.queued {
+            budget.queued = true;
+            self.queue
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(counter.clone());
+        }
     }
 
     /// Counts the refusal; a spent share is worth trying again after the
@@ -373,5 +388,16 @@ mod tests {
         for _ in 0..3 {
             assert!(q.admit(&c, &off, &caller).unwrap().items.is_empty());
         }
+    }
+
+    #[test]
+    fn without_redis_nothing_waits_for_a_sync() {
+        let q = quotas([Some("1000/h"), Some("1000/h"), None]);
+        let scope: Arc<str> = Arc::from("route:api");
+        for _ in 0..50 {
+            let caller = identity(Uuid::new_v4(), Some(Uuid::new_v4()));
+            assert!(q.admit(&scope, &RouteQuota::default(), &caller).is_ok());
+        }
+        assert!(q.queue.lock().unwrap().is_empty());
     }
 }

@@ -43,21 +43,21 @@ struct Due {
 }
 
 impl Due {
-    fn of(counter: Arc<Counter>) -> Option<Due> {
-        let budget = counter.lock();
-        if !budget.touched && budget.unsynced == 0 {
-            return None;
-        }
+    /// Takes a queued budget for this sync: what it counted so far. Requests
+    /// from here on queue it again for the next one.
+    fn of(counter: Arc<Counter>) -> Due {
+        let mut budget = counter.lock();
+        budget.queued = false;
         let (window, pushing) = (budget.window, budget.unsynced);
         // Long enough for replicas whose clocks differ a little.
         let lifetime_ms = 2 * budget.rate.window_ms() + 1000;
         drop(budget);
-        Some(Due {
+        Due {
             counter,
             window,
             pushing,
             lifetime_ms,
-        })
+        }
     }
 }
 
@@ -68,18 +68,19 @@ impl Quotas {
         let Some(link) = &self.link else {
             return;
         };
-        let due: Vec<Due> = self
-            .counters
-            .iter()
-            .filter_map(|(_, c)| Due::of(c))
-            .collect();
+        let queued = std::mem::take(&mut *self.queue.lock().unwrap_or_else(|p| p.into_inner()));
+        let due: Vec<Due> = queued.into_iter().map(Due::of).collect();
         let mut batches: Vec<&[Due]> = due.chunks(SYNC_BATCH).collect();
         if batches.is_empty() {
             batches.push(&[]);
         }
-        for batch in batches {
+        for (i, batch) in batches.iter().enumerate() {
             if let Err(error) = self.sync_batch(link, batch).await {
                 link.fell_back(Fallback::Quota, &error);
+                // What did not reach Redis goes at the next sync.
+                for due in batches[i..].iter().flat_map(|b| b.iter()) {
+                    self.enqueue(&due.counter, &mut due.counter.lock());
+                }
                 return;
             }
         }
