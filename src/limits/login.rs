@@ -62,6 +62,29 @@ pub struct SharedSlots {
     pair: Option<String>,
 }
 
+impl SharedSlots {
+    /// The slots of windows in [`SharedLogins::windows`] order.
+    fn of(windows: Vec<SharedWindow>) -> SharedSlots {
+        let mut keys = windows.into_iter().map(|w| w.key);
+        let address = keys.next();
+        let pair = keys.next();
+        let account = keys.next();
+        SharedSlots {
+            counted: address.into_iter().chain(account).collect(),
+            pair,
+        }
+    }
+}
+
+/// One window an attempt takes a slot in.
+struct SharedWindow {
+    key: String,
+    limit: u32,
+    length: Duration,
+    /// Which limit it is, as [`Limited::by`] names it.
+    by: &'static str,
+}
+
 pub struct SharedLogins {
     link: Arc<RedisLink>,
     settings: LimiterSettings,
@@ -97,54 +120,54 @@ impl SharedLogins {
         account: Option<&str>,
         address: IpAddr,
     ) -> Result<Result<SharedSlots, Limited>, LinkError> {
-        let s = &self.settings;
-        let mut windows = vec![(
-            self.link.key(format_args!("login:address:{address}")),
-            s.address_max_failures,
-            s.address_window,
-            "address",
-        )];
-        let mut slots = SharedSlots {
-            counted: Vec::with_capacity(2),
-            pair: None,
-        };
-        if let Some(account) = account {
-            let account = self.account_digest(account);
-            let pair = self
-                .link
-                .key(format_args!("login:pair:{account}:{address}"));
-            let whole = self.link.key(format_args!("login:account:{account}"));
-            windows.push((
-                pair.clone(),
-                s.account_address_max_failures,
-                s.account_window,
-                "account",
-            ));
-            windows.push((
-                whole.clone(),
-                s.account_max_failures,
-                s.account_window,
-                "account",
-            ));
-            slots.pair = Some(pair);
-            slots.counted.push(whole);
-        }
-        slots.counted.insert(0, windows[0].0.clone());
+        let windows = self.windows(account, address);
         let mut invocation = self.acquire.prepare_invoke();
-        for (key, limit, window, _) in &windows {
+        for w in &windows {
             invocation
-                .key(key)
-                .arg(limit)
-                .arg(window.as_millis() as u64);
+                .key(&w.key)
+                .arg(w.limit)
+                .arg(w.length.as_millis() as u64);
         }
         let (full, remaining_ms): (usize, i64) = self.link.invoke(&invocation).await?;
-        if full == 0 {
-            return Ok(Ok(slots));
-        }
-        let by = windows.get(full - 1).map_or("address", |w| w.3);
+        let Some(refused_by) = full.checked_sub(1).and_then(|i| windows.get(i)) else {
+            return Ok(Ok(SharedSlots::of(windows)));
+        };
         let retry_after =
             Duration::from_millis(remaining_ms.max(0) as u64).max(Duration::from_secs(1));
-        Ok(Err(Limited { by, retry_after }))
+        Ok(Err(Limited {
+            by: refused_by.by,
+            retry_after,
+        }))
+    }
+
+    /// The windows of an attempt, in the order the script checks them:
+    /// address, then (account, address) and account.
+    fn windows(&self, account: Option<&str>, address: IpAddr) -> Vec<SharedWindow> {
+        let s = &self.settings;
+        let mut windows = vec![SharedWindow {
+            key: self.link.key(format_args!("login:address:{address}")),
+            limit: s.address_max_failures,
+            length: s.address_window,
+            by: "address",
+        }];
+        if let Some(account) = account {
+            let account = self.account_digest(account);
+            windows.push(SharedWindow {
+                key: self
+                    .link
+                    .key(format_args!("login:pair:{account}:{address}")),
+                limit: s.account_address_max_failures,
+                length: s.account_window,
+                by: "account",
+            });
+            windows.push(SharedWindow {
+                key: self.link.key(format_args!("login:account:{account}")),
+                limit: s.account_max_failures,
+                length: s.account_window,
+                by: "account",
+            });
+        }
+        windows
     }
 
     /// The attempt succeeded: its slots go back, its own (account, address)
