@@ -68,6 +68,9 @@ pub fn server_config(resolver: Arc<CertResolver>) -> Result<Arc<ServerConfig>, T
         .with_no_client_auth()
         .with_cert_resolver(resolver);
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    // The server's order (AES-256-GCM, AES-128-GCM, ChaCha20) wins over a
+    // client's: a client cannot steer the handshake to its weakest choice.
+    config.ignore_client_order = true;
     Ok(Arc::new(config))
 }
 
@@ -291,6 +294,27 @@ mod tests {
             assert_eq!(
                 std::fs::metadata(&key).unwrap().permissions().mode() & 0o777,
                 0o600
+            );
+        }
+    }
+
+    #[test]
+    fn handshakes_offer_only_forward_secret_aead_suites_in_the_servers_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let loaded = load_or_generate_dev(dir.path()).unwrap();
+        let config = server_config(Arc::new(CertResolver::new(loaded.key))).unwrap();
+        assert!(config.ignore_client_order);
+        let suites = &config.crypto_provider().cipher_suites;
+        assert!(!suites.is_empty());
+        for suite in suites {
+            let name = format!("{:?}", suite.suite());
+            assert!(
+                name.contains("GCM") || name.contains("CHACHA20_POLY1305"),
+                "{name} is not an AEAD suite"
+            );
+            assert!(
+                name.starts_with("TLS13_") || name.starts_with("TLS_ECDHE_"),
+                "{name} is not forward secret"
             );
         }
     }

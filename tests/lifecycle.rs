@@ -5,7 +5,7 @@ mod common;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{DocumentUpstream, Process, Upstream};
+use common::{DocumentUpstream, Process, Upstream, certificate_into, write_config};
 use serde_json::json;
 
 #[tokio::test]
@@ -62,28 +62,6 @@ async fn sigterm_lets_an_in_flight_request_finish_and_exits_zero() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     assert_eq!(exit.code(), Some(0));
-}
-
-fn write_config(path: &std::path::Path, data: &std::path::Path, upstream: &str, extra_route: &str) {
-    let data = data.display();
-    std::fs::write(
-        path,
-        format!(
-            "[server]\ndata_dir = \"{data}\"\n[listen]\nhttps = \"127.0.0.1:0\"\nhttp = \"127.0.0.1:0\"\nadmin = \"127.0.0.1:0\"\n\
-             [tls]\ncert = \"{data}/served-cert.pem\"\nkey = \"{data}/served-key.pem\"\n\
-             [store]\nurl = \"sqlite://{data}/k.db\"\n[[route]]\nprefix = \"/api/noauth/\"\nupstreams = [\"{upstream}\"]\npublic = true\n{extra_route}"
-        ),
-    )
-    .unwrap();
-}
-
-/// Generates a development CA and certificate in `dir`; returns the CA PEM.
-fn certificate_into(dir: &std::path::Path, data: &std::path::Path) -> Vec<u8> {
-    keygate::tls::load_or_generate_dev(dir).unwrap();
-    let (ca, cert, key) = keygate::tls::dev_paths(dir);
-    std::fs::copy(cert, data.join("served-cert.pem")).unwrap();
-    std::fs::copy(key, data.join("served-key.pem")).unwrap();
-    std::fs::read(ca).unwrap()
 }
 
 #[tokio::test]

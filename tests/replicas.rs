@@ -6,35 +6,10 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{Gateway, Upstream};
+use common::{Gateway, Upstream, drop_schema, fresh_schema};
 use keygate::identity::Authority;
 use sqlx::Connection;
 use sqlx::postgres::PgConnection;
-
-/// A fresh schema on the test database; returns the URL that selects it.
-async fn fresh_schema(base: &str) -> (String, String) {
-    let schema = format!("kg_replicas_{}", uuid::Uuid::new_v4().simple());
-    let mut conn = PgConnection::connect(base)
-        .await
-        .expect("KEYGATE_TEST_DATABASE_URL must be reachable");
-    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
-        .execute(&mut conn)
-        .await
-        .unwrap();
-    let separator = if base.contains('?') { '&' } else { '?' };
-    (
-        format!("{base}{separator}options=-c%20search_path%3D{schema}"),
-        schema,
-    )
-}
-
-async fn drop_schema(base: &str, schema: &str) {
-    if let Ok(mut conn) = PgConnection::connect(base).await {
-        let _ = sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP SCHEMA {schema} CASCADE")))
-            .execute(&mut conn)
-            .await;
-    }
-}
 
 async fn wait_for(what: &str, limit: Duration, mut done: impl AsyncFnMut() -> bool) -> Duration {
     let started = Instant::now();

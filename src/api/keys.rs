@@ -4,7 +4,7 @@ use super::access::{audit, check_manage, page_json, page_request, path_id};
 use super::records::{ApiKey, PageDataApiKey};
 use super::wire::{ApiKeyCreateRequest, ManageErrors};
 use super::{EndpointRequest, Endpoints, empty_response, json_response};
-use crate::accounts::{self, AccountError};
+use crate::accounts;
 use crate::body::Body;
 use crate::error::ApiError;
 use crate::store::ApiKeyRecord;
@@ -62,14 +62,7 @@ pub async fn create(
         expiration_time,
         enabled,
     )
-    .await
-    .map_err(|e| match e {
-        AccountError::Invalid(message) => ApiError::bad_request(message),
-        other => {
-            tracing::error!(error = %other, "creating an API key failed");
-            ApiError::internal()
-        }
-    })?;
+    .await?;
     let record = created.record;
     audit(identity, "api_key.create", "API_KEY", record.id);
     Ok(json_response(&ApiKey::new(

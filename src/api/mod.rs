@@ -18,6 +18,7 @@ use http::{HeaderValue, Method, Response, StatusCode, header};
 use http_body_util::BodyExt;
 use serde::de::DeserializeOwned;
 
+use crate::accounts::AccountError;
 use crate::auth::Authenticator;
 use crate::auth::limiter::LoginLimiter;
 use crate::body::{self, Body};
@@ -389,6 +390,25 @@ impl Endpoints {
             Endpoint::EnableUser => users::set_enabled(self, req).await,
             Endpoint::ActivationLink => users::activation_link(self, req).await,
             Endpoint::Activate => users::activate(self, req).await,
+        }
+    }
+}
+
+/// An account operation's failure as the client sees it: bad input is a 400;
+/// a store that cannot answer or write (down, disk full) a 503, as every store
+/// failure ([`From<StoreError>`](crate::store::StoreError)); anything else a 500.
+impl From<AccountError> for ApiError {
+    fn from(error: AccountError) -> Self {
+        match error {
+            AccountError::Invalid(message) => ApiError::bad_request(message),
+            AccountError::Exists(email) => ApiError::bad_request(format!(
+                "User with email '{email}' already present in database!"
+            )),
+            AccountError::Store(error) => error.into(),
+            other => {
+                tracing::error!(error = %other, "account operation failed");
+                ApiError::internal()
+            }
         }
     }
 }

@@ -8,7 +8,7 @@ use super::records::{EntityId, PageDataUser, User};
 use super::session::HashFor;
 use super::wire::{ActivateUserRequest, BodyErrors, JwtPair, ListErrors, ManageErrors};
 use super::{EndpointRequest, Endpoints, empty_response, json_response};
-use crate::accounts::{self, AccountError, NewProfile, NewUser};
+use crate::accounts::{self, NewProfile, NewUser};
 use crate::auth::api_key::{self, KeyDigest};
 use crate::body::Body;
 use crate::error::ApiError;
@@ -31,19 +31,6 @@ struct UserBody {
     last_name: Option<String>,
     phone: Option<String>,
     additional_info: Option<serde_json::Value>,
-}
-
-fn account_error(error: AccountError) -> ApiError {
-    match error {
-        AccountError::Invalid(message) => ApiError::bad_request(message),
-        AccountError::Exists(email) => ApiError::bad_request(format!(
-            "User with email '{email}' already present in database!"
-        )),
-        other => {
-            tracing::error!(error = %other, "account operation failed");
-            ApiError::internal()
-        }
-    }
 }
 
 /// `POST /api/user`: creates a user without a password (they activate through
@@ -119,9 +106,7 @@ pub async fn save(api: &Endpoints, req: EndpointRequest) -> Result<http::Respons
             .filter(|i| !i.is_null())
             .map(|i| i.to_string()),
     };
-    let user = accounts::create_pending_user(&api.store, new, profile)
-        .await
-        .map_err(account_error)?;
+    let user = accounts::create_pending_user(&api.store, new, profile).await?;
     audit(identity, "user.create", "USER", user.id);
     Ok(json_response(&User::from(&user)))
 }

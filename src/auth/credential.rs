@@ -228,4 +228,62 @@ mod tests {
         let credential = Credential::ApiKey(Secret::new("tb_very_secret"));
         assert!(!format!("{credential:?}").contains("very_secret"));
     }
+
+    /// Hostile header values, for the property tests and `fuzz/run`.
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        fn scheme() -> impl Strategy<Value = Vec<u8>> {
+            prop_oneof![
+                Just(b"ApiKey".to_vec()),
+                Just(b"Bearer".to_vec()),
+                Just(b"apikey".to_vec()),
+                Just(b"Basic".to_vec()),
+                proptest::collection::vec(any::<u8>(), 0..8),
+            ]
+        }
+
+        fn header_value() -> impl Strategy<Value = Vec<u8>> {
+            (
+                scheme(),
+                proptest::collection::vec(any::<u8>(), 0..3),
+                proptest::collection::vec(any::<u8>(), 0..MAX_VALUE_LEN + 8),
+            )
+                .prop_map(|(scheme, separator, rest)| [scheme, separator, rest].concat())
+        }
+
+        proptest! {
+            #[test]
+            fn any_header_value_is_read_exactly_or_refused(value in header_value()) {
+                match parse_value(&value) {
+                    Ok(Credential::ApiKey(secret)) => {
+                        prop_assert_eq!([b"ApiKey ", secret.expose().as_bytes()].concat(), value);
+                    }
+                    Ok(Credential::Bearer(secret)) => {
+                        prop_assert_eq!([b"Bearer ", secret.expose().as_bytes()].concat(), value);
+                    }
+                    Err(_) => {}
+                }
+            }
+
+            #[test]
+            fn a_read_secret_is_visible_ascii_without_separators(value in header_value()) {
+                if let Ok(Credential::ApiKey(s) | Credential::Bearer(s)) = parse_value(&value) {
+                    let secret = s.expose();
+                    prop_assert!(!secret.is_empty() && secret.len() <= MAX_VALUE_LEN);
+                    prop_assert!(secret.bytes().all(|b| b.is_ascii_graphic() && b != b','));
+                }
+            }
+
+            #[test]
+            fn every_well_formed_key_is_read_back(secret in "[!-+--~]{1,64}") {
+                let value = format!("ApiKey {secret}");
+                prop_assert_eq!(
+                    parse_value(value.as_bytes()),
+                    Ok(Credential::ApiKey(Secret::new(secret)))
+                );
+            }
+        }
+    }
 }

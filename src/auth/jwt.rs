@@ -409,4 +409,74 @@ mod tests {
             );
         }
     }
+
+    /// The last character of each part carries unused bits: a decoder
+    /// that ignored them would accept a second spelling of the same token.
+    #[test]
+    fn every_other_spelling_of_a_token_is_refused() {
+        let keys = keys();
+        let token = keys.sign_access(&user(), Uuid::nil(), now()).unwrap().token;
+        let ends: Vec<usize> = token
+            .match_indices('.')
+            .map(|(at, _)| at - 1)
+            .chain([token.len() - 1])
+            .collect();
+        for at in ends {
+            for replacement in (b'0'..=b'9').chain(b'A'..=b'Z').chain(b'a'..=b'z') {
+                if token.as_bytes()[at] == replacement {
+                    continue;
+                }
+                let mut changed = token.clone().into_bytes();
+                changed[at] = replacement;
+                let changed = String::from_utf8(changed).unwrap();
+                assert!(keys.verify_access(&changed).is_err(), "{changed}");
+            }
+        }
+    }
+
+    /// Hostile tokens, for the property tests and `fuzz/run`.
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        fn token_like() -> impl Strategy<Value = String> {
+            prop_oneof![
+                any::<String>(),
+                "[A-Za-z0-9_-]{0,40}\\.[A-Za-z0-9_-]{0,80}\\.[A-Za-z0-9_-]{0,90}",
+                // A real header and payload with a forged signature.
+                "[A-Za-z0-9_-]{86}".prop_map(|signature| {
+                    let token = keys()
+                        .sign_access(&user(), Uuid::nil(), now())
+                        .unwrap()
+                        .token;
+                    let (signed, _) = token.rsplit_once('.').unwrap();
+                    format!("{signed}.{signature}")
+                }),
+            ]
+        }
+
+        proptest! {
+            #[test]
+            fn no_forged_or_garbled_token_verifies(token in token_like()) {
+                let keys = keys();
+                prop_assert!(keys.verify_access(&token).is_err());
+                prop_assert!(keys.verify_refresh(&token).is_err());
+            }
+
+            #[test]
+            fn any_one_character_changed_in_a_token_is_refused(
+                position in any::<proptest::sample::Index>(),
+                replacement in proptest::char::range('!', '~'),
+            ) {
+                let keys = keys();
+                let token = keys.sign_access(&user(), Uuid::nil(), now()).unwrap().token;
+                let at = position.index(token.len());
+                prop_assume!(token.as_bytes()[at] != replacement as u8);
+                let mut changed = token.clone().into_bytes();
+                changed[at] = replacement as u8;
+                let changed = String::from_utf8(changed).unwrap();
+                prop_assert!(keys.verify_access(&changed).is_err(), "{changed}");
+            }
+        }
+    }
 }

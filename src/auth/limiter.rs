@@ -39,18 +39,7 @@ use crate::limits::login::{SharedLogins, SharedSlots};
 /// huge username cannot inflate memory.
 const MAX_ACCOUNT_KEY: usize = 256;
 
-#[derive(Debug, Clone)]
-pub struct LimiterSettings {
-    /// Failed attempts per account over every address (the ceiling).
-    pub account_max_failures: u32,
-    /// Failed attempts per account from one address.
-    pub account_address_max_failures: u32,
-    pub account_window: Duration,
-    /// Failed attempts per client address over every account.
-    pub address_max_failures: u32,
-    pub address_window: Duration,
-    pub capacity: u64,
-}
+pub use crate::config::LimiterSettings;
 
 #[derive(Debug)]
 struct Window {

@@ -157,7 +157,7 @@ pub struct ApiBrowserSettings {
 
 #[derive(Debug, Clone)]
 pub struct LoginSettings {
-    pub limiter: crate::auth::limiter::LimiterSettings,
+    pub limiter: LimiterSettings,
     /// Consecutive failures that lock an account; 0 turns lockout off.
     pub lockout_after: u32,
     /// Password hashes computed at once.
@@ -362,4 +362,18 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     millis
         .map(Duration::from_millis)
         .ok_or_else(|| format!("{text:?} is too long"))
+}
+
+/// The brute-force limits of password checks (`auth::limiter`).
+#[derive(Debug, Clone)]
+pub struct LimiterSettings {
+    /// Failed attempts per account over every address (the ceiling).
+    pub account_max_failures: u32,
+    /// Failed attempts per account from one address.
+    pub account_address_max_failures: u32,
+    pub account_window: Duration,
+    /// Failed attempts per client address over every account.
+    pub address_max_failures: u32,
+    pub address_window: Duration,
+    pub capacity: u64,
 }

@@ -472,3 +472,81 @@ fn bad_redis_and_quota_settings_are_reported_without_the_password() {
     }
     assert!(!text.contains("hunter2"), "{text}");
 }
+
+/// Hostile configuration files and environments, for the property tests and
+/// `fuzz/run`: every one loads or is refused with messages, never a panic.
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// Every `section.key` of the defaults, so values land where they are read.
+    fn keys() -> Vec<(String, String)> {
+        let defaults = Value::try_from(FileConfig::default()).unwrap();
+        let mut keys = Vec::new();
+        for (section, table) in defaults.as_table().unwrap() {
+            match table.as_table() {
+                Some(table) => keys.extend(table.keys().map(|k| (section.clone(), k.clone()))),
+                None => keys.push((String::new(), section.clone())),
+            }
+        }
+        keys
+    }
+
+    fn value() -> impl Strategy<Value = String> {
+        prop_oneof![
+            any::<i64>().prop_map(|n| n.to_string()),
+            any::<bool>().prop_map(|b| b.to_string()),
+            "[0-9]{0,4}(ms|s|m|h|d|x)?".prop_map(|s| format!("{s:?}")),
+            "[a-z0-9:/.\\[\\]@%-]{0,24}".prop_map(|s| format!("{s:?}")),
+            any::<String>().prop_map(|s| format!("{s:?}")),
+            Just("[]".to_string()),
+            Just("[\"\", 1]".to_string()),
+            Just("{ a = 1 }".to_string()),
+        ]
+    }
+
+    fn file() -> impl Strategy<Value = String> {
+        let keys = keys();
+        proptest::collection::vec((0..keys.len(), value()), 0..6).prop_map(move |entries| {
+            let mut text = String::new();
+            for (index, value) in entries {
+                let (section, key) = &keys[index];
+                if section.is_empty() {
+                    text.push_str(&format!("{key} = {value}\n"));
+                } else {
+                    text.push_str(&format!("[{section}]\n{key} = {value}\n"));
+                }
+            }
+            text
+        })
+    }
+
+    proptest! {
+        #[test]
+        fn any_config_loads_or_is_refused_with_reasons(text in file()) {
+            if let Err(errors) = load_text(&text, &[]) {
+                prop_assert!(!errors.0.is_empty());
+                prop_assert!(errors.0.iter().all(|e| !e.trim().is_empty()));
+            }
+        }
+
+        #[test]
+        fn any_environment_override_loads_or_is_refused(
+            key in proptest::sample::select(keys()),
+            value in any::<String>(),
+        ) {
+            let (section, key) = key;
+            let name = format!("KEYGATE_{}_{}", section, key).to_uppercase();
+            if let Err(errors) = load_text("", &[(&name, &value)]) {
+                prop_assert!(!errors.0.is_empty());
+            }
+        }
+
+        #[test]
+        fn durations_parse_exactly_or_are_refused(text in any::<String>(), n in 0u64..1_000_000) {
+            let _ = parse_duration(&text);
+            prop_assert_eq!(parse_duration(&format!("{n}s")), Ok(Duration::from_secs(n)));
+            prop_assert_eq!(parse_duration(&format!("{n}ms")), Ok(Duration::from_millis(n)));
+        }
+    }
+}

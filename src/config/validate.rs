@@ -457,10 +457,10 @@ impl LoginSection {
         (login, password_policy)
     }
 
-    fn limiter(&self, errors: &mut Vec<String>) -> crate::auth::limiter::LimiterSettings {
+    fn limiter(&self, errors: &mut Vec<String>) -> super::LimiterSettings {
         let account_window = nonzero_duration("login.account_window", &self.account_window, errors);
         let address_window = nonzero_duration("login.address_window", &self.address_window, errors);
-        crate::auth::limiter::LimiterSettings {
+        super::LimiterSettings {
             account_max_failures: positive_u32(
                 "login.account_max_failures",
                 self.account_max_failures,

@@ -349,26 +349,7 @@ where
         {
             req.extensions_mut().insert(AmbiguousFraming);
         }
-        let handler = handler.clone();
-        let conn = conn.clone();
-        async move {
-            let version = req.version();
-            let mut response = handler.handle(req, conn).await;
-            if asks_to_close(&response) {
-                let reason = (response.status() == StatusCode::REQUEST_TIMEOUT)
-                    .then_some(Reason::BodyTimeout);
-                in_flight.0.request_close(reason);
-                if version == Version::HTTP_2 {
-                    // Connection-specific headers are not allowed in HTTP/2;
-                    // the driver sends GOAWAY instead.
-                    response.headers_mut().remove(header::CONNECTION);
-                }
-            }
-            Ok::<_, Infallible>(response.map(|inner| Tracked {
-                inner,
-                _in_flight: in_flight,
-            }))
-        }
+        respond(handler.clone(), req, conn.clone(), in_flight)
     });
     let io = Counted {
         io,
@@ -426,6 +407,32 @@ where
             }
         }
     }
+}
+
+/// One request through the handler. A response that asks to close the
+/// connection starts a graceful close; its body counts as in flight until sent.
+async fn respond<H: Handler>(
+    handler: Arc<H>,
+    req: Request<Incoming>,
+    conn: Arc<Connection>,
+    in_flight: InFlight,
+) -> Result<Response<Tracked>, Infallible> {
+    let version = req.version();
+    let mut response = handler.handle(req, conn).await;
+    if asks_to_close(&response) {
+        let reason =
+            (response.status() == StatusCode::REQUEST_TIMEOUT).then_some(Reason::BodyTimeout);
+        in_flight.0.request_close(reason);
+        if version == Version::HTTP_2 {
+            // Connection-specific headers are not allowed in HTTP/2;
+            // the driver sends GOAWAY instead.
+            response.headers_mut().remove(header::CONNECTION);
+        }
+    }
+    Ok(response.map(|inner| Tracked {
+        inner,
+        _in_flight: in_flight,
+    }))
 }
 
 fn asks_to_close<B>(response: &Response<B>) -> bool {

@@ -238,4 +238,101 @@ mod tests {
         // Non-ASCII names that are plain UTF-8 data still pass.
         assert!(normalize("/api/caf%c3%a9").is_ok());
     }
+
+    /// Hostile paths, for the property tests and `fuzz/run`.
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        /// Pieces that have broken path handling somewhere: separators,
+        /// dots, escapes of both, broken and double escapes, look-alikes.
+        fn piece() -> impl Strategy<Value = String> {
+            prop_oneof![
+                Just("/".to_string()),
+                Just(".".to_string()),
+                Just("..".to_string()),
+                Just("%2e".to_string()),
+                Just("%2F".to_string()),
+                Just("%5c".to_string()),
+                Just("%25".to_string()),
+                Just("%".to_string()),
+                Just("%zz".to_string()),
+                Just("%00".to_string()),
+                Just("%3b".to_string()),
+                Just(";".to_string()),
+                Just("\\".to_string()),
+                Just("%ef%bc%8e".to_string()),
+                Just("%c0%ae".to_string()),
+                Just("\u{FF0E}".to_string()),
+                Just("%c3%a9".to_string()),
+                Just("api".to_string()),
+                Just("noauth".to_string()),
+                "[a-z0-9._~-]{1,6}",
+                any::<String>(),
+            ]
+        }
+
+        fn path() -> impl Strategy<Value = String> {
+            proptest::collection::vec(piece(), 0..16).prop_map(|p| format!("/{}", p.concat()))
+        }
+
+        /// Percent-decodes what decodes (as a lenient upstream would).
+        fn decode(path: &str) -> Vec<u8> {
+            let bytes = path.as_bytes();
+            let mut out = Vec::with_capacity(bytes.len());
+            let mut i = 0;
+            while i < bytes.len() {
+                match (bytes[i], hex_byte(bytes.get(i + 1..i + 3))) {
+                    (b'%', Some(b)) => {
+                        out.push(b);
+                        i += 3;
+                    }
+                    (b, _) => {
+                        out.push(b);
+                        i += 1;
+                    }
+                }
+            }
+            out
+        }
+
+        proptest! {
+            #[test]
+            fn a_normalised_path_is_a_fixed_point(path in path()) {
+                if let Ok(normalized) = normalize(&path) {
+                    prop_assert!(normalized.starts_with('/'));
+                    let again = normalize(&normalized);
+                    prop_assert_eq!(again.as_deref(), Ok(&*normalized));
+                }
+            }
+
+            #[test]
+            fn an_upstream_decoding_the_path_sees_the_segments_routing_saw(path in path()) {
+                if let Ok(normalized) = normalize(&path) {
+                    let decoded = decode(&normalized);
+                    let text = String::from_utf8_lossy(&decoded);
+                    prop_assert_eq!(
+                        decoded.iter().filter(|b| **b == b'/').count(),
+                        normalized.matches('/').count(),
+                        "an encoded separator passed"
+                    );
+                    prop_assert!(!decoded.contains(&b'\\') && !decoded.contains(&0));
+                    for segment in text.split('/') {
+                        prop_assert!(segment != "." && segment != "..", "{segment:?} in {normalized}");
+                        prop_assert!(
+                            segment.is_empty() || !segment.chars().all(|c| c == '.' || DOT_LOOKALIKES.contains(&c)) || segment.len() > 2,
+                            "dot look-alike segment {segment:?}"
+                        );
+                    }
+                }
+            }
+
+            #[test]
+            fn plain_paths_pass_unchanged(path in "(/[a-z0-9_~-]{1,8}){0,8}/?") {
+                let path = if path.is_empty() { "/".to_string() } else { path };
+                let normalized = normalize(&path);
+                prop_assert_eq!(normalized.as_deref(), Ok(path.as_str()));
+            }
+        }
+    }
 }

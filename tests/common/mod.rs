@@ -37,32 +37,57 @@ pub struct Recorded {
 pub struct Upstream {
     pub addr: SocketAddr,
     pub seen: Arc<Mutex<Vec<Recorded>>>,
+    stop: tokio::sync::watch::Sender<bool>,
 }
 
 impl Upstream {
     pub async fn start() -> Upstream {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        Upstream::start_at("127.0.0.1:0".parse().unwrap()).await
+    }
+
+    /// Starts on `addr`, which may be one a stopped upstream just left.
+    pub async fn start_at(addr: SocketAddr) -> Upstream {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.set_reuseaddr(true).unwrap();
+        socket.bind(addr).unwrap();
+        let listener = socket.listen(1024).unwrap();
         let addr = listener.local_addr().unwrap();
         let seen: Arc<Mutex<Vec<Recorded>>> = Arc::default();
         let record = seen.clone();
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let mut accepting = stopped.clone();
         tokio::spawn(async move {
             loop {
-                let Ok((stream, _)) = listener.accept().await else {
-                    continue;
+                let stream = tokio::select! {
+                    _ = accepting.changed() => return,
+                    accepted = listener.accept() => match accepted {
+                        Ok((stream, _)) => stream,
+                        Err(_) => continue,
+                    },
                 };
                 let record = record.clone();
+                let mut stopped = stopped.clone();
                 tokio::spawn(async move {
                     let service = service_fn(move |req: Request<Incoming>| {
                         let record = record.clone();
                         async move { Ok::<_, std::convert::Infallible>(answer(req, record).await) }
                     });
-                    let _ = auto::Builder::new(TokioExecutor::new())
-                        .serve_connection(TokioIo::new(stream), service)
-                        .await;
+                    let builder = auto::Builder::new(TokioExecutor::new());
+                    let serving = builder.serve_connection(TokioIo::new(stream), service);
+                    tokio::select! {
+                        _ = serving => {}
+                        _ = stopped.changed() => {}
+                    }
                 });
             }
         });
-        Upstream { addr, seen }
+        Upstream { addr, seen, stop }
+    }
+
+    /// Stops at once, as a killed process would: the listener closes and every
+    /// open connection is dropped mid-request.
+    pub fn stop(&self) {
+        let _ = self.stop.send(true);
     }
 
     pub fn url(&self) -> String {
@@ -476,4 +501,127 @@ pub async fn raw_http(addr: SocketAddr, request: &str) -> String {
     let mut out = Vec::new();
     let _ = tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut out)).await;
     String::from_utf8_lossy(&out).into_owned()
+}
+
+/// A TCP relay to a real service (PostgreSQL, Redis) that a test can cut and
+/// restore, standing in for that service going away without touching the one
+/// every test shares.
+pub struct Relay {
+    pub addr: SocketAddr,
+    open: Arc<std::sync::atomic::AtomicBool>,
+    cuts: tokio::sync::watch::Sender<u64>,
+}
+
+impl Relay {
+    pub async fn start(target: SocketAddr) -> Relay {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let open = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let (cuts, _) = tokio::sync::watch::channel(0u64);
+        let accepting = open.clone();
+        let watching = cuts.clone();
+        tokio::spawn(async move {
+            loop {
+                let Ok((mut client, _)) = listener.accept().await else {
+                    continue;
+                };
+                if !accepting.load(std::sync::atomic::Ordering::SeqCst) {
+                    drop(client);
+                    continue;
+                }
+                let mut cut = watching.subscribe();
+                tokio::spawn(async move {
+                    let Ok(mut server) = tokio::net::TcpStream::connect(target).await else {
+                        return;
+                    };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut client, &mut server) => {}
+                        _ = cut.changed() => {}
+                    }
+                });
+            }
+        });
+        Relay { addr, open, cuts }
+    }
+
+    /// Drops every relayed connection and refuses new ones.
+    pub fn cut(&self) {
+        self.open.store(false, std::sync::atomic::Ordering::SeqCst);
+        self.cuts.send_modify(|n| *n += 1);
+    }
+
+    pub fn restore(&self) {
+        self.open.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// Polls `done` every 10 ms until it holds; panics after `limit`. Returns how
+/// long it took.
+pub async fn wait_until(
+    what: &str,
+    limit: Duration,
+    mut done: impl AsyncFnMut() -> bool,
+) -> Duration {
+    let started = std::time::Instant::now();
+    loop {
+        if done().await {
+            return started.elapsed();
+        }
+        assert!(started.elapsed() < limit, "{what}: not within {limit:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// A config with a public route to `upstream` and the certificate files
+/// `data/served-{cert,key}.pem`, every listener on port 0.
+pub fn write_config(
+    path: &std::path::Path,
+    data: &std::path::Path,
+    upstream: &str,
+    extra_route: &str,
+) {
+    let data = data.display();
+    std::fs::write(
+        path,
+        format!(
+            "[server]\ndata_dir = \"{data}\"\n[listen]\nhttps = \"127.0.0.1:0\"\nhttp = \"127.0.0.1:0\"\nadmin = \"127.0.0.1:0\"\n\
+             [tls]\ncert = \"{data}/served-cert.pem\"\nkey = \"{data}/served-key.pem\"\n\
+             [store]\nurl = \"sqlite://{data}/k.db\"\n[[route]]\nprefix = \"/api/noauth/\"\nupstreams = [\"{upstream}\"]\npublic = true\n{extra_route}"
+        ),
+    )
+    .unwrap();
+}
+
+/// Generates a development CA and certificate in `dir`; returns the CA PEM.
+pub fn certificate_into(dir: &std::path::Path, data: &std::path::Path) -> Vec<u8> {
+    keygate::tls::load_or_generate_dev(dir).unwrap();
+    let (ca, cert, key) = keygate::tls::dev_paths(dir);
+    std::fs::copy(cert, data.join("served-cert.pem")).unwrap();
+    std::fs::copy(key, data.join("served-key.pem")).unwrap();
+    std::fs::read(ca).unwrap()
+}
+
+/// A fresh schema on the test database; returns the URL that selects it.
+pub async fn fresh_schema(base: &str) -> (String, String) {
+    let schema = format!("kg_replicas_{}", uuid::Uuid::new_v4().simple());
+    let mut conn = <sqlx::postgres::PgConnection as sqlx::Connection>::connect(base)
+        .await
+        .expect("KEYGATE_TEST_DATABASE_URL must be reachable");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    let separator = if base.contains('?') { '&' } else { '?' };
+    (
+        format!("{base}{separator}options=-c%20search_path%3D{schema}"),
+        schema,
+    )
+}
+
+pub async fn drop_schema(base: &str, schema: &str) {
+    if let Ok(mut conn) = <sqlx::postgres::PgConnection as sqlx::Connection>::connect(base).await {
+        let _ = sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP SCHEMA {schema} CASCADE")))
+            .execute(&mut conn)
+            .await;
+    }
 }
