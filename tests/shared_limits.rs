@@ -29,6 +29,17 @@ impl Prefix {
     fn new() -> Prefix {
         Prefix(format!("kgtest:{}:", Uuid::new_v4().simple()))
     }
+
+    /// Every key written under the prefix.
+    async fn keys(&self) -> Vec<String> {
+        let client = redis::Client::open(redis_url()).unwrap();
+        let mut con = client.get_multiplexed_async_connection().await.unwrap();
+        redis::cmd("KEYS")
+            .arg(format!("{}*", self.0))
+            .query_async(&mut con)
+            .await
+            .unwrap()
+    }
 }
 
 impl Drop for Prefix {
@@ -251,6 +262,13 @@ async fn a_failed_login_at_one_replica_counts_at_the_other() {
     // Another account from the same address is not affected.
     let (status, _) = error_body(login(&b, "other@example.com", "guess").await).await;
     assert_eq!(status, 401);
+    // Redis holds account names only as keyed digests: people type passwords there.
+    let keys = prefix.keys().await;
+    assert!(
+        keys.iter().any(|k| k.contains(":login:account:")),
+        "{keys:?}"
+    );
+    assert!(!keys.iter().any(|k| k.contains("victim")), "{keys:?}");
     for gw in [&a, &b] {
         assert!(metric(gw, r#"keygate_redis_fallbacks_total{limits="login"} 0"#).await);
     }
