@@ -2,6 +2,7 @@
 //! fields of the IETF httpapi rate-limit headers draft on every answer under a
 //! quota, and the 429 of a refused request.
 
+use std::fmt::Write as _;
 use std::time::Duration;
 
 use http::{HeaderMap, HeaderName, HeaderValue};
@@ -45,20 +46,36 @@ pub(super) fn write_headers(items: &[Item], headers: &mut HeaderMap) {
     if items.is_empty() {
         return;
     }
-    let mut put = |name: &HeaderName, item: fn(&Item) -> String| {
-        let text = items.iter().map(item).collect::<Vec<_>>().join(", ");
+    let mut put = |name: &HeaderName, item: fn(&mut String, &Item) -> std::fmt::Result| {
+        let mut text = String::with_capacity(32 * items.len());
+        for (i, each) in items.iter().enumerate() {
+            if i > 0 {
+                text.push_str(", ");
+            }
+            let _ = item(&mut text, each);
+        }
         // Policy names and numbers only: always a valid value.
         if let Ok(value) = HeaderValue::try_from(text) {
             headers.insert(name.clone(), value);
         }
     };
-    put(&RATELIMIT_POLICY, |i| {
+    put(&RATELIMIT_POLICY, |text, i| {
         let (policy, rate) = (i.dimension.policy(), i.rate);
-        format!("\"{policy}\";q={};w={}", rate.limit, rate.window.as_secs())
+        write!(
+            text,
+            "\"{policy}\";q={};w={}",
+            rate.limit,
+            rate.window.as_secs()
+        )
     });
-    put(&RATELIMIT, |i| {
+    put(&RATELIMIT, |text, i| {
         let reset = i.reset_ms.div_ceil(1000);
-        format!("\"{}\";r={};t={reset}", i.dimension.policy(), i.remaining)
+        write!(
+            text,
+            "\"{}\";r={};t={reset}",
+            i.dimension.policy(),
+            i.remaining
+        )
     });
 }
 
