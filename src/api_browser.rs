@@ -983,6 +983,7 @@ mod tests {
             public: false,
             request_timeout: Duration::from_secs(1),
             openapi: openapi.map(|u| u.parse().unwrap()),
+            quota: Default::default(),
         }
     }
 

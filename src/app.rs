@@ -4,9 +4,11 @@
 //! 2. [`App::dispatch`]: one [`Target`], the API browser, an endpoint keygate
 //!    answers itself, or a proxied route;
 //! 3. [`App::authenticate`]: the credential, where the target asks for one;
-//! 4. [`App::headers_to_upstream`], [`App::forward`], [`App::headers_to_client`]
+//! 4. [`App::admit_quota`]: the request quotas of the identity, for a proxied
+//!    route (decided from local counters, never waiting on Redis);
+//! 5. [`App::headers_to_upstream`], [`App::forward`], [`App::headers_to_client`]
 //!    for a proxied route;
-//! 5. [`App::log`]: metrics and the access log.
+//! 6. [`App::log`]: metrics and the access log.
 //!
 //! What the phases learn about a request travels in its [`Exchange`].
 
@@ -29,6 +31,7 @@ use crate::conn::{Client, Connection};
 use crate::error::ApiError;
 use crate::framing::AmbiguousFraming;
 use crate::identity::Identity;
+use crate::limits::quota::{Grant, Quotas, Refusal};
 use crate::proxy::headers::{self, X_REQUEST_ID};
 use crate::proxy::{Proxy, Route, RouteTable, Routes, path};
 use crate::telemetry::{Metrics, RouteSeries};
@@ -44,6 +47,7 @@ pub struct App {
     routes: Arc<Routes>,
     proxy: Proxy,
     websockets: Arc<WebSockets>,
+    quotas: Arc<Quotas>,
     metrics: Arc<Metrics>,
     series: Series,
     /// Base of the links keygate builds when no public base URL is configured
@@ -114,6 +118,7 @@ impl App {
     ) -> App {
         let proxy = Proxy::new(&settings.proxy, &settings.limits);
         let websockets = Arc::new(WebSockets::new(&settings, auth.clone(), &metrics));
+        let settings_quota = settings.quota.clone();
         let series = Series {
             endpoints: api::ROUTES
                 .iter()
@@ -132,9 +137,27 @@ impl App {
             routes,
             proxy,
             websockets,
+            // Kept by this replica alone until shared ones are given.
+            quotas: Arc::new(Quotas::new(
+                settings_quota,
+                None,
+                uuid::Uuid::nil(),
+                metrics.clone(),
+            )),
             metrics,
             listener_base_url,
         }
+    }
+
+    /// Quotas shared with other replicas, instead of this replica's own.
+    pub fn with_quotas(mut self, quotas: Arc<Quotas>) -> App {
+        self.quotas = quotas;
+        self
+    }
+
+    /// The request quotas, whose sync the server runs.
+    pub fn quotas(&self) -> &Arc<Quotas> {
+        &self.quotas
     }
 
     /// The routes in force; [`Routes::replace`] swaps them for every reader.
@@ -244,8 +267,14 @@ impl App {
             }
             Target::Proxied(route) => {
                 ex.identity = self.authenticate(&req, !route.public).await?;
+                let grant = match self.admit_quota(route, ex) {
+                    Ok(grant) => grant,
+                    Err(refusal) => return Ok(refusal.into_response()),
+                };
                 let parts = self.headers_to_upstream(req, ex);
-                self.forward(route, parts, &path, ex).await
+                let mut response = self.forward(route, parts, &path, ex).await?;
+                grant.write_headers(response.headers_mut());
+                Ok(response)
             }
         }
     }
@@ -345,6 +374,17 @@ impl App {
         };
         ex.identity = identity;
         self.endpoints.handle(matched.route.endpoint, request).await
+    }
+
+    /// Counts the request against the quotas of its identity on the route;
+    /// over one, the 429 to send instead. Public routes have no identity and
+    /// no quota.
+    fn admit_quota(&self, route: &Route, ex: &Exchange<'_>) -> Result<Grant, Refusal> {
+        let Some(identity) = &ex.identity else {
+            return Ok(Grant::default());
+        };
+        self.quotas
+            .admit(&route.quota_scope, &route.quota, identity)
     }
 
     /// Every edit of the request head before it leaves

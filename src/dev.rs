@@ -62,6 +62,7 @@ pub async fn start_reference(settings: &mut Settings) -> Result<SocketAddr, DevE
                 .parse()
                 .expect("a socket address makes a URI")
         }),
+        quota: Default::default(),
     };
     settings.routes = vec![
         route("api", "/api/", false, true),

@@ -24,6 +24,7 @@ pub mod dev;
 pub mod error;
 pub mod framing;
 pub mod identity;
+pub mod limits;
 pub mod listener;
 pub mod probes;
 pub mod proxy;

@@ -19,6 +19,9 @@ use crate::auth::cache::Caches;
 use crate::auth::jwt::TokenKeys;
 use crate::auth::limiter::LoginLimiter;
 use crate::config::Settings;
+use crate::limits::link::RedisLink;
+use crate::limits::login::SharedLogins;
+use crate::limits::quota::Quotas;
 use crate::listener::address_cap::AddressCap;
 use crate::listener::{self, Listener};
 use crate::probes::Probes;
@@ -47,6 +50,8 @@ pub enum StartError {
     SigningKey,
     #[error("preparing password verification failed")]
     DummyHash,
+    #[error("cannot use [redis] url")]
+    Redis(#[from] crate::limits::link::LinkError),
 }
 
 /// Options that do not come from the config file.
@@ -262,16 +267,29 @@ pub async fn start(mut settings: Settings, options: StartOptions) -> Result<Runn
         .api_browser
         .enabled
         .then(|| Arc::new(ApiBrowser::new(routes.clone())));
-    let api = api(&settings, &store, &auth, &metrics, &secret).await?;
-    let app = Arc::new(App::new(
-        settings,
-        api,
-        routes,
-        browser.clone(),
-        auth.clone(),
+    let link = match &settings.redis {
+        Some(redis) => Some(Arc::new(RedisLink::new(redis, metrics.clone())?)),
+        None => None,
+    };
+    let api = api(&settings, &store, &auth, &metrics, &secret, link.clone()).await?;
+    let quotas = Arc::new(Quotas::new(
+        settings.quota.clone(),
+        link,
+        instance,
         metrics.clone(),
-        listener_base_url(bound.https_addr, bound.http_addr),
     ));
+    let app = Arc::new(
+        App::new(
+            settings,
+            api,
+            routes,
+            browser.clone(),
+            auth.clone(),
+            metrics.clone(),
+            listener_base_url(bound.https_addr, bound.http_addr),
+        )
+        .with_quotas(quotas),
+    );
     let running = Running {
         https: bound.https_addr,
         http: bound.http_addr,
@@ -379,11 +397,20 @@ async fn api(
     auth: &Arc<Authenticator>,
     metrics: &Arc<Metrics>,
     secret: &[u8],
+    link: Option<Arc<RedisLink>>,
 ) -> Result<Endpoints, StartError> {
+    let mut limiter = LoginLimiter::new(settings.login.limiter.clone());
+    if let Some(link) = link {
+        limiter = limiter.shared(SharedLogins::new(
+            link,
+            settings.login.limiter.clone(),
+            secret,
+        ));
+    }
     Ok(Endpoints {
         store: store.clone(),
         auth: auth.clone(),
-        limiter: LoginLimiter::new(settings.login.limiter.clone()),
+        limiter,
         metrics: metrics.clone(),
         settings: settings.clone(),
         hashing: crate::api::Hashing::new(settings.login.max_concurrent_hashes),
@@ -529,6 +556,10 @@ fn spawn_background(
             metrics: metrics.clone(),
         };
         tokio::spawn(pruner.run(interval, shutdown_rx.clone()));
+    }
+    let quotas = running.app.quotas();
+    if quotas.is_shared() {
+        tokio::spawn(quotas.clone().run(shutdown_rx.clone()));
     }
     if let Some(browser) = browser {
         tokio::spawn(browser.refresh_loop(

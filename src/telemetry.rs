@@ -11,8 +11,11 @@
 //! pre-created: that product is large and a histogram without observations
 //! says nothing.
 
+mod limits;
 #[cfg(target_os = "linux")]
 mod process;
+
+pub use limits::LimitMetrics;
 
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -27,6 +30,8 @@ pub struct Metrics {
     traffic: Traffic,
     operations: Operations,
     pub tls_cert_not_after: IntGauge,
+    /// Limits shared through Redis, and quota refusals.
+    pub limits: LimitMetrics,
 }
 
 /// Registers each metric as it is created; a clash is a programming error.
@@ -394,6 +399,7 @@ impl Metrics {
         let r = Registrar(&registry);
         let traffic = Traffic::new(&r);
         let operations = Operations::new(&r);
+        let limits = LimitMetrics::new(&r);
         let tls_cert_not_after = IntGauge::new(
             "keygate_tls_certificate_expiry_timestamp_seconds",
             "When the served TLS certificate expires (Unix time).",
@@ -416,6 +422,7 @@ impl Metrics {
             traffic,
             operations,
             tls_cert_not_after,
+            limits,
             registry,
         }
     }

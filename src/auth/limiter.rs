@@ -18,6 +18,12 @@
 //! many distinct usernames or addresses an attacker sprays: past the capacity
 //! the least useful windows are evicted (an evicted window only forgets
 //! attempts; it never blocks anyone wrongly).
+//!
+//! With Redis configured, the same windows are also counted there
+//! ([`crate::limits::login`]), so every replica counts every attempt. The
+//! local windows are always counted first: when Redis does not answer within
+//! its timeout the attempt is decided by them alone (never admitted
+//! unchecked), the fallback is counted and a warning logged.
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -25,6 +31,9 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use moka::future::Cache;
+
+use crate::limits::link::Fallback;
+use crate::limits::login::{SharedLogins, SharedSlots};
 
 /// Longest account name kept as a counter key; longer names are cut, so a
 /// huge username cannot inflate memory.
@@ -81,10 +90,13 @@ pub struct Limited {
 pub struct Attempt {
     taken: Vec<Arc<Window>>,
     pair: Option<(IpAddr, String)>,
+    /// The slots taken in Redis, when it decided too.
+    shared: Option<SharedSlots>,
 }
 
 pub struct LoginLimiter {
     settings: LimiterSettings,
+    shared: Option<Arc<SharedLogins>>,
     accounts: Cache<String, Arc<Window>>,
     pairs: Cache<(IpAddr, String), Arc<Window>>,
     addresses: Cache<IpAddr, Arc<Window>>,
@@ -98,7 +110,14 @@ impl LoginLimiter {
             pairs: windows("login_account_addresses", capacity, settings.account_window),
             addresses: windows("login_addresses", capacity, settings.address_window),
             settings,
+            shared: None,
         }
+    }
+
+    /// Counts in Redis too, so that the limits hold across replicas.
+    pub fn shared(mut self, shared: SharedLogins) -> LoginLimiter {
+        self.shared = Some(Arc::new(shared));
+        self
     }
 
     fn account_key(account: &str) -> String {
@@ -112,9 +131,15 @@ impl LoginLimiter {
     /// Takes a slot for a password attempt on `account` from `address`, in the
     /// address, (account, address) and account windows; refused, it holds none.
     pub async fn acquire(&self, account: &str, address: IpAddr) -> Result<Attempt, Limited> {
-        let s = &self.settings;
         let account = Self::account_key(account);
-        let mut attempt = self.acquire_address(address).await?;
+        let attempt = self.acquire_locally(&account, address).await?;
+        self.acquire_shared(attempt, Some(&account), address).await
+    }
+
+    async fn acquire_locally(&self, account: &str, address: IpAddr) -> Result<Attempt, Limited> {
+        let s = &self.settings;
+        let account = account.to_string();
+        let mut attempt = self.acquire_address_locally(address).await?;
         let pair = (address, account.clone());
         let by_pair = self
             .pairs
@@ -143,9 +168,15 @@ impl LoginLimiter {
     /// Takes a slot in the address window only: for unauthenticated endpoints
     /// that name no account (activation).
     pub async fn acquire_address(&self, address: IpAddr) -> Result<Attempt, Limited> {
+        let attempt = self.acquire_address_locally(address).await?;
+        self.acquire_shared(attempt, None, address).await
+    }
+
+    async fn acquire_address_locally(&self, address: IpAddr) -> Result<Attempt, Limited> {
         let mut attempt = Attempt {
             taken: Vec::with_capacity(3),
             pair: None,
+            shared: None,
         };
         let window = self
             .addresses
@@ -160,14 +191,43 @@ impl LoginLimiter {
         Ok(attempt)
     }
 
+    /// Asks Redis for the same slots the local windows gave `attempt`;
+    /// refused there, the local slots go back. When Redis does not answer,
+    /// the local windows alone decide.
+    async fn acquire_shared(
+        &self,
+        mut attempt: Attempt,
+        account: Option<&str>,
+        address: IpAddr,
+    ) -> Result<Attempt, Limited> {
+        let Some(shared) = &self.shared else {
+            return Ok(attempt);
+        };
+        match shared.acquire(account, address).await {
+            Ok(Ok(slots)) => {
+                attempt.shared = Some(slots);
+                Ok(attempt)
+            }
+            Ok(Err(limited)) => {
+                attempt.give_back();
+                Err(limited)
+            }
+            Err(error) => {
+                shared.link().fell_back(Fallback::Login, &error);
+                Ok(attempt)
+            }
+        }
+    }
+
     /// The attempt succeeded: its slots are given back and its own (account,
     /// address) window is cleared. The account ceiling keeps what others spent.
-    pub async fn succeeded(&self, attempt: Attempt) {
-        for window in &attempt.taken {
-            window.give_back();
-        }
+    pub async fn succeeded(&self, mut attempt: Attempt) {
+        attempt.give_back();
         if let Some(pair) = &attempt.pair {
             self.pairs.invalidate(pair).await;
+        }
+        if let (Some(shared), Some(slots)) = (&self.shared, attempt.shared.take()) {
+            shared.succeeded(slots);
         }
     }
 
@@ -197,6 +257,12 @@ where
 }
 
 impl Attempt {
+    /// Gives back every local slot held.
+    fn give_back(&mut self) {
+        for held in self.taken.drain(..) {
+            held.give_back();
+        }
+    }
     /// Takes a slot in `window`; when refused, gives back the slots already held.
     fn hold(
         &mut self,

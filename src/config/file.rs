@@ -20,6 +20,8 @@ pub struct FileConfig {
     pub proxy: ProxySection,
     pub limits: LimitsSection,
     pub login: LoginSection,
+    pub redis: RedisSection,
+    pub quota: QuotaSection,
     pub api_browser: ApiBrowserSection,
     pub log: LogSection,
     pub websocket: WebSocketSection,
@@ -149,6 +151,59 @@ pub struct LoginSection {
     pub password_max_length: i64,
 }
 
+/// Where limits are shared between replicas; an empty URL keeps them local.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RedisSection {
+    pub url: String,
+    pub connect_timeout: String,
+    pub command_timeout: String,
+    pub key_prefix: String,
+}
+
+impl Default for RedisSection {
+    fn default() -> Self {
+        RedisSection {
+            url: String::new(),
+            connect_timeout: "1s".into(),
+            command_timeout: "100ms".into(),
+            key_prefix: "keygate:".into(),
+        }
+    }
+}
+
+/// Request quotas: the rates of routes that set none of their own.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct QuotaSection {
+    pub per_key: String,
+    pub per_user: String,
+    pub per_tenant: String,
+    pub sync_interval: String,
+    pub capacity: i64,
+}
+
+impl Default for QuotaSection {
+    fn default() -> Self {
+        QuotaSection {
+            per_key: String::new(),
+            per_user: String::new(),
+            per_tenant: String::new(),
+            sync_interval: "100ms".into(),
+            capacity: 100_000,
+        }
+    }
+}
+
+/// A route's own quotas: `""` the global rate, `"off"` none, or a rate.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RouteQuotaSection {
+    pub per_key: String,
+    pub per_user: String,
+    pub per_tenant: String,
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ApiBrowserSection {
@@ -210,6 +265,7 @@ pub struct RouteSection {
     pub public: bool,
     pub request_timeout: String,
     pub openapi: String,
+    pub quota: RouteQuotaSection,
 }
 
 impl Default for FileConfig {
@@ -226,6 +282,8 @@ impl Default for FileConfig {
             proxy: ProxySection::default(),
             limits: LimitsSection::default(),
             login: LoginSection::default(),
+            redis: RedisSection::default(),
+            quota: QuotaSection::default(),
             api_browser: ApiBrowserSection::default(),
             log: LogSection::default(),
             websocket: WebSocketSection::default(),

@@ -92,6 +92,9 @@ pub struct Settings {
     pub proxy: ProxySettings,
     pub limits: Limits,
     pub login: LoginSettings,
+    /// Where limits are shared between replicas; `None` keeps them local.
+    pub redis: Option<RedisSettings>,
+    pub quota: crate::limits::quota::QuotaSettings,
     pub password_policy: PasswordPolicy,
     pub api_browser: ApiBrowserSettings,
     pub log: LogSettings,
@@ -116,6 +119,34 @@ pub struct RetentionSettings {
     pub batch_size: u32,
     /// Rows of one kind deleted by one run.
     pub max_rows_per_run: u64,
+}
+
+#[derive(Clone)]
+pub struct RedisSettings {
+    /// `redis://[:password@]host[:port][/db]`.
+    pub url: String,
+    pub connect_timeout: Duration,
+    /// Longest a limit decision waits for Redis before deciding locally.
+    pub command_timeout: Duration,
+    /// Put before every key keygate writes.
+    pub key_prefix: String,
+}
+
+impl std::fmt::Debug for RedisSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The URL may carry a password.
+        let url = if self.url.contains('@') {
+            "<redacted>"
+        } else {
+            &self.url
+        };
+        f.debug_struct("RedisSettings")
+            .field("url", &url)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("command_timeout", &self.command_timeout)
+            .field("key_prefix", &self.key_prefix)
+            .finish()
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -285,6 +316,8 @@ pub struct RouteSpec {
     pub request_timeout: Duration,
     /// Where the upstream publishes its OpenAPI document, if it does.
     pub openapi: Option<http::Uri>,
+    /// The route's own quotas, per dimension.
+    pub quota: crate::limits::quota::RouteQuota,
 }
 
 /// Where configuration comes from.

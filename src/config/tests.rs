@@ -391,6 +391,88 @@ fn upstream_url_is_split_into_scheme_authority_and_base_path() {
     assert!("http://:80".parse::<UpstreamUrl>().is_err());
 }
 
+#[test]
+fn limits_stay_local_and_quotas_off_by_default() {
+    let settings = load(&Source {
+        file: None,
+        env: vec![],
+    })
+    .unwrap();
+    assert!(settings.redis.is_none());
+    assert_eq!(settings.quota.rates, [None, None, None]);
+    assert_eq!(settings.quota.sync_interval, Duration::from_millis(100));
+}
+
+#[test]
+fn redis_and_quotas_are_read_from_the_file_and_the_environment() {
+    use crate::limits::rate::{Rate, RouteRate};
+    let settings = load_text(
+        r#"
+        [redis]
+        url = "redis://:secret@10.0.0.5:6380/2"
+        [quota]
+        per_key = "100/s"
+        [[route]]
+        prefix = "/api/"
+        upstreams = ["http://127.0.0.1:9000"]
+        quota = { per_key = "off", per_tenant = "50/m" }
+        "#,
+        &[("KEYGATE_QUOTA_PER_TENANT", "2000/m")],
+    )
+    .unwrap();
+    let redis = settings.redis.as_ref().unwrap();
+    assert_eq!(redis.command_timeout, Duration::from_millis(100));
+    assert_eq!(redis.key_prefix, "keygate:");
+    assert!(
+        !format!("{settings:?}").contains("secret"),
+        "the password never reaches Debug"
+    );
+    assert_eq!(settings.quota.rates[0], Some(Rate::parse("100/s").unwrap()));
+    assert_eq!(
+        settings.quota.rates[2],
+        Some(Rate::parse("2000/m").unwrap())
+    );
+    let route = &settings.routes[0].quota.0;
+    assert_eq!(route[0], RouteRate::Off);
+    assert_eq!(route[1], RouteRate::Inherit);
+    assert_eq!(route[2], RouteRate::Own(Rate::parse("50/m").unwrap()));
+}
+
+#[test]
+fn bad_redis_and_quota_settings_are_reported_without_the_password() {
+    let errors = load_text(
+        r#"
+        [redis]
+        url = "rediss://:hunter2@cache:6380"
+        command_timeout = "0s"
+        key_prefix = "has space"
+        [quota]
+        per_key = "100"
+        per_user = "5/w"
+        sync_interval = "1ms"
+        [[route]]
+        prefix = "/api/"
+        upstreams = ["http://127.0.0.1:9000"]
+        quota = { per_tenant = "none" }
+        "#,
+        &[],
+    )
+    .unwrap_err();
+    let text = errors.0.join("\n");
+    for needle in [
+        "redis.url: must start with redis://",
+        "redis.command_timeout: must be greater than zero",
+        "redis.key_prefix:",
+        "quota.per_key: \"100\" is not a rate",
+        "quota.per_user: \"5/w\": unknown unit",
+        "quota.sync_interval: from 10ms to 10s",
+        "route[0].quota.per_tenant:",
+    ] {
+        assert!(text.contains(needle), "missing {needle:?} in:\n{text}");
+    }
+    assert!(!text.contains("hunter2"), "{text}");
+}
+
 /// Hostile configuration files and environments, for the property tests and
 /// `fuzz/run`: every one loads or is refused with messages, never a panic.
 mod properties {

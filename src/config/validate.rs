@@ -11,11 +11,14 @@ use ipnet::IpNet;
 
 use super::file::{
     ApiBrowserSection, ApiKeySection, CacheSection, FileConfig, JwtSection, LimitsSection,
-    ListenSection, LogSection, LoginSection, ProxySection, RetentionSection, RouteSection,
-    ServerSection, StoreSection, TlsSection, WebSocketSection,
+    ListenSection, LogSection, LoginSection, ProxySection, QuotaSection, RedisSection,
+    RetentionSection, RouteQuotaSection, RouteSection, ServerSection, StoreSection, TlsSection,
+    WebSocketSection,
 };
 use super::url::{PUBLIC_BASE_URL, UpstreamUrl, check_url, openapi_url};
 use super::*;
+use crate::limits::quota::{QuotaSettings, RouteQuota};
+use crate::limits::rate::{Rate, RouteRate};
 
 /// Largest `retention.batch_size`: one statement stays short.
 const MAX_PRUNE_BATCH: i64 = 100_000;
@@ -27,6 +30,8 @@ pub(super) fn validate(file: &FileConfig, errors: &mut Vec<String>) -> Settings 
     let limits = file.limits.validate(errors);
     let api_browser = file.api_browser.validate(errors);
     let (login, password_policy) = file.login.validate(errors);
+    let redis = file.redis.validate(errors);
+    let quota = file.quota.validate(errors);
     let listen = file.listen.validate(errors);
     let tls_files = file.tls.validate(errors);
     let store = file.store.validate(errors);
@@ -53,6 +58,8 @@ pub(super) fn validate(file: &FileConfig, errors: &mut Vec<String>) -> Settings 
         proxy,
         limits,
         login,
+        redis,
+        quota,
         password_policy,
         api_browser,
         log,
@@ -508,6 +515,94 @@ impl LoginSection {
     }
 }
 
+/// Longest `redis.key_prefix`.
+const MAX_KEY_PREFIX: usize = 64;
+
+impl RedisSection {
+    fn validate(&self, errors: &mut Vec<String>) -> Option<RedisSettings> {
+        let connect_timeout =
+            nonzero_duration("redis.connect_timeout", &self.connect_timeout, errors);
+        let command_timeout =
+            nonzero_duration("redis.command_timeout", &self.command_timeout, errors);
+        let prefix = &self.key_prefix;
+        if prefix.len() > MAX_KEY_PREFIX
+            || prefix.chars().any(|c| c.is_whitespace() || c.is_control())
+        {
+            errors.push(format!(
+                "redis.key_prefix: at most {MAX_KEY_PREFIX} characters without spaces, got {prefix:?}"
+            ));
+        }
+        let url = self.url.trim();
+        if url.is_empty() {
+            return None;
+        }
+        // The URL is never repeated in a message: it may carry a password.
+        if !url.starts_with("redis://") {
+            let scheme = url.split_once("://").map_or("", |(s, _)| s);
+            errors.push(format!(
+                "redis.url: must start with redis:// (TLS to Redis is not built in), got scheme {scheme:?}"
+            ));
+        } else if redis::Client::open(url).is_err() {
+            errors.push("redis.url: not a valid redis://[:password@]host[:port][/db] URL".into());
+        }
+        Some(RedisSettings {
+            url: url.to_string(),
+            connect_timeout,
+            command_timeout,
+            key_prefix: prefix.clone(),
+        })
+    }
+}
+
+/// A quota rate; `""` for none.
+fn optional_rate(name: &str, text: &str, errors: &mut Vec<String>) -> Option<Rate> {
+    if text.trim().is_empty() {
+        return None;
+    }
+    Rate::parse(text)
+        .map_err(|e| errors.push(format!("{name}: {e}")))
+        .ok()
+}
+
+impl QuotaSection {
+    fn validate(&self, errors: &mut Vec<String>) -> QuotaSettings {
+        let sync_interval = nonzero_duration("quota.sync_interval", &self.sync_interval, errors);
+        if !(Duration::from_millis(10)..=Duration::from_secs(10)).contains(&sync_interval) {
+            errors.push(format!(
+                "quota.sync_interval: from 10ms to 10s, got {:?}",
+                self.sync_interval
+            ));
+        }
+        QuotaSettings {
+            rates: [
+                optional_rate("quota.per_key", &self.per_key, errors),
+                optional_rate("quota.per_user", &self.per_user, errors),
+                optional_rate("quota.per_tenant", &self.per_tenant, errors),
+            ],
+            sync_interval,
+            capacity: positive("quota.capacity", self.capacity, errors),
+        }
+    }
+}
+
+impl RouteQuotaSection {
+    fn validate(&self, here: &str, errors: &mut Vec<String>) -> RouteQuota {
+        let mut rate = |name: &str, text: &str| {
+            RouteRate::parse(text).unwrap_or_else(|e| {
+                errors.push(format!(
+                    "{here}.quota.{name}: {e} (or \"\" for the global rate, \"off\" for none)"
+                ));
+                RouteRate::Inherit
+            })
+        };
+        RouteQuota([
+            rate("per_key", &self.per_key),
+            rate("per_user", &self.per_user),
+            rate("per_tenant", &self.per_tenant),
+        ])
+    }
+}
+
 impl ApiBrowserSection {
     fn validate(&self, errors: &mut Vec<String>) -> ApiBrowserSettings {
         ApiBrowserSettings {
@@ -667,6 +762,7 @@ impl RouteSection {
             upstreams,
             public: self.public,
             request_timeout,
+            quota: self.quota.validate(here, errors),
         }
     }
 

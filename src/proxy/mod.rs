@@ -22,6 +22,7 @@ use hyper_util::rt::{TokioExecutor, TokioTimer};
 use crate::body::{self, Body};
 use crate::config::{Limits, ProxySettings, RouteSpec, UpstreamUrl};
 use crate::error::ApiError;
+use crate::limits::quota::RouteQuota;
 use crate::telemetry::{Metrics, RouteSeries, UpstreamSeries};
 
 /// One upstream base URL and its health.
@@ -42,6 +43,9 @@ pub struct Route {
     pub prefix: String,
     pub public: bool,
     pub timeout: Duration,
+    /// The route's own quotas, and the scope its own budgets are counted in.
+    pub quota: RouteQuota,
+    pub quota_scope: Arc<str>,
     /// The route's request series, labelled with its name.
     pub series: RouteSeries,
     upstreams: Vec<Arc<Upstream>>,
@@ -107,6 +111,8 @@ impl RouteTable {
                 prefix: spec.prefix.clone(),
                 public: spec.public,
                 timeout: spec.request_timeout,
+                quota: spec.quota,
+                quota_scope: Arc::from(format!("route:{}", spec.name)),
                 series: metrics.route_series(&spec.name),
                 upstreams: spec
                     .upstreams
@@ -487,6 +493,7 @@ mod tests {
             public,
             request_timeout: Duration::from_secs(1),
             openapi: None,
+            quota: Default::default(),
         }
     }
 
