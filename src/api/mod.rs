@@ -418,6 +418,25 @@ mod tests {
         assert_eq!(err.status, StatusCode::METHOD_NOT_ALLOWED);
     }
 
+    #[test]
+    fn every_owned_pattern_is_found_with_its_parameters() {
+        for route in ROUTES {
+            let path = route
+                .pattern
+                .split('/')
+                .map(|segment| if segment.starts_with('{') { "p1" } else { segment })
+                .collect::<Vec<_>>()
+                .join("/");
+            let found = find(&route.method, &path).unwrap().unwrap();
+            assert_eq!(found.route.pattern, route.pattern, "{path}");
+            assert!(found.params.iter().all(|p| p == "p1"), "{path}");
+            if !route.pattern.ends_with('}') {
+                let longer = format!("{path}x");
+                assert!(find(&route.method, &longer).unwrap().is_none(), "{longer}");
+            }
+        }
+    }
+
     /// A body that sends one chunk, then nothing.
     struct Stalled(bool);
 

@@ -250,6 +250,29 @@ mod tests {
     }
 
     #[test]
+    fn generated_request_ids_are_distinct_version_4_uuids_on_every_thread() {
+        let ids = |n| -> Vec<String> {
+            (0..n)
+                .map(|_| {
+                    let value = request_id(&HeaderMap::new(), false);
+                    value.to_str().unwrap().to_owned()
+                })
+                .collect()
+        };
+        let mut all = ids(10_000);
+        let other = std::thread::spawn(move || ids(10_000)).join().unwrap();
+        all.extend(other);
+        for id in &all {
+            let parsed = uuid::Uuid::parse_str(id).unwrap();
+            assert_eq!(parsed.get_version(), Some(uuid::Version::Random), "{id}");
+            assert_eq!(parsed.get_variant(), uuid::Variant::RFC4122, "{id}");
+            assert_eq!(id, &parsed.hyphenated().to_string());
+        }
+        let distinct: std::collections::HashSet<&String> = all.iter().collect();
+        assert_eq!(distinct.len(), all.len());
+    }
+
+    #[test]
     fn connection_named_headers_and_hop_by_hop_are_removed() {
         let mut headers = HeaderMap::new();
         headers.insert(
