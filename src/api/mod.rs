@@ -424,7 +424,13 @@ mod tests {
             let path = route
                 .pattern
                 .split('/')
-                .map(|segment| if segment.starts_with('{') { "p1" } else { segment })
+                .map(|segment| {
+                    if segment.starts_with('{') {
+                        "p1"
+                    } else {
+                        segment
+                    }
+                })
                 .collect::<Vec<_>>()
                 .join("/");
             let found = find(&route.method, &path).unwrap().unwrap();
