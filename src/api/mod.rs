@@ -186,8 +186,9 @@ pub struct Matched {
 pub fn find(method: &Method, path: &str) -> Result<Option<Matched>, ApiError> {
     let mut path_owned = false;
     // Every proxied request asks this table first: the literal start of each
-    // pattern rules most patterns out before any segment is split (0.7 µs
-    // down to a tenth for a proxied path, criterion `routing/own_endpoints`).
+    // pattern rules most patterns out before any segment is split (0.79 µs
+    // down to 0.24 µs for a proxied path, criterion
+    // `routing/own_endpoints_proxied_path`).
     let candidates = ROUTES.iter().filter(|route| {
         let literal = route.pattern.split('{').next().unwrap_or_default();
         path.starts_with(literal)

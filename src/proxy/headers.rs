@@ -34,10 +34,12 @@ fn is_hop_by_hop(name: &HeaderName) -> bool {
 }
 
 /// Removes the headers `doomed` picks and, when there is a `Connection`
-/// header, every header it names. One pass over the names present, and a
+/// header, every header it names. [`to_upstream`] runs it before setting
+/// anything, so a client cannot name an identity header away. One pass over the names present, and a
 /// removal only for a header present: a remove costs a hash and a probe
 /// whether or not the header is there, and most requests carry none of the
-/// nine hop-by-hop headers (criterion `headers/to_upstream`, `to_client`).
+/// nine hop-by-hop headers (criterion `headers/to_upstream` 1.52 to 1.17 µs,
+/// `headers/to_client` 0.29 to 0.17 µs).
 fn remove_where(headers: &mut HeaderMap, doomed: impl Fn(&HeaderName) -> bool) {
     let mut named: Vec<HeaderName> = Vec::new();
     for value in headers.get_all(&CONNECTION) {
@@ -69,7 +71,8 @@ pub fn request_id(headers: &HeaderMap, trusted: bool) -> HeaderValue {
 
 /// A version 4 UUID without a system call. `Uuid::new_v4` asks the kernel
 /// (`getrandom`) on every call: one of the five system calls of a proxied
-/// request, and 0.6 µs of the request path (criterion `headers/request_id`).
+/// request, and 0.5 µs of the request path (criterion `headers/request_id`:
+/// 0.49 µs, 0.06 µs with this generator).
 /// Here each thread seeds a SipHash key once (std's `RandomState`, from the
 /// system's random source) and hashes a counter: distinct per thread and
 /// counter, and without the key not predictable from earlier ids. Request
