@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Helpers of benches/run: free ports, bulk API keys, a paced login stream,
+"""Support for benches/run: free ports, bulk API keys, a paced login stream,
 one result line per wrk run, and the summary table. Standard library only."""
 
 import argparse
