@@ -448,7 +448,7 @@ impl App {
             path = %logged.uri.path(),
             route = series.label(),
             status = response.status().as_u16(),
-            duration_ms = duration_ms(elapsed),
+            duration_ms = crate::telemetry::duration_ms(elapsed),
             bytes = http_body::Body::size_hint(response.body()).exact(),
             upstream = ex.upstream,
             trace_id = logged.traceparent.as_ref().and_then(trace_id),
@@ -574,12 +574,6 @@ fn ambiguous_framing() -> Response<Body> {
 
 const TRACEPARENT: &str = "traceparent";
 
-/// Milliseconds rounded to whole microseconds: `0.021`, not `0.020661000000000002`.
-pub(crate) fn duration_ms(elapsed: std::time::Duration) -> f64 {
-    let micros = elapsed.as_nanos().saturating_add(500) / 1000;
-    micros as f64 / 1000.0
-}
-
 /// The trace id of a W3C `traceparent` header (`00-<trace id>-<span id>-<flags>`).
 fn trace_id(header: &HeaderValue) -> Option<&str> {
     let value = header.to_str().ok()?;
@@ -610,29 +604,5 @@ mod tests {
             HeaderValue::from_static("00-00000000000000000000000000000000-00f067aa0ba902b7-01");
         assert_eq!(trace_id(&zero), None);
         assert_eq!(trace_id(&HeaderValue::from_static("garbage")), None);
-    }
-
-    #[test]
-    fn access_log_durations_have_at_most_microsecond_decimals() {
-        use std::time::Duration;
-        for (elapsed, shown) in [
-            (Duration::from_nanos(20_661), "0.021"),
-            (Duration::from_nanos(20_461), "0.02"),
-            (Duration::from_micros(20_661), "20.661"),
-            (Duration::from_nanos(999), "0.001"),
-            (Duration::from_nanos(499), "0"),
-            (
-                Duration::from_secs(3) + Duration::from_micros(7),
-                "3000.007",
-            ),
-        ] {
-            assert_eq!(format!("{}", duration_ms(elapsed)), shown, "{elapsed:?}");
-        }
-        // Every whole number of microseconds prints with at most 3 decimals.
-        for micros in (0..2_000_000u64).step_by(7) {
-            let text = format!("{:?}", duration_ms(Duration::from_micros(micros)));
-            let decimals = text.split_once('.').map_or(0, |(_, d)| d.len());
-            assert!(decimals <= 3, "{micros} µs printed as {text}");
-        }
     }
 }

@@ -715,6 +715,12 @@ pub fn status_class(status: http::StatusCode) -> &'static str {
     STATUS_LABELS[status_index(status)]
 }
 
+/// Milliseconds rounded to whole microseconds: `0.021`, not `0.020661000000000002`.
+pub fn duration_ms(elapsed: std::time::Duration) -> f64 {
+    let micros = elapsed.as_nanos().saturating_add(500) / 1000;
+    micros as f64 / 1000.0
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -832,5 +838,29 @@ mod tests {
             text.contains(r#"keygate_auth_total{method="api-key",result="plaintext_refused"} 1"#)
         );
         assert!(text.contains("keygate_build_info"));
+    }
+
+    #[test]
+    fn access_log_durations_have_at_most_microsecond_decimals() {
+        use std::time::Duration;
+        for (elapsed, shown) in [
+            (Duration::from_nanos(20_661), "0.021"),
+            (Duration::from_nanos(20_461), "0.02"),
+            (Duration::from_micros(20_661), "20.661"),
+            (Duration::from_nanos(999), "0.001"),
+            (Duration::from_nanos(499), "0"),
+            (
+                Duration::from_secs(3) + Duration::from_micros(7),
+                "3000.007",
+            ),
+        ] {
+            assert_eq!(format!("{}", duration_ms(elapsed)), shown, "{elapsed:?}");
+        }
+        // Every whole number of microseconds prints with at most 3 decimals.
+        for micros in (0..2_000_000u64).step_by(7) {
+            let text = format!("{:?}", duration_ms(Duration::from_micros(micros)));
+            let decimals = text.split_once('.').map_or(0, |(_, d)| d.len());
+            assert!(decimals <= 3, "{micros} µs printed as {text}");
+        }
     }
 }

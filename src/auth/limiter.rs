@@ -77,12 +77,7 @@ impl Window {
     }
 }
 
-/// Which limit refused an attempt, and for how long.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Limited {
-    pub by: &'static str,
-    pub retry_after: Duration,
-}
+pub use crate::limits::login::Limited;
 
 /// The slots one attempt holds. Dropping it counts the attempt as a failure;
 /// [`LoginLimiter::succeeded`] gives the slots back.

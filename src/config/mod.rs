@@ -13,6 +13,7 @@
 
 mod env;
 mod file;
+pub mod rate;
 mod url;
 mod validate;
 
@@ -94,7 +95,7 @@ pub struct Settings {
     pub login: LoginSettings,
     /// Where limits are shared between replicas; `None` keeps them local.
     pub redis: Option<RedisSettings>,
-    pub quota: crate::limits::quota::QuotaSettings,
+    pub quota: QuotaSettings,
     pub password_policy: PasswordPolicy,
     pub api_browser: ApiBrowserSettings,
     pub log: LogSettings,
@@ -317,7 +318,7 @@ pub struct RouteSpec {
     /// Where the upstream publishes its OpenAPI document, if it does.
     pub openapi: Option<http::Uri>,
     /// The route's own quotas, per dimension.
-    pub quota: crate::limits::quota::RouteQuota,
+    pub quota: RouteQuota,
 }
 
 /// Where configuration comes from.
@@ -400,3 +401,17 @@ pub struct LimiterSettings {
     pub address_window: Duration,
     pub capacity: u64,
 }
+
+/// `[quota]`: the rates of routes that do not set their own, and the sync.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QuotaSettings {
+    /// Per dimension, in key, user, tenant order; `None`: no quota.
+    pub rates: [Option<rate::Rate>; 3],
+    pub sync_interval: Duration,
+    /// Budgets (subject and route) tracked at once.
+    pub capacity: u64,
+}
+
+/// A route's own quota settings, per dimension in key, user, tenant order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RouteQuota(pub [rate::RouteRate; 3]);

@@ -405,7 +405,7 @@ fn limits_stay_local_and_quotas_off_by_default() {
 
 #[test]
 fn redis_and_quotas_are_read_from_the_file_and_the_environment() {
-    use crate::limits::rate::{Rate, RouteRate};
+    use super::rate::{Rate, RouteRate};
     let settings = load_text(
         r#"
         [redis]

@@ -15,10 +15,10 @@ use super::file::{
     RetentionSection, RouteQuotaSection, RouteSection, ServerSection, StoreSection, TlsSection,
     WebSocketSection,
 };
+use super::rate::{Rate, RouteRate};
 use super::url::{PUBLIC_BASE_URL, UpstreamUrl, check_url, openapi_url};
 use super::*;
-use crate::limits::quota::{QuotaSettings, RouteQuota};
-use crate::limits::rate::{Rate, RouteRate};
+use super::{QuotaSettings, RouteQuota};
 
 /// Largest `retention.batch_size`: one statement stays short.
 const MAX_PRUNE_BATCH: i64 = 100_000;

@@ -16,7 +16,14 @@ use aws_lc_rs::hmac;
 use redis::Script;
 
 use super::link::{LinkError, RedisLink};
-use crate::auth::limiter::{Limited, LimiterSettings};
+use crate::config::LimiterSettings;
+
+/// Which limit refused an attempt, and for how long.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limited {
+    pub by: &'static str,
+    pub retry_after: Duration,
+}
 
 /// Takes a slot in each window (KEYS), or in none when one is full.
 /// ARGV holds limit and window length (ms) per key. Returns {0, 0} when

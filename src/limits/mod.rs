@@ -17,5 +17,6 @@ pub mod headers;
 pub mod link;
 pub mod login;
 pub mod quota;
-pub mod rate;
+/// Rates are read with the configuration.
+pub use crate::config::rate;
 pub mod sync;

@@ -54,19 +54,7 @@ impl Dimension {
     }
 }
 
-/// `[quota]`: the rates of routes that do not set their own, and the sync.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct QuotaSettings {
-    /// Per dimension, in [`Dimension::ALL`] order; `None`: no quota.
-    pub rates: [Option<Rate>; 3],
-    pub sync_interval: Duration,
-    /// Budgets (subject and route) tracked at once.
-    pub capacity: u64,
-}
-
-/// A route's own quota settings, per dimension in [`Dimension::ALL`] order.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct RouteQuota(pub [RouteRate; 3]);
+pub use crate::config::{QuotaSettings, RouteQuota};
 
 /// A dimension that applies to a request, at its rate.
 #[derive(Debug, Clone, Copy)]

@@ -480,7 +480,7 @@ impl Session {
             status = 101,
             websocket = ending.label(),
             close_code = code,
-            duration_ms = crate::app::duration_ms(self.started.elapsed()),
+            duration_ms = crate::telemetry::duration_ms(self.started.elapsed()),
             bytes_in = traffic.from_client,
             bytes_out = traffic.to_client,
             upstream = self.upstream.as_str(),
