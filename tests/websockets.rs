@@ -856,3 +856,67 @@ async fn sockets_over_the_per_tenant_limit_are_closed_with_the_platforms_wording
     let (_, other_key) = gw.api_key(&other, 0).await;
     open_with(&gw, &auth_cmd_key(&other_key)).await;
 }
+
+/// Resident memory of this test process (the gateway runs in it), in KiB.
+fn own_rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
+
+/// A client that sends and never reads: the upstream's answers pile up
+/// towards it, and keygate must push back instead of buffering them.
+#[tokio::test]
+async fn a_socket_that_never_reads_is_held_back_not_buffered() {
+    let gw = setup("").await;
+    let user = gw
+        .user("ws-greedy@example.com", Authority::TenantAdmin)
+        .await;
+    let (_, token) = gw.access_token(&user).await;
+    let mut socket = open(&gw, "/api/ws").await;
+    send(&mut socket, &auth_cmd_token(&token, json!([]))).await;
+    let before = own_rss_kib();
+
+    // Each message makes the reference upstream answer with at least as much.
+    let message = json!({"cmds": [{"cmdId": 1, "pad": "x".repeat(16 * 1024)}]}).to_string();
+    let mut written = 0usize;
+    let started = Instant::now();
+    while written < 256 << 20 && started.elapsed() < Duration::from_secs(10) {
+        match tokio::time::timeout(
+            Duration::from_millis(500),
+            socket.send(Message::text(message.clone())),
+        )
+        .await
+        {
+            Ok(Ok(())) => written += message.len(),
+            Ok(Err(error)) => panic!("the socket failed instead of pushing back: {error}"),
+            Err(_) => break, // held back: nothing more is read from us
+        }
+    }
+    let during = own_rss_kib();
+    println!(
+        "a socket that never reads: {} KiB written before keygate stopped reading; RSS {before} -> {during} KiB",
+        written / 1024
+    );
+    assert!(
+        written < 64 << 20,
+        "keygate kept reading {} MiB from a client that reads nothing",
+        written >> 20
+    );
+    assert!(
+        during < before + 128 * 1024,
+        "memory grew from {before} KiB to {during} KiB"
+    );
+    // Others are served meanwhile.
+    let (_, key) = gw.api_key(&user, 0).await;
+    let mut other = open(&gw, "/api/ws").await;
+    send(&mut other, &auth_cmd_key(&key)).await;
+    send(&mut other, &json!({"cmds": [{"cmdId": 2}]}).to_string()).await;
+    let reply = tokio::time::timeout(AT_ONCE, next_json(&mut other))
+        .await
+        .expect("another socket answered at once");
+    assert_eq!(reply["received"]["cmds"][0]["cmdId"], 2);
+}
