@@ -378,6 +378,8 @@ async fn full_disk_under_the_sqlite_store_fails_writes_with_503_while_cached_key
     let key_auth = format!("ApiKey {key}");
     assert_eq!(status(&gw, "/api/devices", &key_auth).await, 200);
 
+    let (_, token) = gw.access_token(&user).await;
+    let load = Load::start(&gw, &key, &token);
     let filler = disk.fill();
     let bearer = format!("Bearer {admin_token}");
     // Writes fail once the store's files can grow no more; each failure is a
@@ -407,6 +409,17 @@ async fn full_disk_under_the_sqlite_store_fails_writes_with_503_while_cached_key
     assert_eq!(status(&gw, "/api/devices", &key_auth).await, 200);
     let ready = reqwest::get(gw.admin("/readyz")).await.unwrap().status();
     assert_eq!(ready, 200, "reads still work: the store is up, only full");
+    let seen = load.stop().await;
+    assert!(
+        seen.iter().all(|s| s.status == 200),
+        "proxying went on while the disk was full: {:?}",
+        statuses(&seen)
+    );
+    println!(
+        "disk full: {} proxied requests, {:?}",
+        seen.len(),
+        statuses(&seen)
+    );
 
     std::fs::remove_file(filler).unwrap();
     assert!(
@@ -420,6 +433,13 @@ async fn full_disk_under_the_sqlite_store_fails_writes_with_503_while_cached_key
     );
     let key_still = gw.running.store.api_key_by_id(key_id).await.unwrap();
     assert!(key_still.is_some_and(|k| k.enabled), "the key survived");
+    gw.running.app.authenticator().caches().invalidate_all();
+    let session_auth = format!("Bearer {token}");
+    assert_eq!(
+        status(&gw, "/api/devices", &session_auth).await,
+        200,
+        "the session survived"
+    );
     assert_eq!(login(&gw, "disk@example.com").await.status(), 200);
     gw.running.shutdown();
 }
