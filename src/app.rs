@@ -31,7 +31,9 @@ use crate::conn::{Client, Connection};
 use crate::error::ApiError;
 use crate::framing::AmbiguousFraming;
 use crate::identity::Identity;
+use crate::limits::Shared;
 use crate::limits::quota::{Grant, Quotas, Refusal};
+use crate::limits::seats::Seats;
 use crate::proxy::headers::{self, X_REQUEST_ID};
 use crate::proxy::{Proxy, Route, RouteTable, Routes, path};
 use crate::telemetry::{Metrics, RouteSeries};
@@ -111,14 +113,22 @@ impl App {
         settings: Arc<Settings>,
         endpoints: Endpoints,
         routes: Arc<Routes>,
-        browser: Option<Arc<ApiBrowser>>,
         auth: Arc<Authenticator>,
         metrics: Arc<Metrics>,
         listener_base_url: String,
+        limits: Shared,
     ) -> App {
         let proxy = Proxy::new(&settings.proxy, &settings.limits);
-        let websockets = Arc::new(WebSockets::new(&settings, auth.clone(), &metrics));
-        let settings_quota = settings.quota.clone();
+        let websockets = Arc::new(WebSockets::new(
+            &settings,
+            auth.clone(),
+            &metrics,
+            limits.seats,
+        ));
+        let browser = settings
+            .api_browser
+            .enabled
+            .then(|| Arc::new(ApiBrowser::new(routes.clone())));
         let series = Series {
             endpoints: api::ROUTES
                 .iter()
@@ -137,22 +147,21 @@ impl App {
             routes,
             proxy,
             websockets,
-            // Kept by this replica alone until shared ones are given.
-            quotas: Arc::new(Quotas::new(
-                settings_quota,
-                None,
-                uuid::Uuid::nil(),
-                metrics.clone(),
-            )),
+            quotas: limits.quotas,
             metrics,
             listener_base_url,
         }
     }
 
-    /// Quotas shared with other replicas, instead of this replica's own.
-    pub fn with_quotas(mut self, quotas: Arc<Quotas>) -> App {
-        self.quotas = quotas;
-        self
+    /// The WebSocket counts shared with other replicas, which the server
+    /// publishes.
+    pub fn seats(&self) -> Option<&Arc<Seats>> {
+        self.websockets.seats()
+    }
+
+    /// The API browser, when enabled: the server runs its refresh.
+    pub fn browser(&self) -> Option<&Arc<ApiBrowser>> {
+        self.browser.as_ref()
     }
 
     /// The request quotas, whose sync the server runs.

@@ -12,16 +12,17 @@ use tokio_rustls::TlsAcceptor;
 
 use crate::accounts;
 use crate::api::Endpoints;
-use crate::api_browser::ApiBrowser;
 use crate::app::App;
 use crate::auth::Authenticator;
 use crate::auth::cache::Caches;
 use crate::auth::jwt::TokenKeys;
 use crate::auth::limiter::LoginLimiter;
 use crate::config::Settings;
+use crate::limits::Shared;
 use crate::limits::link::RedisLink;
 use crate::limits::login::SharedLogins;
 use crate::limits::quota::Quotas;
+use crate::limits::seats::{SeatLimits, Seats};
 use crate::listener::address_cap::AddressCap;
 use crate::listener::{self, Listener};
 use crate::probes::Probes;
@@ -263,33 +264,35 @@ pub async fn start(mut settings: Settings, options: StartOptions) -> Result<Runn
         metrics.clone(),
     ));
     let settings = Arc::new(settings);
-    let browser = settings
-        .api_browser
-        .enabled
-        .then(|| Arc::new(ApiBrowser::new(routes.clone())));
     let link = match &settings.redis {
         Some(redis) => Some(Arc::new(RedisLink::new(redis, metrics.clone())?)),
         None => None,
     };
     let api = api(&settings, &store, &auth, &metrics, &secret, link.clone()).await?;
-    let quotas = Arc::new(Quotas::new(
-        settings.quota.clone(),
-        link,
-        instance,
-        metrics.clone(),
-    ));
-    let app = Arc::new(
-        App::new(
-            settings,
-            api,
-            routes,
-            browser.clone(),
-            auth.clone(),
+    let limits = Shared {
+        seats: link.clone().and_then(|link| {
+            let limits = SeatLimits {
+                per_user: settings.websocket.max_per_user,
+                per_tenant: settings.websocket.max_per_tenant,
+            };
+            Seats::new(link, limits, instance, settings.quota.sync_interval).map(Arc::new)
+        }),
+        quotas: Arc::new(Quotas::new(
+            settings.quota.clone(),
+            link,
+            instance,
             metrics.clone(),
-            listener_base_url(bound.https_addr, bound.http_addr),
-        )
-        .with_quotas(quotas),
-    );
+        )),
+    };
+    let app = Arc::new(App::new(
+        settings,
+        api,
+        routes,
+        auth.clone(),
+        metrics.clone(),
+        listener_base_url(bound.https_addr, bound.http_addr),
+        limits,
+    ));
     let running = Running {
         https: bound.https_addr,
         http: bound.http_addr,
@@ -306,7 +309,7 @@ pub async fn start(mut settings: Settings, options: StartOptions) -> Result<Runn
         admin_shutdown: watch::channel(false).0,
         admin_task: None,
     };
-    Ok(spawn(running, bound, tls_acceptor, browser, auth))
+    Ok(spawn(running, bound, tls_acceptor, auth))
 }
 
 /// Creates the bootstrap administrator in an empty store; returns its
@@ -477,7 +480,6 @@ fn spawn(
     mut running: Running,
     bound: Bound,
     tls_acceptor: Option<TlsAcceptor>,
-    browser: Option<Arc<ApiBrowser>>,
     auth: Arc<Authenticator>,
 ) -> Running {
     let (shutdown, shutdown_rx) = watch::channel(false);
@@ -501,7 +503,7 @@ fn spawn(
     if let Some(tcp) = bound.http {
         running.tasks.push(serve("http", tcp, None));
     }
-    spawn_background(&mut running, &auth, browser, &shutdown_rx);
+    spawn_background(&mut running, &auth, &shutdown_rx);
     drop(shutdown_rx);
     // The admin listener has its own budget and shutdown: it outlives the
     // drain, so probes see "not ready" meanwhile.
@@ -529,12 +531,11 @@ fn spawn(
     running
 }
 
-/// The revocation listener, store pruning, the API browser's refresh and the
-/// certificate watch, each where configured.
+/// The revocation listener, store pruning, the syncs of shared limits, the
+/// API browser's refresh and the certificate watch, each where configured.
 fn spawn_background(
     running: &mut Running,
     auth: &Arc<Authenticator>,
-    browser: Option<Arc<ApiBrowser>>,
     shutdown_rx: &watch::Receiver<bool>,
 ) {
     let settings = running.app.settings();
@@ -561,8 +562,15 @@ fn spawn_background(
     if quotas.is_shared() {
         tokio::spawn(quotas.clone().run(shutdown_rx.clone()));
     }
-    if let Some(browser) = browser {
-        tokio::spawn(browser.refresh_loop(
+    if let Some(seats) = running.app.seats() {
+        let live = auth.caches().live.clone();
+        tokio::spawn(seats.clone().run(
+            move || crate::websocket::seats_held(&live),
+            shutdown_rx.clone(),
+        ));
+    }
+    if let Some(browser) = running.app.browser() {
+        tokio::spawn(browser.clone().refresh_loop(
             settings.api_browser.refresh,
             settings.api_browser.fetch_timeout,
             shutdown_rx.clone(),

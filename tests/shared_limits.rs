@@ -10,6 +10,7 @@ mod common;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
+use common::shared_redis::{Prefix, redis_url};
 use common::{Gateway, PASSWORD, Upstream, error_body};
 use keygate::accounts::{self, NewUser};
 use keygate::identity::Authority;
@@ -17,62 +18,6 @@ use keygate::store::UserRecord;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use uuid::Uuid;
-
-fn redis_url() -> String {
-    std::env::var("KEYGATE_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/".into())
-}
-
-/// A key prefix of this test's own; its keys are deleted on drop.
-struct Prefix(String);
-
-impl Prefix {
-    fn new() -> Prefix {
-        Prefix(format!("kgtest:{}:", Uuid::new_v4().simple()))
-    }
-
-    /// Every key written under the prefix.
-    async fn keys(&self) -> Vec<String> {
-        let client = redis::Client::open(redis_url()).unwrap();
-        let mut con = client.get_multiplexed_async_connection().await.unwrap();
-        redis::cmd("KEYS")
-            .arg(format!("{}*", self.0))
-            .query_async(&mut con)
-            .await
-            .unwrap()
-    }
-}
-
-impl Drop for Prefix {
-    fn drop(&mut self) {
-        let pattern = format!("{}*", self.0);
-        let Ok(client) = redis::Client::open(redis_url()) else {
-            return;
-        };
-        // A plain blocking connection: drop cannot await.
-        std::thread::scope(|s| {
-            s.spawn(|| {
-                let runtime = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                    .unwrap();
-                runtime.block_on(async {
-                    let Ok(mut con) = client.get_multiplexed_async_connection().await else {
-                        return;
-                    };
-                    let keys: Vec<String> = redis::cmd("KEYS")
-                        .arg(&pattern)
-                        .query_async(&mut con)
-                        .await
-                        .unwrap_or_default();
-                    if !keys.is_empty() {
-                        let _: Result<(), _> =
-                            redis::cmd("DEL").arg(keys).query_async(&mut con).await;
-                    }
-                });
-            });
-        });
-    }
-}
 
 /// A TCP forwarder to Redis that the test can cut (every connection closed,
 /// new ones refused), stall (connections accepted, nothing answered) and

@@ -9,6 +9,7 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::shared_redis::Prefix;
 use common::{Gateway, PASSWORD};
 use futures_util::{SinkExt, StreamExt};
 use keygate::identity::Authority;
@@ -520,6 +521,103 @@ async fn sockets_over_the_per_user_limit_are_closed_with_the_platforms_wording()
         open_connections >= 21,
         "{open_connections} open connections"
     );
+}
+
+/// The config of a replica whose WebSocket limits are shared through
+/// Redis at `redis` under `prefix`.
+fn shared_seats(redis: &str, prefix: &Prefix) -> String {
+    format!(
+        "[redis]\nurl = \"{redis}\"\nkey_prefix = \"{}\"\ncommand_timeout = \"200ms\"\n\
+         [websocket]\nmax_per_user = 1\n",
+        prefix.0
+    )
+}
+
+/// Opens a socket authenticated with `key` and says whether it was admitted
+/// (the closing message when it was not).
+async fn admitted(gw: &Gateway, key: &str) -> Result<Socket, String> {
+    let mut socket = open(gw, "/api/ws").await;
+    send(&mut socket, &auth_cmd_key(key)).await;
+    send(&mut socket, "ping").await;
+    let answer = tokio::time::timeout(LOADED, socket.next()).await.unwrap();
+    match answer {
+        Some(Ok(Message::Text(_))) => Ok(socket),
+        Some(Ok(Message::Close(Some(frame)))) => Err(frame.reason.to_string()),
+        other => panic!("unexpected answer {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_user_over_the_socket_limit_at_one_replica_is_refused_at_the_other() {
+    let Ok(base) = std::env::var("KEYGATE_TEST_DATABASE_URL") else {
+        println!("KEYGATE_TEST_DATABASE_URL is not set: multi-replica test not run");
+        return;
+    };
+    let (url, schema) = common::fresh_schema(&base).await;
+    let prefix = Prefix::new();
+    let redis_addr: std::net::SocketAddr = "127.0.0.1:6379".parse().unwrap();
+    let relay = common::Relay::start(redis_addr).await;
+    let config = shared_seats(&format!("redis://{}/", relay.addr), &prefix);
+    let upstream = reference().await;
+    let a = Gateway::start_on(&upstream, &config, Some(&url)).await;
+    let b = Gateway::start_on(&upstream, &config, Some(&url)).await;
+    for gw in [&a, &b] {
+        common::wait_until("redis answers", LOADED, async || {
+            gw.metrics().await.contains("keygate_redis_up 1")
+        })
+        .await;
+    }
+    let user = a
+        .user("ws-shared@example.com", Authority::TenantAdmin)
+        .await;
+    let (_, key) = a.api_key(&user, 0).await;
+    let full = "Max regular user sessions limit reached!".to_owned();
+
+    let at_a = admitted(&a, &key)
+        .await
+        .expect("the first socket is admitted");
+    assert_eq!(admitted(&b, &key).await.err(), Some(full.clone()));
+    // Closing it frees the seat for the other replica at once (a client
+    // reconnecting through another replica is not refused).
+    drop(at_a);
+    let took = common::wait_until("the seat is free at B", LOADED, async || {
+        admitted(&b, &key).await.is_ok()
+    })
+    .await;
+    println!("a closed socket's seat was free at the other replica after {took:?}");
+    let at_b = admitted(&b, &key).await.expect("the seat is free");
+    assert_eq!(admitted(&a, &key).await.err(), Some(full.clone()));
+
+    // Redis gone: each replica decides from its own count.
+    relay.cut();
+    let at_a = admitted(&a, &key)
+        .await
+        .expect("without Redis, A counts its own sockets only");
+    let fallbacks: u64 = a
+        .metrics()
+        .await
+        .lines()
+        .find_map(|l| l.strip_prefix(r#"keygate_redis_fallbacks_total{limits="websocket"} "#))
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(fallbacks >= 1, "the local decision is counted");
+    assert_eq!(admitted(&a, &key).await.err(), Some(full.clone()));
+
+    // Redis back: the counts are shared again.
+    relay.restore();
+    drop((at_a, at_b));
+    common::wait_until("the seats are free", LOADED, async || {
+        admitted(&a, &key).await.is_ok()
+    })
+    .await;
+    let _held = admitted(&a, &key).await.expect("the seat is free");
+    common::wait_until("B refuses again", LOADED, async || {
+        admitted(&b, &key).await.err() == Some(full.clone())
+    })
+    .await;
+    drop((a, b));
+    common::drop_schema(&base, &schema).await;
 }
 
 #[tokio::test]

@@ -22,6 +22,9 @@ pub struct HoldLimits {
     pub per_tenant: Option<usize>,
 }
 
+/// Holders per user and per tenant: `(id, count)` pairs.
+pub type Counts = (Vec<(Uuid, usize)>, Vec<(Uuid, usize)>);
+
 /// Which limit refused a new holder.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OverLimit {
@@ -72,6 +75,14 @@ impl Held {
     /// one came since the last wake-up).
     pub async fn woken(&self) {
         self.wake.notified().await;
+    }
+}
+
+impl Held {
+    /// Lets go now, before the value is dropped (dropping it then does
+    /// nothing more).
+    pub fn release(&self) {
+        self.registry.release(self.id);
     }
 }
 
@@ -136,6 +147,24 @@ impl LiveCredentials {
         for holder in self.lock().holders.values() {
             holder.wake.notify_one();
         }
+    }
+
+    /// How many credentials a user and a tenant hold now.
+    pub fn held_by(&self, user: Uuid, tenant: Uuid) -> (usize, usize) {
+        let inner = self.lock();
+        (
+            inner.per_user.get(&user).copied().unwrap_or(0),
+            inner.per_tenant.get(&tenant).copied().unwrap_or(0),
+        )
+    }
+
+    /// How many credentials each user and each tenant holds now.
+    pub fn counts(&self) -> Counts {
+        let inner = self.lock();
+        let listed = |counts: &HashMap<Uuid, usize>| {
+            counts.iter().map(|(id, count)| (*id, *count)).collect()
+        };
+        (listed(&inner.per_user), listed(&inner.per_tenant))
     }
 
     /// Credentials held now.
@@ -266,5 +295,25 @@ mod tests {
             .hold(&identity(1, null_tenant, key(1)), limits)
             .unwrap();
         assert!(live.hold(&identity(2, null_tenant, key(2)), limits).is_ok());
+    }
+
+    #[test]
+    fn counts_follow_holds_and_releases() {
+        let live = Arc::new(LiveCredentials::default());
+        let (alice, bob) = (identity(1, 7, key(1)), identity(2, 7, session(2)));
+        let first = live.hold(&alice, HoldLimits::default()).unwrap();
+        let _second = live.hold(&alice, HoldLimits::default()).unwrap();
+        let _third = live.hold(&bob, HoldLimits::default()).unwrap();
+        assert_eq!(live.held_by(Uuid::from_u128(1), Uuid::from_u128(7)), (2, 3));
+        first.release();
+        assert_eq!(live.held_by(Uuid::from_u128(1), Uuid::from_u128(7)), (1, 2));
+        drop(first);
+        let (mut users, tenants) = live.counts();
+        users.sort();
+        assert_eq!(
+            users,
+            vec![(Uuid::from_u128(1), 1), (Uuid::from_u128(2), 1)]
+        );
+        assert_eq!(tenants, vec![(Uuid::from_u128(7), 2)]);
     }
 }

@@ -40,7 +40,7 @@ pub struct RedisLink {
     down: AtomicBool,
     metrics: Arc<Metrics>,
     /// When each kind of fallback was last logged (epoch ms), by kind.
-    warned: [AtomicI64; 2],
+    warned: [AtomicI64; 3],
 }
 
 /// What fell back to local state, for the metric and the warning.
@@ -48,15 +48,17 @@ pub struct RedisLink {
 pub enum Fallback {
     Login = 0,
     Quota = 1,
+    WebSocket = 2,
 }
 
 impl Fallback {
-    pub const ALL: [Fallback; 2] = [Fallback::Login, Fallback::Quota];
+    pub const ALL: [Fallback; 3] = [Fallback::Login, Fallback::Quota, Fallback::WebSocket];
 
     pub fn label(self) -> &'static str {
         match self {
             Fallback::Login => "login",
             Fallback::Quota => "quota",
+            Fallback::WebSocket => "websocket",
         }
     }
 }
@@ -79,7 +81,7 @@ impl RedisLink {
             command_timeout: settings.command_timeout,
             down: AtomicBool::new(false),
             metrics,
-            warned: [AtomicI64::new(0), AtomicI64::new(0)],
+            warned: [AtomicI64::new(0), AtomicI64::new(0), AtomicI64::new(0)],
         })
     }
 

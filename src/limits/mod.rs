@@ -11,6 +11,8 @@
 //! - [`quota`]: quotas per API key, user and tenant, decided from local
 //!   counters on the request path; [`sync`] reconciles them with Redis in the
 //!   background; [`headers`] writes the rate-limit headers and the 429.
+//! - [`seats`]: open WebSockets per user and per tenant, counted across
+//!   replicas.
 
 pub mod counter;
 pub mod headers;
@@ -19,4 +21,16 @@ pub mod login;
 pub mod quota;
 /// Rates are read with the configuration.
 pub use crate::config::rate;
+pub mod seats;
 pub mod sync;
+
+use std::sync::Arc;
+
+/// The limits a replica shares with the others through Redis, or keeps
+/// alone without it.
+pub struct Shared {
+    pub quotas: Arc<quota::Quotas>,
+    /// Open WebSockets per user and tenant across replicas; `None` without
+    /// Redis (each replica's own counts are then the limit).
+    pub seats: Option<Arc<seats::Seats>>,
+}

@@ -31,6 +31,12 @@ end
 return out
 ";
 
+/// How long a replica that stopped syncing still counts as live: ten sync
+/// intervals, and at least 3 s.
+pub(super) fn staleness(sync_interval: Duration) -> Duration {
+    (sync_interval * 10).max(Duration::from_secs(3))
+}
+
 /// Budgets pushed by one script call at most.
 const SYNC_BATCH: usize = 500;
 
@@ -87,7 +93,7 @@ impl Quotas {
     }
 
     async fn sync_batch(&self, link: &RedisLink, batch: &[Due]) -> Result<(), LinkError> {
-        let stale = (self.settings.sync_interval * 10).max(Duration::from_secs(3));
+        let stale = staleness(self.settings.sync_interval);
         let mut invocation = self.sync_script.prepare_invoke();
         invocation
             .key(link.key(format_args!("quota:replicas")))

@@ -17,7 +17,7 @@ pub struct LimitMetrics {
 /// Quota dimensions ([`LimitMetrics::quota_rejected`]).
 pub const QUOTA_DIMENSIONS: [&str; 3] = ["key", "user", "tenant"];
 /// What falls back to local counters ([`LimitMetrics::fallback`]).
-pub const FALLBACKS: [&str; 2] = ["login", "quota"];
+pub const FALLBACKS: [&str; 3] = ["login", "quota", "websocket"];
 
 impl LimitMetrics {
     pub(super) fn new(r: &Registrar<'_>) -> LimitMetrics {

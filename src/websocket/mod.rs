@@ -12,11 +12,13 @@
 //!
 //! A socket holds its credential in [`crate::auth::live`]: a revocation wakes
 //! it, it verifies again, and closes with 1008 when the credential died. The
-//! same registry counts sockets per user and per tenant.
+//! same registry counts sockets per user and per tenant, and with Redis
+//! those counts are shared with the other replicas ([`seat`]).
 
 pub mod first_frame;
 mod handshake;
 mod metrics;
+mod seat;
 mod session;
 mod splice;
 
@@ -34,11 +36,13 @@ use crate::config::{Settings, WebSocketSettings};
 use crate::conn::Client;
 use crate::error::ApiError;
 use crate::identity::Identity;
+use crate::limits::seats::Seats;
 use crate::proxy::{Proxy, Route};
 use crate::telemetry::Metrics;
 
 pub use handshake::is_upgrade;
 use metrics::SocketMetrics;
+pub use seat::seats_held;
 use session::{Opening, Session};
 
 /// Everything a socket needs, shared by all of them.
@@ -52,6 +56,8 @@ pub struct WebSockets {
     disable_key_on_plaintext: bool,
     allow_plaintext_credentials: bool,
     access_log: bool,
+    /// The per-user and per-tenant counts shared with other replicas.
+    seats: Option<Arc<Seats>>,
 }
 
 /// How a socket on a WebSocket route is to be authenticated.
@@ -75,7 +81,12 @@ pub struct Upgrade<'r> {
 }
 
 impl WebSockets {
-    pub fn new(settings: &Settings, auth: Arc<Authenticator>, metrics: &Metrics) -> WebSockets {
+    pub fn new(
+        settings: &Settings,
+        auth: Arc<Authenticator>,
+        metrics: &Metrics,
+        seats: Option<Arc<Seats>>,
+    ) -> WebSockets {
         let websocket = settings.websocket.clone();
         let labels: Vec<&str> = websocket.routes.iter().map(String::as_str).collect();
         WebSockets {
@@ -86,7 +97,13 @@ impl WebSockets {
             disable_key_on_plaintext: settings.disable_key_on_plaintext,
             allow_plaintext_credentials: settings.listen.allow_plaintext_credentials,
             access_log: settings.log.access_log,
+            seats,
         }
+    }
+
+    /// The counts shared with other replicas, if any.
+    pub fn seats(&self) -> Option<&Arc<Seats>> {
+        self.seats.as_ref()
     }
 
     /// The configured WebSocket route a normalised path falls under: an

@@ -18,10 +18,11 @@ use super::WebSockets;
 use super::first_frame::{self, FrameError};
 use super::handshake::Form;
 use super::metrics::{ACCEPTED, DEADLINE, NO_AUTH_CMD};
+use super::seat::Seat;
 use super::splice::{self, Traffic};
 use crate::auth::AuthFailure;
 use crate::auth::credential::Credential;
-use crate::auth::live::{Held, HoldLimits, OverLimit};
+use crate::auth::live::{HoldLimits, OverLimit};
 use crate::auth::outcomes::{API_KEY, JWT, NO_CREDENTIAL};
 use crate::conn::{Client, Connection};
 use crate::error::ApiError;
@@ -213,13 +214,13 @@ impl Session {
         traffic: &mut Traffic,
         identity: &mut Option<Identity>,
     ) -> Ending {
-        let (mut upstream, held, credential) = match self.open(client, opening, identity).await {
+        let (mut upstream, seat, credential) = match self.open(client, opening, identity).await {
             Ok(opened) => opened,
             Err(ending) => return ending,
         };
-        let recheck = match (&held, credential) {
-            (Some(held), Some(credential)) => Some(splice::Recheck {
-                held,
+        let recheck = match (&seat, credential) {
+            (Some(seat), Some(credential)) => Some(splice::Recheck {
+                held: seat.held(),
                 credential,
                 auth: &self.sockets.auth,
             }),
@@ -243,10 +244,10 @@ impl Session {
         client: &mut ClientSocket,
         opening: Opening,
         identity: &mut Option<Identity>,
-    ) -> Result<(UpstreamSocket, Option<Held>, Option<Credential>), Ending> {
+    ) -> Result<(UpstreamSocket, Option<Seat>, Option<Credential>), Ending> {
         let authenticated = self.authenticate(client, opening).await?;
         identity.clone_from(&authenticated.identity);
-        let held = self.hold(authenticated.identity.as_ref())?;
+        let seat = self.seat(authenticated.identity.as_ref()).await?;
         let mut upstream = self
             .connect(authenticated.identity.as_ref())
             .await
@@ -257,7 +258,7 @@ impl Session {
                 .await
                 .map_err(|_| Ending::UpstreamUnavailable)?;
         }
-        Ok((upstream, held, authenticated.credential))
+        Ok((upstream, seat, authenticated.credential))
     }
 
     /// The drain signal of the listener that accepted the connection.
@@ -407,7 +408,7 @@ impl Session {
     }
 
     /// Holds the credential, within the per-user and per-tenant limits.
-    fn hold(&self, identity: Option<&Identity>) -> Result<Option<Held>, Ending> {
+    async fn seat(&self, identity: Option<&Identity>) -> Result<Option<Seat>, Ending> {
         let Some(identity) = identity else {
             return Ok(None);
         };
@@ -416,8 +417,9 @@ impl Session {
             per_user: settings.max_per_user,
             per_tenant: settings.max_per_tenant,
         };
-        match self.sockets.auth.caches().live.hold(identity, limits) {
-            Ok(held) => Ok(Some(held)),
+        let live = &self.sockets.auth.caches().live;
+        match Seat::take(live, self.sockets.seats.as_ref(), identity, limits).await {
+            Ok(seat) => Ok(Some(seat)),
             Err(OverLimit::User) => Err(Ending::UserLimit),
             Err(OverLimit::Tenant) => Err(Ending::TenantLimit),
         }

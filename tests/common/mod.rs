@@ -2,6 +2,8 @@
 //! loopback, and clients that trust the generated development CA.
 #![allow(dead_code)]
 
+pub mod shared_redis;
+
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
