@@ -20,7 +20,7 @@ use crate::accounts::{self, AccountError, NewProfile, NewUser};
 use crate::config::{RouteSpec, Settings, UpstreamUrl};
 use crate::identity::Authority;
 use crate::server::Running;
-use crate::store::Store;
+use crate::store::{Audit, Store};
 
 /// The development tenant administrator the quick-start key belongs to.
 pub const DEV_TENANT_ADMIN: &str = "tenant@keygate.local";
@@ -98,7 +98,7 @@ async fn quick_start_key(store: &Store, prefix: &str) -> Result<String, DevError
     };
     let expires = crate::clock::now_ms() + KEY_LIFETIME.as_millis() as i64;
     let key = accounts::create_api_key(
-        store,
+        &store.audited(Audit::command_line("api_key.create")),
         &user,
         prefix,
         "keygate serve --dev quick start",
@@ -106,7 +106,6 @@ async fn quick_start_key(store: &Store, prefix: &str) -> Result<String, DevError
         true,
     )
     .await?;
-    tracing::info!(target: "keygate::audit", key_id = %key.record.id, user_id = %user.id, action = "api_key.create", "audit");
     Ok(key.value.expose().to_string())
 }
 

@@ -12,7 +12,7 @@ use keygate::accounts::{self, NewUser};
 use keygate::config::{self, LogFormat, Settings, Source};
 use keygate::identity::Authority;
 use keygate::server::{self, StartOptions};
-use keygate::store::Store;
+use keygate::store::{Audit, Store};
 
 /// mimalloc rather than the system allocator, measured with `benches/run`
 /// (BENCHMARKS.md). glibc kept the 19 MiB blocks of Argon2 hashes in its
@@ -72,6 +72,13 @@ enum Command {
     /// Manage API keys.
     #[command(subcommand)]
     Apikey(ApiKeyCommand),
+    /// Show the latest audit events (changes to users and API keys), newest
+    /// first, one JSON object per line.
+    Audit {
+        /// How many events.
+        #[arg(long, default_value_t = 50)]
+        limit: u32,
+    },
 }
 
 #[derive(Subcommand)]
@@ -279,7 +286,26 @@ async fn run(
         Command::Health => health(&settings).await,
         Command::User(cmd) => user(cmd, &settings).await,
         Command::Apikey(cmd) => apikey(cmd, &settings).await,
+        Command::Audit { limit } => audit(limit, &settings).await,
     }
+}
+
+async fn audit(limit: u32, settings: &Settings) -> anyhow::Result<()> {
+    let store = open_store(settings).await?;
+    for event in store.audit_events(limit).await? {
+        let line = serde_json::json!({
+            "id": event.id,
+            "createdTime": event.created_time,
+            "actorId": event.actor_id,
+            "actor": event.actor,
+            "tenantId": event.tenant_id,
+            "action": event.action,
+            "targetType": event.target_type,
+            "targetId": event.target_id,
+        });
+        println!("{line}");
+    }
+    Ok(())
 }
 
 async fn serve(
@@ -448,9 +474,13 @@ async fn user(cmd: UserCommand, settings: &Settings) -> anyhow::Result<()> {
                 first_name,
                 last_name,
             };
-            let user =
-                accounts::create_user(&store, new, password, &settings.password_policy).await?;
-            audit("user.create", "USER", user.id);
+            let user = accounts::create_user(
+                &cli(&store, "user.create"),
+                new,
+                password,
+                &settings.password_policy,
+            )
+            .await?;
             println!(
                 "created user {} ({}, {})",
                 user.email, user.authority, user.id
@@ -471,27 +501,28 @@ async fn user(cmd: UserCommand, settings: &Settings) -> anyhow::Result<()> {
         }
         UserCommand::Disable { email } => {
             let u = find_user(&store, &email).await?;
-            store.set_user_enabled(u.id, false, now).await?;
-            audit("user.disable", "USER", u.id);
+            cli(&store, "user.disable")
+                .set_user_enabled(u.id, false, now)
+                .await?;
             println!("disabled user {email}");
         }
         UserCommand::Enable { email } => {
             let u = find_user(&store, &email).await?;
-            store.set_user_enabled(u.id, true, now).await?;
-            audit("user.enable", "USER", u.id);
+            cli(&store, "user.enable")
+                .set_user_enabled(u.id, true, now)
+                .await?;
             println!("enabled user {email}");
         }
         UserCommand::Delete { email } => {
             let u = find_user(&store, &email).await?;
-            store.delete_user(u.id).await?;
-            audit("user.delete", "USER", u.id);
+            cli(&store, "user.delete").delete_user(u.id).await?;
             println!("deleted user {email}");
         }
         UserCommand::SetPassword { email } => {
             let u = find_user(&store, &email).await?;
             let password = read_password(true).await?;
+            let store = cli(&store, "user.set_password");
             accounts::set_password(&store, u.id, password, &settings.password_policy).await?;
-            audit("user.set_password", "USER", u.id);
             println!("set the password of {email}; their earlier sessions and tokens ended");
         }
     }
@@ -660,7 +691,7 @@ async fn apikey(cmd: ApiKeyCommand, settings: &Settings) -> anyhow::Result<()> {
                 None => 0,
             };
             let created = accounts::create_api_key(
-                &store,
+                &cli(&store, "api_key.create"),
                 &u,
                 &settings.api_key_prefix,
                 &description,
@@ -668,7 +699,6 @@ async fn apikey(cmd: ApiKeyCommand, settings: &Settings) -> anyhow::Result<()> {
                 true,
             )
             .await?;
-            audit("api_key.create", "API_KEY", created.record.id);
             eprintln!(
                 "created API key {} for {} (shown once; store it now)",
                 created.record.id, u.email
@@ -691,18 +721,23 @@ async fn apikey(cmd: ApiKeyCommand, settings: &Settings) -> anyhow::Result<()> {
             }
         }
         ApiKeyCommand::Disable { id } => {
+            let store = cli(&store, "api_key.disable");
             ensure(store.set_api_key_enabled(id, false).await?.outcome, id)?;
-            audit("api_key.disable", "API_KEY", id);
             println!("disabled API key {id}");
         }
         ApiKeyCommand::Enable { id } => {
+            let store = cli(&store, "api_key.enable");
             ensure(store.set_api_key_enabled(id, true).await?.outcome, id)?;
-            audit("api_key.enable", "API_KEY", id);
             println!("enabled API key {id}");
         }
         ApiKeyCommand::Delete { id } => {
-            ensure(store.delete_api_key(id).await?.outcome, id)?;
-            audit("api_key.delete", "API_KEY", id);
+            ensure(
+                cli(&store, "api_key.delete")
+                    .delete_api_key(id)
+                    .await?
+                    .outcome,
+                id,
+            )?;
             println!("deleted API key {id}");
         }
     }
@@ -717,17 +752,10 @@ fn ensure(found: bool, id: Uuid) -> anyhow::Result<()> {
     }
 }
 
-/// One structured audit event per change made from the command line.
-fn audit(action: &'static str, target_type: &'static str, target: Uuid) {
-    tracing::info!(
-        target: "keygate::audit",
-        actor = "cli",
-        action,
-        target_type,
-        target = %target,
-        at_ms = keygate::clock::now_ms(),
-        "audit"
-    );
+/// The store, recording `action` by the command line with the change made
+/// through it.
+fn cli(store: &Store, action: &'static str) -> Store {
+    store.audited(Audit::command_line(action))
 }
 
 #[cfg(test)]

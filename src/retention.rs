@@ -32,6 +32,7 @@ pub struct Pruned {
     pub ended_sessions: u64,
     pub expired_sessions: u64,
     pub activation_tokens: u64,
+    pub audit_events: u64,
 }
 
 impl Pruned {
@@ -40,11 +41,12 @@ impl Pruned {
             PruneKind::EndedSessions => self.ended_sessions += rows,
             PruneKind::ExpiredSessions => self.expired_sessions += rows,
             PruneKind::ActivationTokens => self.activation_tokens += rows,
+            PruneKind::AuditEvents => self.audit_events += rows,
         }
     }
 
     pub fn total(&self) -> u64 {
-        self.ended_sessions + self.expired_sessions + self.activation_tokens
+        self.ended_sessions + self.expired_sessions + self.activation_tokens + self.audit_events
     }
 }
 
@@ -67,6 +69,7 @@ pub fn cutoff(
             .saturating_sub(millis(CLOCK_SLACK))
             .saturating_sub(millis(settings.sessions)),
         PruneKind::ActivationTokens => now_ms.saturating_sub(millis(settings.activation_tokens)),
+        PruneKind::AuditEvents => now_ms.saturating_sub(millis(settings.audit_events)),
     }
 }
 
@@ -148,6 +151,7 @@ impl Pruner {
                     ended_sessions = pruned.ended_sessions,
                     expired_sessions = pruned.expired_sessions,
                     activation_tokens = pruned.activation_tokens,
+                    audit_events = pruned.audit_events,
                     elapsed_ms,
                     "pruning the store failed; retrying at the next run"
                 );
@@ -156,6 +160,7 @@ impl Pruner {
                     ended_sessions = pruned.ended_sessions,
                     expired_sessions = pruned.expired_sessions,
                     activation_tokens = pruned.activation_tokens,
+                    audit_events = pruned.audit_events,
                     elapsed_ms,
                     "pruned dead rows from the store"
                 );
@@ -173,6 +178,7 @@ mod tests {
             interval: Some(Duration::from_secs(3600)),
             sessions: Duration::from_secs(100),
             activation_tokens: Duration::from_secs(10),
+            audit_events: Duration::from_secs(1000),
             batch_size: 2,
             max_rows_per_run: 5,
         }
@@ -194,6 +200,10 @@ mod tests {
         assert_eq!(
             cutoff(PruneKind::ActivationTokens, &s, ttl, now),
             now - 10_000
+        );
+        assert_eq!(
+            cutoff(PruneKind::AuditEvents, &s, ttl, now),
+            now - 1_000_000
         );
     }
 

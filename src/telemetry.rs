@@ -219,7 +219,7 @@ impl Operations {
             .expect("unique metric");
         let pruned_rows = r.counter(
             "keygate_store_pruned_rows_total",
-            "Dead rows deleted from the store, by kind (ended_sessions, expired_sessions, activation_tokens).",
+            "Dead rows deleted from the store, by kind (ended_sessions, expired_sessions, activation_tokens, audit_events).",
             &["kind"],
         );
         let prune_runs = r.counter(

@@ -191,6 +191,34 @@ async fn cli_created_key_works_and_cli_disable_applies_within_the_cache_bound() 
     assert!(out.status.success());
     let out = keygate(&config, &["apikey", "enable", &key_id], "");
     assert!(!out.status.success(), "the user's keys went with the user");
+
+    // Every change made above is in the audit trail, newest first; the
+    // refused user and the failed enable left none.
+    let out = keygate(&config, &["audit", "--limit", "10"], "");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let events: Vec<serde_json::Value> = text(&out.stdout)
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    let actions: Vec<(&str, &str)> = events
+        .iter()
+        .map(|e| (e["action"].as_str().unwrap(), e["actor"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        actions,
+        [
+            ("user.delete", "command-line"),
+            ("api_key.disable", "command-line"),
+            ("api_key.create", "command-line"),
+            ("user.create", "command-line"),
+        ]
+    );
+    assert_eq!(events[1]["targetId"], key_id.as_str());
+    assert_eq!(events[1]["targetType"], "API_KEY");
+    assert!(
+        !text(&out.stdout).contains(&key),
+        "an audit event never holds a secret"
+    );
 }
 
 #[tokio::test]

@@ -240,10 +240,16 @@ async fn postgres_gone_keeps_cached_credentials_working_fails_logins_fast_and_re
     let upstream = Upstream::start().await;
     let gw = Gateway::start_on(&upstream.url(), "", Some(&relayed)).await;
     let user = gw.user("pgfault@example.com", Authority::TenantAdmin).await;
-    let (_, key) = gw.api_key(&user, 0).await;
+    let (key_id, key) = gw.api_key(&user, 0).await;
     let (_, token) = gw.access_token(&user).await;
     let key_auth = format!("ApiKey {key}");
     let bearer = format!("Bearer {token}");
+    assert_eq!(
+        describe_key(&gw, key_id, &bearer, "before the cut").await,
+        200
+    );
+    let events_before = gw.running.store.audit_events(100).await.unwrap();
+    assert_eq!(events_before.len(), 1, "{events_before:?}");
     assert_eq!(status(&gw, "/api/devices", &key_auth).await, 200);
     assert_eq!(status(&gw, "/api/devices", &bearer).await, 200);
     assert_eq!(login(&gw, "pgfault@example.com").await.status(), 200);
@@ -258,6 +264,10 @@ async fn postgres_gone_keeps_cached_credentials_working_fails_logins_fast_and_re
     let took = started.elapsed();
     assert_eq!((code, json["errorCode"].as_u64()), (503, Some(2)), "{json}");
     assert!(took < Duration::from_secs(5), "login took {took:?} to fail");
+    assert_eq!(
+        describe_key(&gw, key_id, &bearer, "during the cut").await,
+        503
+    );
     let ready = reqwest::get(gw.admin("/readyz")).await.unwrap();
     assert_eq!(ready.status(), 503);
     assert_eq!(ready.text().await.unwrap(), "store unavailable");
@@ -301,8 +311,28 @@ async fn postgres_gone_keeps_cached_credentials_working_fails_logins_fast_and_re
             .unwrap()
             .is_some()
     );
+    let described = gw.running.store.api_key_by_id(key_id).await.unwrap();
+    assert_eq!(described.unwrap().description, "before the cut");
+    assert_eq!(
+        gw.running.store.audit_events(100).await.unwrap(),
+        events_before,
+        "the audit event written before the cut is there, and none for the refused change"
+    );
     gw.running.shutdown();
     common::drop_schema(&base, &schema).await;
+}
+
+/// Sets a key's description through the API; the status.
+async fn describe_key(gw: &Gateway, key_id: uuid::Uuid, auth: &str, description: &str) -> u16 {
+    gw.client()
+        .put(gw.https(&format!("/api/apiKey/{key_id}/description")))
+        .header("X-Authorization", auth)
+        .json(&description)
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .as_u16()
 }
 
 /// `url` with its host and port replaced by `addr`.
@@ -385,6 +415,7 @@ async fn full_disk_under_the_sqlite_store_fails_writes_with_503_while_cached_key
     // Writes fail once the store's files can grow no more; each failure is a
     // clean 503 in the contract's shape, never a half-made user.
     let mut refused = None;
+    let mut created = std::collections::BTreeSet::new();
     for n in 0..500 {
         let email = format!("late{n}@example.com");
         let response = gw
@@ -403,6 +434,8 @@ async fn full_disk_under_the_sqlite_store_fails_writes_with_503_while_cached_key
             refused = Some((email, error_body(response).await));
             break;
         }
+        let user: serde_json::Value = response.json().await.unwrap();
+        created.insert(user["id"]["id"].as_str().unwrap().to_owned());
     }
     let (email, (code, json)) = refused.expect("some write failed on the full disk");
     assert_eq!((code, json["errorCode"].as_u64()), (503, Some(2)), "{json}");
@@ -433,6 +466,18 @@ async fn full_disk_under_the_sqlite_store_fails_writes_with_503_while_cached_key
     );
     let key_still = gw.running.store.api_key_by_id(key_id).await.unwrap();
     assert!(key_still.is_some_and(|k| k.enabled), "the key survived");
+    // One audit event per user made, each kept; none for the refused one.
+    let audited: std::collections::BTreeSet<String> = gw
+        .running
+        .store
+        .audit_events(1000)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|e| e.action == "user.create")
+        .map(|e| e.target_id.to_string())
+        .collect();
+    assert_eq!(audited, created, "every user made has its audit event");
     gw.running.app.authenticator().caches().invalidate_all();
     let session_auth = format!("Bearer {token}");
     assert_eq!(

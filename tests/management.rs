@@ -167,6 +167,67 @@ async fn api_key_lifecycle_create_use_disable_enable_delete() {
 }
 
 #[tokio::test]
+async fn every_change_over_rest_is_stored_as_an_audit_event_naming_its_actor() {
+    let upstream = Upstream::start().await;
+    let gw = Gateway::start(&upstream.url(), "").await;
+    let me = actor(
+        &gw,
+        gw.user("auditor@example.com", Authority::TenantAdmin).await,
+    )
+    .await;
+    let record: Value = create_key(&gw, &me, me.user.id).await.json().await.unwrap();
+    let id = record["id"]["id"].as_str().unwrap().to_string();
+    for path in [
+        format!("/api/apiKey/{id}/enabled/false"),
+        format!("/api/apiKey/{id}/enabled/true"),
+    ] {
+        let response = call(&gw, &me, reqwest::Method::PUT, &path, None).await;
+        assert_eq!(response.status(), 200);
+    }
+    // Refused changes leave no event.
+    let other = Uuid::new_v4();
+    let missing = call(
+        &gw,
+        &me,
+        reqwest::Method::DELETE,
+        &format!("/api/apiKey/{other}"),
+        None,
+    )
+    .await;
+    assert_eq!(missing.status(), 404);
+    let deleted = call(
+        &gw,
+        &me,
+        reqwest::Method::DELETE,
+        &format!("/api/apiKey/{id}"),
+        None,
+    )
+    .await;
+    assert_eq!(deleted.status(), 200);
+
+    let events = gw.running.store.audit_events(10).await.unwrap();
+    let actions: Vec<&str> = events.iter().rev().map(|e| e.action.as_str()).collect();
+    assert_eq!(
+        actions,
+        [
+            "api_key.create",
+            "api_key.disable",
+            "api_key.enable",
+            "api_key.delete"
+        ]
+    );
+    for event in &events {
+        assert_eq!(event.actor_id, me.user.id);
+        assert_eq!(event.actor, "auditor@example.com");
+        assert_eq!(event.tenant_id, me.user.tenant_id);
+        assert_eq!(
+            (event.target_type.as_str(), event.target_id.to_string()),
+            ("API_KEY", id.clone())
+        );
+    }
+}
+
+#[tokio::test]
 async fn api_key_authority_matrix_own_same_tenant_other_tenant_sys_admin() {
     let upstream = Upstream::start().await;
     let gw = Gateway::start(&upstream.url(), "").await;

@@ -6,7 +6,7 @@ use uuid::Uuid;
 use super::records::PageData;
 use crate::error::ApiError;
 use crate::identity::{Authority, Identity, Principal};
-use crate::store::{Page, PageRequest, UserRecord};
+use crate::store::{Audit, Page, PageRequest, Store, UserRecord};
 
 /// Largest page a listing returns.
 pub const MAX_PAGE_SIZE: i64 = 1000;
@@ -135,18 +135,10 @@ pub fn path_id(text: &str) -> Result<Uuid, ApiError> {
     Uuid::parse_str(text).map_err(|_| ApiError::bad_request(format!("Invalid UUID string: {text}")))
 }
 
-/// One structured audit event per change; never a secret.
-pub fn audit(actor: &Identity, action: &'static str, target_type: &'static str, target: Uuid) {
-    tracing::info!(
-        target: "keygate::audit",
-        actor = %actor.principal.user_id,
-        actor_email = %actor.principal.email,
-        action,
-        target_type,
-        target = %target,
-        at_ms = crate::clock::now_ms(),
-        "audit"
-    );
+/// The store, recording `action` by `actor` with the change made through it
+/// (stored with the change, and logged once committed).
+pub fn audited(store: &Store, actor: &Identity, action: &'static str) -> Store {
+    store.audited(Audit::by(&actor.principal, action))
 }
 
 #[cfg(test)]

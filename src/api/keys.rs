@@ -1,6 +1,6 @@
 //! API key endpoints: create, list, describe, enable/disable, delete.
 
-use super::access::{audit, check_manage, page_json, page_request, path_id};
+use super::access::{audited, check_manage, page_json, page_request, path_id};
 use super::records::{ApiKey, PageDataApiKey};
 use super::wire::{ApiKeyCreateRequest, ManageErrors};
 use super::{EndpointRequest, Endpoints, empty_response, json_response};
@@ -55,7 +55,7 @@ pub async fn create(
     let enabled = body.enabled.unwrap_or(true);
     let prefix = &api.settings.api_key_prefix;
     let created = accounts::create_api_key(
-        &api.store,
+        &audited(&api.store, identity, "api_key.create"),
         &owner,
         prefix,
         &description,
@@ -64,7 +64,6 @@ pub async fn create(
     )
     .await?;
     let record = created.record;
-    audit(identity, "api_key.create", "API_KEY", record.id);
     Ok(json_response(&ApiKey::new(
         &record,
         Some(created.value.expose()),
@@ -126,11 +125,10 @@ pub async fn describe(
             "description must be non-blank and at most 255 characters",
         ));
     }
-    api.store
+    audited(&api.store, identity, "api_key.describe")
         .set_api_key_description(key.id, description)
         .await?;
     key.description = description.to_string();
-    audit(identity, "api_key.describe", "API_KEY", key.id);
     Ok(json_response(&ApiKey::new(&key, None)))
 }
 
@@ -162,19 +160,16 @@ pub async fn set_enabled(
             )));
         }
     };
-    let changed = api.store.set_api_key_enabled(key.id, enabled).await?;
+    let action = if enabled {
+        "api_key.enable"
+    } else {
+        "api_key.disable"
+    };
+    let changed = audited(&api.store, identity, action)
+        .set_api_key_enabled(key.id, enabled)
+        .await?;
     api.applied(changed).await;
     key.enabled = enabled;
-    audit(
-        identity,
-        if enabled {
-            "api_key.enable"
-        } else {
-            "api_key.disable"
-        },
-        "API_KEY",
-        key.id,
-    );
     Ok(json_response(&ApiKey::new(&key, None)))
 }
 
@@ -197,8 +192,9 @@ pub async fn delete(
 ) -> Result<http::Response<Body>, ApiError> {
     let identity = req.identity()?;
     let key = api.managed_key(&req, &req.params[0]).await?;
-    let deleted = api.store.delete_api_key(key.id).await?;
+    let deleted = audited(&api.store, identity, "api_key.delete")
+        .delete_api_key(key.id)
+        .await?;
     api.applied(deleted).await;
-    audit(identity, "api_key.delete", "API_KEY", key.id);
     Ok(empty_response())
 }

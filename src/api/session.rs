@@ -411,7 +411,9 @@ pub async fn change_password(
         .hash_password(HashFor::Other, &body.new_password)
         .await?;
     let now = crate::clock::now_secs();
-    let changed = api.store.update_password(user.id, &hash, Some(now)).await?;
+    let changed = super::access::audited(&api.store, identity, "user.change_password")
+        .update_password(user.id, &hash, Some(now))
+        .await?;
     api.applied(changed).await;
     tracing::info!(target: "keygate::security", user_id = %user.id, "password changed; older tokens outdated");
     let user = UserRecord {

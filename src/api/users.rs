@@ -3,7 +3,7 @@
 
 use serde::Deserialize;
 
-use super::access::{audit, check_manage, page_json, page_request, param, path_id, query_pairs};
+use super::access::{audited, check_manage, page_json, page_request, param, path_id, query_pairs};
 use super::records::{EntityId, PageDataUser, User};
 use super::session::HashFor;
 use super::wire::{ActivateUserRequest, BodyErrors, JwtPair, ListErrors, ManageErrors};
@@ -13,6 +13,7 @@ use crate::auth::api_key::{self, KeyDigest};
 use crate::body::Body;
 use crate::error::ApiError;
 use crate::identity::{Authority, NULL_UUID};
+use crate::store::Audit;
 
 /// How long an activation link stays valid.
 pub const ACTIVATION_TTL_MS: i64 = 24 * 3600 * 1000;
@@ -62,9 +63,10 @@ pub async fn save(api: &Endpoints, req: EndpointRequest) -> Result<http::Respons
         if let Some(info) = body.additional_info {
             user.additional_info = (!info.is_null()).then(|| info.to_string());
         }
-        api.store.update_user_profile(&user).await?;
+        audited(&api.store, identity, "user.update")
+            .update_user_profile(&user)
+            .await?;
         user.version += 1;
-        audit(identity, "user.update", "USER", user.id);
         return Ok(json_response(&User::from(&user)));
     }
     let authority_text = body
@@ -106,8 +108,8 @@ pub async fn save(api: &Endpoints, req: EndpointRequest) -> Result<http::Respons
             .filter(|i| !i.is_null())
             .map(|i| i.to_string()),
     };
-    let user = accounts::create_pending_user(&api.store, new, profile).await?;
-    audit(identity, "user.create", "USER", user.id);
+    let store = audited(&api.store, identity, "user.create");
+    let user = accounts::create_pending_user(&store, new, profile).await?;
     Ok(json_response(&User::from(&user)))
 }
 
@@ -178,9 +180,10 @@ pub async fn delete(
     let id = path_id(&req.params[0])?;
     let user = api.store.user_by_id(id).await?;
     check_manage(&identity.principal, user.as_ref())?;
-    let deleted = api.store.delete_user(id).await?;
+    let deleted = audited(&api.store, identity, "user.delete")
+        .delete_user(id)
+        .await?;
     api.applied(deleted).await;
-    audit(identity, "user.delete", "USER", id);
     Ok(empty_response())
 }
 
@@ -215,21 +218,15 @@ pub async fn set_enabled(
     };
     let user = api.store.user_by_id(id).await?;
     check_manage(&identity.principal, user.as_ref())?;
-    let changed = api
-        .store
+    let action = if enabled {
+        "user.enable"
+    } else {
+        "user.disable"
+    };
+    let changed = audited(&api.store, identity, action)
         .set_user_enabled(id, enabled, crate::clock::now_secs())
         .await?;
     api.applied(changed).await;
-    audit(
-        identity,
-        if enabled {
-            "user.enable"
-        } else {
-            "user.disable"
-        },
-        "USER",
-        id,
-    );
     Ok(empty_response())
 }
 
@@ -262,10 +259,9 @@ pub async fn activation_link(
     }
     let token = api_key::generate("").map_err(|_| ApiError::internal())?;
     let expires_at = crate::clock::now_ms() + ACTIVATION_TTL_MS;
-    api.store
+    audited(&api.store, identity, "user.activation_link")
         .replace_activation(id, &token.digest.to_hex(), expires_at)
         .await?;
-    audit(identity, "user.activation_link", "USER", id);
     let link = format!(
         "{}/api/noauth/activate?activateToken={}",
         req.base_url,
@@ -317,16 +313,19 @@ pub async fn activate(
     // The token is checked before anything is hashed: a flood of bogus tokens
     // costs a lookup each, never an Argon2 computation.
     let now_ms = crate::clock::now_ms();
-    if api.store.activation_user(&digest, now_ms).await?.is_none() {
+    let Some(owner) = api.store.activation_user(&digest, now_ms).await? else {
         tracing::info!(target: "keygate::security", client = %req.client_ip, "activation with an unknown or expired token");
         return Err(invalid());
-    }
+    };
+    let owner = api.store.user_by_id(owner).await?.ok_or_else(invalid)?;
     api.limiter.succeeded(attempt).await;
     let hash = api.hash_password(HashFor::Other, &body.password).await?;
     let now = crate::clock::now_secs();
     // Consumed once, atomically, and only for an account without a password.
+    let audit = Audit::by_user(owner.id, owner.tenant_id, &owner.email, "user.activate");
     let activated = api
         .store
+        .audited(audit)
         .activate(&digest, &hash, crate::clock::now_ms(), now)
         .await?;
     let user_id = api.applied(activated).await.ok_or_else(invalid)?;
@@ -338,6 +337,5 @@ pub async fn activate(
     if !user.enabled {
         return Err(ApiError::not_active());
     }
-    tracing::info!(target: "keygate::audit", user_id = %user.id, action = "user.activate", "audit");
     Ok(json_response(&api.issue_pair(&user).await?))
 }

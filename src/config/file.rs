@@ -71,6 +71,7 @@ pub struct RetentionSection {
     pub interval: String,
     pub sessions: String,
     pub activation_tokens: String,
+    pub audit_events: String,
     pub batch_size: i64,
     pub max_rows_per_run: i64,
 }
@@ -81,6 +82,7 @@ impl Default for RetentionSection {
             interval: "1h".into(),
             sessions: "30d".into(),
             activation_tokens: "7d".into(),
+            audit_events: "365d".into(),
             batch_size: 500,
             max_rows_per_run: 10_000,
         }

@@ -116,6 +116,8 @@ pub struct RetentionSettings {
     pub sessions: Duration,
     /// How long an activation token is kept once it expired.
     pub activation_tokens: Duration,
+    /// How long an audit event is kept.
+    pub audit_events: Duration,
     /// Rows deleted by one statement.
     pub batch_size: u32,
     /// Rows of one kind deleted by one run.

@@ -269,6 +269,7 @@ fn retention_defaults_zero_interval_and_bounds() {
             interval: Some(Duration::from_secs(3600)),
             sessions: Duration::from_secs(30 * 86_400),
             activation_tokens: Duration::from_secs(7 * 86_400),
+            audit_events: Duration::from_secs(365 * 86_400),
             batch_size: 500,
             max_rows_per_run: 10_000,
         }

@@ -253,6 +253,7 @@ impl RetentionSection {
         };
         let sessions = duration("sessions", &self.sessions);
         let activation_tokens = duration("activation_tokens", &self.activation_tokens);
+        let audit_events = duration("audit_events", &self.audit_events);
         let (batch, per_run) = (self.batch_size, self.max_rows_per_run);
         if !(1..=MAX_PRUNE_BATCH).contains(&batch) {
             errors.push(format!(
@@ -268,6 +269,7 @@ impl RetentionSection {
             interval,
             sessions,
             activation_tokens,
+            audit_events,
             batch_size: batch.clamp(1, MAX_PRUNE_BATCH) as u32,
             max_rows_per_run: per_run.max(1) as u64,
         }

@@ -4,6 +4,7 @@
 use sqlx::{AssertSqlSafe, Row};
 use uuid::Uuid;
 
+use super::audit::Target;
 use super::{
     ApiKeyRecord, KEY_COLUMNS, Published, Revocation, Store, StoreError, USER_COLUMNS, UserRecord,
     key_from_row, user_from_row,
@@ -117,6 +118,7 @@ impl Store {
 
     /// Updates the editable profile fields. Returns false when no such user.
     pub async fn update_user_profile(&self, user: &UserRecord) -> Result<bool, StoreError> {
+        let mut tx = self.pool.begin().await?;
         let result = sqlx::query(
             "UPDATE users SET first_name = $1, last_name = $2, phone = $3, additional_info = $4, \
              version = version + 1 WHERE id = $5",
@@ -126,9 +128,15 @@ impl Store {
         .bind(&user.phone)
         .bind(user.additional_info.clone())
         .bind(user.id.to_string())
-        .execute(&self.pool)
+        .execute(&mut *tx)
         .await?;
-        Ok(result.rows_affected() > 0)
+        let changed = result.rows_affected() > 0;
+        let event = self
+            .record_if(&mut tx, changed, Target::User(user.id))
+            .await?;
+        tx.commit().await?;
+        event.committed();
+        Ok(changed)
     }
 
     /// Returns false when no such key.
@@ -137,12 +145,17 @@ impl Store {
         id: Uuid,
         description: &str,
     ) -> Result<bool, StoreError> {
+        let mut tx = self.pool.begin().await?;
         let result = sqlx::query("UPDATE api_keys SET description = $1 WHERE id = $2")
             .bind(description)
             .bind(id.to_string())
-            .execute(&self.pool)
+            .execute(&mut *tx)
             .await?;
-        Ok(result.rows_affected() > 0)
+        let changed = result.rows_affected() > 0;
+        let event = self.record_if(&mut tx, changed, Target::ApiKey(id)).await?;
+        tx.commit().await?;
+        event.committed();
+        Ok(changed)
     }
 
     /// Stores a new activation token digest for a user, replacing older ones.
@@ -165,7 +178,9 @@ impl Store {
         .bind(expires_at)
         .execute(&mut *tx)
         .await?;
+        let event = self.record(&mut tx, Target::User(user_id)).await?;
         tx.commit().await?;
+        event.committed();
         Ok(())
     }
 
@@ -237,8 +252,12 @@ impl Store {
                 .await?;
             revocation = Some(self.publish(&mut tx, Revocation::User(user_id)).await?);
         }
+        let event = self
+            .record_if(&mut tx, activated, Target::User(user_id))
+            .await?;
         // Consumed either way: a token of an account that has a password is void.
         tx.commit().await?;
+        event.committed();
         Ok(Published {
             outcome: activated.then_some(user_id),
             revocation,

@@ -26,6 +26,11 @@ const SQLITE: &[(i64, &str, &str)] = &[
         "session_times",
         include_str!("../../migrations/sqlite/0004_session_times.sql"),
     ),
+    (
+        5,
+        "audit_events",
+        include_str!("../../migrations/sqlite/0005_audit_events.sql"),
+    ),
 ];
 const POSTGRES: &[(i64, &str, &str)] = &[
     (
@@ -47,6 +52,11 @@ const POSTGRES: &[(i64, &str, &str)] = &[
         4,
         "session_times",
         include_str!("../../migrations/postgres/0004_session_times.sql"),
+    ),
+    (
+        5,
+        "audit_events",
+        include_str!("../../migrations/postgres/0005_audit_events.sql"),
     ),
 ];
 

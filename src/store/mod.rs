@@ -6,6 +6,9 @@
 
 mod admin;
 pub use admin::{Page, PageRequest};
+mod audit;
+use audit::Target;
+pub use audit::{Actor, Audit, AuditEvent};
 mod migrate;
 mod prune;
 pub use prune::PruneKind;
@@ -169,6 +172,8 @@ impl Revocation {
 pub struct Store {
     pool: AnyPool,
     dialect: Dialect,
+    /// Recorded with each change made through this store ([`Store::audited`]).
+    audit: Option<std::sync::Arc<Audit>>,
 }
 
 impl std::fmt::Debug for Store {
@@ -247,7 +252,11 @@ impl Store {
                 .execute(&pool)
                 .await?;
         }
-        let store = Store { pool, dialect };
+        let store = Store {
+            pool,
+            dialect,
+            audit: None,
+        };
         migrate::run_through(&store.pool, dialect, last).await?;
         Ok(store)
     }
@@ -321,6 +330,7 @@ impl Store {
         let sql = format!(
             "INSERT INTO users ({USER_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)"
         );
+        let mut tx = self.pool.begin().await?;
         let result = sqlx::query(AssertSqlSafe(sql))
             .bind(user.id.to_string())
             .bind(user.created_time)
@@ -336,14 +346,18 @@ impl Store {
             .bind(i64::from(user.enabled))
             .bind(&user.password_hash)
             .bind(user.tokens_valid_after)
-            .execute(&self.pool)
+            .execute(&mut *tx)
             .await;
         match result {
             Err(sqlx::Error::Database(e)) if e.is_unique_violation() => {
-                Err(StoreError::Conflict("email"))
+                return Err(StoreError::Conflict("email"));
             }
-            other => other.map(|_| ()).map_err(Into::into),
-        }
+            other => other?,
+        };
+        let event = self.record(&mut tx, Target::User(user.id)).await?;
+        tx.commit().await?;
+        event.committed();
+        Ok(())
     }
 
     pub async fn user_by_id(&self, id: Uuid) -> Result<Option<UserRecord>, StoreError> {
@@ -412,7 +426,11 @@ impl Store {
                 .await?;
         }
         let revocation = self.publish(&mut tx, Revocation::User(id)).await?;
+        let event = self
+            .record_if(&mut tx, updated.rows_affected() > 0, Target::User(id))
+            .await?;
         tx.commit().await?;
+        event.committed();
         Ok(Published::revoking(updated.rows_affected() > 0, revocation))
     }
 
@@ -434,7 +452,11 @@ impl Store {
             .execute(&mut *tx)
             .await?;
         let revocation = self.publish(&mut tx, Revocation::User(id)).await?;
+        let event = self
+            .record_if(&mut tx, deleted.rows_affected() > 0, Target::User(id))
+            .await?;
         tx.commit().await?;
+        event.committed();
         Ok(Published::revoking(deleted.rows_affected() > 0, revocation))
     }
 
@@ -443,6 +465,7 @@ impl Store {
     pub async fn insert_api_key(&self, key: &ApiKeyRecord) -> Result<(), StoreError> {
         let sql =
             format!("INSERT INTO api_keys ({KEY_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)");
+        let mut tx = self.pool.begin().await?;
         let result = sqlx::query(AssertSqlSafe(sql))
             .bind(key.id.to_string())
             .bind(key.created_time)
@@ -452,14 +475,18 @@ impl Store {
             .bind(&key.description)
             .bind(i64::from(key.enabled))
             .bind(key.expiration_time)
-            .execute(&self.pool)
+            .execute(&mut *tx)
             .await;
         match result {
             Err(sqlx::Error::Database(e)) if e.is_unique_violation() => {
-                Err(StoreError::Conflict("digest"))
+                return Err(StoreError::Conflict("digest"));
             }
-            other => other.map(|_| ()).map_err(Into::into),
-        }
+            other => other?,
+        };
+        let event = self.record(&mut tx, Target::ApiKey(key.id)).await?;
+        tx.commit().await?;
+        event.committed();
+        Ok(())
     }
 
     pub async fn api_key_by_digest(
@@ -507,7 +534,11 @@ impl Store {
             .execute(&mut *tx)
             .await?;
         let revocation = self.publish(&mut tx, Revocation::Key(id)).await?;
+        let event = self
+            .record_if(&mut tx, result.rows_affected() > 0, Target::ApiKey(id))
+            .await?;
         tx.commit().await?;
+        event.committed();
         Ok(Published::revoking(result.rows_affected() > 0, revocation))
     }
 
@@ -519,7 +550,11 @@ impl Store {
             .execute(&mut *tx)
             .await?;
         let revocation = self.publish(&mut tx, Revocation::Key(id)).await?;
+        let event = self
+            .record_if(&mut tx, result.rows_affected() > 0, Target::ApiKey(id))
+            .await?;
         tx.commit().await?;
+        event.committed();
         Ok(Published::revoking(result.rows_affected() > 0, revocation))
     }
 

@@ -1,5 +1,6 @@
 //! Deleting dead rows in bounded batches: ended sessions, sessions whose
-//! refresh token can no longer be valid, and expired activation tokens.
+//! refresh token can no longer be valid, expired activation tokens, and
+//! audit events past their retention.
 //!
 //! Each call deletes at most `limit` rows in one short statement, so a big
 //! backlog never holds a long lock. The deletes are idempotent: replicas
@@ -22,13 +23,16 @@ pub enum PruneKind {
     /// Activation tokens that expired before the cutoff (used ones are
     /// deleted when they are used).
     ActivationTokens,
+    /// Audit events written before the cutoff.
+    AuditEvents,
 }
 
 impl PruneKind {
-    pub const ALL: [PruneKind; 3] = [
+    pub const ALL: [PruneKind; 4] = [
         PruneKind::EndedSessions,
         PruneKind::ExpiredSessions,
         PruneKind::ActivationTokens,
+        PruneKind::AuditEvents,
     ];
 
     /// The metric label and log field.
@@ -37,16 +41,18 @@ impl PruneKind {
             PruneKind::EndedSessions => "ended_sessions",
             PruneKind::ExpiredSessions => "expired_sessions",
             PruneKind::ActivationTokens => "activation_tokens",
+            PruneKind::AuditEvents => "audit_events",
         }
     }
 
     /// (table, key column, condition on `$1` = the cutoff in epoch ms). Each
-    /// condition is served by an index of migration 4.
+    /// condition is served by an index (migrations 4 and 5).
     fn target(self) -> (&'static str, &'static str, &'static str) {
         match self {
             PruneKind::EndedSessions => ("sessions", "id", "ended = 1 AND ended_time < $1"),
             PruneKind::ExpiredSessions => ("sessions", "id", "ended = 0 AND refreshed_time < $1"),
             PruneKind::ActivationTokens => ("activation_tokens", "digest", "expires_at < $1"),
+            PruneKind::AuditEvents => ("audit_events", "id", "created_time < $1"),
         }
     }
 }

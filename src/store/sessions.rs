@@ -4,6 +4,7 @@
 use sqlx::Row;
 use uuid::Uuid;
 
+use super::audit::Target;
 use super::{Published, Revocation, Store, StoreError};
 
 impl Store {
@@ -69,9 +70,14 @@ impl Store {
                 .await?;
             revocation = Some(self.publish(&mut tx, Revocation::User(user_id)).await?);
         }
+        let changed = updated.rows_affected() > 0;
+        let event = self
+            .record_if(&mut tx, changed, Target::User(user_id))
+            .await?;
         tx.commit().await?;
+        event.committed();
         Ok(Published {
-            outcome: updated.rows_affected() > 0,
+            outcome: changed,
             revocation,
         })
     }

@@ -164,7 +164,102 @@ store_tests!(
     check_concurrent_pruners_delete_each_row_once,
     check_upgrade_keeps_existing_sessions_for_a_refresh_lifetime,
     check_changes_return_the_revocation_they_publish,
+    check_an_audited_change_stores_its_event_and_a_failed_one_none,
+    check_pruning_deletes_audit_events_past_their_retention_only,
 );
+
+/// Audit events are kept for `retention.audit_events`, then deleted.
+async fn check_pruning_deletes_audit_events_past_their_retention_only(store: &Store) {
+    let audited = store.audited(Audit::command_line("user.create"));
+    for i in 0..3 {
+        audited
+            .insert_user(&user(&format!("kept{i}@example.com"), 1))
+            .await
+            .unwrap();
+    }
+    let (_tx, rx) = tokio::sync::watch::channel(false);
+    // Written now, which is long before NOW: within 100,000 days, not one.
+    let keeping = pruner(store, DAY, DAY);
+    assert_eq!(keeping.run_once(NOW, &rx).await.unwrap().audit_events, 0);
+    assert_eq!(store.audit_events(10).await.unwrap().len(), 3);
+    let mut dropping = pruner(store, DAY, DAY);
+    dropping.settings.audit_events = DAY;
+    assert_eq!(dropping.run_once(NOW, &rx).await.unwrap().audit_events, 3);
+    assert!(store.audit_events(10).await.unwrap().is_empty());
+}
+
+/// A change made through an audited store writes its event with it; a
+/// change that fails (a duplicate) or finds nothing to change writes none,
+/// and a store not audited writes none either.
+async fn check_an_audited_change_stores_its_event_and_a_failed_one_none(store: &Store) {
+    let admin = user("audit-admin@example.com", 1);
+    store.insert_user(&admin).await.unwrap();
+    assert!(store.audit_events(10).await.unwrap().is_empty());
+
+    let by_cli = store.audited(Audit::command_line("user.create"));
+    let created = user("audited@example.com", 2);
+    by_cli.insert_user(&created).await.unwrap();
+    assert!(matches!(
+        by_cli.insert_user(&user("AUDITED@example.com", 3)).await,
+        Err(StoreError::Conflict("email"))
+    ));
+    let principal = crate::identity::Principal::new(
+        admin.id,
+        admin.tenant_id,
+        NULL_UUID,
+        admin.authority,
+        admin.email.clone(),
+    );
+    let by_admin = |action| store.audited(Audit::by(&principal, action));
+    let k = key(&created, "audited-digest", 4);
+    by_admin("api_key.create").insert_api_key(&k).await.unwrap();
+    let outcome = by_admin("api_key.disable")
+        .set_api_key_enabled(k.id, false)
+        .await
+        .unwrap();
+    assert!(outcome.outcome);
+    let missing = by_admin("api_key.delete")
+        .delete_api_key(Uuid::new_v4())
+        .await
+        .unwrap();
+    assert!(!missing.outcome);
+    by_admin("user.delete")
+        .delete_user(created.id)
+        .await
+        .unwrap();
+
+    let events = store.audit_events(10).await.unwrap();
+    let seen: Vec<(&str, &str, Uuid, &str)> = events
+        .iter()
+        .rev()
+        .map(|e| {
+            (
+                e.action.as_str(),
+                e.target_type.as_str(),
+                e.target_id,
+                e.actor.as_str(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        seen,
+        vec![
+            ("user.create", "USER", created.id, "command-line"),
+            ("api_key.create", "API_KEY", k.id, "audit-admin@example.com"),
+            (
+                "api_key.disable",
+                "API_KEY",
+                k.id,
+                "audit-admin@example.com"
+            ),
+            ("user.delete", "USER", created.id, "audit-admin@example.com"),
+        ]
+    );
+    let last = &events[0];
+    assert_eq!((last.actor_id, last.tenant_id), (admin.id, admin.tenant_id));
+    assert_eq!(events[3].actor_id, NULL_UUID);
+    assert_eq!(store.audit_events(2).await.unwrap().len(), 2);
+}
 
 /// Every change that can end a credential hands back the revocation it
 /// published, so this replica applies exactly what the others are told; a
@@ -754,6 +849,7 @@ fn pruner(store: &Store, sessions: Duration, activation_tokens: Duration) -> Pru
             interval: Some(Duration::from_secs(3600)),
             sessions,
             activation_tokens,
+            audit_events: 100_000 * DAY,
             batch_size: 2,
             max_rows_per_run: 1000,
         },
@@ -821,7 +917,8 @@ async fn check_pruning_deletes_dead_sessions_past_retention_only(store: &Store) 
         Pruned {
             ended_sessions: 2,
             expired_sessions: 1,
-            activation_tokens: 0
+            activation_tokens: 0,
+            audit_events: 0,
         }
     );
     for gone in [ended_long_ago, expired_long_ago, logged_out] {

@@ -1,0 +1,231 @@
+//! Audit events: who changed which user or API key, and when.
+//!
+//! A change made through a store returned by [`Store::audited`] writes its
+//! event in the transaction of the change itself, so the two commit or fail
+//! together: a full disk or a lost database never leaves a change without
+//! its event, or an event for a change that did not happen. Once committed,
+//! the event is also logged (target `keygate::audit`) for log pipelines.
+//! Events never hold a secret.
+
+use std::sync::Arc;
+
+use sqlx::Row;
+use sqlx::any::AnyRow;
+use uuid::Uuid;
+
+use super::{Store, StoreError, uuid_col};
+use crate::identity::{NULL_UUID, Principal};
+
+/// Who makes a change.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Actor {
+    /// A user, through the REST API (or, activating their account, the user
+    /// themself).
+    User {
+        id: Uuid,
+        tenant_id: Uuid,
+        email: String,
+    },
+    /// An operator, through keygate's command line.
+    CommandLine,
+}
+
+/// The change about to be made: its actor and action (`user.create`, ...).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Audit {
+    actor: Actor,
+    action: &'static str,
+}
+
+impl Audit {
+    /// `principal` makes the change.
+    pub fn by(principal: &Principal, action: &'static str) -> Audit {
+        Audit {
+            actor: Actor::User {
+                id: principal.user_id,
+                tenant_id: principal.tenant_id,
+                email: principal.email.clone(),
+            },
+            action,
+        }
+    }
+
+    /// A user makes the change without a verified identity of their own yet
+    /// (activating their account with its token).
+    pub fn by_user(id: Uuid, tenant_id: Uuid, email: &str, action: &'static str) -> Audit {
+        Audit {
+            actor: Actor::User {
+                id,
+                tenant_id,
+                email: email.to_owned(),
+            },
+            action,
+        }
+    }
+
+    /// An operator makes the change from the command line.
+    pub fn command_line(action: &'static str) -> Audit {
+        Audit {
+            actor: Actor::CommandLine,
+            action,
+        }
+    }
+}
+
+/// What is affected, as stored in `target_type`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Target {
+    User(Uuid),
+    ApiKey(Uuid),
+}
+
+/// One stored audit event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AuditEvent {
+    pub id: Uuid,
+    /// Epoch ms.
+    pub created_time: i64,
+    /// The acting user; the null UUID for the command line.
+    pub actor_id: Uuid,
+    /// The acting user's email, or `command-line`.
+    pub actor: String,
+    /// The acting user's tenant (the null UUID for none).
+    pub tenant_id: Uuid,
+    pub action: String,
+    /// `USER` or `API_KEY`.
+    pub target_type: String,
+    pub target_id: Uuid,
+}
+
+impl AuditEvent {
+    fn of(audit: &Audit, target: Target) -> AuditEvent {
+        let (actor_id, actor, tenant_id) = match &audit.actor {
+            Actor::User {
+                id,
+                tenant_id,
+                email,
+            } => (*id, email.clone(), *tenant_id),
+            Actor::CommandLine => (NULL_UUID, "command-line".to_owned(), NULL_UUID),
+        };
+        let (target_type, target_id) = match target {
+            Target::User(id) => ("USER", id),
+            Target::ApiKey(id) => ("API_KEY", id),
+        };
+        AuditEvent {
+            id: Uuid::new_v4(),
+            created_time: crate::clock::now_ms(),
+            actor_id,
+            actor,
+            tenant_id,
+            action: audit.action.to_owned(),
+            target_type: target_type.to_owned(),
+            target_id,
+        }
+    }
+
+    /// The log line of a committed event.
+    fn log(&self) {
+        tracing::info!(
+            target: "keygate::audit",
+            event_id = %self.id,
+            actor = %self.actor_id,
+            actor_email = %self.actor,
+            action = %self.action,
+            target_type = %self.target_type,
+            target = %self.target_id,
+            at_ms = self.created_time,
+            "audit"
+        );
+    }
+}
+
+/// The event written in a change's transaction, logged once it committed.
+#[must_use]
+pub(super) struct Pending(Option<AuditEvent>);
+
+impl Pending {
+    /// Logs the event: call after the commit.
+    pub(super) fn committed(self) {
+        if let Some(event) = self.0 {
+            event.log();
+        }
+    }
+}
+
+const AUDIT_COLUMNS: &str =
+    "id, created_time, actor_id, actor, tenant_id, action, target_type, target_id";
+
+impl Store {
+    /// This store, recording `audit` with each change made through it.
+    pub fn audited(&self, audit: Audit) -> Store {
+        Store {
+            audit: Some(Arc::new(audit)),
+            ..self.clone()
+        }
+    }
+
+    /// Writes the audit event of a change to `target` in the change's
+    /// transaction, when this store records one.
+    pub(super) async fn record(
+        &self,
+        conn: &mut sqlx::AnyConnection,
+        target: Target,
+    ) -> Result<Pending, StoreError> {
+        let Some(audit) = &self.audit else {
+            return Ok(Pending(None));
+        };
+        let event = AuditEvent::of(audit, target);
+        let sql = format!(
+            "INSERT INTO audit_events ({AUDIT_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)"
+        );
+        sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(event.id.to_string())
+            .bind(event.created_time)
+            .bind(event.actor_id.to_string())
+            .bind(&event.actor)
+            .bind(event.tenant_id.to_string())
+            .bind(&event.action)
+            .bind(&event.target_type)
+            .bind(event.target_id.to_string())
+            .execute(conn)
+            .await?;
+        Ok(Pending(Some(event)))
+    }
+
+    /// [`Store::record`] when the change happened (a row was affected).
+    pub(super) async fn record_if(
+        &self,
+        conn: &mut sqlx::AnyConnection,
+        changed: bool,
+        target: Target,
+    ) -> Result<Pending, StoreError> {
+        if changed {
+            self.record(conn, target).await
+        } else {
+            Ok(Pending(None))
+        }
+    }
+
+    /// The latest `limit` audit events, newest first.
+    pub async fn audit_events(&self, limit: u32) -> Result<Vec<AuditEvent>, StoreError> {
+        let sql = format!("SELECT {AUDIT_COLUMNS} FROM audit_events ORDER BY seq DESC LIMIT $1");
+        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(i64::from(limit))
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(event_from_row).collect()
+    }
+}
+
+fn event_from_row(row: &AnyRow) -> Result<AuditEvent, StoreError> {
+    Ok(AuditEvent {
+        id: uuid_col(row, 0)?,
+        created_time: row.try_get(1)?,
+        actor_id: uuid_col(row, 2)?,
+        actor: row.try_get(3)?,
+        tenant_id: uuid_col(row, 4)?,
+        action: row.try_get(5)?,
+        target_type: row.try_get(6)?,
+        target_id: uuid_col(row, 7)?,
+    })
+}
