@@ -175,6 +175,7 @@ LABELS = {
     "nginx-plain": "nginx proxy_pass, plain HTTP",
     "nginx-https": "nginx proxy_pass, HTTPS",
     "keygate-apikey": "keygate HTTPS + API key",
+    "keygate-quota": "keygate HTTPS + API key, quota far above the load",
     "keygate-jwt": "keygate HTTPS + Bearer JWT",
     "keygate-public": "keygate plain HTTP, public route",
     "keygate-entity": "keygate HTTPS + API key, entity service",
@@ -282,6 +283,12 @@ def table(args):
             f"- with logins running (asked {meta.get('login_rate', '?')}/s, "
             f"answered {rate}/s, {failed} failed): "
             f"{ratio(s['keygate-logins']['rps'], s['keygate-apikey']['rps'])} of the API-key req/s"
+        )
+    if "keygate-quota" in s and "keygate-apikey" in s:
+        lines.append(
+            f"- API key with a quota far above the load (shared through Redis) vs without: "
+            f"{ratio(s['keygate-quota']['rps'], s['keygate-apikey']['rps'])} req/s, "
+            f"{ratio(s['keygate-quota']['cpu'], s['keygate-apikey']['cpu'])} CPU/req"
         )
     if "keygate-jwt" in s and "keygate-apikey" in s:
         lines.append(
