@@ -642,7 +642,9 @@ fn openapi() -> Value {
         schemas.insert(format!("PageData{}", kind.title()), page_schema(kind));
     }
     schemas.insert(
-        "EntityId".to_owned(),
+        // Named apart from keygate's own `EntityId` and `ErrorResponse`, so
+        // the joined API browser document has no clash to rename.
+        "EntityRef".to_owned(),
         json!({
             "type": "object", "required": ["entityType", "id"],
             "properties": {
@@ -652,7 +654,7 @@ fn openapi() -> Value {
         }),
     );
     schemas.insert(
-        "ErrorResponse".to_owned(),
+        "EntityServiceError".to_owned(),
         json!({
             "type": "object", "required": ["status", "message", "errorCode", "timestamp"],
             "properties": {
@@ -707,7 +709,7 @@ fn json_content(schema: &str) -> Value {
 }
 
 fn responses(ok: Value) -> Value {
-    let error = |description: &str| json!({"description": description, "content": json_content("ErrorResponse")});
+    let error = |description: &str| json!({"description": description, "content": json_content("EntityServiceError")});
     json!({
         "200": ok,
         "400": error("Invalid request (errorCode 31)"),
@@ -718,11 +720,11 @@ fn responses(ok: Value) -> Value {
 }
 
 fn entity_schema(kind: Kind) -> Value {
-    let id_ref = json!({"$ref": "#/components/schemas/EntityId"});
+    let id_ref = json!({"$ref": "#/components/schemas/EntityRef"});
     json!({
         "type": "object", "required": ["name"],
         "properties": {
-            "id": {"$ref": "#/components/schemas/EntityId", "description": format!("{} id; set it to update", kind.title())},
+            "id": {"$ref": "#/components/schemas/EntityRef", "description": format!("{} id; set it to update", kind.title())},
             "createdTime": {"type": "integer", "format": "int64", "readOnly": true},
             "tenantId": id_ref, "customerId": id_ref,
             "name": {"type": "string", "minLength": 1, "maxLength": MAX_NAME_LEN},
