@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use http::{HeaderMap, HeaderName, HeaderValue};
 
-use super::quota::Dimension;
+use super::dimension::Dimension;
 use super::rate::Rate;
 use crate::body::Body;
 use crate::error::ApiError;

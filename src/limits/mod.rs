@@ -15,6 +15,7 @@
 //!   replicas.
 
 pub mod counter;
+pub mod dimension;
 pub mod headers;
 pub mod link;
 pub mod login;

@@ -11,48 +11,16 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use redis::Script;
 use uuid::Uuid;
 
 use super::counter::{Budget, Verdict, until_reset};
+use super::dimension::Dimension;
 use super::headers::Item;
 pub use super::headers::{Grant, Refusal};
 use super::link::RedisLink;
 use super::rate::{Rate, RouteRate};
-use crate::identity::{Identity, NULL_UUID};
+use crate::identity::Identity;
 use crate::telemetry::Metrics;
-
-/// What a quota counts by.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Dimension {
-    Key = 0,
-    User = 1,
-    Tenant = 2,
-}
-
-impl Dimension {
-    pub const ALL: [Dimension; 3] = [Dimension::Key, Dimension::User, Dimension::Tenant];
-
-    /// The metric label.
-    pub fn label(self) -> &'static str {
-        ["key", "user", "tenant"][self as usize]
-    }
-
-    /// The policy name in the `RateLimit` headers.
-    pub(super) fn policy(self) -> &'static str {
-        ["per-key", "per-user", "per-tenant"][self as usize]
-    }
-
-    /// Whom the request counts against, if the dimension applies: a JWT
-    /// names no key, and a system administrator belongs to no tenant.
-    fn subject(self, identity: &Identity) -> Option<Uuid> {
-        match self {
-            Dimension::Key => identity.api_key_id(),
-            Dimension::User => Some(identity.principal.user_id),
-            Dimension::Tenant => Some(identity.principal.tenant_id).filter(|t| *t != NULL_UUID),
-        }
-    }
-}
 
 pub use crate::config::{QuotaSettings, RouteQuota};
 
@@ -90,7 +58,6 @@ pub struct Quotas {
     /// This replica's name in the replica set.
     pub(super) instance: String,
     pub(super) metrics: Arc<Metrics>,
-    pub(super) sync_script: Script,
     /// Budgets used since the last sync, each once: a sync visits these
     /// only, however many budgets are held.
     pub(super) queue: Mutex<Vec<Arc<Counter>>>,
@@ -115,7 +82,6 @@ impl Quotas {
             link,
             instance: instance.to_string(),
             metrics,
-            sync_script: Script::new(super::sync::SYNC),
             queue: Mutex::new(Vec::new()),
         }
     }
@@ -259,7 +225,7 @@ impl Quotas {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::identity::{AuthMethod, Authority, Principal, id_header_value};
+    use crate::identity::{AuthMethod, Authority, NULL_UUID, Principal, id_header_value};
     use crate::limits::headers::{RATELIMIT, RATELIMIT_POLICY, write_headers};
     use http::{HeaderMap, HeaderName};
 

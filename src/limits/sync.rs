@@ -15,7 +15,7 @@ use super::quota::{Counter, Quotas};
 /// KEYS[1]: the replica set; then one key per budget. ARGV: replica id, now
 /// (ms), staleness (ms); then per budget its increment and key lifetime (ms).
 /// Returns {replicas, total of each budget...}.
-pub(super) const SYNC: &str = r"
+const SYNC: &str = r"
 local now = tonumber(ARGV[2])
 local stale = tonumber(ARGV[3])
 redis.call('ZADD', KEYS[1], now, ARGV[1])
@@ -30,6 +30,10 @@ for i = 2, #KEYS do
 end
 return out
 ";
+
+/// The script of [`SYNC`], loaded into Redis by its digest once.
+static SYNC_SCRIPT: std::sync::LazyLock<redis::Script> =
+    std::sync::LazyLock::new(|| redis::Script::new(SYNC));
 
 /// How long a replica that stopped syncing still counts as live: ten sync
 /// intervals, and at least 3 s.
@@ -94,7 +98,7 @@ impl Quotas {
 
     async fn sync_batch(&self, link: &RedisLink, batch: &[Due]) -> Result<(), LinkError> {
         let stale = staleness(self.settings.sync_interval);
-        let mut invocation = self.sync_script.prepare_invoke();
+        let mut invocation = SYNC_SCRIPT.prepare_invoke();
         invocation
             .key(link.key(format_args!("quota:replicas")))
             .arg(&self.instance)

@@ -4,8 +4,8 @@
 
 use prometheus::{IntCounterVec, IntGaugeVec};
 
+use super::ending::Ending;
 use super::handshake::Form;
-use super::session::Ending;
 use crate::auth::AuthFailure;
 use crate::telemetry::Metrics;
 

@@ -15,6 +15,7 @@
 //! same registry counts sockets per user and per tenant, and with Redis
 //! those counts are shared with the other replicas ([`seat`]).
 
+mod ending;
 pub mod first_frame;
 mod handshake;
 mod metrics;

@@ -10,7 +10,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 
-use super::session::{ClientSocket, Ending, UpstreamSocket};
+use super::ending::{ClientSocket, Ending, UpstreamSocket};
 use crate::auth::Authenticator;
 use crate::auth::credential::Credential;
 use crate::auth::live::Held;
