@@ -1,6 +1,7 @@
 //! Routing and forwarding: the route table, upstream pools, and the one place a
 //! request leaves for an upstream.
 
+mod client;
 pub mod headers;
 pub mod path;
 
@@ -11,13 +12,11 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
+use client::{SendError, UpstreamClient};
 use http::uri::PathAndQuery;
 use http::{Request, Response, Uri, Version};
 use http_body::Body as _;
 use http_body_util::BodyExt as _;
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
 
 use crate::body::{self, Body};
 use crate::config::{Limits, ProxySettings, RouteSpec, UpstreamUrl};
@@ -31,6 +30,8 @@ pub struct Upstream {
     authority: http::uri::Authority,
     /// Base path without a trailing slash ("" for none).
     base_path: String,
+    /// The `Host` header requests to it carry: host, and port unless 80.
+    host_header: http::HeaderValue,
     /// Metric label: the configured URL.
     pub label: String,
     series: UpstreamSeries,
@@ -142,6 +143,11 @@ impl Upstream {
             scheme: url.scheme().clone(),
             authority: url.authority().clone(),
             base_path: url.base_path().to_string(),
+            host_header: http::HeaderValue::from_str(match url.authority().port_u16() {
+                Some(80) => url.authority().host(),
+                _ => url.authority().as_str(),
+            })
+            .expect("an authority is a valid header value"),
             series: metrics.upstream_series(&label, &UpstreamError::ALL.map(UpstreamError::label)),
             label,
             down_until: AtomicU64::new(0),
@@ -149,6 +155,16 @@ impl Upstream {
     }
 
     fn uri(&self, path: &str, query: Option<&str>) -> Result<Uri, http::Error> {
+        Uri::builder()
+            .scheme(self.scheme.clone())
+            .authority(self.authority.clone())
+            .path_and_query(self.path_and_query(path, query)?)
+            .build()
+    }
+
+    /// The request target sent to the upstream (origin form: base path, path
+    /// and query).
+    fn path_and_query(&self, path: &str, query: Option<&str>) -> Result<PathAndQuery, http::Error> {
         let mut pq = String::with_capacity(
             self.base_path.len() + path.len() + query.map_or(0, |q| q.len() + 1),
         );
@@ -158,17 +174,13 @@ impl Upstream {
             pq.push('?');
             pq.push_str(q);
         }
-        Uri::builder()
-            .scheme(self.scheme.clone())
-            .authority(self.authority.clone())
-            .path_and_query(PathAndQuery::try_from(pq)?)
-            .build()
+        Ok(PathAndQuery::try_from(pq)?)
     }
 }
 
 /// Forwards requests to upstreams over pooled keep-alive connections.
 pub struct Proxy {
-    client: Client<HttpConnector, Body>,
+    client: Arc<UpstreamClient>,
     connect_timeout: Duration,
     epoch: Instant,
     retry_after: Duration,
@@ -229,16 +241,11 @@ enum Failure {
 
 impl Proxy {
     pub fn new(settings: &ProxySettings, limits: &Limits) -> Proxy {
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(settings.connect_timeout));
-        connector.enforce_http(true);
-        let client = Client::builder(TokioExecutor::new())
-            .pool_timer(TokioTimer::new())
-            .timer(TokioTimer::new())
-            .pool_idle_timeout(settings.pool_idle_timeout)
-            .pool_max_idle_per_host(settings.pool_max_idle_per_host)
-            .build(connector);
+        let client = UpstreamClient::new(
+            settings.connect_timeout,
+            settings.pool_idle_timeout,
+            settings.pool_max_idle_per_host,
+        );
         Proxy {
             client,
             connect_timeout: settings.connect_timeout,
@@ -365,8 +372,12 @@ impl Proxy {
             tried.push(index);
             let upstream: &'r Upstream = &route.upstreams[index];
             parts.uri = upstream
-                .uri(path, query.as_deref())
-                .map_err(|_| ApiError::bad_request("Invalid request path"))?;
+                .path_and_query(path, query.as_deref())
+                .map_err(|_| ApiError::bad_request("Invalid request path"))?
+                .into();
+            parts
+                .headers
+                .insert(http::header::HOST, upstream.host_header.clone());
             let request_body = body.take().unwrap_or_else(body::empty);
             let head = if replayable {
                 parts.clone()
@@ -375,16 +386,16 @@ impl Proxy {
             };
             let request = Request::from_parts(head, request_body);
             let started = Instant::now();
-            let result = tokio::time::timeout(route.timeout, self.client.request(request)).await;
+            let result = tokio::time::timeout(
+                route.timeout,
+                self.client.send(&upstream.authority, request),
+            )
+            .await;
             let failure = match result {
                 Ok(Ok(response)) => {
                     upstream.down_until.store(0, Ordering::Relaxed);
                     upstream.series.answered(started.elapsed());
-                    let (head, incoming) = response.into_parts();
-                    return Ok((
-                        Response::from_parts(head, body::boxed(incoming)),
-                        upstream.label.as_str(),
-                    ));
+                    return Ok((response, upstream.label.as_str()));
                 }
                 Ok(Err(error)) => classify(&error),
                 Err(_) => Failure::Timeout,
@@ -463,8 +474,8 @@ impl http_body::Body for Capped {
     }
 }
 
-fn classify(error: &hyper_util::client::legacy::Error) -> Failure {
-    if error.is_connect() {
+fn classify(error: &SendError) -> Failure {
+    if let SendError::Connect(_) = error {
         return Failure::Connect;
     }
     let mut source: Option<&(dyn std::error::Error + 'static)> = Some(error);

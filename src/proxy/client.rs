@@ -1,0 +1,500 @@
+//! The upstream client: HTTP/1.1 keep-alive connections driven by the task of
+//! the request that uses them, pooled per worker thread.
+//!
+//! hyper's legacy client (`hyper_util::client::legacy`) runs each connection in
+//! a task of its own: every request is checked out of a shared pool, handed to
+//! that task over a channel, and its response handed back, a wake of another
+//! task (often on the other worker thread) each way. In the profile of the
+//! API-key case that was about 3.5% of keygate's samples (`send_request`,
+//! `Checkout::poll`, `mpsc::Rx::pop`, a second `Dispatcher`), and on one
+//! connection the hop showed twice in the latency added. Here the request's
+//! own task polls the connection (`hyper::client::conn::http1`): while waiting
+//! for the response head in [`UpstreamClient::send`], then from the response
+//! body ([`Pooled`]) until the body ends, when the connection goes back to the
+//! pool of the thread that ends it.
+//!
+//! An idle connection is polled by no one: a connection the upstream closed
+//! is found so when it is checked out (its end of stream was recorded by the
+//! reactor) and dropped; a request whose pooled connection broke before the
+//! request was written goes again on a new connection, once. Connections idle
+//! for longer than `proxy.pool_idle_timeout` are closed by a sweep.
+
+use std::collections::HashMap;
+use std::future::Future as _;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::uri::Authority;
+use http::{Request, Response};
+use hyper::body::Incoming;
+use hyper::client::conn::http1;
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpStream;
+
+use crate::body::{self, Body};
+
+type Driver = http1::Connection<TokioIo<TcpStream>, Body>;
+
+/// One upstream connection: the handle requests are sent through and the
+/// connection itself, polled by whoever holds it.
+struct Conn {
+    sender: http1::SendRequest<Body>,
+    /// `None` once the connection has ended.
+    driver: Option<Driver>,
+}
+
+impl Conn {
+    /// Moves the connection on (writes, reads, state changes); `true` while
+    /// it is still open.
+    fn drive(&mut self, cx: &mut Context<'_>) -> bool {
+        let Some(driver) = self.driver.as_mut() else {
+            return false;
+        };
+        match Pin::new(driver).poll(cx) {
+            Poll::Pending => true,
+            Poll::Ready(_) => {
+                self.driver = None;
+                false
+            }
+        }
+    }
+
+    /// Ready for a new request now, without waiting.
+    fn ready_now(&mut self) -> bool {
+        let mut cx = Context::from_waker(Waker::noop());
+        self.drive(&mut cx) && matches!(self.sender.poll_ready(&mut cx), Poll::Ready(Ok(())))
+    }
+}
+
+struct Idle {
+    conn: Conn,
+    since: Instant,
+}
+
+/// The idle connections of one worker thread, by upstream authority.
+#[derive(Default)]
+struct Shard {
+    idle: HashMap<Authority, Vec<Idle>>,
+}
+
+/// Why a request got no response head.
+#[derive(Debug)]
+pub enum SendError {
+    /// No connection could be opened (refused, unreachable, timed out).
+    Connect(std::io::Error),
+    /// The connection failed while sending or before the head arrived.
+    Request(hyper::Error),
+}
+
+impl std::fmt::Display for SendError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SendError::Connect(e) => write!(f, "connecting to the upstream: {e}"),
+            SendError::Request(e) => write!(f, "upstream request: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for SendError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            SendError::Connect(e) => Some(e),
+            SendError::Request(e) => Some(e),
+        }
+    }
+}
+
+pub struct UpstreamClient {
+    shards: Box<[Mutex<Shard>]>,
+    connect_timeout: Duration,
+    idle_timeout: Duration,
+    /// Idle connections kept per upstream in each shard.
+    max_idle_per_shard: usize,
+}
+
+/// Which shard the current thread uses: threads take the next one in turn the
+/// first time, so each worker thread of the runtime has its own.
+fn shard_index(shards: usize) -> usize {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    thread_local! {
+        static SLOT: usize = NEXT.fetch_add(1, Ordering::Relaxed);
+    }
+    SLOT.with(|slot| *slot % shards)
+}
+
+impl UpstreamClient {
+    /// `max_idle_per_host` idle connections per upstream at most, split over
+    /// the shards (one per core).
+    pub fn new(
+        connect_timeout: Duration,
+        idle_timeout: Duration,
+        max_idle_per_host: usize,
+    ) -> Arc<UpstreamClient> {
+        let shards = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let client = Arc::new(UpstreamClient {
+            shards: (0..shards).map(|_| Mutex::default()).collect(),
+            connect_timeout,
+            idle_timeout,
+            max_idle_per_shard: max_idle_per_host.div_ceil(shards),
+        });
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let weak = Arc::downgrade(&client);
+            let period =
+                (idle_timeout / 2).clamp(Duration::from_millis(10), Duration::from_secs(30));
+            runtime.spawn(async move {
+                let mut tick = tokio::time::interval(period);
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                loop {
+                    tick.tick().await;
+                    let Some(client) = weak.upgrade() else { return };
+                    client.sweep();
+                }
+            });
+        }
+        client
+    }
+
+    fn shard(&self) -> std::sync::MutexGuard<'_, Shard> {
+        self.shards[shard_index(self.shards.len())]
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Closes connections idle for longer than the idle timeout, and those the
+    /// upstream closed.
+    fn sweep(&self) {
+        let now = Instant::now();
+        for shard in self.shards.iter() {
+            let closed: Vec<Idle> = {
+                let mut shard = shard.lock().unwrap_or_else(|p| p.into_inner());
+                let mut closed = Vec::new();
+                shard.idle.retain(|_, list| {
+                    let mut i = 0;
+                    while i < list.len() {
+                        let idle = &mut list[i];
+                        if now.duration_since(idle.since) >= self.idle_timeout
+                            || !idle.conn.ready_now()
+                        {
+                            closed.push(list.swap_remove(i));
+                        } else {
+                            i += 1;
+                        }
+                    }
+                    !list.is_empty()
+                });
+                closed
+            };
+            // Dropped outside the lock: closing a socket is a system call.
+            drop(closed);
+        }
+    }
+
+    /// The most recently used idle connection to `authority` that is ready
+    /// for a request.
+    fn checkout(&self, authority: &Authority) -> Option<Conn> {
+        let now = Instant::now();
+        let mut dropped = Vec::new();
+        let found = {
+            let mut shard = self.shard();
+            let list = shard.idle.get_mut(authority)?;
+            let mut found = None;
+            while let Some(mut idle) = list.pop() {
+                if now.duration_since(idle.since) < self.idle_timeout && idle.conn.ready_now() {
+                    found = Some(idle.conn);
+                    break;
+                }
+                dropped.push(idle);
+            }
+            found
+        };
+        drop(dropped);
+        found
+    }
+
+    /// Puts a connection whose exchange is over back in the pool.
+    fn release(&self, authority: Authority, mut conn: Conn) {
+        // Lets it take in the end of the response and become ready; polled
+        // with a waker that wakes nothing, as no task waits on it now.
+        let mut cx = Context::from_waker(Waker::noop());
+        if self.max_idle_per_shard == 0 || !conn.drive(&mut cx) || conn.sender.is_closed() {
+            return;
+        }
+        let mut shard = self.shard();
+        let list = shard.idle.entry(authority).or_default();
+        if list.len() < self.max_idle_per_shard {
+            list.push(Idle {
+                conn,
+                since: Instant::now(),
+            });
+        }
+    }
+
+    async fn connect(&self, authority: &Authority) -> Result<Conn, SendError> {
+        let host = authority.host();
+        let host = host
+            .strip_prefix('[')
+            .and_then(|h| h.strip_suffix(']'))
+            .unwrap_or(host);
+        let port = authority.port_u16().unwrap_or(80);
+        let stream = tokio::time::timeout(self.connect_timeout, TcpStream::connect((host, port)))
+            .await
+            .map_err(|_| {
+                SendError::Connect(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "connect timed out",
+                ))
+            })?
+            .map_err(SendError::Connect)?;
+        stream.set_nodelay(true).map_err(SendError::Connect)?;
+        let (sender, driver) = http1::Builder::new()
+            .handshake(TokioIo::new(stream))
+            .await
+            .map_err(SendError::Request)?;
+        Ok(Conn {
+            sender,
+            driver: Some(driver),
+        })
+    }
+
+    /// Sends `request` to `authority` (plain HTTP/1.1) and waits for the
+    /// response head; the body streams from the connection as it is read.
+    pub async fn send(
+        self: &Arc<Self>,
+        authority: &Authority,
+        request: Request<Body>,
+    ) -> Result<Response<Body>, SendError> {
+        let (mut conn, reused) = match self.checkout(authority) {
+            Some(conn) => (conn, true),
+            None => (self.connect(authority).await?, false),
+        };
+        let response = match exchange(&mut conn, request).await {
+            Ok(response) => response,
+            // A pooled connection that broke before the request was written
+            // (the upstream closed it as it was checked out): the request
+            // goes again, once, on a new connection.
+            Err(mut error) => {
+                let Some(request) = reused.then(|| error.take_message()).flatten() else {
+                    return Err(SendError::Request(error.into_error()));
+                };
+                conn = self.connect(authority).await?;
+                exchange(&mut conn, request)
+                    .await
+                    .map_err(|e| SendError::Request(e.into_error()))?
+            }
+        };
+        let (head, incoming) = response.into_parts();
+        if http_body::Body::is_end_stream(&incoming) {
+            self.release(authority.clone(), conn);
+            return Ok(Response::from_parts(head, body::empty()));
+        }
+        Ok(Response::from_parts(
+            head,
+            body::boxed(Pooled {
+                incoming,
+                conn: Some(conn),
+                client: self.clone(),
+                authority: authority.clone(),
+            }),
+        ))
+    }
+}
+
+/// Sends one request on `conn`, driving the connection until the response
+/// head arrives.
+async fn exchange(
+    conn: &mut Conn,
+    request: Request<Body>,
+) -> Result<Response<Incoming>, hyper::client::conn::TrySendError<Request<Body>>> {
+    let mut pending = std::pin::pin!(conn.sender.try_send_request(request));
+    std::future::poll_fn(|cx| {
+        if let Poll::Ready(result) = pending.as_mut().poll(cx) {
+            return Poll::Ready(result);
+        }
+        // The connection ending resolves the pending response with its error.
+        conn.drive(cx);
+        pending.as_mut().poll(cx)
+    })
+    .await
+}
+
+/// A response body read from a connection that this body drives, and gives
+/// back to the pool when the body has ended. Dropped before its end (the
+/// client went away), the connection is closed.
+struct Pooled {
+    incoming: Incoming,
+    /// `None` once given back or closed.
+    conn: Option<Conn>,
+    client: Arc<UpstreamClient>,
+    authority: Authority,
+}
+
+impl http_body::Body for Pooled {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, hyper::Error>>> {
+        let this = &mut *self;
+        if let Some(conn) = this.conn.as_mut() {
+            // Reads the body from the socket into `incoming`; a connection
+            // that ended has handed over all it had.
+            if !conn.drive(cx) {
+                this.conn = None;
+            }
+        }
+        let frame = Pin::new(&mut this.incoming).poll_frame(cx);
+        match &frame {
+            Poll::Ready(None) => this.give_back(),
+            Poll::Ready(Some(Ok(_))) if this.incoming.is_end_stream() => this.give_back(),
+            Poll::Ready(Some(Err(_))) => this.conn = None,
+            _ => {}
+        }
+        frame
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.incoming.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.incoming.size_hint()
+    }
+}
+
+impl Pooled {
+    fn give_back(&mut self) {
+        if let Some(conn) = self.conn.take() {
+            self.client.release(self.authority.clone(), conn);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::BodyExt as _;
+    use std::sync::atomic::AtomicUsize;
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    use tokio::net::TcpListener;
+
+    /// A loopback upstream answering every request with `ok` (keep-alive, or
+    /// closing after each answer), counting the connections it accepted.
+    async fn upstream(close_after_each: bool) -> (Authority, Arc<AtomicUsize>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let authority: Authority = listener.local_addr().unwrap().to_string().parse().unwrap();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let count = accepted.clone();
+        tokio::spawn(async move {
+            loop {
+                let (mut stream, _) = listener.accept().await.unwrap();
+                count.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(async move {
+                    let mut buf = Vec::new();
+                    let mut chunk = [0u8; 4096];
+                    loop {
+                        let Ok(n) = stream.read(&mut chunk).await else {
+                            return;
+                        };
+                        if n == 0 {
+                            return;
+                        }
+                        buf.extend_from_slice(&chunk[..n]);
+                        while let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                            buf.drain(..end + 4);
+                            let answer: &[u8] = if close_after_each {
+                                b"HTTP/1.1 200 OK\r\ncontent-length: 3\r\nconnection: close\r\n\r\nok\n"
+                            } else {
+                                b"HTTP/1.1 200 OK\r\ncontent-length: 3\r\n\r\nok\n"
+                            };
+                            if stream.write_all(answer).await.is_err() || close_after_each {
+                                return;
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        (authority, accepted)
+    }
+
+    async fn get(client: &Arc<UpstreamClient>, authority: &Authority) -> String {
+        let request = Request::builder()
+            .uri(format!("http://{authority}/x"))
+            .header("host", authority.as_str())
+            .body(body::empty())
+            .unwrap();
+        let response = client.send(authority, request).await.unwrap();
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        String::from_utf8(body.to_vec()).unwrap()
+    }
+
+    #[tokio::test]
+    async fn keep_alive_connections_are_reused() {
+        let (authority, accepted) = upstream(false).await;
+        let client = UpstreamClient::new(Duration::from_secs(1), Duration::from_secs(60), 8);
+        for _ in 0..5 {
+            assert_eq!(get(&client, &authority).await, "ok\n");
+        }
+        assert_eq!(accepted.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn no_idle_connections_kept_when_the_pool_size_is_zero() {
+        let (authority, accepted) = upstream(false).await;
+        let client = UpstreamClient::new(Duration::from_secs(1), Duration::from_secs(60), 0);
+        for _ in 0..3 {
+            assert_eq!(get(&client, &authority).await, "ok\n");
+        }
+        assert_eq!(accepted.load(Ordering::SeqCst), 3);
+    }
+
+    #[tokio::test]
+    async fn idle_connections_expire() {
+        let (authority, accepted) = upstream(false).await;
+        let client = UpstreamClient::new(Duration::from_secs(1), Duration::from_millis(50), 8);
+        assert_eq!(get(&client, &authority).await, "ok\n");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(
+            client
+                .shards
+                .iter()
+                .all(|s| s.lock().unwrap().idle.is_empty()),
+            "the sweep closed the idle connection"
+        );
+        assert_eq!(get(&client, &authority).await, "ok\n");
+        assert_eq!(accepted.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn connections_the_upstream_closes_are_not_reused() {
+        let (authority, accepted) = upstream(true).await;
+        let client = UpstreamClient::new(Duration::from_secs(1), Duration::from_secs(60), 8);
+        for _ in 0..3 {
+            assert_eq!(get(&client, &authority).await, "ok\n");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(accepted.load(Ordering::SeqCst), 3);
+    }
+
+    #[tokio::test]
+    async fn a_refused_connection_is_a_connect_error() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let authority: Authority = listener.local_addr().unwrap().to_string().parse().unwrap();
+        drop(listener);
+        let client = UpstreamClient::new(Duration::from_secs(1), Duration::from_secs(60), 8);
+        let request = Request::builder()
+            .uri(format!("http://{authority}/x"))
+            .body(body::empty())
+            .unwrap();
+        assert!(matches!(
+            client.send(&authority, request).await,
+            Err(SendError::Connect(_))
+        ));
+    }
+}
