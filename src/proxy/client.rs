@@ -194,12 +194,24 @@ impl UpstreamClient {
     }
 
     /// The most recently used idle connection to `authority` that is ready
-    /// for a request.
+    /// for a request: from this thread's pool first, else from another's. A
+    /// response body often ends on another worker thread than the one its
+    /// request started on (the runtime steals work), so looking in this
+    /// thread's pool alone let the other pools fill to their cap with
+    /// connections no one took (128 idle upstream connections, 18 MiB more
+    /// resident, in a one-minute soak of six sequential clients).
     fn checkout(&self, authority: &Authority) -> Option<Conn> {
+        let own = shard_index(self.shards.len());
+        (0..self.shards.len())
+            .map(|i| (own + i) % self.shards.len())
+            .find_map(|i| self.checkout_from(i, authority))
+    }
+
+    fn checkout_from(&self, shard: usize, authority: &Authority) -> Option<Conn> {
         let now = Instant::now();
         let mut dropped = Vec::new();
         let found = {
-            let mut shard = self.shard();
+            let mut shard = self.shards[shard].lock().unwrap_or_else(|p| p.into_inner());
             let list = shard.idle.get_mut(authority)?;
             let mut found = None;
             while let Some(mut idle) = list.pop() {
