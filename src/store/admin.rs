@@ -134,8 +134,7 @@ impl Store {
         let event = self
             .record_if(&mut tx, changed, Target::User(user.id))
             .await?;
-        tx.commit().await?;
-        event.committed();
+        event.commit(tx).await?;
         Ok(changed)
     }
 
@@ -153,8 +152,7 @@ impl Store {
             .await?;
         let changed = result.rows_affected() > 0;
         let event = self.record_if(&mut tx, changed, Target::ApiKey(id)).await?;
-        tx.commit().await?;
-        event.committed();
+        event.commit(tx).await?;
         Ok(changed)
     }
 
@@ -179,8 +177,7 @@ impl Store {
         .execute(&mut *tx)
         .await?;
         let event = self.record(&mut tx, Target::User(user_id)).await?;
-        tx.commit().await?;
-        event.committed();
+        event.commit(tx).await?;
         Ok(())
     }
 
@@ -256,8 +253,7 @@ impl Store {
             .record_if(&mut tx, activated, Target::User(user_id))
             .await?;
         // Consumed either way: a token of an account that has a password is void.
-        tx.commit().await?;
-        event.committed();
+        event.commit(tx).await?;
         Ok(Published {
             outcome: activated.then_some(user_id),
             revocation,

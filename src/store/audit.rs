@@ -144,11 +144,16 @@ impl AuditEvent {
 pub(super) struct Pending(Option<AuditEvent>);
 
 impl Pending {
-    /// Logs the event: call after the commit.
-    pub(super) fn committed(self) {
+    /// Commits the change's transaction, then logs its event.
+    pub(super) async fn commit(
+        self,
+        tx: sqlx::Transaction<'_, sqlx::Any>,
+    ) -> Result<(), StoreError> {
+        tx.commit().await?;
         if let Some(event) = self.0 {
             event.log();
         }
+        Ok(())
     }
 }
 

@@ -348,15 +348,9 @@ impl Store {
             .bind(user.tokens_valid_after)
             .execute(&mut *tx)
             .await;
-        match result {
-            Err(sqlx::Error::Database(e)) if e.is_unique_violation() => {
-                return Err(StoreError::Conflict("email"));
-            }
-            other => other?,
-        };
+        result.map_err(conflict_on("email"))?;
         let event = self.record(&mut tx, Target::User(user.id)).await?;
-        tx.commit().await?;
-        event.committed();
+        event.commit(tx).await?;
         Ok(())
     }
 
@@ -429,8 +423,7 @@ impl Store {
         let event = self
             .record_if(&mut tx, updated.rows_affected() > 0, Target::User(id))
             .await?;
-        tx.commit().await?;
-        event.committed();
+        event.commit(tx).await?;
         Ok(Published::revoking(updated.rows_affected() > 0, revocation))
     }
 
@@ -455,8 +448,7 @@ impl Store {
         let event = self
             .record_if(&mut tx, deleted.rows_affected() > 0, Target::User(id))
             .await?;
-        tx.commit().await?;
-        event.committed();
+        event.commit(tx).await?;
         Ok(Published::revoking(deleted.rows_affected() > 0, revocation))
     }
 
@@ -477,15 +469,9 @@ impl Store {
             .bind(key.expiration_time)
             .execute(&mut *tx)
             .await;
-        match result {
-            Err(sqlx::Error::Database(e)) if e.is_unique_violation() => {
-                return Err(StoreError::Conflict("digest"));
-            }
-            other => other?,
-        };
+        result.map_err(conflict_on("digest"))?;
         let event = self.record(&mut tx, Target::ApiKey(key.id)).await?;
-        tx.commit().await?;
-        event.committed();
+        event.commit(tx).await?;
         Ok(())
     }
 
@@ -537,8 +523,7 @@ impl Store {
         let event = self
             .record_if(&mut tx, result.rows_affected() > 0, Target::ApiKey(id))
             .await?;
-        tx.commit().await?;
-        event.committed();
+        event.commit(tx).await?;
         Ok(Published::revoking(result.rows_affected() > 0, revocation))
     }
 
@@ -553,8 +538,7 @@ impl Store {
         let event = self
             .record_if(&mut tx, result.rows_affected() > 0, Target::ApiKey(id))
             .await?;
-        tx.commit().await?;
-        event.committed();
+        event.commit(tx).await?;
         Ok(Published::revoking(result.rows_affected() > 0, revocation))
     }
 
@@ -619,6 +603,15 @@ impl Store {
 /// Flags are stored as 0/1 integers in both dialects.
 fn flag(row: &AnyRow, index: usize) -> Result<bool, StoreError> {
     Ok(row.try_get::<i64, _>(index)? != 0)
+}
+
+/// A unique-constraint violation as a conflict on `what`; any other error
+/// as it is.
+fn conflict_on(what: &'static str) -> impl Fn(sqlx::Error) -> StoreError {
+    move |error| match error {
+        sqlx::Error::Database(e) if e.is_unique_violation() => StoreError::Conflict(what),
+        other => other.into(),
+    }
 }
 
 fn uuid_col(row: &AnyRow, index: usize) -> Result<Uuid, StoreError> {

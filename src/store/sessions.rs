@@ -74,8 +74,7 @@ impl Store {
         let event = self
             .record_if(&mut tx, changed, Target::User(user_id))
             .await?;
-        tx.commit().await?;
-        event.committed();
+        event.commit(tx).await?;
         Ok(Published {
             outcome: changed,
             revocation,
