@@ -6,7 +6,6 @@ mod common;
 
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
-use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -130,20 +129,6 @@ async fn expect_closed_total(gw: &Gateway, listener: &str, reason: &str, at_leas
     }
 }
 
-/// A TLS client that trusts the development CA.
-fn tls_connector(gw: &Gateway) -> tokio_rustls::TlsConnector {
-    use rustls_pki_types::pem::PemObject;
-    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in rustls_pki_types::CertificateDer::pem_slice_iter(&gw.ca_pem) {
-        roots.add(cert.unwrap()).unwrap();
-    }
-    let config = rustls::ClientConfig::builder()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    tokio_rustls::TlsConnector::from(Arc::new(config))
-}
-
 #[tokio::test]
 async fn silent_connection_is_closed_before_protocol_detection() {
     let (_upstream, gw) =
@@ -170,7 +155,10 @@ async fn silent_connection_is_closed_before_protocol_detection() {
     let https = gw.running.https.unwrap();
     let tcp = TcpStream::connect(https).await.unwrap();
     let name = rustls_pki_types::ServerName::try_from("localhost").unwrap();
-    let mut tls = tls_connector(&gw).connect(name, tcp).await.unwrap();
+    let mut tls = common::tls_connector(&gw.ca_pem)
+        .connect(name, tcp)
+        .await
+        .unwrap();
     let (got, took) = until_closed(&mut tls, Duration::from_secs(5)).await;
     assert!(got.is_empty());
     assert!(

@@ -500,12 +500,6 @@ async fn garbage_certificate_files_keep_the_old_certificate_until_a_good_pair_ar
     common::write_config(&config, &data, &upstream.url(), "");
     let mut process = Process::spawn(&config, "info");
     let https = process.https;
-    let client_trusting = |ca: &[u8]| {
-        reqwest::Client::builder()
-            .add_root_certificate(reqwest::Certificate::from_pem(ca).unwrap())
-            .build()
-            .unwrap()
-    };
     let handshake = |client: reqwest::Client| async move {
         client
             .get(format!("https://localhost:{https}/api/noauth/x"))
@@ -513,7 +507,7 @@ async fn garbage_certificate_files_keep_the_old_certificate_until_a_good_pair_ar
             .await
             .is_ok_and(|r| r.status() == 200)
     };
-    assert!(handshake(client_trusting(&first_ca)).await);
+    assert!(handshake(common::client_trusting(&first_ca)).await);
 
     std::fs::write(data.join("served-cert.pem"), b"-----BEGIN GARBAGE-----\n").unwrap();
     std::fs::write(data.join("served-key.pem"), [0u8, 159, 146, 150]).unwrap();
@@ -521,7 +515,7 @@ async fn garbage_certificate_files_keep_the_old_certificate_until_a_good_pair_ar
     tokio::time::sleep(Duration::from_millis(500)).await;
     for _ in 0..5 {
         assert!(
-            handshake(client_trusting(&first_ca)).await,
+            handshake(common::client_trusting(&first_ca)).await,
             "the old certificate keeps serving"
         );
     }
@@ -531,7 +525,7 @@ async fn garbage_certificate_files_keep_the_old_certificate_until_a_good_pair_ar
     wait_until(
         "the new certificate is served",
         Duration::from_secs(5),
-        async || handshake(client_trusting(&second_ca)).await,
+        async || handshake(common::client_trusting(&second_ca)).await,
     )
     .await;
     let metrics = reqwest::get(format!("http://127.0.0.1:{}/metrics", process.admin))

@@ -83,12 +83,6 @@ async fn sighup_reloads_routes_and_certificate_and_refuses_a_broken_config() {
             .status()
             .as_u16()
     };
-    let trusting = |ca: &[u8]| {
-        reqwest::Client::builder()
-            .add_root_certificate(reqwest::Certificate::from_pem(ca).unwrap())
-            .build()
-            .unwrap()
-    };
     let handshake = |client: reqwest::Client| async move {
         client
             .get(format!("https://localhost:{https}/api/noauth/x"))
@@ -96,7 +90,7 @@ async fn sighup_reloads_routes_and_certificate_and_refuses_a_broken_config() {
             .await
             .is_ok()
     };
-    assert!(handshake(trusting(&first_ca)).await);
+    assert!(handshake(common::client_trusting(&first_ca)).await);
     assert_eq!(status_of("/other/x").await, 404);
 
     // A new route and a new certificate, applied without a restart.
@@ -117,7 +111,7 @@ async fn sighup_reloads_routes_and_certificate_and_refuses_a_broken_config() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert!(
-        handshake(trusting(&second_ca)).await,
+        handshake(common::client_trusting(&second_ca)).await,
         "new handshakes get the new certificate"
     );
 

@@ -6,7 +6,6 @@
 
 mod common;
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::shared_redis::Prefix;
@@ -49,20 +48,6 @@ async fn setup(extra: &str) -> Gateway {
     Gateway::start(&reference().await, extra).await
 }
 
-/// A TLS client that trusts the development CA.
-fn tls_connector(gw: &Gateway) -> tokio_rustls::TlsConnector {
-    use rustls_pki_types::pem::PemObject;
-    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in rustls_pki_types::CertificateDer::pem_slice_iter(&gw.ca_pem) {
-        roots.add(cert.unwrap()).unwrap();
-    }
-    let config = rustls::ClientConfig::builder()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    tokio_rustls::TlsConnector::from(Arc::new(config))
-}
-
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Scheme {
     Wss,
@@ -95,7 +80,12 @@ async fn try_open(
         Scheme::Ws => Box::new(tcp),
         Scheme::Wss => {
             let server_name = rustls_pki_types::ServerName::try_from("localhost").unwrap();
-            Box::new(tls_connector(gw).connect(server_name, tcp).await.unwrap())
+            Box::new(
+                common::tls_connector(&gw.ca_pem)
+                    .connect(server_name, tcp)
+                    .await
+                    .unwrap(),
+            )
         }
     };
     let (socket, _) = tokio_tungstenite::client_async(request, io).await?;
@@ -170,6 +160,27 @@ async fn close_of(socket: &mut Socket) -> (u16, String) {
 async fn round_trip(socket: &mut Socket, text: &str) -> Value {
     send(socket, text).await;
     next_json(socket).await
+}
+
+/// A socket authenticated with the API key `key` whose first message,
+/// `text`, went through.
+async fn keyed_socket(gw: &Gateway, key: &str, text: &str) -> Socket {
+    let mut socket = open(gw, "/api/ws").await;
+    send(&mut socket, &auth_cmd_key(key)).await;
+    round_trip(&mut socket, text).await;
+    socket
+}
+
+/// Disables a key through the API as the user holding `token`; the status.
+async fn disable_key(gw: &Gateway, key_id: Uuid, token: &str) -> u16 {
+    gw.client()
+        .put(gw.https(&format!("/api/apiKey/{key_id}/enabled/false")))
+        .header("X-Authorization", format!("Bearer {token}"))
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .as_u16()
 }
 
 /// A user with a fresh stored session and its access token.
@@ -406,19 +417,10 @@ async fn disabling_the_key_closes_its_open_socket_with_1008() {
         .await;
     let (key_id, key) = gw.api_key(&user, 0).await;
     let (_, token) = gw.access_token(&user).await;
-    let mut socket = open(&gw, "/api/ws").await;
-    send(&mut socket, &auth_cmd_key(&key)).await;
-    round_trip(&mut socket, "up").await;
+    let mut socket = keyed_socket(&gw, &key, "up").await;
 
     let started = Instant::now();
-    let disabled = gw
-        .client()
-        .put(gw.https(&format!("/api/apiKey/{key_id}/enabled/false")))
-        .header("X-Authorization", format!("Bearer {token}"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(disabled.status(), 200);
+    assert_eq!(disable_key(&gw, key_id, &token).await, 200);
     let (code, reason) = closed_after(&mut socket, started, "key disabled").await;
     assert_eq!(code, 1008);
     assert_eq!(reason, "User account is not active");
@@ -634,9 +636,7 @@ async fn an_oversized_message_closes_1009() {
     let gw = setup("[websocket]\nmax_message_bytes = 1024\n").await;
     let user = gw.user("ws-big@example.com", Authority::TenantAdmin).await;
     let (_, key) = gw.api_key(&user, 0).await;
-    let mut socket = open(&gw, "/api/ws").await;
-    send(&mut socket, &auth_cmd_key(&key)).await;
-    round_trip(&mut socket, "small").await;
+    let mut socket = keyed_socket(&gw, &key, "small").await;
     send(&mut socket, &"x".repeat(2048)).await;
     let (code, _) = close_of(&mut socket).await;
     assert_eq!(code, 1009);
@@ -649,9 +649,7 @@ async fn shutdown_closes_open_sockets_with_1001() {
         .user("ws-drain@example.com", Authority::TenantAdmin)
         .await;
     let (_, key) = gw.api_key(&user, 0).await;
-    let mut socket = open(&gw, "/api/ws").await;
-    send(&mut socket, &auth_cmd_key(&key)).await;
-    round_trip(&mut socket, "up").await;
+    let mut socket = keyed_socket(&gw, &key, "up").await;
     let mut waiting = open(&gw, "/api/ws").await;
     tokio::time::sleep(Duration::from_millis(100)).await;
     let started = Instant::now();
@@ -800,19 +798,10 @@ async fn a_key_disabled_through_one_replica_closes_its_socket_on_the_other() {
         .await;
     let (key_id, key) = a.api_key(&user, 0).await;
     let (_, token) = a.access_token(&user).await;
-    let mut socket = open(&b, "/api/ws").await;
-    send(&mut socket, &auth_cmd_key(&key)).await;
-    round_trip(&mut socket, "on replica B").await;
+    let mut socket = keyed_socket(&b, &key, "on replica B").await;
 
     let started = Instant::now();
-    let disabled = a
-        .client()
-        .put(a.https(&format!("/api/apiKey/{key_id}/enabled/false")))
-        .header("X-Authorization", format!("Bearer {token}"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(disabled.status(), 200);
+    assert_eq!(disable_key(&a, key_id, &token).await, 200);
     let (code, _) = closed_after(&mut socket, started, "key disabled on the other replica").await;
     assert_eq!(code, 1008);
     assert!(started.elapsed() < AT_ONCE);

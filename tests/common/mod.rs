@@ -571,6 +571,29 @@ impl Relay {
     }
 }
 
+/// A client that trusts the CA `ca` (PEM) and nothing else.
+pub fn client_trusting(ca: &[u8]) -> reqwest::Client {
+    reqwest::Client::builder()
+        .add_root_certificate(reqwest::Certificate::from_pem(ca).unwrap())
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap()
+}
+
+/// A TLS connector, for protocols below HTTP, that trusts the CA `ca` (PEM).
+pub fn tls_connector(ca: &[u8]) -> tokio_rustls::TlsConnector {
+    use rustls_pki_types::pem::PemObject;
+    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls_pki_types::CertificateDer::pem_slice_iter(ca) {
+        roots.add(cert.unwrap()).unwrap();
+    }
+    let config = rustls::ClientConfig::builder()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    tokio_rustls::TlsConnector::from(Arc::new(config))
+}
+
 /// Polls `done` every 10 ms until it holds; panics after `limit`. Returns how
 /// long it took.
 pub async fn wait_until(
