@@ -26,10 +26,10 @@ pub async fn apply(caches: &Caches, revocation: Revocation) {
     match revocation {
         Revocation::Key(id) => caches.invalidate_key_id(id),
         Revocation::User(id) => {
-            caches.invalidate_user(id).await;
+            caches.invalidate_user(id);
             caches.invalidate_sessions_of(id);
         }
-        Revocation::Session(id) => caches.invalidate_session(id).await,
+        Revocation::Session(id) => caches.invalidate_session(id),
     }
     caches.live.revoked(&revocation);
 }

@@ -207,8 +207,7 @@ async fn key_of_a_disabled_user_is_refused_at_once_on_this_replica() {
         .app
         .authenticator()
         .caches()
-        .invalidate_user(user.id)
-        .await;
+        .invalidate_user(user.id);
     let (status, json) = error_body(send().await.unwrap()).await;
     assert_eq!(status, 401);
     assert_eq!(json["message"], "User account is not active");
@@ -293,8 +292,7 @@ async fn logged_out_session_token_is_refused() {
         .app
         .authenticator()
         .caches()
-        .invalidate_session(session_id)
-        .await;
+        .invalidate_session(session_id);
     let (status, json) = error_body(send().await.unwrap()).await;
     assert_eq!((status, json["errorCode"].as_u64()), (401, Some(11)));
 }

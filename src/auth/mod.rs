@@ -211,7 +211,7 @@ impl Authenticator {
         Ok(Identity::new(
             user.principal.clone(),
             AuthMethod::ApiKey { key_id: key.id },
-            key.id_header.clone(),
+            id_header_value(&key.id),
         ))
     }
 
@@ -254,79 +254,64 @@ impl Authenticator {
     async fn verified_token(&self, token: &str) -> Result<Arc<VerifiedToken>, AuthFailure> {
         let mut key = [0u8; 32];
         key.copy_from_slice(digest(&SHA256, token.as_bytes()).as_ref());
-        if let Some(hit) = self.caches.tokens.get(&key).await {
-            self.caches.counters.tokens.hit();
+        if let Some(hit) = self.caches.tokens.get(&key) {
             return Ok(hit);
         }
-        self.caches.counters.tokens.miss();
         let claims = self.tokens.verify_access(token)?;
+        let lifetime = self.caches.token_lifetime(&claims);
         let verified = Arc::new(VerifiedToken {
             session_header: id_header_value(&claims.session_id),
             claims,
         });
-        self.caches.tokens.insert(key, verified.clone()).await;
+        self.caches.tokens.insert(key, verified.clone(), lifetime);
         Ok(verified)
     }
 
     async fn key_state(&self, digest: KeyDigest) -> Result<Lookup<KeyState>, AuthFailure> {
-        if let Some(hit) = self.caches.keys.get(&digest).await {
-            self.caches.counters.keys.hit();
-            return Ok(hit);
-        }
-        self.caches.counters.keys.miss();
         let store = &self.store;
+        let lifetimes = self.caches.lifetimes;
         self.caches
             .keys
-            .try_get_with(digest, async move {
+            .get_or_fetch(&digest, || async move {
                 let record = store.api_key_by_digest(&digest.to_hex()).await?;
-                Ok::<_, StoreError>(record.map(|k| {
-                    Arc::new(KeyState {
-                        id_header: id_header_value(&k.id),
-                        id: k.id,
-                        user_id: k.user_id,
-                        enabled: k.enabled,
-                        expiration_time: k.expiration_time,
-                    })
-                }))
+                let state = record.map(|k| KeyState {
+                    id: k.id,
+                    user_id: k.user_id,
+                    enabled: k.enabled,
+                    expiration_time: k.expiration_time,
+                });
+                Ok::<_, StoreError>((state, lifetimes.of(&state)))
             })
             .await
             .map_err(|e| self.store_failure(&e))
     }
 
-    async fn user_state(&self, id: Uuid) -> Result<Lookup<UserState>, AuthFailure> {
-        if let Some(hit) = self.caches.users.get(&id).await {
-            self.caches.counters.users.hit();
-            return Ok(hit);
-        }
-        self.caches.counters.users.miss();
+    async fn user_state(&self, id: Uuid) -> Result<Lookup<Arc<UserState>>, AuthFailure> {
         let store = &self.store;
+        let lifetimes = self.caches.lifetimes;
         self.caches
             .users
-            .try_get_with(id, async move {
+            .get_or_fetch(&id, || async move {
                 let record = store.user_by_id(id).await?;
-                Ok::<_, StoreError>(record.map(|u| Arc::new(user_state(&u))))
+                let state = record.map(|u| Arc::new(user_state(&u)));
+                Ok::<_, StoreError>((state.clone(), lifetimes.of(&state)))
             })
             .await
             .map_err(|e| self.store_failure(&e))
     }
 
     async fn session_state(&self, id: Uuid) -> Result<Lookup<SessionState>, AuthFailure> {
-        if let Some(hit) = self.caches.sessions.get(&id).await {
-            self.caches.counters.sessions.hit();
-            return Ok(hit);
-        }
-        self.caches.counters.sessions.miss();
         let store = &self.store;
+        let lifetimes = self.caches.lifetimes;
         self.caches
             .sessions
-            .try_get_with(id, async move {
+            .get_or_fetch(&id, || async move {
                 let record = store.session_by_id(id).await?;
-                Ok::<_, StoreError>(record.map(|s| {
-                    Arc::new(SessionState {
-                        user_id: s.user_id,
-                        ended: s.ended,
-                    })
-                }))
+                let state = record.map(|s| SessionState {
+                    user_id: s.user_id,
+                    ended: s.ended,
+                });
+                Ok::<_, StoreError>((state, lifetimes.of(&state)))
             })
             .await
             .map_err(|e| self.store_failure(&e))

@@ -204,7 +204,7 @@ async fn api_key_of_deleted_user_is_refused() {
     f.accepted(&key).await;
     assert!(f.store.delete_user(user.id).await.unwrap().outcome);
     // Forgetting the user is enough while the key is still cached...
-    f.caches().invalidate_user(user.id).await;
+    f.caches().invalidate_user(user.id);
     assert_eq!(f.refused(&key).await, AuthFailure::Disabled);
     // ...and once the key is forgotten too, the store no longer knows it.
     f.caches().invalidate_key_id(key_id);
@@ -238,7 +238,7 @@ async fn invalidating_a_disabled_user_refuses_keys_and_tokens_at_once() {
     f.accepted(&key).await;
     f.accepted(&token).await;
     // ...and forgetting the user refuses both credentials at once.
-    f.caches().invalidate_user(user.id).await;
+    f.caches().invalidate_user(user.id);
     assert_eq!(f.refused(&key).await, AuthFailure::Disabled);
     assert_eq!(f.refused(&token).await, AuthFailure::Disabled);
 }
@@ -287,7 +287,7 @@ async fn token_of_ended_session_is_outdated() {
             .unwrap()
             .outcome
     );
-    f.caches().invalidate_session(session_id).await;
+    f.caches().invalidate_session(session_id);
     assert_eq!(f.refused(&token).await, AuthFailure::Outdated);
 }
 
