@@ -56,6 +56,9 @@ async fn api_key_over_https_reaches_upstream_with_verified_identity_and_without_
             .starts_with("localhost:")
     );
     assert_eq!(h["x-request-id"].len(), 36);
+    // One Host, the upstream's: the client's went to X-Forwarded-Host.
+    let hosts: Vec<_> = h.get_all("host").iter().collect();
+    assert_eq!(hosts, [upstream.addr.to_string().as_str()]);
     for (name, value) in h {
         assert!(
             !value.to_str().unwrap_or("").contains(&key),

@@ -223,6 +223,14 @@ async fn auth_cmd_with_a_jwt_opens_the_upstream_with_the_verified_identity_and_r
         Some(&*session.to_string())
     );
     assert_eq!(header(&described, "x-forwarded-proto"), Some("https"));
+    // One Host, the upstream's (a second would be described as a list); the
+    // client's went to X-Forwarded-Host.
+    let host = header(&described, "host").unwrap_or_default();
+    assert!(host.starts_with("127.0.0.1:"), "{described}");
+    assert!(
+        header(&described, "x-forwarded-host").is_some_and(|h| h.starts_with("localhost:")),
+        "{described}"
+    );
     assert!(!described.to_string().contains(&token));
 
     let echoed = round_trip(&mut socket, r#"{"cmds":[{"cmdId":2}]}"#).await;

@@ -341,9 +341,11 @@ impl Session {
             secure: self.secure,
         };
         headers::to_upstream(&mut parts, &client, self.request_id.clone(), identity);
+        // The handshake request carries the upstream's `Host` (from its
+        // URI) and its own `Sec-WebSocket-*`; the client's are left out.
         let mut request = self.upstream_uri.clone().into_client_request().ok()?;
         for (name, value) in &parts.headers {
-            if !name.as_str().starts_with("sec-websocket-") {
+            if name != http::header::HOST && !name.as_str().starts_with("sec-websocket-") {
                 request.headers_mut().append(name.clone(), value.clone());
             }
         }
