@@ -384,8 +384,8 @@ impl CacheSeries {
         self.miss.inc();
     }
 
-    pub fn eviction(&self) {
-        self.eviction.inc();
+    pub fn evictions(&self, count: u64) {
+        self.eviction.inc_by(count);
     }
 }
 

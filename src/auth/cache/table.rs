@@ -25,7 +25,7 @@ use std::collections::HashMap;
 use std::hash::{BuildHasher, BuildHasherDefault, Hash, Hasher};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::telemetry::CacheSeries;
 
@@ -66,7 +66,7 @@ type ShardMap<K, V> = HashMap<Hashed<K>, Slot<V>, BuildHasherDefault<PassThrough
 
 struct Slot<V> {
     value: V,
-    /// Milliseconds after the table's epoch.
+    /// [`crate::clock::coarse_monotonic_ms`] at which it expires.
     deadline: u64,
     /// Read since the last eviction pass.
     used: AtomicBool,
@@ -102,7 +102,6 @@ pub struct Table<K, V> {
     /// (digests of made-up API keys) cannot be made to collide.
     hasher: std::collections::hash_map::RandomState,
     per_shard: usize,
-    epoch: Instant,
     generation: AtomicU64,
     inflight: Mutex<HashMap<K, Arc<tokio::sync::OnceCell<V>>>>,
     series: CacheSeries,
@@ -128,15 +127,15 @@ where
             shards: (0..shards).map(|_| RwLock::default()).collect(),
             hasher: std::collections::hash_map::RandomState::new(),
             per_shard: (capacity as usize).div_ceil(shards),
-            epoch: Instant::now(),
             generation: AtomicU64::new(0),
             inflight: Mutex::default(),
             series,
         }
     }
 
+    /// The coarse clock: lifetimes are seconds, and a hit reads it once.
     fn now(&self) -> u64 {
-        self.epoch.elapsed().as_millis() as u64
+        crate::clock::coarse_monotonic_ms()
     }
 
     fn hashed(&self, key: K) -> Hashed<K> {
@@ -255,7 +254,7 @@ where
         let target = self.per_shard - self.per_shard / 8;
         let now = self.now();
         let mut excess = shard.len().saturating_sub(target);
-        let mut pushed_out = 0;
+        let mut pushed_out = 0u64;
         shard.retain(|_, slot| {
             if slot.deadline <= now {
                 excess = excess.saturating_sub(1);
@@ -280,9 +279,7 @@ where
                 false
             });
         }
-        for _ in 0..pushed_out {
-            self.series.eviction();
-        }
+        self.series.evictions(pushed_out);
     }
 
     /// Moves the generation on, so fetches in flight do not fill the table
