@@ -20,18 +20,32 @@ static PROXY_AUTHORIZATION: HeaderName = HeaderName::from_static("proxy-authoriz
 /// The connection-specific headers (RFC 9110 section 7.6.1), besides those
 /// the `Connection` header names.
 fn is_hop_by_hop(name: &HeaderName) -> bool {
-    [
-        &CONNECTION,
-        &KEEP_ALIVE,
-        &PROXY_CONNECTION,
-        &PROXY_AUTHENTICATE,
-        &PROXY_AUTHORIZATION,
-        &TE,
-        &TRAILER,
-        &TRANSFER_ENCODING,
-        &UPGRADE,
-    ]
-    .contains(&name)
+    HOP_BY_HOP.contains(&name)
+}
+
+static HOP_BY_HOP: [&HeaderName; 9] = [
+    &CONNECTION,
+    &KEEP_ALIVE,
+    &PROXY_CONNECTION,
+    &PROXY_AUTHENTICATE,
+    &PROXY_AUTHORIZATION,
+    &TE,
+    &TRAILER,
+    &TRANSFER_ENCODING,
+    &UPGRADE,
+];
+
+/// Is a name a `Connection` header lists one [`is_hop_by_hop`] already
+/// picks? Those are gathered by the pass over the headers present, so a
+/// second removal by text (a parse, a hash and a probe) is skipped: most
+/// clients send `Connection: keep-alive`. With the first-byte filter of
+/// [`is_forwarding`], three interleaved criterion runs went from 1.04-1.09
+/// to 0.93-1.07 µs (`headers/to_upstream`) and 86-100 to 71-81 ns
+/// (`headers/to_client`).
+fn listed_is_hop_by_hop(listed: &str) -> bool {
+    HOP_BY_HOP
+        .iter()
+        .any(|name| name.as_str().eq_ignore_ascii_case(listed))
 }
 
 /// Removes the headers `doomed` picks and, when there is a `Connection`
@@ -60,7 +74,10 @@ fn remove_where(headers: &mut HeaderMap, doomed: impl Fn(&HeaderName) -> bool) {
     }
     for value in &listed {
         for name in value.to_str().unwrap_or_default().split(',') {
-            headers.remove(name.trim());
+            let name = name.trim();
+            if !listed_is_hop_by_hop(name) {
+                headers.remove(name);
+            }
         }
     }
     for name in named {
@@ -143,13 +160,38 @@ pub const FORWARDING: &[&str] = &[
 ];
 
 /// Is `name` one of the forwarding headers ([`FORWARDING`] or `X-Forwarded-*`)?
+///
+/// A name whose first byte starts none of them is answered at once: it
+/// would otherwise be folded and compared against 22 spellings, and most
+/// headers a client sends (`accept`, `host`, `user-agent`) start with a
+/// letter none of them does. The first byte of a `HeaderName` is lower case,
+/// and a separator folds to `-`, which starts no forwarding name, so the
+/// filter agrees with the folded comparison.
 pub fn is_forwarding(name: &HeaderName) -> bool {
     let bytes = name.as_str().as_bytes();
+    let Some(&first) = bytes.first() else {
+        return false;
+    };
+    if !FORWARDING_FIRST_BYTES[first as usize] {
+        return false;
+    }
     identity::folded_starts_with(bytes, FORWARDING_PREFIX.as_bytes())
         || FORWARDING
             .iter()
             .any(|known| identity::folded_eq(bytes, known.as_bytes()))
 }
+
+/// The first bytes of the forwarding names, computed from the list itself.
+static FORWARDING_FIRST_BYTES: [bool; 256] = {
+    let mut set = [false; 256];
+    set[FORWARDING_PREFIX.as_bytes()[0] as usize] = true;
+    let mut i = 0;
+    while i < FORWARDING.len() {
+        set[FORWARDING[i].as_bytes()[0] as usize] = true;
+        i += 1;
+    }
+    set
+};
 
 /// Every edit of a request on its way upstream, in this order: hop-by-hop
 /// headers out (so a `Connection` header can never name away what is set
@@ -352,6 +394,45 @@ mod tests {
         assert_eq!(p.headers[&X_FORWARDED_HOST], "gw.example:8080");
         assert_eq!(p.headers[&X_REQUEST_ID].len(), 36);
         assert!(p.headers.values().all(|v| v != "evil"));
+    }
+
+    #[test]
+    fn the_first_byte_filter_never_lets_a_forwarding_name_through() {
+        for known in FORWARDING.iter().chain(&[FORWARDING_PREFIX]) {
+            for spelling in [
+                known.to_string(),
+                known.replace('-', "_"),
+                known.to_ascii_uppercase().replace('-', "."),
+            ] {
+                let name = HeaderName::from_bytes(format!("{spelling}x").as_bytes()).unwrap();
+                let exact = HeaderName::from_bytes(spelling.as_bytes()).unwrap();
+                assert!(is_forwarding(&exact), "{spelling}");
+                assert_eq!(
+                    is_forwarding(&name),
+                    known.ends_with('-'),
+                    "{spelling}x is forwarding only under the prefix"
+                );
+            }
+        }
+        for other in ["accept", "host", "user-agent", "content-type", "-forwarded"] {
+            assert!(!is_forwarding(&HeaderName::from_static(other)), "{other}");
+        }
+    }
+
+    #[test]
+    fn a_connection_header_listing_hop_by_hop_names_in_any_case_removes_them() {
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            CONNECTION,
+            HeaderValue::from_static("Keep-Alive, UPGRADE, close"),
+        );
+        headers.insert("keep-alive", HeaderValue::from_static("timeout=5"));
+        headers.insert(UPGRADE, HeaderValue::from_static("websocket"));
+        headers.insert("close", HeaderValue::from_static("1"));
+        headers.insert("accept", HeaderValue::from_static("*/*"));
+        to_client(&mut headers);
+        assert_eq!(headers.len(), 1, "{headers:?}");
+        assert!(headers.contains_key("accept"));
     }
 
     #[test]
