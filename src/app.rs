@@ -41,7 +41,7 @@ use crate::websocket::{self, Start, Upgrade, WebSockets};
 
 pub struct App {
     settings: Arc<Settings>,
-    endpoints: Endpoints,
+    endpoints: Arc<Endpoints>,
     browser: Option<Arc<ApiBrowser>>,
     auth: Arc<Authenticator>,
     /// The routes in force, shared with the API browser; each request works
@@ -118,7 +118,7 @@ impl App {
         listener_base_url: String,
         limits: Shared,
     ) -> App {
-        let proxy = Proxy::new(&settings.proxy, &settings.limits);
+        let proxy = Proxy::new(&settings.proxy, &settings.limits, settings.worker_count());
         let websockets = Arc::new(WebSockets::new(
             &settings,
             auth.clone(),
@@ -141,7 +141,7 @@ impl App {
         App {
             series,
             settings,
-            endpoints,
+            endpoints: Arc::new(endpoints),
             browser,
             auth,
             routes,
@@ -382,7 +382,18 @@ impl App {
             params: matched.params,
         };
         ex.identity = identity;
-        self.endpoints.handle(matched.route.endpoint, request).await
+        // Endpoints work with the store (and hash passwords on its blocking
+        // pool), so they run where the store lives ([`crate::store::Store::at_home`]).
+        let endpoints = self.endpoints.clone();
+        let endpoint = matched.route.endpoint;
+        self.endpoints
+            .store
+            .at_home(async move { endpoints.handle(endpoint, request).await })
+            .await
+            .unwrap_or_else(|error| {
+                tracing::error!(%error, "an endpoint could not run");
+                Err(ApiError::unavailable())
+            })
     }
 
     /// Counts the request against the quotas of its identity on the route;

@@ -24,6 +24,7 @@ use crate::limits::login::SharedLogins;
 use crate::limits::quota::Quotas;
 use crate::limits::seats::{SeatLimits, Seats};
 use crate::listener::address_cap::AddressCap;
+use crate::listener::workers::Workers;
 use crate::listener::{self, Listener};
 use crate::probes::Probes;
 use crate::proxy::Routes;
@@ -53,6 +54,8 @@ pub enum StartError {
     DummyHash,
     #[error("cannot use [redis] url")]
     Redis(#[from] crate::limits::link::LinkError),
+    #[error("starting the worker threads")]
+    Workers(#[source] std::io::Error),
 }
 
 /// Options that do not come from the config file.
@@ -433,6 +436,8 @@ struct Bound {
     connections: Arc<Semaphore>,
     admin_connections: Arc<Semaphore>,
     shared: Arc<listener::Shared>,
+    /// Where the HTTPS and HTTP connections are served.
+    workers: Arc<Workers>,
 }
 
 impl Bound {
@@ -447,7 +452,11 @@ impl Bound {
             listen.max_connections_per_trusted_proxy,
             settings.proxy.trusted_proxies.clone(),
         ));
+        // Each worker takes upstream connections from a pool of its own.
+        let workers = Workers::start(settings.worker_count(), crate::proxy::pin_thread_to_pool)
+            .map_err(StartError::Workers)?;
         Ok(Bound {
+            workers,
             https_addr: local(&https),
             http_addr: local(&http),
             admin_addr: local(&admin),
@@ -494,6 +503,7 @@ fn spawn(
             handler: app.clone(),
             connections: bound.connections.clone(),
             shutdown: shutdown_rx.clone(),
+            workers: Some(bound.workers.clone()),
         };
         tokio::spawn(listener::serve(listener, bound.shared.clone()))
     };
@@ -521,6 +531,7 @@ fn spawn(
             handler: probes,
             connections: bound.admin_connections,
             shutdown: admin_shutdown_rx,
+            workers: None,
         };
         tokio::spawn(listener::serve(listener, bound.shared))
     });

@@ -130,3 +130,82 @@ async fn revocation_through_one_replica_reaches_the_other_within_a_second() {
     b.running.shutdown();
     drop_schema(&base, &schema).await;
 }
+
+/// Connections are served on worker threads whose runtimes stop with the
+/// server. Requests that reach the store (logins, cold-cache key checks)
+/// must not leave it holding PostgreSQL connections opened on those
+/// runtimes: they would fail at their next use once the server stopped.
+#[tokio::test]
+async fn the_store_keeps_working_after_the_worker_threads_of_its_server_stop() {
+    let Ok(base) = std::env::var("KEYGATE_TEST_DATABASE_URL") else {
+        println!("KEYGATE_TEST_DATABASE_URL is not set: PostgreSQL test not run");
+        return;
+    };
+    let (url, schema) = fresh_schema(&base).await;
+    let upstream = Upstream::start().await;
+    let gw = Gateway::start_on(
+        &upstream.url(),
+        "[store]\nmax_connections = 24\n",
+        Some(&url),
+    )
+    .await;
+    let user = gw.user("worker@example.com", Authority::TenantAdmin).await;
+    let mut keys = Vec::new();
+    for _ in 0..20 {
+        keys.push(gw.api_key(&user, 0).await.1);
+    }
+
+    // Each request on a connection of its own, all at once, so the pool
+    // opens several store connections while the workers serve them.
+    let checks = keys.iter().map(|key| {
+        let client = common::client_trusting(&gw.ca_pem);
+        let url = gw.https("/api/devices");
+        async move {
+            let response = client
+                .get(url)
+                .header("X-Authorization", format!("ApiKey {key}"))
+                .send()
+                .await
+                .unwrap();
+            response.status().as_u16()
+        }
+    });
+    let logins = (0..3).map(|_| {
+        let client = common::client_trusting(&gw.ca_pem);
+        let url = gw.https("/api/auth/login");
+        async move {
+            let response = client
+                .post(url)
+                .json(&serde_json::json!({
+                    "username": "worker@example.com",
+                    "password": common::PASSWORD,
+                }))
+                .send()
+                .await
+                .unwrap();
+            response.status().as_u16()
+        }
+    });
+    let (checked, logged_in) = tokio::join!(
+        futures_util::future::join_all(checks),
+        futures_util::future::join_all(logins)
+    );
+    assert!(checked.iter().all(|s| *s == 200), "key checks: {checked:?}");
+    assert!(logged_in.iter().all(|s| *s == 200), "logins: {logged_in:?}");
+
+    let store = gw.running.store.clone();
+    let common::Gateway { running, dir, .. } = gw;
+    running.shutdown();
+    running.wait().await;
+    // Give the worker threads time to end their runtimes.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    // Every pooled connection is used again, at once.
+    let lookups = (0..24).map(|_| store.user_by_email("worker@example.com"));
+    for found in futures_util::future::join_all(lookups).await {
+        let found = found.expect("the store answers after its server stopped");
+        assert_eq!(found.map(|u| u.id), Some(user.id));
+    }
+    drop(dir);
+    drop_schema(&base, &schema).await;
+}

@@ -151,7 +151,13 @@ impl Authenticator {
     pub async fn disable_exposed_key(&self, value: &Secret) -> Option<Revocation> {
         let identity = self.verify_api_key(value).await.ok()?;
         let key_id = identity.api_key_id()?;
-        match self.store.set_api_key_enabled(key_id, false).await {
+        let store = self.store.clone();
+        let disabled = self
+            .store
+            .at_home(async move { store.set_api_key_enabled(key_id, false).await })
+            .await
+            .and_then(|done| done);
+        match disabled {
             Ok(published) => {
                 self.metrics.key_disabled_on_plaintext();
                 tracing::warn!(
@@ -268,12 +274,15 @@ impl Authenticator {
     }
 
     async fn key_state(&self, digest: KeyDigest) -> Result<Lookup<KeyState>, AuthFailure> {
-        let store = &self.store;
         let lifetimes = self.caches.lifetimes;
         self.caches
             .keys
             .get_or_fetch(&digest, || async move {
-                let record = store.api_key_by_digest(&digest.to_hex()).await?;
+                let store = self.store.clone();
+                let record = self
+                    .store
+                    .at_home(async move { store.api_key_by_digest(&digest.to_hex()).await })
+                    .await??;
                 let state = record.map(|k| KeyState {
                     id: k.id,
                     user_id: k.user_id,
@@ -287,12 +296,15 @@ impl Authenticator {
     }
 
     async fn user_state(&self, id: Uuid) -> Result<Lookup<Arc<UserState>>, AuthFailure> {
-        let store = &self.store;
         let lifetimes = self.caches.lifetimes;
         self.caches
             .users
             .get_or_fetch(&id, || async move {
-                let record = store.user_by_id(id).await?;
+                let store = self.store.clone();
+                let record = self
+                    .store
+                    .at_home(async move { store.user_by_id(id).await })
+                    .await??;
                 let state = record.map(|u| Arc::new(user_state(&u)));
                 Ok::<_, StoreError>((state.clone(), lifetimes.of(&state)))
             })
@@ -301,12 +313,15 @@ impl Authenticator {
     }
 
     async fn session_state(&self, id: Uuid) -> Result<Lookup<SessionState>, AuthFailure> {
-        let store = &self.store;
         let lifetimes = self.caches.lifetimes;
         self.caches
             .sessions
             .get_or_fetch(&id, || async move {
-                let record = store.session_by_id(id).await?;
+                let store = self.store.clone();
+                let record = self
+                    .store
+                    .at_home(async move { store.session_by_id(id).await })
+                    .await??;
                 let state = record.map(|s| SessionState {
                     user_id: s.user_id,
                     ended: s.ended,

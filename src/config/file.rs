@@ -35,6 +35,7 @@ pub struct ServerSection {
     pub data_dir: String,
     pub shutdown_grace: String,
     pub public_base_url: String,
+    pub workers: i64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -314,6 +315,7 @@ impl Default for ServerSection {
             data_dir: "data".into(),
             shutdown_grace: "30s".into(),
             public_base_url: String::new(),
+            workers: 0,
         }
     }
 }

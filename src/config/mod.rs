@@ -79,6 +79,8 @@ pub struct Settings {
     pub shutdown_grace: Duration,
     /// `scheme://host[:port]` clients use to reach keygate, for links it builds.
     pub public_base_url: Option<String>,
+    /// Threads serving HTTPS and HTTP connections; 0: one per core.
+    pub workers: usize,
     pub listen: Listen,
     /// Certificate and key files; `None` means a generated development certificate.
     pub tls_files: Option<(PathBuf, PathBuf)>,
@@ -104,6 +106,19 @@ pub struct Settings {
     /// table ([`crate::proxy::Routes`]), the one copy that reload swaps and
     /// everything reads; its settings then hold none.
     pub routes: Vec<RouteSpec>,
+}
+
+impl Settings {
+    /// How many worker threads serve connections: `server.workers`, where 0
+    /// means one per core the process may use (a container's CPU limit
+    /// included).
+    pub fn worker_count(&self) -> usize {
+        if self.workers > 0 {
+            self.workers
+        } else {
+            std::thread::available_parallelism().map_or(1, |n| n.get())
+        }
+    }
 }
 
 /// How dead store rows are pruned.

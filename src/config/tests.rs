@@ -587,3 +587,19 @@ fn websocket_settings_have_the_platforms_defaults_and_are_checked() {
         assert!(text.contains(needle), "missing {needle:?} in:\n{text}");
     }
 }
+
+#[test]
+fn workers_default_to_one_per_core_and_a_wild_count_is_refused() {
+    let settings = load_text("", &[]).unwrap();
+    assert_eq!(settings.workers, 0, "0: one per core");
+    let settings = load_text("", &[("KEYGATE_SERVER_WORKERS", "3")]).unwrap();
+    assert_eq!(settings.workers, 3);
+    for bad in ["-1", "100000"] {
+        let errors = load_text(&format!("[server]\nworkers = {bad}\n"), &[]).unwrap_err();
+        let text = errors.0.join("\n");
+        assert!(
+            text.contains("server.workers: must be 0 (one per core) to 1024"),
+            "{bad}: {text}"
+        );
+    }
+}

@@ -46,6 +46,7 @@ pub(super) fn validate(file: &FileConfig, errors: &mut Vec<String>) -> Settings 
         data_dir: server.data_dir,
         shutdown_grace: server.shutdown_grace,
         public_base_url: server.public_base_url,
+        workers: server.workers,
         listen,
         tls_files,
         store_url: store.url,
@@ -108,6 +109,7 @@ struct Server {
     data_dir: PathBuf,
     shutdown_grace: Duration,
     public_base_url: Option<String>,
+    workers: usize,
 }
 
 impl ServerSection {
@@ -116,8 +118,22 @@ impl ServerSection {
             data_dir: PathBuf::from(&self.data_dir),
             shutdown_grace: nonzero_duration("server.shutdown_grace", &self.shutdown_grace, errors),
             public_base_url: public_base_url(&self.public_base_url, errors),
+            workers: workers(self.workers, errors),
         }
     }
+}
+
+/// `server.workers`: 0 (one per core) up to a bound that catches a typo
+/// before it starts thousands of threads.
+fn workers(n: i64, errors: &mut Vec<String>) -> usize {
+    const MAX_WORKERS: i64 = 1024;
+    if !(0..=MAX_WORKERS).contains(&n) {
+        errors.push(format!(
+            "server.workers: must be 0 (one per core) to {MAX_WORKERS}, got {n}"
+        ));
+        return 0;
+    }
+    n as usize
 }
 
 /// `server.public_base_url`: empty, or an absolute http(s) URL without path,

@@ -5,6 +5,7 @@
 
 pub mod address_cap;
 pub mod connection;
+pub mod workers;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -25,6 +26,7 @@ use crate::conn::Connection;
 use crate::telemetry::Metrics;
 use address_cap::{AddressCap, Slot};
 use connection::{Deadlines, Reason};
+use workers::Workers;
 
 /// What a listener serves: every request of its connections.
 pub trait Handler: Send + Sync + 'static {
@@ -47,6 +49,9 @@ pub struct Listener<H> {
     pub connections: Arc<Semaphore>,
     /// Turns true when the listener is to stop accepting and drain.
     pub shutdown: watch::Receiver<bool>,
+    /// The threads its connections are served on ([`workers`]); `None`
+    /// serves them on the runtime of the accept loop (the admin listener).
+    pub workers: Option<Arc<Workers>>,
 }
 
 /// What every listener shares.
@@ -124,6 +129,7 @@ async fn accept_loop<H: Handler>(listener: Listener<H>, shared: Arc<Shared>) {
         handler,
         connections,
         mut shutdown,
+        workers,
     } = listener;
     // Each connection holds a receiver: the signal to drain, and by being
     // dropped, the sign that the connection is gone.
@@ -170,14 +176,27 @@ async fn accept_loop<H: Handler>(listener: Listener<H>, shared: Arc<Shared>) {
             metrics: shared.metrics.clone(),
             listener: name,
         }));
-        tokio::spawn(run_connection(
-            stream,
-            tls.clone(),
-            handler.clone(),
-            conn,
-            shared.clone(),
-            hold,
-        ));
+        let (tls, handler, shared) = (tls.clone(), handler.clone(), shared.clone());
+        let Some(workers) = &workers else {
+            tokio::spawn(run_connection(stream, tls, handler, conn, shared, hold));
+            continue;
+        };
+        // The socket leaves this runtime's reactor for the worker's.
+        let stream = match stream.into_std() {
+            Ok(stream) => stream,
+            Err(error) => {
+                tracing::warn!(%error, listener = name, "handing over a connection failed");
+                continue;
+            }
+        };
+        workers.run(move || async move {
+            match TcpStream::from_std(stream) {
+                Ok(stream) => run_connection(stream, tls, handler, conn, shared, hold).await,
+                Err(error) => {
+                    tracing::warn!(%error, listener = name, "taking over a connection failed")
+                }
+            }
+        });
     }
     drop(tcp);
     drop(draining);

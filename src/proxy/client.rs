@@ -13,6 +13,13 @@
 //! body ([`Pooled`]) until the body ends, when the connection goes back to the
 //! pool of the thread that ends it.
 //!
+//! Each worker thread (`listener::workers`) has a pool of its own and takes
+//! connections from it alone: a connection's socket is registered with the
+//! reactor of the thread that opened it, and used from another thread every
+//! readiness event would cost a wake across threads (an `eventfd` write;
+//! one per four requests under `benches/run` when workers shared their pools).
+//! Threads that are not workers (tests, tools) share the pools by turns.
+//!
 //! An idle connection is polled by no one: a connection the upstream closed
 //! is found so when it is checked out (its end of stream was recorded by the
 //! reactor) and dropped; a request whose pooled connection broke before the
@@ -116,25 +123,41 @@ pub struct UpstreamClient {
     max_idle_per_shard: usize,
 }
 
-/// Which shard the current thread uses: threads take the next one in turn the
-/// first time, so each worker thread of the runtime has its own.
-fn shard_index(shards: usize) -> usize {
+thread_local! {
+    /// The pool of a worker thread, set once when it starts.
+    static PINNED: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
+}
+
+/// Makes the calling thread (a worker) use pool `index` of every client,
+/// and that pool alone.
+pub fn pin_thread_to_pool(index: usize) {
+    PINNED.with(|pinned| pinned.set(Some(index)));
+}
+
+/// Which shard the current thread uses, and whether it is its own: a worker
+/// uses the pool it was pinned to; other threads take one in turn the first
+/// time.
+fn shard_index(shards: usize) -> (usize, bool) {
     static NEXT: AtomicUsize = AtomicUsize::new(0);
     thread_local! {
         static SLOT: usize = NEXT.fetch_add(1, Ordering::Relaxed);
     }
-    SLOT.with(|slot| *slot % shards)
+    match PINNED.with(std::cell::Cell::get) {
+        Some(index) => (index % shards, true),
+        None => (SLOT.with(|slot| *slot % shards), false),
+    }
 }
 
 impl UpstreamClient {
     /// `max_idle_per_host` idle connections per upstream at most, split over
-    /// the shards (one per core).
+    /// the shards (one per worker thread).
     pub fn new(
         connect_timeout: Duration,
         idle_timeout: Duration,
         max_idle_per_host: usize,
+        shards: usize,
     ) -> Arc<UpstreamClient> {
-        let shards = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let shards = shards.max(1);
         let client = Arc::new(UpstreamClient {
             shards: (0..shards).map(|_| Mutex::default()).collect(),
             connect_timeout,
@@ -159,7 +182,7 @@ impl UpstreamClient {
     }
 
     fn shard(&self) -> std::sync::MutexGuard<'_, Shard> {
-        self.shards[shard_index(self.shards.len())]
+        self.shards[shard_index(self.shards.len()).0]
             .lock()
             .unwrap_or_else(|p| p.into_inner())
     }
@@ -194,14 +217,19 @@ impl UpstreamClient {
     }
 
     /// The most recently used idle connection to `authority` that is ready
-    /// for a request: from this thread's pool first, else from another's. A
-    /// response body often ends on another worker thread than the one its
-    /// request started on (the runtime steals work), so looking in this
-    /// thread's pool alone let the other pools fill to their cap with
-    /// connections no one took (128 idle upstream connections, 18 MiB more
-    /// resident, in a one-minute soak of six sequential clients).
+    /// for a request. A worker takes from its own pool only: its connections
+    /// come back there, and another thread's would wake across threads.
+    /// Any other thread looks in its pool first, else in the others: on a
+    /// work-stealing runtime a response body often ends on another thread
+    /// than the one its request started on, and looking in one pool alone let
+    /// the others fill to their cap with connections no one took (128 idle
+    /// upstream connections, 18 MiB more resident, in a one-minute soak of six
+    /// sequential clients).
     fn checkout(&self, authority: &Authority) -> Option<Conn> {
-        let own = shard_index(self.shards.len());
+        let (own, pinned) = shard_index(self.shards.len());
+        if pinned {
+            return self.checkout_from(own, authority);
+        }
         (0..self.shards.len())
             .map(|i| (own + i) % self.shards.len())
             .find_map(|i| self.checkout_from(i, authority))
@@ -449,7 +477,7 @@ mod tests {
     #[tokio::test]
     async fn keep_alive_connections_are_reused() {
         let (authority, accepted) = upstream(false).await;
-        let client = UpstreamClient::new(Duration::from_secs(1), Duration::from_secs(60), 8);
+        let client = UpstreamClient::new(Duration::from_secs(1), Duration::from_secs(60), 8, 2);
         for _ in 0..5 {
             assert_eq!(get(&client, &authority).await, "ok\n");
         }
@@ -459,7 +487,7 @@ mod tests {
     #[tokio::test]
     async fn no_idle_connections_kept_when_the_pool_size_is_zero() {
         let (authority, accepted) = upstream(false).await;
-        let client = UpstreamClient::new(Duration::from_secs(1), Duration::from_secs(60), 0);
+        let client = UpstreamClient::new(Duration::from_secs(1), Duration::from_secs(60), 0, 2);
         for _ in 0..3 {
             assert_eq!(get(&client, &authority).await, "ok\n");
         }
@@ -469,7 +497,7 @@ mod tests {
     #[tokio::test]
     async fn idle_connections_expire() {
         let (authority, accepted) = upstream(false).await;
-        let client = UpstreamClient::new(Duration::from_secs(1), Duration::from_millis(50), 8);
+        let client = UpstreamClient::new(Duration::from_secs(1), Duration::from_millis(50), 8, 2);
         assert_eq!(get(&client, &authority).await, "ok\n");
         tokio::time::sleep(Duration::from_millis(200)).await;
         assert!(
@@ -486,7 +514,7 @@ mod tests {
     #[tokio::test]
     async fn connections_the_upstream_closes_are_not_reused() {
         let (authority, accepted) = upstream(true).await;
-        let client = UpstreamClient::new(Duration::from_secs(1), Duration::from_secs(60), 8);
+        let client = UpstreamClient::new(Duration::from_secs(1), Duration::from_secs(60), 8, 2);
         for _ in 0..3 {
             assert_eq!(get(&client, &authority).await, "ok\n");
             tokio::time::sleep(Duration::from_millis(20)).await;
@@ -499,7 +527,7 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let authority: Authority = listener.local_addr().unwrap().to_string().parse().unwrap();
         drop(listener);
-        let client = UpstreamClient::new(Duration::from_secs(1), Duration::from_secs(60), 8);
+        let client = UpstreamClient::new(Duration::from_secs(1), Duration::from_secs(60), 8, 2);
         let request = Request::builder()
             .uri(format!("http://{authority}/x"))
             .body(body::empty())

@@ -2,6 +2,7 @@
 //! request leaves for an upstream.
 
 mod client;
+pub use client::pin_thread_to_pool;
 pub mod headers;
 pub mod path;
 
@@ -240,11 +241,13 @@ enum Failure {
 }
 
 impl Proxy {
-    pub fn new(settings: &ProxySettings, limits: &Limits) -> Proxy {
+    /// `pools`: one per worker thread.
+    pub fn new(settings: &ProxySettings, limits: &Limits, pools: usize) -> Proxy {
         let client = UpstreamClient::new(
             settings.connect_timeout,
             settings.pool_idle_timeout,
             settings.pool_max_idle_per_host,
+            pools,
         );
         Proxy {
             client,
@@ -557,7 +560,7 @@ mod tests {
             env: vec![],
         })
         .unwrap();
-        let proxy = Proxy::new(&settings.proxy, &settings.limits);
+        let proxy = Proxy::new(&settings.proxy, &settings.limits, 2);
         let picks: Vec<_> = (0..4).map(|_| proxy.pick(route, &[]).unwrap()).collect();
         assert_eq!(picks, vec![0, 1, 0, 1]);
         route.upstreams[0]

@@ -174,6 +174,8 @@ pub struct Store {
     dialect: Dialect,
     /// Recorded with each change made through this store ([`Store::audited`]).
     audit: Option<std::sync::Arc<Audit>>,
+    /// The runtime the store was opened on ([`Store::at_home`]).
+    home: Option<tokio::runtime::Handle>,
 }
 
 impl std::fmt::Debug for Store {
@@ -256,6 +258,7 @@ impl Store {
             pool,
             dialect,
             audit: None,
+            home: tokio::runtime::Handle::try_current().ok(),
         };
         migrate::run_through(&store.pool, dialect, last).await?;
         Ok(store)
@@ -263,6 +266,29 @@ impl Store {
 
     pub fn dialect(&self) -> Dialect {
         self.dialect
+    }
+
+    /// Runs `work`, which uses this store, on the runtime the store was
+    /// opened on. A PostgreSQL connection's socket belongs to the reactor of
+    /// the runtime that opened it; connections are served on worker threads
+    /// with runtimes of their own (`listener::workers`), which stop with the
+    /// server, and a connection opened there would die with them while the
+    /// pool still holds it. Work runs to its end even when its caller goes
+    /// away (a client hanging up), so a change is never cut off halfway.
+    /// Costs one task per call, against a store round trip.
+    pub async fn at_home<T, F>(&self, work: F) -> Result<T, StoreError>
+    where
+        F: std::future::Future<Output = T> + Send + 'static,
+        T: Send + 'static,
+    {
+        let Some(home) = &self.home else {
+            return Ok(work.await);
+        };
+        match home.spawn(work).await {
+            Ok(done) => Ok(done),
+            Err(error) if error.is_panic() => std::panic::resume_unwind(error.into_panic()),
+            Err(_) => Err(StoreError::Setup("the server is stopping".into())),
+        }
     }
 
     /// Publishes a revocation inside a transaction (PostgreSQL only: an
