@@ -316,6 +316,38 @@ async fn token_of_unknown_session_is_outdated() {
     );
 }
 
+/// The tokens cache is looked up by the start of the signature: another
+/// user's claims presented under a cached token's signature must be
+/// checked, and refused, not taken for the cached token.
+#[tokio::test]
+async fn altered_claims_under_the_signature_of_a_cached_token_are_refused() {
+    let f = Fixture::new().await;
+    let user = f.user("jwt@example.com").await;
+    let admin = f.user("admin@example.com").await;
+    let (session_id, _) = f.token(&user, now()).await;
+    let (admin_session, _) = f.token(&admin, now()).await;
+    let genuine = f
+        .tokens
+        .sign_access(&user, session_id, now())
+        .unwrap()
+        .token;
+    f.accepted(&bearer(&genuine)).await;
+    let other = f
+        .tokens
+        .sign_access(&admin, admin_session, now())
+        .unwrap()
+        .token;
+    let (_, signature) = genuine.rsplit_once('.').unwrap();
+    let (claims, _) = other.rsplit_once('.').unwrap();
+    let forged = format!("{claims}.{signature}");
+    assert_eq!(f.refused(&bearer(&forged)).await, AuthFailure::BadSignature);
+    let identity = f.accepted(&bearer(&genuine)).await;
+    assert_eq!(
+        identity.principal.user_id, user.id,
+        "the cached token still passes"
+    );
+}
+
 #[tokio::test]
 async fn refresh_token_is_the_wrong_scope() {
     let f = Fixture::new().await;

@@ -2,7 +2,7 @@
 //!
 //! Four bounded [`Table`]s, each filled once per missing key from the store:
 //! API keys by digest (unknown keys kept briefly as `None`), users by id,
-//! sessions by id, and verified access tokens by digest. A hit never touches
+//! sessions by id, and verified access tokens by signature. A hit never touches
 //! the store. Entries live at most `cache.ttl`, which bounds how long a change
 //! made elsewhere (another process, a missed notification) can go unseen;
 //! changes made through this process invalidate at once.
@@ -51,6 +51,8 @@ pub struct SessionState {
 pub struct VerifiedToken {
     pub claims: AccessClaims,
     pub session_header: http::HeaderValue,
+    /// The token as verified: a cache hit must present exactly this.
+    pub token: Box<str>,
 }
 
 /// Cached lookups: `None` records that the store has no such item.
