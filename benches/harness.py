@@ -279,9 +279,11 @@ def table(args):
         logins = s["keygate-logins"]["logins"]
         rate = statistics.median(l["rate"] for l in logins) if logins else 0
         failed = sum(l["failed"] for l in logins)
+        p50s = [l["p50_ms"] for l in logins if l.get("p50_ms") is not None]
+        p50 = f", p50 {statistics.median(p50s):,.0f} ms" if p50s else ""
         lines.append(
             f"- with logins running (asked {meta.get('login_rate', '?')}/s, "
-            f"answered {rate}/s, {failed} failed): "
+            f"answered {rate:.1f}/s{p50}, {failed} failed): "
             f"{ratio(s['keygate-logins']['rps'], s['keygate-apikey']['rps'])} of the API-key req/s"
         )
     if "keygate-quota" in s and "keygate-apikey" in s:

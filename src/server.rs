@@ -419,7 +419,7 @@ async fn api(
         limiter,
         metrics: metrics.clone(),
         settings: settings.clone(),
-        hashing: crate::api::Hashing::new(settings.login.max_concurrent_hashes),
+        hashing: crate::api::Hashing::new(&settings.login),
         dummy_hash: dummy_hash().await?,
         log_digest: crate::telemetry::LogDigest::new(secret),
     })

@@ -149,6 +149,7 @@ struct Operations {
     logins: IntCounterVec,
     rate_limited: IntCounterVec,
     password_hashes: IntCounterVec,
+    password_hashes_refused: IntCounterVec,
     refresh_reuse: prometheus::IntCounter,
     revocations: prometheus::IntCounter,
     keys_disabled_on_plaintext: prometheus::IntCounter,
@@ -176,6 +177,11 @@ impl Operations {
         let password_hashes = r.counter(
             "keygate_password_hashes_total",
             "Argon2id / bcrypt computations, by allowance (login, other).",
+            &["purpose"],
+        );
+        let password_hashes_refused = r.counter(
+            "keygate_password_hashes_refused_total",
+            "Requests answered 503 for finding no turn to hash within login.hash_wait, by allowance (login, other).",
             &["purpose"],
         );
         let refresh_reuse = prometheus::IntCounter::new(
@@ -231,6 +237,7 @@ impl Operations {
             logins,
             rate_limited,
             password_hashes,
+            password_hashes_refused,
             refresh_reuse,
             revocations,
             keys_disabled_on_plaintext,
@@ -254,6 +261,7 @@ impl Operations {
         }
         for purpose in HASH_PURPOSES {
             self.password_hashes.with_label_values(&[purpose]);
+            self.password_hashes_refused.with_label_values(&[purpose]);
         }
         for what in RELOADED {
             for outcome in OUTCOMES {
@@ -548,6 +556,13 @@ impl Metrics {
             .inc();
     }
 
+    pub fn password_hash_refused(&self, purpose: &str) {
+        self.operations
+            .password_hashes_refused
+            .with_label_values(&[purpose])
+            .inc();
+    }
+
     pub fn rate_limited(&self, limiter: &str) {
         self.operations
             .rate_limited
@@ -745,6 +760,7 @@ mod tests {
             r#"keygate_login_attempts_total{outcome="bad_credentials"} 0"#,
             r#"keygate_rate_limited_total{limiter="address"} 0"#,
             r#"keygate_password_hashes_total{purpose="other"} 0"#,
+            r#"keygate_password_hashes_refused_total{purpose="login"} 0"#,
             r#"keygate_config_reloads_total{outcome="failure",what="tls"} 0"#,
             "keygate_refresh_token_reuse_total 0",
         ] {

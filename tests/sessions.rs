@@ -517,7 +517,9 @@ async fn imported_bcrypt_user_logs_in_and_is_rehashed_with_argon2id() {
 
 #[tokio::test]
 async fn fifty_parallel_logins_do_not_block_a_proxied_request() {
-    let (upstream, gw) = setup("[login]\nmax_concurrent_hashes = 1\n").await;
+    // Fifty hashes one after another can outlast the default wait for a turn
+    // on a loaded machine; this test is about proxying, not that wait.
+    let (upstream, gw) = setup("[login]\nmax_concurrent_hashes = 1\nhash_wait = \"120s\"\n").await;
     let user = gw.user("storm@example.com", Authority::TenantAdmin).await;
     let (_, key) = gw.api_key(&user, 0).await;
     let client = gw.client();
@@ -562,4 +564,42 @@ async fn fifty_parallel_logins_do_not_block_a_proxied_request() {
         "the proxied request finished while logins were still hashing"
     );
     assert_eq!(upstream.requests().len(), 1);
+}
+
+/// A login storm on a busy machine must not queue without end: a login that
+/// finds no turn to hash within `login.hash_wait` is answered 503 in the
+/// contract's shape, and counted.
+#[tokio::test]
+async fn a_login_that_finds_no_turn_to_hash_in_time_is_answered_503() {
+    let (_upstream, gw) = setup("[login]\nmax_concurrent_hashes = 1\nhash_wait = \"1ms\"\n").await;
+    gw.user("queued@example.com", Authority::TenantAdmin).await;
+    let logins = (0..4).map(|_| login(&gw, "queued@example.com", PASSWORD));
+    let mut statuses = Vec::new();
+    for response in futures_util::future::join_all(logins).await {
+        if response.status() == 503 {
+            let (status, json) = error_body(response).await;
+            assert_eq!(
+                (status, json["errorCode"].as_u64()),
+                (503, Some(2)),
+                "{json}"
+            );
+            statuses.push(503);
+        } else {
+            statuses.push(response.status().as_u16());
+        }
+    }
+    assert!(
+        statuses.contains(&200),
+        "the login holding the turn: {statuses:?}"
+    );
+    assert!(
+        statuses.contains(&503),
+        "the logins left waiting: {statuses:?}"
+    );
+    let refused = counter(
+        &gw.metrics().await,
+        r#"keygate_password_hashes_refused_total{purpose="login"}"#,
+    );
+    let answered = statuses.iter().filter(|s| **s == 503).count() as u64;
+    assert_eq!(refused, answered);
 }

@@ -349,17 +349,24 @@ pub struct Endpoints {
 
 /// Password-hashing allowances: logins have their own, and everything else
 /// (password changes, activations, re-hashes) another of the same size, so no
-/// other endpoint can ever take the hashing capacity logins need.
+/// other endpoint can ever take the hashing capacity logins need; the
+/// threads that hash, one per allowed hash, at their lower priority; and how
+/// long a request may wait for its turn.
 pub struct Hashing {
     pub login: tokio::sync::Semaphore,
     pub other: tokio::sync::Semaphore,
+    pub threads: crate::auth::password::HashThreads,
+    pub wait: std::time::Duration,
 }
 
 impl Hashing {
-    pub fn new(per_purpose: usize) -> Hashing {
+    pub fn new(settings: &crate::config::LoginSettings) -> Hashing {
+        let per_purpose = settings.max_concurrent_hashes;
         Hashing {
             login: tokio::sync::Semaphore::new(per_purpose),
             other: tokio::sync::Semaphore::new(per_purpose),
+            threads: crate::auth::password::HashThreads::new(2 * per_purpose, settings.hash_nice),
+            wait: settings.hash_wait,
         }
     }
 }
@@ -533,7 +540,16 @@ mod tests {
 
     #[test]
     fn other_endpoints_can_never_take_the_hashing_capacity_of_logins() {
-        let hashing = Hashing::new(2);
+        let defaults = crate::config::load(&crate::config::Source {
+            file: None,
+            env: vec![],
+        })
+        .unwrap();
+        let settings = crate::config::LoginSettings {
+            max_concurrent_hashes: 2,
+            ..defaults.login
+        };
+        let hashing = Hashing::new(&settings);
         let _held: Vec<_> = (0..2)
             .map(|_| hashing.other.try_acquire().unwrap())
             .collect();

@@ -33,7 +33,18 @@ impl Endpoints {
             HashFor::Login => (&self.hashing.login, "login"),
             HashFor::Other => (&self.hashing.other, "other"),
         };
-        let permit = pool.acquire().await.map_err(|_| ApiError::unavailable())?;
+        // Waiting is bounded: under a login storm on a busy machine (hashing
+        // runs below proxying in priority) a request is refused rather than
+        // queued without end.
+        let permit = match tokio::time::timeout(self.hashing.wait, pool.acquire()).await {
+            Ok(Ok(permit)) => permit,
+            Ok(Err(_)) => return Err(ApiError::unavailable()),
+            Err(_) => {
+                tracing::warn!(purpose = label, waited = ?self.hashing.wait, "no turn to hash a password in time");
+                self.metrics.password_hash_refused(label);
+                return Err(ApiError::unavailable());
+            }
+        };
         self.metrics.password_hash(label);
         Ok(permit)
     }
@@ -50,7 +61,10 @@ impl Endpoints {
         // A user who has not activated yet has no hash: same cost as unknown.
         let stored = stored.filter(|h| !h.is_empty());
         let hash = stored.unwrap_or(&self.dummy_hash).to_string();
-        let ok = password::verify(password.to_string(), hash)
+        let ok = self
+            .hashing
+            .threads
+            .verify(password.to_string(), hash)
             .await
             .map_err(|_| ApiError::internal())?;
         Ok(ok && stored.is_some())
@@ -62,7 +76,9 @@ impl Endpoints {
         password: &str,
     ) -> Result<String, ApiError> {
         let _permit = self.hashing_permit(purpose).await?;
-        password::hash(password.to_string())
+        self.hashing
+            .threads
+            .hash(password.to_string())
             .await
             .map_err(|_| ApiError::internal())
     }

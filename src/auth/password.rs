@@ -1,4 +1,6 @@
-//! Password hashing: Argon2id for new hashes, run on the blocking pool.
+//! Password hashing: Argon2id for new hashes, run off the async threads: on
+//! threads of lower CPU priority for the endpoints ([`HashThreads`]), on the
+//! blocking pool for the command line and start-up.
 //!
 //! Parameters (OWASP's recommendation for Argon2id): 19 MiB memory, 2 passes,
 //! 1 lane, 32-byte output, 16-byte random salt, PHC string format. bcrypt
@@ -70,9 +72,136 @@ pub async fn verify(password: String, stored: String) -> Result<bool, PasswordEr
         .map_err(|_| PasswordError::Join)
 }
 
+type Job = Box<dyn FnOnce() + Send>;
+
+/// The threads the endpoints hash passwords on, at a lower CPU priority
+/// than the threads serving requests (`login.hash_nice`): when both want
+/// the CPU, proxying gets most of it, and hashing takes what is left, and
+/// all of an idle machine. One Argon2id hash is about 25 ms of a core, so
+/// 50 logins a second ask for more than half of a 2-core machine; at the
+/// same priority they took it from proxying (`benches/run`, logins case:
+/// 0.69x of the API-key requests per second).
+pub struct HashThreads {
+    count: usize,
+    nice: i32,
+    /// Started at the first hash: an idle server keeps no threads (nor
+    /// their allocator heaps: 3-4 MiB resident) for logins that never come.
+    jobs: std::sync::OnceLock<std::io::Result<std::sync::mpsc::Sender<Job>>>,
+}
+
+impl HashThreads {
+    /// `count` threads (at least one), each `nice` steps below the process's
+    /// own priority (0: the same), started at the first hash.
+    pub fn new(count: usize, nice: i32) -> HashThreads {
+        HashThreads {
+            count: count.max(1),
+            nice,
+            jobs: std::sync::OnceLock::new(),
+        }
+    }
+
+    fn start(&self) -> std::io::Result<std::sync::mpsc::Sender<Job>> {
+        let (jobs, queue) = std::sync::mpsc::channel::<Job>();
+        let queue = std::sync::Arc::new(std::sync::Mutex::new(queue));
+        for index in 0..self.count {
+            let queue = queue.clone();
+            let nice = self.nice;
+            std::thread::Builder::new()
+                .name(format!("keygate-hash-{index}"))
+                .spawn(move || {
+                    lower_priority(nice);
+                    loop {
+                        // The lock is held only while waiting for a job.
+                        let job = match queue.lock() {
+                            Ok(queue) => queue.recv(),
+                            Err(_) => return,
+                        };
+                        match job {
+                            Ok(job) => job(),
+                            Err(_) => return,
+                        }
+                    }
+                })?;
+        }
+        Ok(jobs)
+    }
+
+    async fn run<T: Send + 'static>(
+        &self,
+        work: impl FnOnce() -> T + Send + 'static,
+    ) -> Result<T, PasswordError> {
+        let jobs = match self.jobs.get_or_init(|| self.start()) {
+            Ok(jobs) => jobs,
+            Err(error) => {
+                tracing::error!(%error, "starting the password hashing threads failed");
+                return Err(PasswordError::Join);
+            }
+        };
+        let (done, result) = tokio::sync::oneshot::channel();
+        jobs.send(Box::new(move || {
+            let _ = done.send(work());
+        }))
+        .map_err(|_| PasswordError::Join)?;
+        result.await.map_err(|_| PasswordError::Join)
+    }
+
+    /// Hashes a new password with Argon2id.
+    pub async fn hash(&self, password: String) -> Result<String, PasswordError> {
+        self.run(move || hash_blocking(&password)).await?
+    }
+
+    /// Checks a password against a stored hash.
+    pub async fn verify(&self, password: String, stored: String) -> Result<bool, PasswordError> {
+        self.run(move || verify_blocking(&password, &stored)).await
+    }
+}
+
+/// Moves the calling thread `nice` steps down in CPU priority. On Linux the
+/// nice value belongs to the thread, not the process.
+#[cfg(target_os = "linux")]
+fn lower_priority(nice: i32) {
+    if nice <= 0 {
+        return;
+    }
+    let lowered = rustix::process::getpriority_process(None)
+        .and_then(|now| rustix::process::setpriority_process(None, (now + nice).min(19)));
+    if let Err(error) = lowered {
+        tracing::warn!(%error, "could not lower the priority of a password hashing thread");
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn lower_priority(_nice: i32) {}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn hash_threads_hash_and_verify_at_a_lower_priority() {
+        let threads = HashThreads::new(1, 5);
+        let stored = threads.hash("correct horse".into()).await.unwrap();
+        assert!(
+            threads
+                .verify("correct horse".into(), stored.clone())
+                .await
+                .unwrap()
+        );
+        assert!(!threads.verify("wrong".into(), stored).await.unwrap());
+        #[cfg(target_os = "linux")]
+        {
+            let own = rustix::process::getpriority_process(None).unwrap();
+            let hashing = threads
+                .run(|| rustix::process::getpriority_process(None).unwrap())
+                .await
+                .unwrap();
+            assert_eq!(
+                hashing,
+                (own + 5).min(19),
+                "the hashing thread runs 5 steps lower"
+            );
+        }
+    }
 
     #[test]
     fn argon2id_hash_verifies_and_rejects_wrong_password() {

@@ -150,6 +150,8 @@ pub struct LoginSection {
     pub limiter_capacity: i64,
     pub lockout_after: i64,
     pub max_concurrent_hashes: i64,
+    pub hash_nice: i64,
+    pub hash_wait: String,
     pub password_min_length: i64,
     pub password_max_length: i64,
 }
@@ -406,6 +408,8 @@ impl Default for LoginSection {
             limiter_capacity: 100_000,
             lockout_after: 0,
             max_concurrent_hashes: 0,
+            hash_nice: 10,
+            hash_wait: "10s".into(),
             password_min_length: 8,
             password_max_length: 72,
         }

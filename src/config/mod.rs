@@ -181,6 +181,10 @@ pub struct LoginSettings {
     pub lockout_after: u32,
     /// Password hashes computed at once.
     pub max_concurrent_hashes: usize,
+    /// How many steps of CPU priority (nice) hashing runs below proxying.
+    pub hash_nice: i32,
+    /// Longest a request waits for its turn to hash before a 503.
+    pub hash_wait: Duration,
 }
 
 /// Length rules for new passwords.

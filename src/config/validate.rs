@@ -477,10 +477,18 @@ impl LoginSection {
             // Auto: half the cores, so logins never take every core from proxying.
             _ => std::thread::available_parallelism().map_or(1, |n| (n.get() / 2).max(1)),
         };
+        if !(0..=19).contains(&self.hash_nice) {
+            errors.push(format!(
+                "login.hash_nice: must be 0 (the priority of proxying) to 19, got {}",
+                self.hash_nice
+            ));
+        }
         let login = LoginSettings {
             limiter,
             lockout_after: self.lockout_after.clamp(0, i64::from(u32::MAX)) as u32,
             max_concurrent_hashes,
+            hash_nice: self.hash_nice.clamp(0, 19) as i32,
+            hash_wait: nonzero_duration("login.hash_wait", &self.hash_wait, errors),
         };
         (login, password_policy)
     }
