@@ -150,12 +150,9 @@ impl Authenticator {
     pub async fn disable_exposed_key(&self, value: &Secret) -> Option<Revocation> {
         let identity = self.verify_api_key(value).await.ok()?;
         let key_id = identity.api_key_id()?;
-        let store = self.store.clone();
         let disabled = self
-            .store
-            .at_home(async move { store.set_api_key_enabled(key_id, false).await })
-            .await
-            .and_then(|done| done);
+            .look_up(move |store| async move { store.set_api_key_enabled(key_id, false).await })
+            .await;
         match disabled {
             Ok(published) => {
                 self.metrics.key_disabled_on_plaintext();
@@ -286,11 +283,11 @@ impl Authenticator {
         self.caches
             .keys
             .get_or_fetch(&digest, || async move {
-                let store = self.store.clone();
                 let record = self
-                    .store
-                    .at_home(async move { store.api_key_by_digest(&digest.to_hex()).await })
-                    .await??;
+                    .look_up(
+                        move |store| async move { store.api_key_by_digest(&digest.to_hex()).await },
+                    )
+                    .await?;
                 let state = record.map(|k| KeyState {
                     id: k.id,
                     user_id: k.user_id,
@@ -308,11 +305,9 @@ impl Authenticator {
         self.caches
             .users
             .get_or_fetch(&id, || async move {
-                let store = self.store.clone();
                 let record = self
-                    .store
-                    .at_home(async move { store.user_by_id(id).await })
-                    .await??;
+                    .look_up(move |store| async move { store.user_by_id(id).await })
+                    .await?;
                 let state = record.map(|u| Arc::new(user_state(&u)));
                 Ok::<_, StoreError>((state.clone(), lifetimes.of(&state)))
             })
@@ -325,11 +320,9 @@ impl Authenticator {
         self.caches
             .sessions
             .get_or_fetch(&id, || async move {
-                let store = self.store.clone();
                 let record = self
-                    .store
-                    .at_home(async move { store.session_by_id(id).await })
-                    .await??;
+                    .look_up(move |store| async move { store.session_by_id(id).await })
+                    .await?;
                 let state = record.map(|s| SessionState {
                     user_id: s.user_id,
                     ended: s.ended,
@@ -338,6 +331,15 @@ impl Authenticator {
             })
             .await
             .map_err(|e| self.store_failure(&e))
+    }
+
+    /// Runs `work` on the store where the store lives ([`Store::at_home`]).
+    async fn look_up<T, F>(&self, work: impl FnOnce(Store) -> F) -> Result<T, StoreError>
+    where
+        F: std::future::Future<Output = Result<T, StoreError>> + Send + 'static,
+        T: Send + 'static,
+    {
+        self.store.at_home(work(self.store.clone())).await?
     }
 
     fn store_failure(&self, error: &StoreError) -> AuthFailure {
