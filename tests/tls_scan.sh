@@ -42,7 +42,9 @@ admin = "127.0.0.1:0"
 url = "sqlite://$work/keygate.db"
 TOML
 
-KEYGATE_BOOTSTRAP_PASSWORD="tls-scan-$(date +%s%N)" RUST_LOG=warn,keygate::server=info \
+# KEYGATE_BIN names this script's binary, not a setting: keygate would refuse
+# it as an unknown KEYGATE_* override.
+env -u KEYGATE_BIN KEYGATE_BOOTSTRAP_PASSWORD="tls-scan-$(date +%s%N)" RUST_LOG=warn,keygate::server=info \
   "$bin" --config "$work/keygate.toml" --log-format json serve >"$work/keygate.log" 2>&1 &
 pid=$!
 port=""
