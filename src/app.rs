@@ -382,8 +382,8 @@ impl App {
             params: matched.params,
         };
         ex.identity = identity;
-        // Endpoints work with the store (and hash passwords on its blocking
-        // pool), so they run where the store lives ([`crate::store::Store::at_home`]).
+        // Endpoints work with the store, so they run where the store lives
+        // ([`crate::store::Store::at_home`]).
         let endpoints = self.endpoints.clone();
         let endpoint = matched.route.endpoint;
         self.endpoints

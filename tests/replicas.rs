@@ -39,13 +39,22 @@ async fn listener_up(gw: &Gateway) -> bool {
         .contains("keygate_revocation_listener_up 1")
 }
 
-#[tokio::test]
-async fn revocation_through_one_replica_reaches_the_other_within_a_second() {
+/// The test database's URL, and a fresh schema in it (its URL and name);
+/// `None`, said once, when KEYGATE_TEST_DATABASE_URL is not set.
+async fn postgres() -> Option<(String, String, String)> {
     let Ok(base) = std::env::var("KEYGATE_TEST_DATABASE_URL") else {
-        println!("KEYGATE_TEST_DATABASE_URL is not set: multi-replica test not run");
-        return;
+        println!("KEYGATE_TEST_DATABASE_URL is not set: PostgreSQL test not run");
+        return None;
     };
     let (url, schema) = fresh_schema(&base).await;
+    Some((base, url, schema))
+}
+
+#[tokio::test]
+async fn revocation_through_one_replica_reaches_the_other_within_a_second() {
+    let Some((base, url, schema)) = postgres().await else {
+        return;
+    };
     let upstream = Upstream::start().await;
     let a = Gateway::start_on(&upstream.url(), "", Some(&url)).await;
     let b = Gateway::start_on(&upstream.url(), "", Some(&url)).await;
@@ -137,11 +146,9 @@ async fn revocation_through_one_replica_reaches_the_other_within_a_second() {
 /// runtimes: they would fail at their next use once the server stopped.
 #[tokio::test]
 async fn the_store_keeps_working_after_the_worker_threads_of_its_server_stop() {
-    let Ok(base) = std::env::var("KEYGATE_TEST_DATABASE_URL") else {
-        println!("KEYGATE_TEST_DATABASE_URL is not set: PostgreSQL test not run");
+    let Some((base, url, schema)) = postgres().await else {
         return;
     };
-    let (url, schema) = fresh_schema(&base).await;
     let upstream = Upstream::start().await;
     let gw = Gateway::start_on(
         &upstream.url(),

@@ -49,7 +49,7 @@ impl Endpoints {
         Ok(permit)
     }
 
-    /// Verifies a password on the blocking pool, within `purpose`'s allowance.
+    /// Verifies a password on the hashing threads, within `purpose`'s allowance.
     /// `None` (unknown user) verifies against a dummy hash so both cost the same.
     pub(super) async fn verify_password(
         &self,

@@ -76,16 +76,6 @@ impl Workers {
         }))
     }
 
-    /// How many worker threads there are.
-    pub fn len(&self) -> usize {
-        self.workers.len()
-    }
-
-    /// Always false: there is at least one worker.
-    pub fn is_empty(&self) -> bool {
-        self.workers.is_empty()
-    }
-
     /// Runs `work` as a task on the worker holding the fewest connections.
     /// `work` is called on that worker's thread, inside its runtime.
     pub fn run<F, Fut>(&self, work: F)
