@@ -27,7 +27,7 @@ use crate::auth::outcomes::{API_KEY, JWT, NO_CREDENTIAL, Outcomes};
 use crate::auth::{AuthFailure, Authenticator};
 use crate::body::Body;
 use crate::config::Settings;
-use crate::conn::{Client, Connection};
+use crate::conn::{Client, Connection, Crowded, InFlight};
 use crate::error::ApiError;
 use crate::framing::AmbiguousFraming;
 use crate::identity::Identity;
@@ -280,8 +280,9 @@ impl App {
                     Ok(grant) => grant,
                     Err(refusal) => return Ok(refusal.into_response()),
                 };
+                let in_flight = self.admit_in_flight(ex)?;
                 let parts = self.headers_to_upstream(req, ex);
-                let mut response = self.forward(route, parts, &path, ex).await?;
+                let mut response = self.forward(route, parts, &path, ex, in_flight).await?;
                 grant.write_headers(response.headers_mut());
                 Ok(response)
             }
@@ -407,6 +408,29 @@ impl App {
             .admit(&route.quota_scope, &route.quota, identity)
     }
 
+    /// Counts the request in flight on its connection and from its address,
+    /// or refuses it (429) when either already has its bound: a client
+    /// cannot hold more upstream connections than that, however many
+    /// streams or connections it opens.
+    fn admit_in_flight(&self, ex: &Exchange<'_>) -> Result<InFlight, ApiError> {
+        let limits = &self.settings.limits;
+        ex.client
+            .conn
+            .start_proxied(
+                limits.max_in_flight_per_connection,
+                limits.max_in_flight_per_address,
+            )
+            .map_err(|crowded| {
+                let bound = match crowded {
+                    Crowded::Connection => "connection",
+                    Crowded::Address => "address",
+                };
+                self.metrics.in_flight_refused(bound);
+                tracing::debug!(peer = %ex.client.conn.peer, bound, "proxied request over its in-flight bound");
+                ApiError::too_many_requests(1)
+            })
+    }
+
     /// Every edit of the request head before it leaves
     /// ([`headers::to_upstream`]), with the identity authentication verified.
     fn headers_to_upstream(
@@ -431,8 +455,13 @@ impl App {
         (parts, body): (http::request::Parts, Incoming),
         path: &str,
         ex: &mut Exchange<'t>,
+        in_flight: InFlight,
     ) -> Result<Response<Body>, ApiError> {
-        match self.proxy.forward(route, parts, body, path).await {
+        match self
+            .proxy
+            .forward(route, parts, body, path, in_flight)
+            .await
+        {
             Ok((mut response, upstream)) => {
                 ex.upstream = Some(upstream);
                 Self::headers_to_client(&mut response);

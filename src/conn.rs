@@ -4,6 +4,8 @@
 //! request then derives its [`Client`] from it and its own forwarding headers.
 
 use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use http::{HeaderMap, HeaderName, HeaderValue};
 use ipnet::IpNet;
@@ -23,6 +25,36 @@ pub struct Connection {
     pub trusted: bool,
     /// The peer's address as an `X-Forwarded-For` value, formatted once.
     peer_header: HeaderValue,
+    /// Proxied requests in flight on this connection and from its address.
+    load: Arc<Load>,
+}
+
+/// Proxied requests in flight: on one connection, and from its client
+/// address over all of that address's connections (the counter the
+/// per-address connection cap hands out, shared by them).
+#[derive(Debug, Default)]
+struct Load {
+    connection: AtomicUsize,
+    address: Arc<AtomicUsize>,
+}
+
+/// One proxied request counted in flight on its connection and address;
+/// dropping it (when the upstream exchange ends) gives both places back.
+#[derive(Debug)]
+pub struct InFlight(Arc<Load>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.connection.fetch_sub(1, Ordering::Relaxed);
+        self.0.address.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Which bound a request in flight would pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Crowded {
+    Connection,
+    Address,
 }
 
 impl Connection {
@@ -41,7 +73,38 @@ impl Connection {
             listener,
             trusted: is_trusted(trusted_proxies, &ip),
             peer_header: HeaderValue::from_str(&ip.to_string()).expect("an IP address is ASCII"),
+            load: Arc::default(),
         }
+    }
+
+    /// Counts this connection's proxied requests also in `address`, the
+    /// in-flight counter of its client address.
+    pub fn sharing_address_load(mut self, address: Arc<AtomicUsize>) -> Connection {
+        self.load = Arc::new(Load {
+            connection: AtomicUsize::new(0),
+            address,
+        });
+        self
+    }
+
+    /// Counts one more proxied request in flight, unless this connection
+    /// already has `per_connection` or its address `per_address`.
+    pub fn start_proxied(
+        &self,
+        per_connection: usize,
+        per_address: usize,
+    ) -> Result<InFlight, Crowded> {
+        let load = &self.load;
+        if load.connection.fetch_add(1, Ordering::Relaxed) >= per_connection {
+            load.connection.fetch_sub(1, Ordering::Relaxed);
+            return Err(Crowded::Connection);
+        }
+        if load.address.fetch_add(1, Ordering::Relaxed) >= per_address {
+            load.address.fetch_sub(1, Ordering::Relaxed);
+            load.connection.fetch_sub(1, Ordering::Relaxed);
+            return Err(Crowded::Address);
+        }
+        Ok(InFlight(load.clone()))
     }
 
     /// The client address the connection alone tells: the peer's.
@@ -164,5 +227,26 @@ mod tests {
             "192.0.2.1".parse::<IpAddr>().unwrap()
         );
         assert_eq!(stranger.peer_header(), "192.0.2.1");
+    }
+
+    #[test]
+    fn proxied_requests_in_flight_are_bounded_per_connection_and_per_address() {
+        let address = Arc::new(AtomicUsize::new(0));
+        let accept = || {
+            Connection::accept("192.0.2.1:4444".parse().unwrap(), true, "https", &[])
+                .sharing_address_load(address.clone())
+        };
+        let (one, two) = (accept(), accept());
+        let a = one.start_proxied(2, 3).unwrap();
+        let _b = one.start_proxied(2, 3).unwrap();
+        assert_eq!(one.start_proxied(2, 3).unwrap_err(), Crowded::Connection);
+        let _c = two.start_proxied(2, 3).unwrap();
+        assert_eq!(two.start_proxied(2, 3).unwrap_err(), Crowded::Address);
+        assert_eq!(address.load(Ordering::Relaxed), 3, "refusals give back");
+        drop(a);
+        assert!(
+            two.start_proxied(2, 3).is_ok(),
+            "a finished request frees both"
+        );
     }
 }

@@ -198,6 +198,18 @@ impl ApiError {
             "Upstream service is unavailable",
         )
     }
+    /// The upstream has every connection it may have in use, and none came
+    /// free in time: a short wait is worth a retry.
+    pub fn upstream_busy() -> Self {
+        ApiError {
+            retry_after: Some(1),
+            ..Self::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                code::GENERAL,
+                "Upstream service is busy",
+            )
+        }
+    }
     pub const fn gateway_timeout() -> Self {
         Self::new(
             StatusCode::GATEWAY_TIMEOUT,

@@ -252,6 +252,7 @@ pub async fn start(mut settings: Settings, options: StartOptions) -> Result<Runn
     let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
     crate::auth::jwt::install_crypto_provider();
     let metrics = Arc::new(Metrics::new());
+    listener::descriptors::fit(&mut settings);
 
     let store = Store::connect(&settings.store_url, settings.store_max_connections).await?;
     let generated_password = bootstrap(&store, options, &settings).await?;
@@ -436,6 +437,8 @@ struct Bound {
     connections: Arc<Semaphore>,
     admin_connections: Arc<Semaphore>,
     shared: Arc<listener::Shared>,
+    /// The admin listener's: its own address cap and head deadline.
+    admin_shared: Arc<listener::Shared>,
     /// Where the HTTPS and HTTP connections are served.
     workers: Arc<Workers>,
 }
@@ -452,6 +455,11 @@ impl Bound {
             listen.max_connections_per_trusted_proxy,
             settings.proxy.trusted_proxies.clone(),
         ));
+        let admin_per_address = Arc::new(AddressCap::new(
+            listen.admin_max_connections_per_address,
+            None,
+            vec![],
+        ));
         // Each worker takes upstream connections from a pool of its own.
         let workers = Workers::start(settings.worker_count(), crate::proxy::pin_thread_to_pool)
             .map_err(StartError::Workers)?;
@@ -465,15 +473,30 @@ impl Bound {
             admin,
             connections: Arc::new(Semaphore::new(listen.max_connections)),
             admin_connections: Arc::new(Semaphore::new(listen.admin_max_connections)),
-            shared: Arc::new(listener::Shared::new(
-                &settings.limits,
-                per_address,
-                metrics.clone(),
-                settings.proxy.trusted_proxies.clone(),
-                settings.shutdown_grace,
-            )),
+            shared: Arc::new(shared(settings, metrics, per_address)),
+            // Probes never share an address budget with clients.
+            admin_shared: Arc::new(
+                shared(settings, metrics, admin_per_address)
+                    .with_head_deadline(listen.admin_header_read_timeout),
+            ),
         })
     }
+}
+
+/// What the listeners of one budget share: the HTTP settings, the address
+/// cap, the deadlines.
+fn shared(
+    settings: &Settings,
+    metrics: &Arc<Metrics>,
+    per_address: Arc<AddressCap>,
+) -> listener::Shared {
+    listener::Shared::new(
+        &settings.limits,
+        per_address,
+        metrics.clone(),
+        settings.proxy.trusted_proxies.clone(),
+        settings.shutdown_grace,
+    )
 }
 
 async fn bind_if(addr: Option<SocketAddr>) -> Result<Option<TcpListener>, StartError> {
@@ -533,7 +556,7 @@ fn spawn(
             shutdown: admin_shutdown_rx,
             workers: None,
         };
-        tokio::spawn(listener::serve(listener, bound.shared))
+        tokio::spawn(listener::serve(listener, bound.admin_shared))
     });
     running.shutdown = shutdown;
     running.admin_shutdown = admin_shutdown;

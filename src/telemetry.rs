@@ -74,6 +74,8 @@ struct Traffic {
     cache_entries: IntGaugeVec,
     open_connections: IntGaugeVec,
     connections_closed: IntCounterVec,
+    client_aborts: IntCounterVec,
+    in_flight_refused: IntCounterVec,
 }
 
 impl Traffic {
@@ -129,7 +131,25 @@ impl Traffic {
              (per_address_cap, tls_handshake_timeout, head_timeout, idle, keep_alive_timeout, body_timeout).",
             &["listener", "reason"],
         );
+        let client_aborts = r.counter(
+            "keygate_client_aborts_total",
+            "Proxied requests the client ended before they were done, by route and kind \
+             (body_broken: its body broke off or was malformed; body_too_slow: its body did \
+             not keep the required pace; gone: it went away before the response).",
+            &["route", "kind"],
+        );
+        let in_flight_refused = r.counter(
+            "keygate_in_flight_refused_total",
+            "Proxied requests refused (429) for the in-flight bound they would pass, by bound \
+             (connection, address).",
+            &["bound"],
+        );
+        for bound in ["connection", "address"] {
+            in_flight_refused.with_label_values(&[bound]);
+        }
         Traffic {
+            client_aborts,
+            in_flight_refused,
             requests,
             request_duration,
             auth,
@@ -301,6 +321,35 @@ pub struct RouteSeries {
     durations: HistogramVec,
     counters: [OnceLock<IntCounter>; METHOD_CLASSES * STATUS_CLASSES],
     duration: OnceLock<Histogram>,
+    aborts: [OnceLock<IntCounter>; ClientAbort::ALL.len()],
+    client_aborts: IntCounterVec,
+}
+
+/// How a client ended a proxied request before it was done.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClientAbort {
+    /// Its request body broke off or was malformed.
+    BodyBroken,
+    /// Its request body did not keep the required pace.
+    BodyTooSlow,
+    /// It went away before the response.
+    Gone,
+}
+
+impl ClientAbort {
+    pub const ALL: [ClientAbort; 3] = [
+        ClientAbort::BodyBroken,
+        ClientAbort::BodyTooSlow,
+        ClientAbort::Gone,
+    ];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            ClientAbort::BodyBroken => "body_broken",
+            ClientAbort::BodyTooSlow => "body_too_slow",
+            ClientAbort::Gone => "gone",
+        }
+    }
 }
 
 const METHOD_CLASSES: usize = 8;
@@ -324,6 +373,16 @@ impl RouteSeries {
         self.duration
             .get_or_init(|| self.durations.with_label_values(&[&self.label]))
             .observe(elapsed.as_secs_f64());
+    }
+
+    /// Counts a proxied request its client ended.
+    pub fn client_abort(&self, kind: ClientAbort) {
+        self.aborts[kind as usize]
+            .get_or_init(|| {
+                self.client_aborts
+                    .with_label_values(&[&self.label, kind.label()])
+            })
+            .inc();
     }
 }
 
@@ -464,7 +523,18 @@ impl Metrics {
             durations: self.traffic.request_duration.clone(),
             counters: std::array::from_fn(|_| OnceLock::new()),
             duration: OnceLock::new(),
+            aborts: std::array::from_fn(|_| OnceLock::new()),
+            client_aborts: self.traffic.client_aborts.clone(),
         }
+    }
+
+    /// Counts a proxied request refused for the in-flight `bound` it would
+    /// pass ("connection" or "address").
+    pub fn in_flight_refused(&self, bound: &str) {
+        self.traffic
+            .in_flight_refused
+            .with_label_values(&[bound])
+            .inc();
     }
 
     /// The authentication outcome counters of the request path

@@ -49,6 +49,8 @@ pub struct ListenSection {
     pub max_connections_per_address: i64,
     pub max_connections_per_trusted_proxy: i64,
     pub admin_max_connections: i64,
+    pub admin_max_connections_per_address: i64,
+    pub admin_header_read_timeout: String,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -123,6 +125,10 @@ pub struct ProxySection {
     pub pool_idle_timeout: String,
     pub pool_max_idle_per_host: i64,
     pub upstream_retry_after: String,
+    pub max_connections_per_upstream: i64,
+    pub max_upstream_connections: i64,
+    pub upstream_queue: i64,
+    pub upstream_queue_timeout: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -137,6 +143,9 @@ pub struct LimitsSection {
     pub http2_keep_alive_interval: String,
     pub http2_keep_alive_timeout: String,
     pub http2_max_concurrent_streams: i64,
+    pub max_in_flight_per_connection: i64,
+    pub max_in_flight_per_address: i64,
+    pub min_body_rate: i64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -332,6 +341,8 @@ impl Default for ListenSection {
             max_connections_per_address: 256,
             max_connections_per_trusted_proxy: 0,
             admin_max_connections: 64,
+            admin_max_connections_per_address: 8,
+            admin_header_read_timeout: "2s".into(),
         }
     }
 }
@@ -379,6 +390,10 @@ impl Default for ProxySection {
             pool_idle_timeout: "90s".into(),
             pool_max_idle_per_host: 256,
             upstream_retry_after: "5s".into(),
+            max_connections_per_upstream: 1024,
+            max_upstream_connections: 0,
+            upstream_queue: 256,
+            upstream_queue_timeout: "1s".into(),
         }
     }
 }
@@ -394,6 +409,9 @@ impl Default for LimitsSection {
             http2_keep_alive_interval: "20s".into(),
             http2_keep_alive_timeout: "20s".into(),
             http2_max_concurrent_streams: 128,
+            max_in_flight_per_connection: 32,
+            max_in_flight_per_address: 128,
+            min_body_rate: 1024,
         }
     }
 }

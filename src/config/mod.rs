@@ -238,6 +238,11 @@ pub struct Listen {
     pub max_connections_per_trusted_proxy: Option<usize>,
     /// Connections open at once on the admin listener (its own budget).
     pub admin_max_connections: usize,
+    /// Of those, connections one address may hold (counted apart from the
+    /// other listeners).
+    pub admin_max_connections_per_address: usize,
+    /// Time an admin connection has to send its request head.
+    pub admin_header_read_timeout: std::time::Duration,
 }
 
 #[derive(Clone)]
@@ -278,6 +283,16 @@ pub struct ProxySettings {
     pub pool_idle_timeout: Duration,
     pub pool_max_idle_per_host: usize,
     pub upstream_retry_after: Duration,
+    /// Connections open (idle or busy) to one upstream at once.
+    pub max_connections_per_upstream: usize,
+    /// Connections open to all upstreams together; 0 until the server
+    /// starts: what the descriptor limit leaves after client connections
+    /// ([`crate::listener::descriptors`]).
+    pub max_upstream_connections: usize,
+    /// Requests waiting at once for a connection to an upstream at its ceiling.
+    pub upstream_queue: usize,
+    /// Longest such a wait, then 503.
+    pub upstream_queue_timeout: Duration,
 }
 
 #[derive(Debug, Clone)]
@@ -294,6 +309,13 @@ pub struct Limits {
     pub http2_keep_alive_timeout: Duration,
     /// Streams one HTTP/2 connection may have open at once.
     pub http2_max_concurrent_streams: u32,
+    /// Proxied requests in flight on one client connection.
+    pub max_in_flight_per_connection: usize,
+    /// Proxied requests in flight from one client address, over its connections.
+    pub max_in_flight_per_address: usize,
+    /// Slowest a proxied request body may arrive once `body_read_timeout`
+    /// has passed, in bytes per second of waiting; 0: no such floor.
+    pub min_body_rate: u64,
 }
 
 /// The platform's WebSocket routes ([`crate::websocket`]) and their limits.

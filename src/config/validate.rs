@@ -166,6 +166,16 @@ impl ListenSection {
             self.admin_max_connections,
             errors,
         );
+        let admin_max_connections_per_address = positive_usize(
+            "listen.admin_max_connections_per_address",
+            self.admin_max_connections_per_address,
+            errors,
+        );
+        let admin_header_read_timeout = nonzero_duration(
+            "listen.admin_header_read_timeout",
+            &self.admin_header_read_timeout,
+            errors,
+        );
         let listen = Listen {
             https: optional_addr("listen.https", &self.https, errors),
             http: optional_addr("listen.http", &self.http, errors),
@@ -184,6 +194,8 @@ impl ListenSection {
                 }
             },
             admin_max_connections,
+            admin_max_connections_per_address,
+            admin_header_read_timeout,
         };
         if self.https.trim().is_empty() && self.http.trim().is_empty() {
             errors.push("listen: at least one of https and http must be set".into());
@@ -389,11 +401,27 @@ impl ProxySection {
         let pool_idle_timeout = duration("proxy.pool_idle_timeout", &self.pool_idle_timeout);
         let upstream_retry_after =
             duration("proxy.upstream_retry_after", &self.upstream_retry_after);
+        let upstream_queue_timeout =
+            duration("proxy.upstream_queue_timeout", &self.upstream_queue_timeout);
         let pool_max_idle_per_host = positive_usize(
             "proxy.pool_max_idle_per_host",
             self.pool_max_idle_per_host,
             errors,
         );
+        let max_connections_per_upstream = positive_usize(
+            "proxy.max_connections_per_upstream",
+            self.max_connections_per_upstream,
+            errors,
+        );
+        let max_upstream_connections = usize::try_from(self.max_upstream_connections)
+            .unwrap_or_else(|_| {
+                errors.push("proxy.max_upstream_connections: must be 0 or more".into());
+                0
+            });
+        let upstream_queue = usize::try_from(self.upstream_queue).unwrap_or_else(|_| {
+            errors.push("proxy.upstream_queue: must be 0 or more".into());
+            0
+        });
         let mut trusted_proxies = Vec::new();
         for cidr in &self.trusted_proxies {
             match parse_cidr(cidr) {
@@ -410,6 +438,10 @@ impl ProxySection {
             pool_idle_timeout,
             pool_max_idle_per_host,
             upstream_retry_after,
+            max_connections_per_upstream,
+            max_upstream_connections,
+            upstream_queue,
+            upstream_queue_timeout,
         }
     }
 }
@@ -445,6 +477,20 @@ impl LimitsSection {
             self.http2_max_concurrent_streams,
             errors,
         );
+        let max_in_flight_per_connection = positive_usize(
+            "limits.max_in_flight_per_connection",
+            self.max_in_flight_per_connection,
+            errors,
+        );
+        let max_in_flight_per_address = positive_usize(
+            "limits.max_in_flight_per_address",
+            self.max_in_flight_per_address,
+            errors,
+        );
+        let min_body_rate = u64::try_from(self.min_body_rate).unwrap_or_else(|_| {
+            errors.push("limits.min_body_rate: must be 0 or more".into());
+            0
+        });
         if max_header_bytes < 1024 {
             errors.push("limits.max_header_bytes: must be at least 1024".into());
         }
@@ -459,6 +505,9 @@ impl LimitsSection {
             http2_keep_alive_timeout,
             http2_max_concurrent_streams: u32::try_from(http2_max_concurrent_streams)
                 .unwrap_or(u32::MAX),
+            max_in_flight_per_connection,
+            max_in_flight_per_address,
+            min_body_rate,
         }
     }
 }

@@ -9,6 +9,7 @@
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv6Addr};
+use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use ipnet::IpNet;
@@ -19,13 +20,31 @@ pub struct AddressCap {
     trusted_limit: Option<usize>,
     trusted: Vec<IpNet>,
     /// Open connections per address key; an entry lives while it has one.
-    open: Mutex<HashMap<IpAddr, usize>>,
+    open: Mutex<HashMap<IpAddr, Entry>>,
+}
+
+/// One address key's open connections, and its proxied requests in flight
+/// (shared by those connections, see [`crate::conn::Connection::start_proxied`]).
+#[derive(Default)]
+struct Entry {
+    connections: usize,
+    in_flight: Arc<AtomicUsize>,
 }
 
 /// One admitted connection; dropping it gives the place back.
 pub struct Slot {
     cap: Arc<AddressCap>,
     key: Option<IpAddr>,
+    /// The in-flight counter of the connection's address; one of its own
+    /// for a trusted proxy, which carries many clients.
+    in_flight: Arc<AtomicUsize>,
+}
+
+impl Slot {
+    /// The proxied requests in flight from this connection's address.
+    pub fn in_flight(&self) -> Arc<AtomicUsize> {
+        self.in_flight.clone()
+    }
 }
 
 impl AddressCap {
@@ -38,7 +57,7 @@ impl AddressCap {
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, HashMap<IpAddr, usize>> {
+    fn lock(&self) -> MutexGuard<'_, HashMap<IpAddr, Entry>> {
         self.open
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -55,6 +74,7 @@ impl AddressCap {
                     return Some(Slot {
                         cap: self.clone(),
                         key: None,
+                        in_flight: Arc::default(),
                     });
                 }
             }
@@ -62,21 +82,24 @@ impl AddressCap {
             (key_of(peer), self.limit)
         };
         let mut open = self.lock();
-        let count = open.entry(key).or_insert(0);
-        if *count >= limit {
+        let entry = open.entry(key).or_default();
+        if entry.connections >= limit {
             return None;
         }
-        *count += 1;
+        entry.connections += 1;
         Some(Slot {
             cap: self.clone(),
             key: Some(key),
+            in_flight: entry.in_flight.clone(),
         })
     }
 
     /// Connections open for the address key of `peer` (for tests and logs).
     pub fn open_for(&self, peer: IpAddr) -> usize {
         let peer = peer.to_canonical();
-        self.lock().get(&key_of(peer)).copied().unwrap_or(0)
+        self.lock()
+            .get(&key_of(peer))
+            .map_or(0, |entry| entry.connections)
     }
 }
 
@@ -84,9 +107,9 @@ impl Drop for Slot {
     fn drop(&mut self) {
         let Some(key) = self.key else { return };
         let mut open = self.cap.lock();
-        if let Some(count) = open.get_mut(&key) {
-            *count -= 1;
-            if *count == 0 {
+        if let Some(entry) = open.get_mut(&key) {
+            entry.connections -= 1;
+            if entry.connections == 0 {
                 open.remove(&key);
             }
         }
@@ -154,6 +177,16 @@ mod tests {
             capped.admit(ip("10.1.2.4")).is_some(),
             "each proxy counts alone"
         );
+    }
+
+    #[test]
+    fn connections_of_one_address_share_its_in_flight_counter() {
+        let cap = Arc::new(AddressCap::new(4, None, vec![]));
+        let a = cap.admit(ip("192.0.2.1")).unwrap();
+        let b = cap.admit(ip("192.0.2.1")).unwrap();
+        let other = cap.admit(ip("192.0.2.2")).unwrap();
+        assert!(Arc::ptr_eq(&a.in_flight(), &b.in_flight()));
+        assert!(!Arc::ptr_eq(&a.in_flight(), &other.in_flight()));
     }
 
     #[test]

@@ -5,6 +5,7 @@
 
 pub mod address_cap;
 pub mod connection;
+pub mod descriptors;
 pub mod workers;
 
 use std::future::Future;
@@ -107,6 +108,13 @@ impl Shared {
             grace,
         }
     }
+
+    /// The same limits with a head deadline of `head` (the admin listener's,
+    /// shorter: a silent connection must not hold a probe's place).
+    pub fn with_head_deadline(mut self, head: Duration) -> Shared {
+        self.deadlines.head = self.deadlines.head.min(head);
+        self
+    }
 }
 
 /// Serves one listener until its shutdown turns true, then drains open
@@ -162,12 +170,10 @@ async fn accept_loop<H: Handler>(listener: Listener<H>, shared: Arc<Shared>) {
             continue;
         };
         let _ = stream.set_nodelay(true);
-        let conn = Arc::new(Connection::accept(
-            peer,
-            tls.is_some(),
-            name,
-            &shared.trusted_proxies,
-        ));
+        let conn = Arc::new(
+            Connection::accept(peer, tls.is_some(), name, &shared.trusted_proxies)
+                .sharing_address_load(slot.in_flight()),
+        );
         shared.metrics.connection_opened(name);
         let hold = Hold(Arc::new(Held {
             _permit: permit,

@@ -25,6 +25,15 @@
 //! reactor) and dropped; a request whose pooled connection broke before the
 //! request was written goes again on a new connection, once. Connections idle
 //! for longer than `proxy.pool_idle_timeout` are closed by a sweep.
+//!
+//! Connections open to one upstream (idle or busy) are bounded by
+//! `proxy.max_connections_per_upstream`: each holds a permit of its
+//! upstream's [`Gate`] until it closes. A request that finds none idle and
+//! the upstream at its ceiling waits in a short queue (at most
+//! `proxy.upstream_queue` requests, each for at most
+//! `proxy.upstream_queue_timeout`) for a connection to come back or close;
+//! past that it fails with [`SendError::Saturated`] rather than pile up
+//! sockets.
 
 use std::collections::HashMap;
 use std::future::Future as _;
@@ -41,6 +50,7 @@ use hyper::body::Incoming;
 use hyper::client::conn::http1;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
 use crate::body::{self, Body};
 
@@ -52,6 +62,9 @@ struct Conn {
     sender: http1::SendRequest<Body>,
     /// `None` once the connection has ended.
     driver: Option<Driver>,
+    /// Its places under the upstream's ceiling and the total one, given
+    /// back when it closes.
+    open: Places,
 }
 
 impl Conn {
@@ -88,11 +101,53 @@ struct Shard {
     idle: HashMap<Authority, Vec<Idle>>,
 }
 
+/// A connection's places under its upstream's ceiling and the total one.
+struct Places {
+    _upstream: OwnedSemaphorePermit,
+    _total: OwnedSemaphorePermit,
+}
+
+/// The ceiling of one upstream: a permit per open connection, and the
+/// requests waiting for one.
+struct Gate {
+    open: Arc<Semaphore>,
+    waiting: AtomicUsize,
+    /// Woken when a connection to this upstream goes back to a pool.
+    returned: Notify,
+}
+
+/// How many connections one upstream may have open, and how requests wait
+/// when it has them all.
+#[derive(Debug, Clone, Copy)]
+pub struct Ceiling {
+    pub per_upstream: usize,
+    /// All upstreams together; 0: no bound of its own.
+    pub total: usize,
+    /// Requests waiting at once; more fail at once.
+    pub queue: usize,
+    /// Longest wait in the queue.
+    pub queue_timeout: Duration,
+}
+
+#[cfg(test)]
+impl Ceiling {
+    /// No bound that tests would notice.
+    pub const UNBOUNDED: Ceiling = Ceiling {
+        per_upstream: Semaphore::MAX_PERMITS,
+        total: 0,
+        queue: usize::MAX,
+        queue_timeout: Duration::from_secs(60),
+    };
+}
+
 /// Why a request got no response head.
 #[derive(Debug)]
 pub enum SendError {
     /// No connection could be opened (refused, unreachable, timed out).
     Connect(std::io::Error),
+    /// The upstream has its ceiling of connections open, and none came free
+    /// in the queue.
+    Saturated,
     /// The connection failed while sending or before the head arrived.
     Request(hyper::Error),
 }
@@ -101,6 +156,7 @@ impl std::fmt::Display for SendError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             SendError::Connect(e) => write!(f, "connecting to the upstream: {e}"),
+            SendError::Saturated => f.write_str("the upstream has all its connections in use"),
             SendError::Request(e) => write!(f, "upstream request: {e}"),
         }
     }
@@ -110,6 +166,7 @@ impl std::error::Error for SendError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             SendError::Connect(e) => Some(e),
+            SendError::Saturated => None,
             SendError::Request(e) => Some(e),
         }
     }
@@ -121,6 +178,11 @@ pub struct UpstreamClient {
     idle_timeout: Duration,
     /// Idle connections kept per upstream in each shard.
     max_idle_per_shard: usize,
+    ceiling: Ceiling,
+    /// A permit per connection open to any upstream.
+    total: Arc<Semaphore>,
+    /// One per upstream authority, made when it is first used.
+    gates: Mutex<HashMap<Authority, Arc<Gate>>>,
 }
 
 thread_local! {
@@ -156,6 +218,7 @@ impl UpstreamClient {
         idle_timeout: Duration,
         max_idle_per_host: usize,
         shards: usize,
+        ceiling: Ceiling,
     ) -> Arc<UpstreamClient> {
         let shards = shards.max(1);
         let client = Arc::new(UpstreamClient {
@@ -163,6 +226,12 @@ impl UpstreamClient {
             connect_timeout,
             idle_timeout,
             max_idle_per_shard: max_idle_per_host.div_ceil(shards),
+            ceiling,
+            total: Arc::new(Semaphore::new(match ceiling.total {
+                0 => Semaphore::MAX_PERMITS,
+                n => n.min(Semaphore::MAX_PERMITS),
+            })),
+            gates: Mutex::default(),
         });
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             let weak = Arc::downgrade(&client);
@@ -235,6 +304,15 @@ impl UpstreamClient {
             .find_map(|i| self.checkout_from(i, authority))
     }
 
+    /// Any pool's idle connection: for a request waiting at the ceiling,
+    /// which takes whatever came back, wherever.
+    fn checkout_any(&self, authority: &Authority) -> Option<Conn> {
+        let own = shard_index(self.shards.len()).0;
+        (0..self.shards.len())
+            .map(|i| (own + i) % self.shards.len())
+            .find_map(|i| self.checkout_from(i, authority))
+    }
+
     fn checkout_from(&self, shard: usize, authority: &Authority) -> Option<Conn> {
         let now = Instant::now();
         let mut dropped = Vec::new();
@@ -263,17 +341,98 @@ impl UpstreamClient {
         if self.max_idle_per_shard == 0 || !conn.drive(&mut cx) || conn.sender.is_closed() {
             return;
         }
-        let mut shard = self.shard();
-        let list = shard.idle.entry(authority).or_default();
-        if list.len() < self.max_idle_per_shard {
+        let gate = self.gate(&authority);
+        {
+            let mut shard = self.shard();
+            let list = shard.idle.entry(authority).or_default();
+            if list.len() >= self.max_idle_per_shard {
+                return;
+            }
             list.push(Idle {
                 conn,
                 since: Instant::now(),
             });
         }
+        if gate.waiting.load(Ordering::Relaxed) > 0 {
+            gate.returned.notify_waiters();
+        }
     }
 
-    async fn connect(&self, authority: &Authority) -> Result<Conn, SendError> {
+    /// Places for a new connection through `gate`, if both are free now.
+    fn try_places(&self, gate: &Gate) -> Option<Places> {
+        let upstream = gate.open.clone().try_acquire_owned().ok()?;
+        let total = self.total.clone().try_acquire_owned().ok()?;
+        Some(Places {
+            _upstream: upstream,
+            _total: total,
+        })
+    }
+
+    /// Places for a new connection through `gate`, once both come free.
+    async fn places(&self, gate: &Gate) -> Result<Places, SendError> {
+        let upstream = gate.open.clone().acquire_owned().await;
+        let total = self.total.clone().acquire_owned().await;
+        match (upstream, total) {
+            (Ok(upstream), Ok(total)) => Ok(Places {
+                _upstream: upstream,
+                _total: total,
+            }),
+            _ => Err(SendError::Saturated),
+        }
+    }
+
+    /// The ceiling of `authority`'s upstream.
+    fn gate(&self, authority: &Authority) -> Arc<Gate> {
+        let mut gates = self.gates.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(gate) = gates.get(authority) {
+            return gate.clone();
+        }
+        let gate = Arc::new(Gate {
+            open: Arc::new(Semaphore::new(
+                self.ceiling.per_upstream.min(Semaphore::MAX_PERMITS),
+            )),
+            waiting: AtomicUsize::new(0),
+            returned: Notify::new(),
+        });
+        gates.insert(authority.clone(), gate.clone());
+        gate
+    }
+
+    /// A connection to `authority`: an idle one, else a new one under the
+    /// upstream's ceiling; at the ceiling, the first to come back to any
+    /// pool or the place of one that closed, within the queue's bounds.
+    async fn obtain(&self, authority: &Authority) -> Result<(Conn, bool), SendError> {
+        if let Some(conn) = self.checkout(authority) {
+            return Ok((conn, true));
+        }
+        let gate = self.gate(authority);
+        if let Some(open) = self.try_places(&gate) {
+            return Ok((self.connect(authority, open).await?, false));
+        }
+        if gate.waiting.fetch_add(1, Ordering::Relaxed) >= self.ceiling.queue {
+            gate.waiting.fetch_sub(1, Ordering::Relaxed);
+            return Err(SendError::Saturated);
+        }
+        let waited = tokio::time::timeout(self.ceiling.queue_timeout, async {
+            loop {
+                let returned = gate.returned.notified();
+                if let Some(conn) = self.checkout_any(authority) {
+                    return Ok::<_, SendError>((conn, true));
+                }
+                tokio::select! {
+                    () = returned => {}
+                    open = self.places(&gate) => {
+                        return Ok((self.connect(authority, open?).await?, false));
+                    }
+                }
+            }
+        })
+        .await;
+        gate.waiting.fetch_sub(1, Ordering::Relaxed);
+        waited.unwrap_or(Err(SendError::Saturated))
+    }
+
+    async fn connect(&self, authority: &Authority, open: Places) -> Result<Conn, SendError> {
         let host = authority.host();
         let host = host
             .strip_prefix('[')
@@ -297,20 +456,21 @@ impl UpstreamClient {
         Ok(Conn {
             sender,
             driver: Some(driver),
+            open,
         })
     }
 
     /// Sends `request` to `authority` (plain HTTP/1.1) and waits for the
     /// response head; the body streams from the connection as it is read.
-    pub async fn send(
+    /// With a response, `keep` moves into its body, dropped when the
+    /// exchange ends (at once when there is no body).
+    pub async fn send<K: Send + Unpin + 'static>(
         self: &Arc<Self>,
         authority: &Authority,
         request: Request<Body>,
+        keep: &mut Option<K>,
     ) -> Result<Response<Body>, SendError> {
-        let (mut conn, reused) = match self.checkout(authority) {
-            Some(conn) => (conn, true),
-            None => (self.connect(authority).await?, false),
-        };
+        let (mut conn, reused) = self.obtain(authority).await?;
         let response = match exchange(&mut conn, request).await {
             Ok(response) => response,
             // A pooled connection that broke before the request was written
@@ -320,7 +480,8 @@ impl UpstreamClient {
                 let Some(request) = reused.then(|| error.take_message()).flatten() else {
                     return Err(SendError::Request(error.into_error()));
                 };
-                conn = self.connect(authority).await?;
+                let open = conn.open;
+                conn = self.connect(authority, open).await?;
                 exchange(&mut conn, request)
                     .await
                     .map_err(|e| SendError::Request(e.into_error()))?
@@ -329,6 +490,7 @@ impl UpstreamClient {
         let (head, incoming) = response.into_parts();
         if http_body::Body::is_end_stream(&incoming) {
             self.release(authority.clone(), conn);
+            drop(keep.take());
             return Ok(Response::from_parts(head, body::empty()));
         }
         Ok(Response::from_parts(
@@ -338,6 +500,7 @@ impl UpstreamClient {
                 conn: Some(conn),
                 client: self.clone(),
                 authority: authority.clone(),
+                _keep: keep.take(),
             }),
         ))
     }
@@ -364,15 +527,17 @@ async fn exchange(
 /// A response body read from a connection that this body drives, and gives
 /// back to the pool when the body has ended. Dropped before its end (the
 /// client went away), the connection is closed.
-struct Pooled {
+struct Pooled<K> {
     incoming: Incoming,
     /// `None` once given back or closed.
     conn: Option<Conn>,
     client: Arc<UpstreamClient>,
     authority: Authority,
+    /// What the caller keeps for as long as the exchange lasts.
+    _keep: Option<K>,
 }
 
-impl http_body::Body for Pooled {
+impl<K: Unpin> http_body::Body for Pooled<K> {
     type Data = Bytes;
     type Error = hyper::Error;
 
@@ -407,7 +572,7 @@ impl http_body::Body for Pooled {
     }
 }
 
-impl Pooled {
+impl<K> Pooled<K> {
     fn give_back(&mut self) {
         if let Some(conn) = self.conn.take() {
             self.client.release(self.authority.clone(), conn);
@@ -469,7 +634,10 @@ mod tests {
             .header("host", authority.as_str())
             .body(body::empty())
             .unwrap();
-        let response = client.send(authority, request).await.unwrap();
+        let response = client
+            .send(authority, request, &mut None::<()>)
+            .await
+            .unwrap();
         let body = response.into_body().collect().await.unwrap().to_bytes();
         String::from_utf8(body.to_vec()).unwrap()
     }
@@ -477,7 +645,13 @@ mod tests {
     #[tokio::test]
     async fn keep_alive_connections_are_reused() {
         let (authority, accepted) = upstream(false).await;
-        let client = UpstreamClient::new(Duration::from_secs(1), Duration::from_secs(60), 8, 2);
+        let client = UpstreamClient::new(
+            Duration::from_secs(1),
+            Duration::from_secs(60),
+            8,
+            2,
+            Ceiling::UNBOUNDED,
+        );
         for _ in 0..5 {
             assert_eq!(get(&client, &authority).await, "ok\n");
         }
@@ -487,7 +661,13 @@ mod tests {
     #[tokio::test]
     async fn no_idle_connections_kept_when_the_pool_size_is_zero() {
         let (authority, accepted) = upstream(false).await;
-        let client = UpstreamClient::new(Duration::from_secs(1), Duration::from_secs(60), 0, 2);
+        let client = UpstreamClient::new(
+            Duration::from_secs(1),
+            Duration::from_secs(60),
+            0,
+            2,
+            Ceiling::UNBOUNDED,
+        );
         for _ in 0..3 {
             assert_eq!(get(&client, &authority).await, "ok\n");
         }
@@ -497,7 +677,13 @@ mod tests {
     #[tokio::test]
     async fn idle_connections_expire() {
         let (authority, accepted) = upstream(false).await;
-        let client = UpstreamClient::new(Duration::from_secs(1), Duration::from_millis(50), 8, 2);
+        let client = UpstreamClient::new(
+            Duration::from_secs(1),
+            Duration::from_millis(50),
+            8,
+            2,
+            Ceiling::UNBOUNDED,
+        );
         assert_eq!(get(&client, &authority).await, "ok\n");
         tokio::time::sleep(Duration::from_millis(200)).await;
         assert!(
@@ -514,7 +700,13 @@ mod tests {
     #[tokio::test]
     async fn connections_the_upstream_closes_are_not_reused() {
         let (authority, accepted) = upstream(true).await;
-        let client = UpstreamClient::new(Duration::from_secs(1), Duration::from_secs(60), 8, 2);
+        let client = UpstreamClient::new(
+            Duration::from_secs(1),
+            Duration::from_secs(60),
+            8,
+            2,
+            Ceiling::UNBOUNDED,
+        );
         for _ in 0..3 {
             assert_eq!(get(&client, &authority).await, "ok\n");
             tokio::time::sleep(Duration::from_millis(20)).await;
@@ -523,17 +715,101 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn at_the_ceiling_a_request_waits_for_a_connection_to_come_back() {
+        let (authority, accepted) = upstream(false).await;
+        let ceiling = Ceiling {
+            per_upstream: 1,
+            total: 0,
+            queue: 4,
+            queue_timeout: Duration::from_secs(5),
+        };
+        let client = UpstreamClient::new(
+            Duration::from_secs(1),
+            Duration::from_secs(60),
+            8,
+            2,
+            ceiling,
+        );
+        let request = || {
+            Request::builder()
+                .uri(format!("http://{authority}/x"))
+                .body(body::empty())
+                .unwrap()
+        };
+        // The first exchange holds the one connection until its body is read.
+        let first = client
+            .send(&authority, request(), &mut None::<()>)
+            .await
+            .unwrap();
+        let waiting = {
+            let (client, authority, request) = (client.clone(), authority.clone(), request());
+            tokio::spawn(async move { client.send(&authority, request, &mut None::<()>).await })
+        };
+        tokio::task::yield_now().await;
+        assert!(
+            !waiting.is_finished(),
+            "the second request waits at the ceiling"
+        );
+        first.into_body().collect().await.unwrap();
+        let second = waiting.await.unwrap().unwrap();
+        second.into_body().collect().await.unwrap();
+        assert_eq!(
+            accepted.load(Ordering::SeqCst),
+            1,
+            "the connection that came back was used"
+        );
+    }
+
+    #[tokio::test]
+    async fn past_the_queue_a_request_at_the_ceiling_is_refused_at_once() {
+        let (authority, _accepted) = upstream(false).await;
+        let ceiling = Ceiling {
+            per_upstream: 1,
+            total: 0,
+            queue: 0,
+            queue_timeout: Duration::from_secs(5),
+        };
+        let client = UpstreamClient::new(
+            Duration::from_secs(1),
+            Duration::from_secs(60),
+            8,
+            2,
+            ceiling,
+        );
+        let request = || {
+            Request::builder()
+                .uri(format!("http://{authority}/x"))
+                .body(body::empty())
+                .unwrap()
+        };
+        let _held = client
+            .send(&authority, request(), &mut None::<()>)
+            .await
+            .unwrap();
+        assert!(matches!(
+            client.send(&authority, request(), &mut None::<()>).await,
+            Err(SendError::Saturated)
+        ));
+    }
+
+    #[tokio::test]
     async fn a_refused_connection_is_a_connect_error() {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let authority: Authority = listener.local_addr().unwrap().to_string().parse().unwrap();
         drop(listener);
-        let client = UpstreamClient::new(Duration::from_secs(1), Duration::from_secs(60), 8, 2);
+        let client = UpstreamClient::new(
+            Duration::from_secs(1),
+            Duration::from_secs(60),
+            8,
+            2,
+            Ceiling::UNBOUNDED,
+        );
         let request = Request::builder()
             .uri(format!("http://{authority}/x"))
             .body(body::empty())
             .unwrap();
         assert!(matches!(
-            client.send(&authority, request).await,
+            client.send(&authority, request, &mut None::<()>).await,
             Err(SendError::Connect(_))
         ));
     }

@@ -4,6 +4,7 @@
 mod client;
 pub use client::pin_thread_to_pool;
 pub mod headers;
+mod pacing;
 pub mod path;
 
 use std::sync::Arc;
@@ -13,17 +14,19 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
-use client::{SendError, UpstreamClient};
+use client::{Ceiling, SendError, UpstreamClient};
 use http::uri::PathAndQuery;
 use http::{Request, Response, Uri, Version};
 use http_body::Body as _;
 use http_body_util::BodyExt as _;
+use pacing::{Pace, Paced};
 
 use crate::body::{self, Body};
 use crate::config::{Limits, ProxySettings, RouteSpec, UpstreamUrl};
+use crate::conn::InFlight;
 use crate::error::ApiError;
 use crate::limits::quota::RouteQuota;
-use crate::telemetry::{Metrics, RouteSeries, UpstreamSeries};
+use crate::telemetry::{ClientAbort, Metrics, RouteSeries, UpstreamSeries};
 
 /// One upstream base URL and its health.
 pub struct Upstream {
@@ -197,13 +200,16 @@ enum UpstreamError {
     Timeout,
     /// The connection broke or the response was malformed.
     Reset,
+    /// All its connections were in use, and none came free in the queue.
+    Saturated,
 }
 
 impl UpstreamError {
-    const ALL: [UpstreamError; 3] = [
+    const ALL: [UpstreamError; 4] = [
         UpstreamError::Connect,
         UpstreamError::Timeout,
         UpstreamError::Reset,
+        UpstreamError::Saturated,
     ];
 
     fn label(self) -> &'static str {
@@ -211,6 +217,7 @@ impl UpstreamError {
             UpstreamError::Connect => "connect",
             UpstreamError::Timeout => "timeout",
             UpstreamError::Reset => "reset",
+            UpstreamError::Saturated => "saturated",
         }
     }
 }
@@ -234,9 +241,12 @@ impl From<ApiError> for ForwardError<'_> {
 enum Failure {
     Connect,
     Timeout,
+    Saturated,
     BodyTooLarge,
     /// The client's body, not the upstream, failed: not counted against it.
     ClientBody,
+    /// The client's body did not keep its pace ([`pacing`]).
+    ClientTooSlow,
     Other,
 }
 
@@ -248,6 +258,12 @@ impl Proxy {
             settings.pool_idle_timeout,
             settings.pool_max_idle_per_host,
             pools,
+            Ceiling {
+                per_upstream: settings.max_connections_per_upstream,
+                total: settings.max_upstream_connections,
+                queue: settings.upstream_queue,
+                queue_timeout: settings.upstream_queue_timeout,
+            },
         );
         Proxy {
             client,
@@ -325,10 +341,19 @@ impl Proxy {
                 self.error(upstream, UpstreamError::Timeout);
                 ApiError::gateway_timeout()
             }
+            Failure::Saturated => {
+                self.error(upstream, UpstreamError::Saturated);
+                tracing::warn!(upstream = %upstream.label, "upstream at its connection ceiling; request refused");
+                ApiError::upstream_busy()
+            }
             Failure::BodyTooLarge => ApiError::body_too_large(),
             Failure::ClientBody => {
                 tracing::debug!(upstream = %upstream.label, "the client's request body broke off or was malformed");
                 ApiError::bad_request("Request body could not be read")
+            }
+            Failure::ClientTooSlow => {
+                tracing::debug!(upstream = %upstream.label, "the client's request body arrived too slowly");
+                ApiError::request_timeout()
             }
             Failure::Other => {
                 self.error(upstream, UpstreamError::Reset);
@@ -337,15 +362,47 @@ impl Proxy {
         })
     }
 
+    /// The client's body as sent on: held to its pace when there is one, and
+    /// cut off at `limits.max_body_bytes` when its length was not declared.
+    fn request_body(
+        &self,
+        incoming: hyper::body::Incoming,
+        declared: bool,
+        version: Version,
+    ) -> Body {
+        if incoming.is_end_stream() {
+            return body::boxed(incoming.map_err(body::ClientBodyError));
+        }
+        let paced = Paced::new(
+            incoming,
+            Pace {
+                gap: self.limits.body_read_timeout,
+                min_rate: self.limits.min_body_rate,
+            },
+        );
+        if declared {
+            return body::boxed(paced);
+        }
+        body::boxed(Capped {
+            inner: Some(paced),
+            read: 0,
+            version,
+            limits: self.limits.clone(),
+        })
+    }
+
     /// Sends a prepared request (headers already processed) to the route; the
     /// response head comes back as the upstream sent it.
     /// `path` is the normalised path; the upstream receives exactly it.
+    /// `in_flight` counts the request against its client's bounds until the
+    /// upstream exchange ends (with the response body).
     pub async fn forward<'r>(
         &self,
         route: &'r Route,
         mut parts: http::request::Parts,
         incoming: hyper::body::Incoming,
         path: &str,
+        in_flight: InFlight,
     ) -> Result<(Response<Body>, &'r str), ForwardError<'r>> {
         let declared = incoming.size_hint().exact();
         if declared.is_some_and(|n| n > self.limits.max_body_bytes) {
@@ -355,18 +412,8 @@ impl Proxy {
         }
         // Only an empty body can be sent again to another upstream.
         let replayable = incoming.is_end_stream() && route.upstreams.len() > 1;
-        let mut body = Some(if declared.is_some() {
-            // Errors reading the client's body are marked, so a broken body
-            // is the client's 400, not the upstream's 502.
-            body::boxed(incoming.map_err(body::ClientBodyError))
-        } else {
-            body::boxed(Capped {
-                inner: Some(incoming),
-                read: 0,
-                version: parts.version,
-                limits: self.limits.clone(),
-            })
-        });
+        let mut body = Some(self.request_body(incoming, declared.is_some(), parts.version));
+        let mut keep = Some(in_flight);
         parts.version = Version::HTTP_11;
         let query = parts.uri.query().map(str::to_owned);
         let mut tried = Vec::new();
@@ -389,11 +436,14 @@ impl Proxy {
             };
             let request = Request::from_parts(head, request_body);
             let started = Instant::now();
+            // Counts the client going away while the upstream is asked.
+            let gone = GoneGuard(Some(&route.series));
             let result = tokio::time::timeout(
                 route.timeout,
-                self.client.send(&upstream.authority, request),
+                self.client.send(&upstream.authority, request, &mut keep),
             )
             .await;
+            gone.disarm();
             let failure = match result {
                 Ok(Ok(response)) => {
                     upstream.down_until.store(0, Ordering::Relaxed);
@@ -403,6 +453,11 @@ impl Proxy {
                 Ok(Err(error)) => classify(&error),
                 Err(_) => Failure::Timeout,
             };
+            match failure {
+                Failure::ClientBody => route.series.client_abort(ClientAbort::BodyBroken),
+                Failure::ClientTooSlow => route.series.client_abort(ClientAbort::BodyTooSlow),
+                _ => {}
+            }
             let may_retry = replayable && tried.len() < route.upstreams.len();
             let Some(error) = self.failed(upstream, failure, may_retry) else {
                 continue;
@@ -411,6 +466,24 @@ impl Proxy {
                 error,
                 upstream: Some(upstream.label.as_str()),
             });
+        }
+    }
+}
+
+/// Counts [`ClientAbort::Gone`] on its route when dropped armed: the client
+/// went away while its request was with the upstream.
+struct GoneGuard<'r>(Option<&'r RouteSeries>);
+
+impl GoneGuard<'_> {
+    fn disarm(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for GoneGuard<'_> {
+    fn drop(&mut self) {
+        if let Some(series) = self.0 {
+            series.client_abort(ClientAbort::Gone);
         }
     }
 }
@@ -433,7 +506,7 @@ impl std::error::Error for BodyTooLarge {}
 /// finishes its upload and reads the 413.
 struct Capped {
     /// `None` once cut off.
-    inner: Option<hyper::body::Incoming>,
+    inner: Option<Paced>,
     read: u64,
     version: Version,
     limits: Limits,
@@ -454,9 +527,7 @@ impl http_body::Body for Capped {
         };
         let frame = match std::pin::Pin::new(inner).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => frame,
-            Poll::Ready(Some(Err(error))) => {
-                return Poll::Ready(Some(Err(Box::new(body::ClientBodyError(error)))));
-            }
+            Poll::Ready(Some(Err(error))) => return Poll::Ready(Some(Err(error))),
             Poll::Ready(None) => return Poll::Ready(None),
             Poll::Pending => return Poll::Pending,
         };
@@ -478,13 +549,18 @@ impl http_body::Body for Capped {
 }
 
 fn classify(error: &SendError) -> Failure {
-    if let SendError::Connect(_) = error {
-        return Failure::Connect;
+    match error {
+        SendError::Connect(_) => return Failure::Connect,
+        SendError::Saturated => return Failure::Saturated,
+        SendError::Request(_) => {}
     }
     let mut source: Option<&(dyn std::error::Error + 'static)> = Some(error);
     while let Some(e) = source {
         if e.is::<BodyTooLarge>() {
             return Failure::BodyTooLarge;
+        }
+        if e.is::<pacing::BodyTooSlow>() {
+            return Failure::ClientTooSlow;
         }
         if e.is::<body::ClientBodyError>() {
             return Failure::ClientBody;
