@@ -34,8 +34,9 @@ use crate::identity::Identity;
 use crate::limits::Shared;
 use crate::limits::quota::{Grant, Quotas, Refusal};
 use crate::limits::seats::Seats;
+use crate::path;
 use crate::proxy::headers::{self, X_REQUEST_ID};
-use crate::proxy::{Proxy, Route, RouteTable, Routes, path};
+use crate::proxy::{Proxy, Route, RouteTable, Routes};
 use crate::telemetry::{Metrics, RouteSeries};
 use crate::websocket::{self, Start, Upgrade, WebSockets};
 

@@ -3,7 +3,7 @@
 //! A request meets the modules in this order: [`listener`] (TCP, TLS, limits,
 //! deadlines) → [`conn`] (the connection context, worked out once at accept)
 //! → [`app`] (the request path as named phases: admit, dispatch, authenticate,
-//! headers to upstream, forward, headers to client, log) → [`proxy::path`]
+//! headers to upstream, forward, headers to client, log) → [`path`]
 //! (normalisation) → [`auth::credential`] (parsing) → [`auth`] (verification
 //! through [`auth::cache`] and [`store`]) → [`identity`] and
 //! [`proxy::headers`] (strip and inject, one function per direction) →
@@ -26,6 +26,7 @@ pub mod framing;
 pub mod identity;
 pub mod limits;
 pub mod listener;
+pub mod path;
 pub mod probes;
 pub mod proxy;
 pub mod reference;

@@ -719,7 +719,7 @@ const MAX_WEBSOCKET_MESSAGE: i64 = 64 * 1024 * 1024;
 impl WebSocketSection {
     fn validate(&self, errors: &mut Vec<String>) -> WebSocketSettings {
         for route in &self.routes {
-            let normal = crate::proxy::path::normalize(route).is_ok_and(|p| p == route.as_str());
+            let normal = crate::path::normalize(route).is_ok_and(|p| p == route.as_str());
             if !route.starts_with('/') || !normal {
                 errors.push(format!(
                     "websocket.routes: {route:?} is not a normalised absolute path like /api/ws"

@@ -5,7 +5,6 @@ mod client;
 pub use client::pin_thread_to_pool;
 pub mod headers;
 mod pacing;
-pub mod path;
 
 use std::sync::Arc;
 
