@@ -14,8 +14,8 @@ use keygate::auth::cache::Caches;
 use keygate::auth::credential::{self, Credential, Secret};
 use keygate::auth::jwt::TokenKeys;
 use keygate::config::{CacheSettings, RouteSpec};
-use keygate::conn::{Client, Connection};
 use keygate::identity::{AuthMethod, Authority, Identity, Principal, id_header_value};
+use keygate::listener::peer::{Client, Peer};
 use keygate::proxy::RouteTable;
 use keygate::proxy::headers;
 use keygate::store::{SessionRecord, Store};
@@ -148,7 +148,7 @@ fn identity() -> Identity {
 
 fn header_editing(c: &mut Criterion) {
     let mut group = c.benchmark_group("headers");
-    let conn = Connection::accept("127.0.0.1:40000".parse().unwrap(), true, "https", &[]);
+    let conn = Peer::accept("127.0.0.1:40000".parse().unwrap(), true, "https", &[]);
     let client = Client {
         conn: &conn,
         secure: true,

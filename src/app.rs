@@ -27,13 +27,13 @@ use crate::auth::outcomes::{API_KEY, JWT, NO_CREDENTIAL, Outcomes};
 use crate::auth::{AuthFailure, Authenticator};
 use crate::body::Body;
 use crate::config::Settings;
-use crate::conn::{Client, Connection, Crowded, InFlight};
 use crate::error::ApiError;
-use crate::framing::AmbiguousFraming;
 use crate::identity::Identity;
 use crate::limits::Shared;
 use crate::limits::quota::{Grant, Quotas, Refusal};
 use crate::limits::seats::Seats;
+use crate::listener::framing::AmbiguousFraming;
+use crate::listener::peer::{Client, Crowded, InFlight, Peer};
 use crate::path;
 use crate::proxy::headers::{self, X_REQUEST_ID};
 use crate::proxy::{Proxy, Route, RouteTable, Routes};
@@ -210,7 +210,7 @@ impl App {
     }
 
     /// Handles one request; every error becomes a contract response here.
-    pub async fn handle(&self, req: Request<Incoming>, conn: Arc<Connection>) -> Response<Body> {
+    pub async fn handle(&self, req: Request<Incoming>, conn: Arc<Peer>) -> Response<Body> {
         let routes = self.routes.load();
         let mut ex = self.exchange(&req, &conn);
         let mut response = match self.process(&routes, req, &mut ex).await {
@@ -225,7 +225,7 @@ impl App {
     }
 
     /// The request's context, worked out once from its connection and head.
-    fn exchange<'t>(&self, req: &Request<Incoming>, conn: &'t Connection) -> Exchange<'t> {
+    fn exchange<'t>(&self, req: &Request<Incoming>, conn: &'t Peer) -> Exchange<'t> {
         let logged = self.settings.log.access_log.then(|| Logged {
             uri: req.uri().clone(),
             traceparent: req.headers().get(TRACEPARENT).cloned(),
@@ -587,7 +587,7 @@ impl App {
 }
 
 impl crate::listener::Handler for App {
-    async fn handle(&self, req: Request<Incoming>, conn: Arc<Connection>) -> Response<Body> {
+    async fn handle(&self, req: Request<Incoming>, conn: Arc<Peer>) -> Response<Body> {
         App::handle(self, req, conn).await
     }
 }

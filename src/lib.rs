@@ -1,7 +1,7 @@
 //! keygate: a TLS-terminating authentication gateway for a device-platform REST API.
 //!
 //! A request meets the modules in this order: [`listener`] (TCP, TLS, limits,
-//! deadlines) → [`conn`] (the connection context, worked out once at accept)
+//! deadlines, and [`listener::peer`]: the connection context, worked out once at accept)
 //! → [`app`] (the request path as named phases: admit, dispatch, authenticate,
 //! headers to upstream, forward, headers to client, log) → [`path`]
 //! (normalisation) → [`auth::credential`] (parsing) → [`auth`] (verification
@@ -19,10 +19,8 @@ pub mod auth;
 pub mod body;
 pub mod clock;
 pub mod config;
-pub mod conn;
 pub mod dev;
 pub mod error;
-pub mod framing;
 pub mod identity;
 pub mod limits;
 pub mod listener;

@@ -10,8 +10,8 @@ use hyper::body::Incoming;
 
 use crate::auth::Authenticator;
 use crate::body::{self, Body};
-use crate::conn::Connection;
 use crate::listener::Handler;
+use crate::listener::peer::Peer;
 use crate::store::Store;
 use crate::telemetry::Metrics;
 
@@ -61,11 +61,7 @@ impl Probes {
 }
 
 impl Handler for Probes {
-    async fn handle(
-        &self,
-        req: Request<Incoming>,
-        _conn: std::sync::Arc<Connection>,
-    ) -> Response<Body> {
+    async fn handle(&self, req: Request<Incoming>, _conn: std::sync::Arc<Peer>) -> Response<Body> {
         Probes::handle(self, req).await
     }
 }

@@ -24,7 +24,7 @@ pub struct AddressCap {
 }
 
 /// One address key's open connections, and its proxied requests in flight
-/// (shared by those connections, see [`crate::conn::Connection::start_proxied`]).
+/// (shared by those connections, see [`super::peer::Peer::start_proxied`]).
 #[derive(Default)]
 struct Entry {
     connections: usize,

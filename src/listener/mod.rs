@@ -1,11 +1,13 @@
 //! The one accept loop, for every listener (https, http, admin): TCP, optional
 //! TLS, the connection limits (a budget per listener group and a cap per client
-//! address), the connection deadlines ([`connection`]), and a graceful drain
+//! address), the connection deadlines ([`serve`]), and a graceful drain
 //! on shutdown. What a listener serves is its [`Handler`].
 
 pub mod address_cap;
-pub mod connection;
 pub mod descriptors;
+pub mod framing;
+pub mod peer;
+pub mod serve;
 pub mod workers;
 
 use std::future::Future;
@@ -23,10 +25,10 @@ use tokio_rustls::TlsAcceptor;
 
 use crate::body::Body;
 use crate::config::Limits;
-use crate::conn::Connection;
 use crate::telemetry::Metrics;
 use address_cap::{AddressCap, Slot};
-use connection::{Deadlines, Reason};
+use peer::Peer;
+use serve::{Deadlines, Reason};
 use workers::Workers;
 
 /// What a listener serves: every request of its connections.
@@ -34,7 +36,7 @@ pub trait Handler: Send + Sync + 'static {
     fn handle(
         &self,
         req: Request<Incoming>,
-        conn: Arc<Connection>,
+        conn: Arc<Peer>,
     ) -> impl Future<Output = Response<Body>> + Send;
 }
 
@@ -61,7 +63,7 @@ pub struct Shared {
     per_address: Arc<AddressCap>,
     metrics: Arc<Metrics>,
     deadlines: Deadlines,
-    /// Matched once per connection ([`Connection::accept`]).
+    /// Matched once per connection ([`Peer::accept`]).
     trusted_proxies: Vec<IpNet>,
     tls_handshake_timeout: Duration,
     /// How long open connections may take to finish after shutdown.
@@ -171,7 +173,7 @@ async fn accept_loop<H: Handler>(listener: Listener<H>, shared: Arc<Shared>) {
         };
         let _ = stream.set_nodelay(true);
         let conn = Arc::new(
-            Connection::accept(peer, tls.is_some(), name, &shared.trusted_proxies)
+            Peer::accept(peer, tls.is_some(), name, &shared.trusted_proxies)
                 .sharing_address_load(slot.in_flight()),
         );
         shared.metrics.connection_opened(name);
@@ -253,12 +255,12 @@ async fn run_connection<H: Handler>(
     stream: TcpStream,
     tls: Option<TlsAcceptor>,
     handler: Arc<H>,
-    conn: Arc<Connection>,
+    conn: Arc<Peer>,
     shared: Arc<Shared>,
     hold: Hold,
 ) {
     let (name, peer) = (conn.listener, conn.peer);
-    let reason = connection(stream, tls, handler, conn, &shared, hold).await;
+    let reason = handshake_and_serve(stream, tls, handler, conn, &shared, hold).await;
     if let Some(reason) = reason {
         tracing::debug!(%peer, listener = name, reason = reason.label(), "connection closed");
         shared.metrics.connection_closed_by(name, reason.label());
@@ -266,16 +268,16 @@ async fn run_connection<H: Handler>(
 }
 
 /// One accepted connection: the TLS handshake (bounded), then HTTP.
-async fn connection<H: Handler>(
+async fn handshake_and_serve<H: Handler>(
     stream: TcpStream,
     tls: Option<TlsAcceptor>,
     handler: Arc<H>,
-    conn: Arc<Connection>,
+    conn: Arc<Peer>,
     shared: &Shared,
     hold: Hold,
 ) -> Option<Reason> {
     let Some(acceptor) = tls else {
-        return connection::serve(
+        return serve::connection(
             stream,
             &shared.builder,
             handler,
@@ -288,7 +290,7 @@ async fn connection<H: Handler>(
     let peer = conn.peer;
     match tokio::time::timeout(shared.tls_handshake_timeout, acceptor.accept(stream)).await {
         Ok(Ok(tls_stream)) => {
-            connection::serve(
+            serve::connection(
                 tls_stream,
                 &shared.builder,
                 handler,

@@ -6,10 +6,10 @@ use http::header::{CONNECTION, HOST, TE, TRAILER, TRANSFER_ENCODING, UPGRADE};
 use http::{HeaderMap, HeaderName, HeaderValue};
 use smallvec::SmallVec;
 
-use crate::conn::Client;
 use crate::identity::{self, Identity};
+use crate::listener::peer::Client;
 
-pub use crate::conn::{X_FORWARDED_FOR, X_FORWARDED_PROTO};
+pub use crate::listener::peer::{X_FORWARDED_FOR, X_FORWARDED_PROTO};
 pub static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 pub static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 static KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
@@ -290,18 +290,18 @@ fn set_forwarding(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::conn::Connection;
+    use crate::listener::peer::Peer;
 
-    fn conn(tls: bool, trusted: bool) -> Connection {
+    fn conn(tls: bool, trusted: bool) -> Peer {
         let proxies: Vec<ipnet::IpNet> = if trusted {
             vec!["10.0.0.0/8".parse().unwrap()]
         } else {
             vec![]
         };
-        Connection::accept("10.1.2.3:5555".parse().unwrap(), tls, "https", &proxies)
+        Peer::accept("10.1.2.3:5555".parse().unwrap(), tls, "https", &proxies)
     }
 
-    fn client(conn: &Connection) -> Client<'_> {
+    fn client(conn: &Peer) -> Client<'_> {
         Client {
             conn,
             secure: conn.tls,

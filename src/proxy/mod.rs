@@ -22,9 +22,9 @@ use pacing::{Pace, Paced};
 
 use crate::body::{self, Body};
 use crate::config::{Limits, ProxySettings, RouteSpec, UpstreamUrl};
-use crate::conn::InFlight;
 use crate::error::ApiError;
 use crate::limits::quota::RouteQuota;
+use crate::listener::peer::InFlight;
 use crate::telemetry::{ClientAbort, Metrics, RouteSeries, UpstreamSeries};
 
 /// One upstream base URL and its health.

@@ -34,10 +34,10 @@ use crate::auth::credential::Credential;
 use crate::auth::outcomes::Outcomes;
 use crate::body::Body;
 use crate::config::{Settings, WebSocketSettings};
-use crate::conn::Client;
 use crate::error::ApiError;
 use crate::identity::Identity;
 use crate::limits::seats::Seats;
+use crate::listener::peer::Client;
 use crate::proxy::{Proxy, Route};
 use crate::telemetry::Metrics;
 

@@ -25,9 +25,9 @@ use crate::auth::AuthFailure;
 use crate::auth::credential::Credential;
 use crate::auth::live::{HoldLimits, OverLimit};
 use crate::auth::outcomes::{API_KEY, JWT, NO_CREDENTIAL};
-use crate::conn::{Client, Connection};
 use crate::error::ApiError;
 use crate::identity::Identity;
+use crate::listener::peer::{Client, Peer};
 use crate::proxy::headers;
 
 /// How the socket is to be authenticated, as the upgrade decided.
@@ -42,7 +42,7 @@ pub enum Opening {
 /// One upgraded request, with what its task needs.
 pub struct Session {
     pub sockets: Arc<WebSockets>,
-    pub conn: Connection,
+    pub conn: Peer,
     pub secure: bool,
     /// The upgrade's head, without the `token` parameter.
     pub parts: http::request::Parts,

@@ -32,9 +32,9 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::Handler;
+use super::framing::{AmbiguousFraming, FramingScanner};
+use super::peer::Peer;
 use crate::body::{Body, BoxError};
-use crate::conn::Connection;
-use crate::framing::{AmbiguousFraming, FramingScanner};
 
 /// Why keygate closed a connection; the label of
 /// `keygate_connections_closed_total`.
@@ -112,7 +112,7 @@ struct Activity {
     /// Bytes received so far: tells an idle connection from a slow next head.
     bytes_read: AtomicU64,
     /// A request head on this connection named both `Content-Length` and
-    /// `Transfer-Encoding` ([`crate::framing`]).
+    /// `Transfer-Encoding` ([`super::framing`]).
     ambiguous_framing: std::sync::atomic::AtomicBool,
 }
 
@@ -338,11 +338,11 @@ impl<I: AsyncWrite + Unpin> AsyncWrite for Counted<I> {
 
 /// Serves one connection until it closes or a deadline closes it; returns why
 /// keygate closed it, when it did.
-pub async fn serve<I, H>(
+pub async fn connection<I, H>(
     io: I,
     builder: &auto::Builder<TokioExecutor>,
     handler: Arc<H>,
-    conn: Arc<Connection>,
+    conn: Arc<Peer>,
     deadlines: Deadlines,
     hold: super::Hold,
 ) -> Option<Reason>
@@ -430,7 +430,7 @@ where
 async fn respond<H: Handler>(
     handler: Arc<H>,
     req: Request<Incoming>,
-    conn: Arc<Connection>,
+    conn: Arc<Peer>,
     in_flight: InFlight,
 ) -> Result<Response<Tracked>, Infallible> {
     let version = req.version();

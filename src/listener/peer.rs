@@ -1,5 +1,5 @@
 //! What is known about the sender of a request before any header is believed.
-//! [`Connection`] is worked out once, when the connection is accepted: the
+//! [`Peer`] is worked out once, when the connection is accepted: the
 //! peer, TLS or not, the listener, whether the peer is a trusted proxy. Each
 //! request then derives its [`Client`] from it and its own forwarding headers.
 
@@ -15,7 +15,7 @@ pub static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-
 
 /// One accepted connection, as every request on it sees it.
 #[derive(Debug, Clone)]
-pub struct Connection {
+pub struct Peer {
     pub peer: SocketAddr,
     /// TLS was terminated here.
     pub tls: bool,
@@ -57,7 +57,7 @@ pub enum Crowded {
     Address,
 }
 
-impl Connection {
+impl Peer {
     /// The context of a connection accepted from `peer`; the only place the
     /// trusted-proxy list is matched against the peer.
     pub fn accept(
@@ -65,9 +65,9 @@ impl Connection {
         tls: bool,
         listener: &'static str,
         trusted_proxies: &[IpNet],
-    ) -> Connection {
+    ) -> Peer {
         let ip = peer.ip();
-        Connection {
+        Peer {
             peer,
             tls,
             listener,
@@ -79,7 +79,7 @@ impl Connection {
 
     /// Counts this connection's proxied requests also in `address`, the
     /// in-flight counter of its client address.
-    pub fn sharing_address_load(mut self, address: Arc<AtomicUsize>) -> Connection {
+    pub fn sharing_address_load(mut self, address: Arc<AtomicUsize>) -> Peer {
         self.load = Arc::new(Load {
             connection: AtomicUsize::new(0),
             address,
@@ -132,7 +132,7 @@ impl Connection {
 /// worked out once per request.
 #[derive(Debug, Clone, Copy)]
 pub struct Client<'c> {
-    pub conn: &'c Connection,
+    pub conn: &'c Peer,
     /// The request reached keygate over HTTPS: TLS here, or a trusted proxy
     /// that reports `X-Forwarded-Proto: https`.
     pub secure: bool,
@@ -205,7 +205,7 @@ mod tests {
             ("x-forwarded-for", "10.0.0.5"),
             ("x-forwarded-proto", "https"),
         ]);
-        let proxy = Connection::accept("10.1.2.3:5555".parse().unwrap(), false, "http", &proxies);
+        let proxy = Peer::accept("10.1.2.3:5555".parse().unwrap(), false, "http", &proxies);
         let client = proxy.client(&sent);
         assert!(client.trusted() && client.secure);
         assert_eq!(
@@ -218,8 +218,7 @@ mod tests {
             "10.0.0.9".parse::<IpAddr>().unwrap()
         );
 
-        let stranger =
-            Connection::accept("192.0.2.1:4444".parse().unwrap(), false, "http", &proxies);
+        let stranger = Peer::accept("192.0.2.1:4444".parse().unwrap(), false, "http", &proxies);
         let client = stranger.client(&sent);
         assert!(!client.trusted() && !client.secure);
         assert_eq!(
@@ -233,7 +232,7 @@ mod tests {
     fn proxied_requests_in_flight_are_bounded_per_connection_and_per_address() {
         let address = Arc::new(AtomicUsize::new(0));
         let accept = || {
-            Connection::accept("192.0.2.1:4444".parse().unwrap(), true, "https", &[])
+            Peer::accept("192.0.2.1:4444".parse().unwrap(), true, "https", &[])
                 .sharing_address_load(address.clone())
         };
         let (one, two) = (accept(), accept());
