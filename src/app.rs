@@ -526,10 +526,8 @@ impl App {
         match credential::parse(req.headers()) {
             Ok(Credential::ApiKey(key)) => {
                 tracing::warn!(target: "keygate::security", peer = %client.conn.peer, "refused an API key sent over plain HTTP");
-                if self.settings.disable_key_on_plaintext
-                    && let Some(revocation) = self.auth.disable_exposed_key(&key).await
-                {
-                    crate::revocation::apply(self.auth.caches(), revocation).await;
+                if self.settings.disable_key_on_plaintext {
+                    self.auth.disable_exposed_key(&key).await;
                 }
                 self.series
                     .auth

@@ -29,7 +29,6 @@ pub mod probes;
 pub mod proxy;
 pub mod reference;
 pub mod retention;
-pub mod revocation;
 pub mod server;
 pub mod store;
 pub mod telemetry;

@@ -575,13 +575,15 @@ fn spawn_background(
     let settings = running.app.settings();
     let metrics = &running.metrics;
     if running.store.dialect() == crate::store::Dialect::Postgres {
-        running.tasks.push(tokio::spawn(crate::revocation::listen(
-            settings.store_url.clone(),
-            running.instance,
-            auth.clone(),
-            metrics.clone(),
-            shutdown_rx.clone(),
-        )));
+        running
+            .tasks
+            .push(tokio::spawn(crate::auth::revocation::listen(
+                settings.store_url.clone(),
+                running.instance,
+                auth.clone(),
+                metrics.clone(),
+                shutdown_rx.clone(),
+            )));
     }
     if let Some(interval) = settings.retention.interval {
         let pruner = crate::retention::Pruner {

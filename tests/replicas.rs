@@ -104,7 +104,7 @@ async fn revocation_through_one_replica_reaches_the_other_within_a_second() {
 
     // Cut B's listening connection, and revoke while it reconnects.
     let mut admin = PgConnection::connect(&base).await.unwrap();
-    let name = keygate::revocation::application_name(b.running.instance);
+    let name = keygate::auth::revocation::application_name(b.running.instance);
     let killed: Vec<(bool,)> = sqlx::query_as(
         "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1",
     )

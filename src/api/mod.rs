@@ -376,9 +376,7 @@ impl Endpoints {
     /// caches, as its notification does on the others; returns what the
     /// change did.
     pub(crate) async fn applied<T>(&self, change: Published<T>) -> T {
-        if let Some(revocation) = change.revocation {
-            crate::revocation::apply(self.auth.caches(), revocation).await;
-        }
+        self.auth.revoke(change.revocation).await;
         change.outcome
     }
 

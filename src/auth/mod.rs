@@ -8,6 +8,7 @@ pub mod limiter;
 pub mod live;
 pub mod outcomes;
 pub mod password;
+pub mod revocation;
 
 use std::sync::Arc;
 
@@ -142,12 +143,27 @@ impl Authenticator {
         &self.tokens
     }
 
+    /// Applies a revocation a store change of this replica published to its
+    /// caches and open sockets, as its notification does on the others
+    /// ([`revocation::apply`]): the one way a revocation takes effect here.
+    pub async fn revoke(&self, revocation: Option<Revocation>) {
+        if let Some(revocation) = revocation {
+            revocation::apply(&self.caches, revocation).await;
+        }
+    }
+
     /// Disables the key `value` names, if it is a live one: it crossed the wire
     /// in clear. The lookup goes through the caches (and the negative cache), so
-    /// random keys sent in clear cannot hammer the store. Returns the
-    /// revocation to apply, so this replica drops the key the same way a
-    /// disable from the API or another replica does (`revocation::apply`).
-    pub async fn disable_exposed_key(&self, value: &Secret) -> Option<Revocation> {
+    /// random keys sent in clear cannot hammer the store. The key is dropped
+    /// here as a disable from the API or another replica drops it.
+    pub async fn disable_exposed_key(&self, value: &Secret) {
+        let Some(revocation) = self.disabled_exposed_key(value).await else {
+            return;
+        };
+        self.revoke(Some(revocation)).await;
+    }
+
+    async fn disabled_exposed_key(&self, value: &Secret) -> Option<Revocation> {
         let identity = self.verify_api_key(value).await.ok()?;
         let key_id = identity.api_key_id()?;
         let disabled = self

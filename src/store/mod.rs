@@ -128,7 +128,7 @@ pub enum Revocation {
 
 /// What a change that can end credentials did, and the revocation it
 /// published, if any: other replicas get it by notification, this one applies
-/// it to its own caches (`revocation::apply`).
+/// it to its own caches (`auth::revocation::apply`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Published<T> {
     pub outcome: T,

@@ -266,10 +266,8 @@ impl Session {
         match credential {
             Credential::ApiKey(key) => {
                 tracing::warn!(target: "keygate::security", peer = %self.conn.peer, "refused an API key sent over plain ws://");
-                if sockets.disable_key_on_plaintext
-                    && let Some(revocation) = sockets.auth.disable_exposed_key(key).await
-                {
-                    crate::revocation::apply(sockets.auth.caches(), revocation).await;
+                if sockets.disable_key_on_plaintext {
+                    sockets.auth.disable_exposed_key(key).await;
                 }
             }
             Credential::Bearer(_)
