@@ -28,7 +28,6 @@ pub mod path;
 pub mod probes;
 pub mod proxy;
 pub mod reference;
-pub mod retention;
 pub mod server;
 pub mod store;
 pub mod telemetry;

@@ -586,7 +586,7 @@ fn spawn_background(
             )));
     }
     if let Some(interval) = settings.retention.interval {
-        let pruner = crate::retention::Pruner {
+        let pruner = crate::store::retention::Pruner {
             store: running.store.clone(),
             settings: settings.retention.clone(),
             refresh_ttl: settings.jwt.refresh_ttl,

@@ -11,6 +11,7 @@ use audit::Target;
 pub use audit::{Actor, Audit, AuditEvent};
 mod migrate;
 mod prune;
+pub mod retention;
 pub use prune::PruneKind;
 mod sessions;
 

@@ -15,7 +15,7 @@ use uuid::Uuid;
 use super::*;
 use crate::config::RetentionSettings;
 use crate::identity::NULL_UUID;
-use crate::retention::{CLOCK_SLACK, Pruned, Pruner};
+use crate::store::retention::{CLOCK_SLACK, Pruned, Pruner};
 use crate::telemetry::Metrics;
 
 const PG_ENV: &str = "KEYGATE_TEST_DATABASE_URL";

@@ -1,19 +1,18 @@
 //! Periodic pruning of dead store rows: ended sessions, sessions whose refresh
-//! token can no longer be valid, and expired activation tokens, each kept for
-//! its configured retention first.
+//! token can no longer be valid, expired activation tokens and audit events,
+//! each kept for its configured retention first ([`super::prune`] deletes).
 //!
 //! A run deletes in batches of `retention.batch_size` rows, at most
 //! `retention.max_rows_per_run` of each kind, and stops between batches when
 //! the server shuts down. Every replica runs it; the deletes are idempotent.
-//! Audit events are log lines only, so there is nothing of them to prune here.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
+use super::{PruneKind, Store, StoreError};
 use crate::config::RetentionSettings;
-use crate::store::{PruneKind, Store, StoreError};
 use crate::telemetry::Metrics;
 
 /// Added to the refresh lifetime before a live session counts as expired:
