@@ -1,5 +1,5 @@
 //! Reference upstream "entity service" for running behind the keygate gateway
-//! (see `keygate::reference` for what it serves).
+//! (see `keygate::dev::serve_reference_upstream` for what it serves).
 //!
 //! Run it with:
 //!
@@ -29,7 +29,7 @@ async fn main() -> std::io::Result<()> {
     let listener = TcpListener::bind(&args.listen).await?;
     println!("entity_service listening on {}", listener.local_addr()?);
     std::io::stdout().flush()?;
-    keygate::reference::serve(listener, shutdown_signal()).await;
+    keygate::dev::serve_reference_upstream(listener, shutdown_signal()).await;
     eprintln!("entity_service shutting down");
     Ok(())
 }

@@ -27,7 +27,6 @@ pub mod listener;
 pub mod path;
 pub mod probes;
 pub mod proxy;
-pub mod reference;
 pub mod server;
 pub mod store;
 pub mod telemetry;

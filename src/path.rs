@@ -143,6 +143,26 @@ pub fn normalize(path: &str) -> Result<Cow<'_, str>, PathError> {
     Ok(Cow::Owned(normalized))
 }
 
+/// A query component with its `%XX` escapes decoded (RFC 3986 section 2.1;
+/// `+` is kept: a JWT has none); `None` for a bad escape or bytes that are not
+/// UTF-8.
+pub fn percent_decode(text: &str) -> Option<String> {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = std::str::from_utf8(bytes.get(i + 1..i + 3)?).ok()?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -39,7 +39,10 @@ type Socket = WebSocketStream<Box<dyn Io>>;
 async fn reference() -> String {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    tokio::spawn(keygate::reference::serve(listener, std::future::pending()));
+    tokio::spawn(keygate::dev::serve_reference_upstream(
+        listener,
+        std::future::pending(),
+    ));
     format!("http://{addr}")
 }
 

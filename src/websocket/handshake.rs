@@ -104,7 +104,7 @@ pub fn take_token(uri: &mut Uri) -> Query {
     let mut rest = Vec::new();
     for pair in query.split('&') {
         match pair.split_once('=') {
-            Some(("token", value)) => tokens.push(percent_decode(value)),
+            Some(("token", value)) => tokens.push(crate::path::percent_decode(value)),
             _ if pair == "token" => tokens.push(Some(String::new())),
             _ => rest.push(pair),
         }
@@ -126,24 +126,6 @@ pub fn take_token(uri: &mut Uri) -> Query {
         *uri = Uri::from_parts(parts).unwrap_or_default();
     }
     Query { token, rest }
-}
-
-/// `%XX` decoded (and `+` kept: a JWT has none); `None` for a bad escape.
-fn percent_decode(text: &str) -> Option<String> {
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = std::str::from_utf8(bytes.get(i + 1..i + 3)?).ok()?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).ok()
 }
 
 /// The credential the upgrade itself carries: `?token=` first (the

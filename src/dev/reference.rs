@@ -43,13 +43,13 @@ const MAX_SLEEP_MS: u64 = 60_000;
 const MAX_NAME_LEN: usize = 255;
 
 type HttpResponse = Response<Full<Bytes>>;
-type ApiResult = Result<HttpResponse, ApiError>;
+type ApiResult = Result<HttpResponse, Refusal>;
 type Query = HashMap<String, String>;
 type Entities = HashMap<Uuid, Entity>;
 
 /// Serves the reference service on `listener` until `shutdown` completes.
 pub async fn serve(listener: TcpListener, shutdown: impl std::future::Future<Output = ()>) {
-    let store = Arc::new(Store::default());
+    let store = Arc::new(EntityStore::default());
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
@@ -65,7 +65,7 @@ pub async fn serve(listener: TcpListener, shutdown: impl std::future::Future<Out
     }
 }
 
-fn spawn_connection(stream: TcpStream, store: Arc<Store>) {
+fn spawn_connection(stream: TcpStream, store: Arc<EntityStore>) {
     tokio::spawn(async move {
         let service = service_fn(move |req| handle(req, Arc::clone(&store)));
         let builder = auto::Builder::new(TokioExecutor::new());
@@ -79,12 +79,15 @@ fn spawn_connection(stream: TcpStream, store: Arc<Store>) {
 // ---------------------------------------------------------------------------
 // Routing and identity
 
-async fn handle(req: Request<Incoming>, store: Arc<Store>) -> Result<HttpResponse, Infallible> {
+async fn handle(
+    req: Request<Incoming>,
+    store: Arc<EntityStore>,
+) -> Result<HttpResponse, Infallible> {
     let result = route(req, &store).await;
-    Ok(result.unwrap_or_else(ApiError::into_response))
+    Ok(result.unwrap_or_else(Refusal::into_response))
 }
 
-async fn route(req: Request<Incoming>, store: &Store) -> ApiResult {
+async fn route(req: Request<Incoming>, store: &EntityStore) -> ApiResult {
     let path = req.uri().path().to_owned();
     let method = req.method().clone();
     match (&method, path.as_str()) {
@@ -98,11 +101,11 @@ async fn route(req: Request<Incoming>, store: &Store) -> ApiResult {
         (&Method::GET, "/v3/api-docs") => return Ok(json_response(StatusCode::OK, &openapi())),
         _ if is_under(&path, "/api/noauth/echo") => return echo(req).await,
         _ if !path.starts_with("/api/") || path.starts_with("/api/noauth/") => {
-            return Err(ApiError::not_found());
+            return Err(Refusal::not_found());
         }
         _ => {}
     }
-    let identity = Identity::from_request(&req)?;
+    let identity = Caller::from_request(&req)?;
     if is_under(&path, "/api/echo") {
         return echo(req).await;
     }
@@ -128,7 +131,7 @@ async fn route(req: Request<Incoming>, store: &Store) -> ApiResult {
             _ => {}
         }
     }
-    Err(ApiError::not_found())
+    Err(Refusal::not_found())
 }
 
 fn is_under(path: &str, prefix: &str) -> bool {
@@ -139,19 +142,19 @@ fn is_under(path: &str, prefix: &str) -> bool {
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Authority {
+enum CallerRole {
     SysAdmin,
     TenantAdmin,
     CustomerUser,
 }
 
-struct Identity {
+struct Caller {
     tenant_id: Uuid,
-    authority: Authority,
+    authority: CallerRole,
 }
 
-impl Identity {
-    fn from_request(req: &Request<Incoming>) -> Result<Self, ApiError> {
+impl Caller {
+    fn from_request(req: &Request<Incoming>) -> Result<Self, Refusal> {
         let header = |name: &str| {
             req.headers()
                 .get(name)
@@ -159,15 +162,15 @@ impl Identity {
                 .map(str::trim)
                 .filter(|v| !v.is_empty())
         };
-        header("x-auth-user-id").ok_or_else(ApiError::unauthorized)?;
+        header("x-auth-user-id").ok_or_else(Refusal::unauthorized)?;
         let tenant_id = header("x-auth-tenant-id")
             .and_then(|v| Uuid::parse_str(v).ok())
-            .ok_or_else(ApiError::unauthorized)?;
+            .ok_or_else(Refusal::unauthorized)?;
         let authority = match header("x-auth-authority") {
-            Some("SYS_ADMIN") => Authority::SysAdmin,
-            Some("TENANT_ADMIN") => Authority::TenantAdmin,
-            Some("CUSTOMER_USER") => Authority::CustomerUser,
-            _ => return Err(ApiError::unauthorized()),
+            Some("SYS_ADMIN") => CallerRole::SysAdmin,
+            Some("TENANT_ADMIN") => CallerRole::TenantAdmin,
+            Some("CUSTOMER_USER") => CallerRole::CustomerUser,
+            _ => return Err(Refusal::unauthorized()),
         };
         Ok(Self {
             tenant_id,
@@ -176,10 +179,10 @@ impl Identity {
     }
 
     /// Returns the tenant whose entities the caller may access.
-    fn tenant_for(&self, write: bool) -> Result<Uuid, ApiError> {
+    fn tenant_for(&self, write: bool) -> Result<Uuid, Refusal> {
         match self.authority {
-            Authority::SysAdmin => Err(ApiError::forbidden()),
-            Authority::CustomerUser if write => Err(ApiError::forbidden()),
+            CallerRole::SysAdmin => Err(Refusal::forbidden()),
+            CallerRole::CustomerUser if write => Err(Refusal::forbidden()),
             _ => Ok(self.tenant_id),
         }
     }
@@ -244,11 +247,11 @@ impl Entity {
 }
 
 #[derive(Default)]
-struct Store {
+struct EntityStore {
     entities: Mutex<HashMap<(Uuid, Kind), Entities>>,
 }
 
-impl Store {
+impl EntityStore {
     fn with<R>(&self, tenant: Uuid, kind: Kind, f: impl FnOnce(&mut Entities) -> R) -> R {
         let mut guard = self.entities.lock().unwrap_or_else(PoisonError::into_inner);
         f(guard.entry((tenant, kind)).or_default())
@@ -272,19 +275,19 @@ struct EntityIdRef {
 // ---------------------------------------------------------------------------
 // Entity handlers
 
-async fn save(body: Incoming, store: &Store, identity: &Identity, kind: Kind) -> ApiResult {
+async fn save(body: Incoming, store: &EntityStore, identity: &Caller, kind: Kind) -> ApiResult {
     let tenant = identity.tenant_for(true)?;
     let request: SaveRequest = read_json(body).await?;
     let title = kind.title();
     let name = request.name.as_deref().map(str::trim).unwrap_or_default();
     if name.is_empty() {
-        return Err(ApiError::bad_request(format!(
+        return Err(Refusal::bad_request(format!(
             "{title} name should be specified!"
         )));
     }
     if name.chars().count() > MAX_NAME_LEN {
         let message = format!("{title} name length must be equal or less than {MAX_NAME_LEN}");
-        return Err(ApiError::bad_request(message));
+        return Err(Refusal::bad_request(message));
     }
     let entity_type = request
         .entity_type
@@ -295,14 +298,14 @@ async fn save(body: Incoming, store: &Store, identity: &Identity, kind: Kind) ->
     let existing = request.id.map(|id| id.id);
     store.with(tenant, kind, |entities| {
         if existing.is_some_and(|id| !entities.contains_key(&id)) {
-            return Err(ApiError::not_found());
+            return Err(Refusal::not_found());
         }
         if entities
             .values()
             .any(|e| e.name == name && Some(e.id) != existing)
         {
             let message = format!("{title} with such name already exists!");
-            return Err(ApiError::bad_request(message));
+            return Err(Refusal::bad_request(message));
         }
         let id = existing.unwrap_or_else(Uuid::new_v4);
         let entity = entities.entry(id).or_insert_with(|| Entity {
@@ -321,7 +324,7 @@ async fn save(body: Incoming, store: &Store, identity: &Identity, kind: Kind) ->
     })
 }
 
-fn get(store: &Store, identity: &Identity, kind: Kind, raw_id: &str) -> ApiResult {
+fn get(store: &EntityStore, identity: &Caller, kind: Kind, raw_id: &str) -> ApiResult {
     let tenant = identity.tenant_for(false)?;
     let id = parse_uuid(raw_id)?;
     let found = store.with(tenant, kind, |entities| {
@@ -329,19 +332,19 @@ fn get(store: &Store, identity: &Identity, kind: Kind, raw_id: &str) -> ApiResul
     });
     found
         .map(|record| json_response(StatusCode::OK, &record))
-        .ok_or_else(ApiError::not_found)
+        .ok_or_else(Refusal::not_found)
 }
 
-fn delete(store: &Store, identity: &Identity, kind: Kind, raw_id: &str) -> ApiResult {
+fn delete(store: &EntityStore, identity: &Caller, kind: Kind, raw_id: &str) -> ApiResult {
     let tenant = identity.tenant_for(true)?;
     let id = parse_uuid(raw_id)?;
     let removed = store.with(tenant, kind, |entities| entities.remove(&id));
     removed
         .map(|_| Response::new(Full::default()))
-        .ok_or_else(ApiError::not_found)
+        .ok_or_else(Refusal::not_found)
 }
 
-fn list(store: &Store, identity: &Identity, kind: Kind, query: &Query) -> ApiResult {
+fn list(store: &EntityStore, identity: &Caller, kind: Kind, query: &Query) -> ApiResult {
     let tenant = identity.tenant_for(false)?;
     let page_size = int_param(query, "pageSize", 1)?;
     let page = int_param(query, "page", 0)?;
@@ -384,7 +387,7 @@ fn websocket(mut req: Request<Incoming>) -> ApiResult {
     let key = req
         .headers()
         .get(SEC_WEBSOCKET_KEY)
-        .ok_or_else(|| ApiError::bad_request("Expected a WebSocket upgrade".into()))?;
+        .ok_or_else(|| Refusal::bad_request("Expected a WebSocket upgrade".into()))?;
     let accept = tokio_tungstenite::tungstenite::handshake::derive_accept_key(key.as_bytes());
     let opened = json!({
         "path": req.uri().path(),
@@ -463,8 +466,8 @@ async fn echo(req: Request<Incoming>) -> ApiResult {
     let (parts, mut body) = req.into_parts();
     let mut body_length: u64 = 0;
     while let Some(frame) = body.frame().await {
-        let frame = frame
-            .map_err(|e| ApiError::bad_request(format!("Failed to read request body: {e}")))?;
+        let frame =
+            frame.map_err(|e| Refusal::bad_request(format!("Failed to read request body: {e}")))?;
         if let Some(data) = frame.data_ref() {
             body_length += data.len() as u64;
         }
@@ -484,7 +487,7 @@ async fn echo(req: Request<Incoming>) -> ApiResult {
 async fn slow(query: &Query) -> ApiResult {
     let raw = query.get("ms").map_or("0", String::as_str);
     let requested = raw.parse::<u64>().map_err(|_| {
-        ApiError::bad_request(format!(
+        Refusal::bad_request(format!(
             "Parameter 'ms' must be an integer >= 0, got '{raw}'"
         ))
     })?;
@@ -496,33 +499,33 @@ async fn slow(query: &Query) -> ApiResult {
 // ---------------------------------------------------------------------------
 // Request helpers
 
-async fn read_json<T: DeserializeOwned>(body: Incoming) -> Result<T, ApiError> {
+async fn read_json<T: DeserializeOwned>(body: Incoming) -> Result<T, Refusal> {
     let collected = Limited::new(body, MAX_JSON_BODY)
         .collect()
         .await
         .map_err(|err| {
             if err.is::<LengthLimitError>() {
-                ApiError::too_large()
+                Refusal::too_large()
             } else {
-                ApiError::bad_request(format!("Failed to read request body: {err}"))
+                Refusal::bad_request(format!("Failed to read request body: {err}"))
             }
         })?;
     serde_json::from_slice(&collected.to_bytes())
-        .map_err(|err| ApiError::bad_request(format!("Invalid JSON request body: {err}")))
+        .map_err(|err| Refusal::bad_request(format!("Invalid JSON request body: {err}")))
 }
 
-fn parse_uuid(raw: &str) -> Result<Uuid, ApiError> {
-    Uuid::parse_str(raw).map_err(|_| ApiError::bad_request(format!("Invalid UUID string: {raw}")))
+fn parse_uuid(raw: &str) -> Result<Uuid, Refusal> {
+    Uuid::parse_str(raw).map_err(|_| Refusal::bad_request(format!("Invalid UUID string: {raw}")))
 }
 
-fn int_param(query: &Query, name: &str, min: usize) -> Result<usize, ApiError> {
+fn int_param(query: &Query, name: &str, min: usize) -> Result<usize, Refusal> {
     let Some(raw) = query.get(name) else {
         let message = format!("Required request parameter '{name}' is not present");
-        return Err(ApiError::bad_request(message));
+        return Err(Refusal::bad_request(message));
     };
     match raw.parse::<usize>() {
         Ok(value) if value >= min => Ok(value),
-        _ => Err(ApiError::bad_request(format!(
+        _ => Err(Refusal::bad_request(format!(
             "Parameter '{name}' must be an integer >= {min}, got '{raw}'"
         ))),
     }
@@ -534,31 +537,17 @@ fn parse_query(query: Option<&str>) -> Query {
     for pair in pairs.filter(|p| !p.is_empty()) {
         let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
         params
-            .entry(percent_decode(key))
-            .or_insert_with(|| percent_decode(value));
+            .entry(form_decode(key))
+            .or_insert_with(|| form_decode(value));
     }
     params
 }
 
-fn percent_decode(input: &str) -> String {
-    let bytes = input.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let hex = input
-            .get(i + 1..i + 3)
-            .filter(|h| h.bytes().all(|b| b.is_ascii_hexdigit()));
-        match (bytes[i], hex.and_then(|h| u8::from_str_radix(h, 16).ok())) {
-            (b'%', Some(decoded)) => {
-                out.push(decoded);
-                i += 2;
-            }
-            (b'+', _) => out.push(b' '),
-            (byte, _) => out.push(byte),
-        }
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
+/// A form-encoded query component: `+` is a space, a broken escape is kept
+/// as it was sent.
+fn form_decode(input: &str) -> String {
+    let spaced = input.replace('+', "%20");
+    crate::path::percent_decode(&spaced).unwrap_or(spaced)
 }
 
 fn now_ms() -> i64 {
@@ -582,13 +571,13 @@ fn response(status: StatusCode, content_type: &'static str, body: Bytes) -> Http
     response
 }
 
-struct ApiError {
+struct Refusal {
     status: StatusCode,
     code: u32,
     message: String,
 }
 
-impl ApiError {
+impl Refusal {
     fn new(status: StatusCode, code: u32, message: impl Into<String>) -> Self {
         Self {
             status,

@@ -9,6 +9,13 @@
 //! that goes through to the upstream with that key. Never for production: the
 //! upstream keeps its data in memory and the key is printed.
 
+mod reference;
+
+/// The reference entity service ([`reference`]): serves `listener` until
+/// `shutdown`. Used by `serve --dev`, the `entity_service` example and the
+/// tests; it is a demonstration upstream, not part of the gateway.
+pub use reference::serve as serve_reference_upstream;
+
 use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
@@ -47,7 +54,7 @@ pub async fn start_reference(settings: &mut Settings) -> Result<SocketAddr, DevE
         .await
         .map_err(DevError::Upstream)?;
     let addr = listener.local_addr().map_err(DevError::Upstream)?;
-    tokio::spawn(crate::reference::serve(listener, std::future::pending()));
+    tokio::spawn(reference::serve(listener, std::future::pending()));
     let upstream: UpstreamUrl = format!("http://{addr}")
         .parse()
         .expect("a socket address makes a URI");
