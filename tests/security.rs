@@ -480,6 +480,39 @@ async fn semicolon_and_double_encoded_paths_cannot_reach_a_protected_route_as_pu
     assert!(upstream.requests().is_empty(), "nothing was forwarded");
 }
 
+/// Sent byte for byte (an HTTP client would percent-encode them): raw
+/// Unicode look-alike dots, and `;` encoded in both cases.
+#[tokio::test]
+async fn raw_unicode_dots_and_encoded_semicolons_cannot_reach_a_protected_route_as_public() {
+    let upstream = Upstream::start().await;
+    let gw = Gateway::start(&upstream.url(), "").await;
+    for path in [
+        "/api/noauth/\u{FF0E}\u{FF0E}/tenant/devices",
+        "/api/noauth/\u{2024}\u{2024}/tenant/devices",
+        "/api/noauth/\u{FE52}\u{FE52}/tenant/devices",
+        "/api/noauth/..%3B/device/x",
+        "/api/noauth/..%3bjsessionid=1/device/x",
+    ] {
+        let request =
+            format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+        let response = raw_http(gw.running.http.unwrap(), &request).await;
+        assert!(response.starts_with("HTTP/1.1 400"), "{path}: {response}");
+        let body = response.split("\r\n\r\n").nth(1).unwrap_or_default();
+        let json: serde_json::Value = serde_json::from_str(body)
+            .unwrap_or_else(|e| panic!("{path}: not the contract's JSON ({e}): {response}"));
+        assert_eq!(json["status"], 400, "{path}: {json}");
+        assert_eq!(json["errorCode"], 31, "{path}: {json}");
+        assert!(json["timestamp"].as_u64().is_some(), "{path}: {json}");
+    }
+    assert!(upstream.requests().is_empty(), "nothing was forwarded");
+    // The same request with a plain name is forwarded: the refusals above
+    // are the path's, not the raw client's.
+    let request = "GET /api/noauth/info HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n";
+    let response = raw_http(gw.running.http.unwrap(), request).await;
+    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+    assert_eq!(upstream.requests().len(), 1);
+}
+
 #[tokio::test]
 async fn api_key_sent_in_clear_to_a_public_route_is_refused_and_disabled() {
     let upstream = Upstream::start().await;
