@@ -1024,3 +1024,136 @@ async fn a_socket_that_never_reads_is_held_back_not_buffered() {
         .expect("another socket answered at once");
     assert_eq!(reply["received"]["cmds"][0]["cmdId"], 2);
 }
+
+/// An upgrade to `path` over TLS with `credential`, asking the connection to
+/// close after the answer; the raw answer.
+async fn raw_upgrade(gw: &Gateway, path: &str, credential: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let port = gw.running.https.unwrap().port();
+    let tcp = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    let server_name = rustls_pki_types::ServerName::try_from("localhost").unwrap();
+    let mut tls = common::tls_connector(&gw.ca_pem)
+        .connect(server_name, tcp)
+        .await
+        .unwrap();
+    let request = format!(
+        "GET {path} HTTP/1.1\r\nHost: localhost\r\nUpgrade: websocket\r\n\
+         Connection: Upgrade, close\r\nSec-WebSocket-Version: 13\r\n\
+         Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nX-Authorization: {credential}\r\n\r\n"
+    );
+    tls.write_all(request.as_bytes()).await.unwrap();
+    let mut out = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(10), tls.read_to_end(&mut out)).await;
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// A day's quota, so no window ends while a test runs.
+const QUOTA_OF_20: &str = "[quota]\nper_key = \"20/d\"\n";
+
+#[tokio::test]
+async fn websocket_upgrades_with_one_key_reach_the_upstream_only_within_the_quota() {
+    let upstream = common::Upstream::start().await;
+    let gw = Gateway::start(&upstream.url(), QUOTA_OF_20).await;
+    let user = gw
+        .user("ws-quota@example.com", Authority::TenantAdmin)
+        .await;
+    let (_, key) = gw.api_key(&user, 0).await;
+    let credential = format!("ApiKey {key}");
+    // `/api/stream` is a proxied route, not a WebSocket route. The first of
+    // the hundred, read byte for byte: an admitted 101 tells the quota.
+    let first = raw_upgrade(&gw, "/api/stream", &credential).await;
+    assert!(first.starts_with("HTTP/1.1 101"), "{first}");
+    let head = first
+        .split("\r\n\r\n")
+        .next()
+        .unwrap_or_default()
+        .to_lowercase();
+    assert!(
+        head.contains("ratelimit-policy: \"per-key\";q=20;w=86400"),
+        "{head}"
+    );
+    let (mut upgraded, mut refused) = (1, 0);
+    for _ in 1..100 {
+        let headers = [("X-Authorization", credential.as_str())];
+        match try_open(&gw, Scheme::Wss, "/api/stream", &headers).await {
+            Ok(_) => upgraded += 1,
+            Err(tungstenite::Error::Http(response)) => {
+                assert_eq!(response.status(), 429);
+                assert!(response.headers().contains_key("retry-after"));
+                refused += 1;
+            }
+            Err(other) => panic!("expected a 101 or a 429, got {other}"),
+        }
+    }
+    println!("{upgraded} upgrades answered 101, {refused} refused");
+    assert_eq!((upgraded, refused), (20, 80));
+    // One more, read byte for byte: the refusal is the contract's.
+    let response = raw_upgrade(&gw, "/api/stream", &credential).await;
+    assert!(response.starts_with("HTTP/1.1 429"), "{response}");
+    let body = response.split("\r\n\r\n").nth(1).unwrap_or_default();
+    let json: Value = serde_json::from_str(body).expect("the contract's JSON");
+    assert_eq!(json["errorCode"], 33, "{json}");
+    assert_eq!(json["status"], 429, "{json}");
+    assert_eq!(json["message"], "Too many requests", "{json}");
+    assert!(json["timestamp"].as_u64().is_some(), "{json}");
+    let upgrades = || {
+        upstream
+            .requests()
+            .iter()
+            .filter(|r| r.path_and_query == "/api/stream")
+            .count()
+    };
+    // Admitted sockets reach the upstream after their 101: wait for them all.
+    common::wait_until(
+        "the admitted upgrades reach the upstream",
+        LOADED,
+        async || upgrades() >= 20,
+    )
+    .await;
+    assert_eq!(
+        upgrades(),
+        20,
+        "only the quota's worth reached the upstream"
+    );
+}
+
+#[tokio::test]
+async fn platform_sockets_with_one_key_reach_the_upstream_only_within_the_quota() {
+    let upstream = common::Upstream::start().await;
+    let gw = Gateway::start(&upstream.url(), QUOTA_OF_20).await;
+    let user = gw
+        .user("ws-quota@example.com", Authority::TenantAdmin)
+        .await;
+    let (_, key) = gw.api_key(&user, 0).await;
+    let credential = format!("ApiKey {key}");
+    let (mut admitted, mut refused) = (0, 0);
+    for _ in 0..100 {
+        let headers = [("X-Authorization", credential.as_str())];
+        let mut socket = try_open(&gw, Scheme::Wss, "/api/ws", &headers)
+            .await
+            .unwrap();
+        // The recording upstream speaks no WebSocket: an admitted socket
+        // reaches it and closes 1011; a refused one never does.
+        match close_of(&mut socket).await {
+            (1011, _) => admitted += 1,
+            (1008, reason) => {
+                assert_eq!(reason, "Too many requests");
+                refused += 1;
+            }
+            other => panic!("unexpected close {other:?}"),
+        }
+    }
+    println!("{admitted} sockets admitted, {refused} refused");
+    assert_eq!((admitted, refused), (20, 80));
+    let upgrades = upstream
+        .requests()
+        .iter()
+        .filter(|r| r.path_and_query == "/api/ws")
+        .count();
+    assert_eq!(upgrades, 20, "only the quota's worth reached the upstream");
+    let metrics = gw.metrics().await;
+    assert!(
+        metrics.contains(r#"keygate_quota_rejected_total{dimension="key"} 80"#),
+        "{metrics}"
+    );
+}
