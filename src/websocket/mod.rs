@@ -16,7 +16,9 @@
 //! (closed 1008 "Too many requests" when over).
 //!
 //! A socket holds its credential in [`crate::auth::live`]: a revocation wakes
-//! it, it verifies again, and closes with 1008 when the credential died. The
+//! it, it verifies again, and closes with 1008 when the credential died; it
+//! also verifies again unprompted at least once per `cache.ttl`, for changes
+//! no revocation announces ([`splice`]). The
 //! same registry counts sockets per user and per tenant, and with Redis
 //! those counts are shared with the other replicas ([`seat`]).
 
@@ -67,6 +69,9 @@ pub struct WebSockets {
     seats: Option<Arc<Seats>>,
     /// The request quotas a socket on a WebSocket route counts against.
     quotas: Arc<Quotas>,
+    /// How often at least an open socket verifies its credential again
+    /// unprompted: `cache.ttl`, how stale a cached state may be.
+    recheck_every: std::time::Duration,
 }
 
 /// How a socket on a WebSocket route is to be authenticated.
@@ -116,6 +121,7 @@ impl WebSockets {
             access_log: settings.log.access_log,
             seats,
             quotas,
+            recheck_every: settings.cache.ttl,
         }
     }
 

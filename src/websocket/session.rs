@@ -109,6 +109,7 @@ impl Session {
                 held: seat.held(),
                 credential,
                 auth: &self.sockets.auth,
+                every: self.sockets.recheck_every,
             }),
             _ => None,
         };
