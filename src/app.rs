@@ -5,7 +5,9 @@
 //!    answers itself, or a proxied route;
 //! 3. [`App::authenticate`]: the credential, where the target asks for one;
 //! 4. [`App::admit_quota`]: the request quotas of the identity, for a proxied
-//!    route (decided from local counters, never waiting on Redis);
+//!    route, WebSocket upgrades included (decided from local counters, never
+//!    waiting on Redis; a platform WebSocket route authenticates after the
+//!    upgrade, so its socket counts there, [`crate::websocket`]);
 //! 5. [`App::headers_to_upstream`], [`App::forward`], [`App::headers_to_client`]
 //!    for a proxied route;
 //! 6. [`App::log`]: metrics and the access log.
@@ -125,6 +127,7 @@ impl App {
             auth.clone(),
             &metrics,
             limits.seats,
+            limits.quotas.clone(),
         ));
         let browser = settings
             .api_browser
@@ -271,9 +274,18 @@ impl App {
             }
             Target::Proxied(route) if upgrade => {
                 ex.identity = self.authenticate(&req, !route.public).await?;
+                // An upgrade is a request like any other to the quotas,
+                // counted before anything reaches the upstream.
+                let grant = match self.admit_quota(route, ex) {
+                    Ok(grant) => grant,
+                    Err(refusal) => return Ok(refusal.into_response()),
+                };
                 let credential = credential::parse(req.headers()).ok();
                 let checked = ex.identity.clone().zip(credential);
-                self.upgrade(route, &route.name, req, &path, ex, Start::Checked(checked))
+                let start = Start::Checked(checked);
+                let mut response = self.upgrade(route, &route.name, req, &path, ex, start)?;
+                grant.write_headers(response.headers_mut());
+                Ok(response)
             }
             Target::Proxied(route) => {
                 ex.identity = self.authenticate(&req, !route.public).await?;

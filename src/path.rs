@@ -5,14 +5,19 @@
 //! repaired, so no later decoding can change the meaning:
 //! - a percent-encoded `/`, `\`, `.` or NUL, a raw `\`, a broken escape, or a
 //!   `..` above the root;
-//! - a `;` anywhere in the path: servlet containers (the platform's among them)
-//!   strip `;` parameters from segments, so `/api/noauth/..;/x` would be `..`
-//!   to them and a plain name to us;
+//! - a `;` anywhere in the path, raw or encoded (`%3B`): servlet containers
+//!   (the platform's among them) strip `;` parameters from segments, so
+//!   `/api/noauth/..;/x` would be `..` to them and a plain name to us, and a
+//!   container that decodes before it strips reads `..%3B` the same way;
+//! - a raw byte outside ASCII: RFC 3986 has none in a URI (clients
+//!   percent-encode them), and a raw `．．` (U+FF0E) would otherwise reach a
+//!   server that folds it to `..` without any of the checks below;
 //! - an encoded `%` (`%25`), the mark of a double encoding: `%252e` is `%2e`
 //!   after one decoding and `.` after two (`%25%32%65` likewise);
 //! - percent-escapes that do not decode to UTF-8 (overlong forms such as
 //!   `%c0%ae` for `.`), and segments made only of dots where some are Unicode
-//!   look-alikes (`%ef%bc%8e`, U+FF0E) that some servers fold to `.`.
+//!   look-alikes (`%ef%bc%8e`, U+FF0E) that some servers fold to `.`, and
+//!   characters such servers fold to `/` or `\` (`%ef%bc%8f`, U+FF0F).
 
 use std::borrow::Cow;
 
@@ -34,14 +39,25 @@ pub enum PathError {
     DoubleEncoded,
     #[error("path does not decode to UTF-8")]
     BadEncoding,
+    #[error("path contains a raw non-ASCII byte (percent-encode it)")]
+    RawNonAscii,
 }
 
-/// Characters some servers fold to `.` (fullwidth full stop, one dot leader,
-/// small full stop).
-const DOT_LOOKALIKES: &[char] = &['\u{FF0E}', '\u{2024}', '\u{FE52}'];
+/// Characters some servers fold to dots (Unicode compatibility
+/// normalisation, NFKC): fullwidth full stop, one dot leader, small full stop
+/// (each `.`), two dot leader (`..`) and the ellipsis (`...`).
+const DOT_LOOKALIKES: &[char] = &['\u{FF0E}', '\u{2024}', '\u{FE52}', '\u{2025}', '\u{2026}'];
+
+/// Characters the same folding turns into (or into text holding) a `/` or a
+/// `\`: fullwidth solidus and reverse solidus, small reverse solidus, and the
+/// `a/c`, `a/s`, `c/o`, `c/u` symbols.
+const SEPARATOR_LOOKALIKES: &[char] = &[
+    '\u{FF0F}', '\u{FF3C}', '\u{FE68}', '\u{2100}', '\u{2101}', '\u{2105}', '\u{2106}',
+];
 
 /// Checks what the escapes of a path decode to (only called when some decode
-/// to a non-ASCII byte): valid UTF-8, and no segment of dots and dot look-alikes.
+/// to a non-ASCII byte): valid UTF-8, no separator look-alike, and no segment
+/// of dots and dot look-alikes.
 fn check_decoded(path: &str) -> Result<(), PathError> {
     let bytes = path.as_bytes();
     let mut decoded = Vec::with_capacity(bytes.len());
@@ -59,6 +75,9 @@ fn check_decoded(path: &str) -> Result<(), PathError> {
         }
     }
     let text = std::str::from_utf8(&decoded).map_err(|_| PathError::BadEncoding)?;
+    if text.contains(SEPARATOR_LOOKALIKES) {
+        return Err(PathError::EncodedSeparator);
+    }
     let dotlike = |c: char| c == '.' || DOT_LOOKALIKES.contains(&c);
     if text
         .split('/')
@@ -94,12 +113,16 @@ pub fn normalize(path: &str) -> Result<Cow<'_, str>, PathError> {
                 if value == b'%' {
                     return Err(PathError::DoubleEncoded);
                 }
+                if value == b';' {
+                    return Err(PathError::Semicolon);
+                }
                 non_ascii_escape |= !value.is_ascii();
                 i += 3;
                 continue;
             }
             b'\\' => return Err(PathError::Backslash),
             b';' => return Err(PathError::Semicolon),
+            byte if !byte.is_ascii() => return Err(PathError::RawNonAscii),
             b'.' if bytes[i - 1] == b'/' => needs_dot_work = true,
             _ => {}
         }
@@ -233,8 +256,39 @@ mod tests {
         ] {
             assert_eq!(normalize(p), Err(PathError::Semicolon), "{p}");
         }
-        // An encoded ';' is data, not a parameter separator.
-        assert!(normalize("/api/a%3Bb").is_ok());
+        // Encoded, it is refused the same: a container may decode first.
+        for p in [
+            "/api/noauth/..%3B/device/x",
+            "/api/noauth/..%3bjsessionid=1/device/x",
+            "/api/a%3Bb",
+        ] {
+            assert_eq!(normalize(p), Err(PathError::Semicolon), "{p}");
+        }
+    }
+
+    #[test]
+    fn raw_non_ascii_bytes_are_refused() {
+        for p in [
+            "/api/noauth/\u{FF0E}\u{FF0E}/tenant/devices",
+            "/api/noauth/\u{2024}\u{2024}/x",
+            "/api/noauth/\u{FE52}\u{FE52}/x",
+            "/api/caf\u{e9}",
+        ] {
+            assert_eq!(normalize(p), Err(PathError::RawNonAscii), "{p}");
+        }
+    }
+
+    #[test]
+    fn encoded_separator_and_dot_lookalikes_are_refused() {
+        for p in [
+            "/api/noauth/%ef%bc%8e%ef%bc%8e%ef%bc%8ftenant/devices",
+            "/api/noauth/..%ef%bc%bcx",
+            "/api/noauth/%e2%80%a5/x",
+            "/api/noauth/%ef%b9%92/x",
+            "/api/%e2%84%80",
+        ] {
+            assert_eq!(normalize(p), Err(PathError::EncodedSeparator), "{p}");
+        }
     }
 
     #[test]

@@ -1,12 +1,13 @@
 //! Several replicas on one PostgreSQL store: a revocation made through one
-//! reaches the others within a second, also across a lost listening connection.
+//! reaches the others within a second, also across a lost listening connection;
+//! replicas started together on an empty database all come up.
 //! Runs when KEYGATE_TEST_DATABASE_URL is set (CI sets it).
 
 mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{Gateway, Upstream, drop_schema, fresh_schema};
+use common::{Gateway, Process, Upstream, drop_schema, fresh_schema};
 use keygate::identity::Authority;
 use sqlx::Connection;
 use sqlx::postgres::PgConnection;
@@ -215,4 +216,91 @@ async fn the_store_keeps_working_after_the_worker_threads_of_its_server_stop() {
     }
     drop(dir);
     drop_schema(&base, &schema).await;
+}
+
+/// Starts `keygate serve` once per config, all at the same instant; each
+/// is returned once its log says it serves (a replica that exits first fails
+/// the test with its log).
+async fn start_together(configs: Vec<std::path::PathBuf>) -> Vec<Process> {
+    tokio::task::spawn_blocking(move || {
+        let start = std::sync::Barrier::new(configs.len());
+        std::thread::scope(|scope| {
+            let started: Vec<_> = configs
+                .iter()
+                .map(|config| {
+                    let start = &start;
+                    scope.spawn(move || {
+                        start.wait();
+                        Process::spawn(config, "info")
+                    })
+                })
+                .collect();
+            started
+                .into_iter()
+                .map(|replica| replica.join().expect("every replica came up"))
+                .collect()
+        })
+    })
+    .await
+    .unwrap()
+}
+
+/// Every replica of a deployment starts at once on a database nothing has
+/// migrated yet: each must come up, the migrations applied once. The race
+/// is one of milliseconds, so it is run on a few fresh schemas (before the
+/// lock came first, one round of eight failed two times in three).
+#[tokio::test]
+async fn replicas_started_together_on_an_empty_database_all_come_up() {
+    const REPLICAS: usize = 8;
+    const ROUNDS: usize = 3;
+    let Ok(base) = std::env::var("KEYGATE_TEST_DATABASE_URL") else {
+        println!("KEYGATE_TEST_DATABASE_URL is not set: PostgreSQL test not run");
+        return;
+    };
+    let upstream = Upstream::start().await;
+    for round in 0..ROUNDS {
+        let (url, schema) = fresh_schema(&base).await;
+        let dirs: Vec<tempfile::TempDir> = (0..REPLICAS)
+            .map(|_| tempfile::tempdir().unwrap())
+            .collect();
+        let configs = dirs
+            .iter()
+            .map(|dir| {
+                let data = dir.path().display();
+                let config = dir.path().join("keygate.toml");
+                std::fs::write(
+                    &config,
+                    format!(
+                        "[server]\ndata_dir = \"{data}\"\n[listen]\nhttps = \"127.0.0.1:0\"\nhttp = \"127.0.0.1:0\"\nadmin = \"127.0.0.1:0\"\n\
+                         [store]\nurl = \"{url}\"\n[[route]]\nprefix = \"/api/noauth/\"\nupstreams = [\"{}\"]\npublic = true\n",
+                        upstream.url()
+                    ),
+                )
+                .unwrap();
+                config
+            })
+            .collect();
+        let processes = start_together(configs).await;
+        for (n, process) in processes.iter().enumerate() {
+            let ready = reqwest::get(format!("http://127.0.0.1:{}/readyz", process.admin))
+                .await
+                .unwrap();
+            assert_eq!(ready.status(), 200, "round {round}: replica {n} is ready");
+            let served = reqwest::get(format!("http://127.0.0.1:{}/api/noauth/x", process.http))
+                .await
+                .unwrap();
+            assert_eq!(served.status(), 200, "round {round}: replica {n} serves");
+        }
+        let mut admin = PgConnection::connect(&base).await.unwrap();
+        let (applied, distinct): (i64, i64) = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "SELECT COUNT(*), COUNT(DISTINCT version) FROM {schema}.keygate_migrations"
+        )))
+        .fetch_one(&mut admin)
+        .await
+        .unwrap();
+        assert!(applied > 0, "the migrations were recorded");
+        assert_eq!(applied, distinct, "each migration was applied once");
+        drop(processes);
+        drop_schema(&base, &schema).await;
+    }
 }

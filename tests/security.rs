@@ -480,6 +480,39 @@ async fn semicolon_and_double_encoded_paths_cannot_reach_a_protected_route_as_pu
     assert!(upstream.requests().is_empty(), "nothing was forwarded");
 }
 
+/// Sent byte for byte (an HTTP client would percent-encode them): raw
+/// Unicode look-alike dots, and `;` encoded in both cases.
+#[tokio::test]
+async fn raw_unicode_dots_and_encoded_semicolons_cannot_reach_a_protected_route_as_public() {
+    let upstream = Upstream::start().await;
+    let gw = Gateway::start(&upstream.url(), "").await;
+    for path in [
+        "/api/noauth/\u{FF0E}\u{FF0E}/tenant/devices",
+        "/api/noauth/\u{2024}\u{2024}/tenant/devices",
+        "/api/noauth/\u{FE52}\u{FE52}/tenant/devices",
+        "/api/noauth/..%3B/device/x",
+        "/api/noauth/..%3bjsessionid=1/device/x",
+    ] {
+        let request =
+            format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+        let response = raw_http(gw.running.http.unwrap(), &request).await;
+        assert!(response.starts_with("HTTP/1.1 400"), "{path}: {response}");
+        let body = response.split("\r\n\r\n").nth(1).unwrap_or_default();
+        let json: serde_json::Value = serde_json::from_str(body)
+            .unwrap_or_else(|e| panic!("{path}: not the contract's JSON ({e}): {response}"));
+        assert_eq!(json["status"], 400, "{path}: {json}");
+        assert_eq!(json["errorCode"], 31, "{path}: {json}");
+        assert!(json["timestamp"].as_u64().is_some(), "{path}: {json}");
+    }
+    assert!(upstream.requests().is_empty(), "nothing was forwarded");
+    // The same request with a plain name is forwarded: the refusals above
+    // are the path's, not the raw client's.
+    let request = "GET /api/noauth/info HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n";
+    let response = raw_http(gw.running.http.unwrap(), request).await;
+    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+    assert_eq!(upstream.requests().len(), 1);
+}
+
 #[tokio::test]
 async fn api_key_sent_in_clear_to_a_public_route_is_refused_and_disabled() {
     let upstream = Upstream::start().await;
@@ -707,4 +740,90 @@ async fn a_plain_chunked_request_still_passes_the_framing_check() {
     let response = raw_http(gw.running.http.unwrap(), request).await;
     assert!(response.starts_with("HTTP/1.1 200"), "{response}");
     assert_eq!(upstream.last().body_len, 5);
+}
+
+/// An upstream on raw TCP that answers `101 Switching Protocols` to any
+/// request whose path holds `/switch` (and then holds the connection, as
+/// an upgraded one), and `200` to the rest; counts the requests it read.
+async fn switching_upstream() -> (
+    std::net::SocketAddr,
+    std::sync::Arc<std::sync::atomic::AtomicUsize>,
+) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let seen = std::sync::Arc::new(AtomicUsize::new(0));
+    let counted = seen.clone();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let counted = counted.clone();
+            tokio::spawn(async move {
+                let mut buffer = Vec::new();
+                let mut chunk = [0u8; 4096];
+                loop {
+                    let Some(end) = buffer.windows(4).position(|w| w == b"\r\n\r\n") else {
+                        match stream.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buffer.extend_from_slice(&chunk[..n]),
+                        }
+                        continue;
+                    };
+                    let head = String::from_utf8_lossy(&buffer[..end]).into_owned();
+                    buffer.drain(..end + 4);
+                    counted.fetch_add(1, Ordering::SeqCst);
+                    if head.lines().next().unwrap_or("").contains("/switch") {
+                        let _ = stream
+                            .write_all(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: raw\r\nConnection: Upgrade\r\n\r\n")
+                            .await;
+                        // Upgraded, as far as this side knows: read and ignore.
+                        while matches!(stream.read(&mut chunk).await, Ok(n) if n > 0) {}
+                        return;
+                    }
+                    let body = r#"{"ok":true}"#;
+                    let answer = format!(
+                        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+                        body.len()
+                    );
+                    if stream.write_all(answer.as_bytes()).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (addr, seen)
+}
+
+#[tokio::test]
+async fn upstream_101_on_a_plain_request_is_a_502_and_the_pipelined_request_after_it_is_answered() {
+    let (upstream, seen) = switching_upstream().await;
+    let gw = Gateway::start(&format!("http://{upstream}"), "").await;
+    let request = "GET /api/noauth/switch HTTP/1.1\r\nHost: localhost\r\n\r\n\
+                   GET /api/noauth/after HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n";
+    let response = raw_http(gw.running.http.unwrap(), request).await;
+    assert!(response.starts_with("HTTP/1.1 502"), "{response}");
+    assert!(
+        !response.contains("HTTP/1.1 101"),
+        "no 101 reached the client: {response}"
+    );
+    let first = response.split("HTTP/1.1 ").nth(1).unwrap_or_default();
+    assert!(first.contains(r#""errorCode":2"#), "{response}");
+    assert!(first.contains(r#""status":502"#), "{response}");
+    assert_eq!(
+        response.matches("HTTP/1.1 ").count(),
+        2,
+        "both requests were answered: {response}"
+    );
+    let second = response.split("HTTP/1.1 ").nth(2).unwrap_or_default();
+    assert!(second.starts_with("200"), "{response}");
+    assert!(second.contains(r#"{"ok":true}"#), "{response}");
+    assert_eq!(seen.load(std::sync::atomic::Ordering::SeqCst), 2);
+    let metrics = gw.metrics().await;
+    let reset =
+        format!(r#"keygate_upstream_errors_total{{kind="reset",upstream="http://{upstream}"}} 1"#);
+    assert!(
+        metrics.contains(&reset),
+        "counted as an upstream error:\n{metrics}"
+    );
 }

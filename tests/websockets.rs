@@ -984,7 +984,8 @@ async fn a_socket_that_never_reads_is_held_back_not_buffered() {
         .await;
     let (_, token) = gw.access_token(&user).await;
     let mut socket = open(&gw, "/api/ws").await;
-    send(&mut socket, &auth_cmd_token(&token, json!([]))).await;
+    let auth_cmd = json!({"authCmd": {"cmdId": 0, "token": token}}).to_string();
+    send(&mut socket, &auth_cmd).await;
     let before = own_rss_kib();
 
     // Each message makes the reference upstream answer with at least as much.
@@ -1026,4 +1027,336 @@ async fn a_socket_that_never_reads_is_held_back_not_buffered() {
         .await
         .expect("another socket answered at once");
     assert_eq!(reply["received"]["cmds"][0]["cmdId"], 2);
+}
+
+/// An upgrade to `path` over TLS with `credential`, asking the connection to
+/// close after the answer; the raw answer.
+async fn raw_upgrade(gw: &Gateway, path: &str, credential: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let port = gw.running.https.unwrap().port();
+    let tcp = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    let server_name = rustls_pki_types::ServerName::try_from("localhost").unwrap();
+    let mut tls = common::tls_connector(&gw.ca_pem)
+        .connect(server_name, tcp)
+        .await
+        .unwrap();
+    let request = format!(
+        "GET {path} HTTP/1.1\r\nHost: localhost\r\nUpgrade: websocket\r\n\
+         Connection: Upgrade, close\r\nSec-WebSocket-Version: 13\r\n\
+         Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nX-Authorization: {credential}\r\n\r\n"
+    );
+    tls.write_all(request.as_bytes()).await.unwrap();
+    let mut out = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(10), tls.read_to_end(&mut out)).await;
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// A day's quota, so no window ends while a test runs.
+const QUOTA_OF_20: &str = "[quota]\nper_key = \"20/d\"\n";
+
+#[tokio::test]
+async fn websocket_upgrades_with_one_key_reach_the_upstream_only_within_the_quota() {
+    let upstream = common::Upstream::start().await;
+    let gw = Gateway::start(&upstream.url(), QUOTA_OF_20).await;
+    let user = gw
+        .user("ws-quota@example.com", Authority::TenantAdmin)
+        .await;
+    let (_, key) = gw.api_key(&user, 0).await;
+    let credential = format!("ApiKey {key}");
+    // `/api/stream` is a proxied route, not a WebSocket route. The first of
+    // the hundred, read byte for byte: an admitted 101 tells the quota.
+    let first = raw_upgrade(&gw, "/api/stream", &credential).await;
+    assert!(first.starts_with("HTTP/1.1 101"), "{first}");
+    let head = first
+        .split("\r\n\r\n")
+        .next()
+        .unwrap_or_default()
+        .to_lowercase();
+    assert!(
+        head.contains("ratelimit-policy: \"per-key\";q=20;w=86400"),
+        "{head}"
+    );
+    let (mut upgraded, mut refused) = (1, 0);
+    for _ in 1..100 {
+        let headers = [("X-Authorization", credential.as_str())];
+        match try_open(&gw, Scheme::Wss, "/api/stream", &headers).await {
+            Ok(_) => upgraded += 1,
+            Err(tungstenite::Error::Http(response)) => {
+                assert_eq!(response.status(), 429);
+                assert!(response.headers().contains_key("retry-after"));
+                refused += 1;
+            }
+            Err(other) => panic!("expected a 101 or a 429, got {other}"),
+        }
+    }
+    println!("{upgraded} upgrades answered 101, {refused} refused");
+    assert_eq!((upgraded, refused), (20, 80));
+    // One more, read byte for byte: the refusal is the contract's.
+    let response = raw_upgrade(&gw, "/api/stream", &credential).await;
+    assert!(response.starts_with("HTTP/1.1 429"), "{response}");
+    let body = response.split("\r\n\r\n").nth(1).unwrap_or_default();
+    let json: Value = serde_json::from_str(body).expect("the contract's JSON");
+    assert_eq!(json["errorCode"], 33, "{json}");
+    assert_eq!(json["status"], 429, "{json}");
+    assert_eq!(json["message"], "Too many requests", "{json}");
+    assert!(json["timestamp"].as_u64().is_some(), "{json}");
+    let upgrades = || {
+        upstream
+            .requests()
+            .iter()
+            .filter(|r| r.path_and_query == "/api/stream")
+            .count()
+    };
+    // Admitted sockets reach the upstream after their 101: wait for them all.
+    common::wait_until(
+        "the admitted upgrades reach the upstream",
+        LOADED,
+        async || upgrades() >= 20,
+    )
+    .await;
+    assert_eq!(
+        upgrades(),
+        20,
+        "only the quota's worth reached the upstream"
+    );
+}
+
+#[tokio::test]
+async fn platform_sockets_with_one_key_reach_the_upstream_only_within_the_quota() {
+    let upstream = common::Upstream::start().await;
+    let gw = Gateway::start(&upstream.url(), QUOTA_OF_20).await;
+    let user = gw
+        .user("ws-quota@example.com", Authority::TenantAdmin)
+        .await;
+    let (_, key) = gw.api_key(&user, 0).await;
+    let credential = format!("ApiKey {key}");
+    let (mut admitted, mut refused) = (0, 0);
+    for _ in 0..100 {
+        let headers = [("X-Authorization", credential.as_str())];
+        let mut socket = try_open(&gw, Scheme::Wss, "/api/ws", &headers)
+            .await
+            .unwrap();
+        // The recording upstream speaks no WebSocket: an admitted socket
+        // reaches it and closes 1011; a refused one never does.
+        match close_of(&mut socket).await {
+            (1011, _) => admitted += 1,
+            (1008, reason) => {
+                assert_eq!(reason, "Too many requests");
+                refused += 1;
+            }
+            other => panic!("unexpected close {other:?}"),
+        }
+    }
+    println!("{admitted} sockets admitted, {refused} refused");
+    assert_eq!((admitted, refused), (20, 80));
+    let upgrades = upstream
+        .requests()
+        .iter()
+        .filter(|r| r.path_and_query == "/api/ws")
+        .count();
+    assert_eq!(upgrades, 20, "only the quota's worth reached the upstream");
+    let metrics = gw.metrics().await;
+    assert!(
+        metrics.contains(r#"keygate_quota_rejected_total{dimension="key"} 80"#),
+        "{metrics}"
+    );
+}
+
+/// A WebSocket upstream that echoes every text frame and records when it
+/// received each, and whether keygate closed its side.
+struct EchoUpstream {
+    url: String,
+    frames: std::sync::Arc<std::sync::Mutex<Vec<(Instant, String)>>>,
+    closed: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+async fn echo_upstream() -> EchoUpstream {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let frames = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let closed = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (recorded, ended) = (frames.clone(), closed.clone());
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let (recorded, ended) = (recorded.clone(), ended.clone());
+            tokio::spawn(async move {
+                let Ok(mut socket) = tokio_tungstenite::accept_async(stream).await else {
+                    return;
+                };
+                while let Some(Ok(message)) = socket.next().await {
+                    match message {
+                        Message::Text(text) => {
+                            let text = text.as_str().to_owned();
+                            recorded
+                                .lock()
+                                .unwrap()
+                                .push((Instant::now(), text.clone()));
+                            let echo = json!({ "received": text }).to_string();
+                            if socket.send(Message::text(echo)).await.is_err() {
+                                break;
+                            }
+                        }
+                        Message::Close(_) => break,
+                        _ => {}
+                    }
+                }
+                ended.store(true, std::sync::atomic::Ordering::SeqCst);
+            });
+        }
+    });
+    EchoUpstream {
+        url,
+        frames,
+        closed,
+    }
+}
+
+/// Runs the CLI against the gateway's own config (so its SQLite file), as
+/// an operator on the same machine would: another process, whose change no
+/// revocation announces to the server. `stdin` is its standard input.
+async fn cli(gw: &Gateway, args: &[&str], stdin: &str) {
+    use std::io::Write as _;
+    let config = gw.dir.path().join("keygate.toml");
+    let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
+    let stdin = stdin.to_owned();
+    let out = tokio::task::spawn_blocking(move || {
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_keygate"))
+            .arg("--config")
+            .arg(config)
+            .args(&args)
+            .env("RUST_LOG", "warn")
+            .env_remove("KEYGATE_CONFIG")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut input = child.stdin.take().unwrap();
+        input.write_all(stdin.as_bytes()).unwrap();
+        drop(input);
+        child.wait_with_output().unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Keeps sending frames on `socket` until keygate closes it or `limit`
+/// passes; the close frame and when it came.
+async fn relay_until_closed(socket: &mut Socket, limit: Duration) -> ((u16, String), Instant) {
+    let started = Instant::now();
+    for n in 0.. {
+        assert!(
+            started.elapsed() < limit,
+            "the socket still relayed {limit:?} after its credential died"
+        );
+        // Sending may fail once keygate has closed; the close frame is read below.
+        let _ = socket.send(Message::text(format!("after-{n}"))).await;
+        let read = tokio::time::timeout(Duration::from_millis(50), socket.next()).await;
+        match read {
+            Ok(Some(Ok(Message::Close(Some(frame))))) => {
+                let close = (u16::from(frame.code), frame.reason.to_string());
+                return (close, Instant::now());
+            }
+            Ok(Some(Ok(Message::Close(None)))) => return ((1005, String::new()), Instant::now()),
+            Ok(Some(Ok(_))) | Err(_) => {}
+            other => panic!("expected frames or a close, got {other:?}"),
+        }
+    }
+    unreachable!()
+}
+
+/// The cache lifetime of the CLI tests: a change made by another process
+/// reaches a socket within twice this.
+const SHORT_TTL: Duration = Duration::from_secs(1);
+
+/// Checks that a socket closed for a change made by the CLI closed within
+/// the documented bound, and that its upstream got nothing after the close.
+async fn closed_within_the_cache_bound(
+    socket: &mut Socket,
+    upstream: &EchoUpstream,
+    changed: Instant,
+) -> (u16, String) {
+    // The bound is twice the TTL; the margin is for a loaded machine. Before
+    // the periodic check, such a socket was never closed.
+    let (close, closed_at) = relay_until_closed(socket, 2 * SHORT_TTL + LOADED).await;
+    let took = closed_at - changed;
+    println!("closed {took:?} after the CLI's change (cache.ttl {SHORT_TTL:?})");
+    common::wait_until("the upstream socket is closed", LOADED, async || {
+        upstream.closed.load(std::sync::atomic::Ordering::SeqCst)
+    })
+    .await;
+    let frames = upstream.frames.lock().unwrap().clone();
+    assert!(
+        frames.iter().all(|(at, _)| *at <= closed_at),
+        "the upstream got frames after the close: {frames:?}"
+    );
+    close
+}
+
+#[tokio::test]
+async fn a_key_disabled_by_the_cli_closes_its_open_socket_within_twice_the_cache_ttl() {
+    let upstream = echo_upstream().await;
+    let gw = Gateway::start(&upstream.url, "[cache]\nttl = \"1s\"\n").await;
+    let user = gw
+        .user("ws-cli-key@example.com", Authority::TenantAdmin)
+        .await;
+    let (key_id, key) = gw.api_key(&user, 0).await;
+    let mut socket = open(&gw, "/api/ws").await;
+    send(&mut socket, &auth_cmd_key(&key)).await;
+    assert_eq!(
+        round_trip(&mut socket, "before").await["received"],
+        "before"
+    );
+
+    let changed = Instant::now();
+    cli(&gw, &["apikey", "disable", &key_id.to_string()], "").await;
+    let (code, reason) = closed_within_the_cache_bound(&mut socket, &upstream, changed).await;
+    assert_eq!(
+        (code, reason.as_str()),
+        (1008, "User account is not active")
+    );
+}
+
+#[tokio::test]
+async fn a_user_disabled_deleted_or_given_a_password_by_the_cli_loses_token_sockets_in_2x_ttl() {
+    let changes: [(&str, &[&str], &str); 3] = [
+        ("ws-cli-disabled@example.com", &["user", "disable"], ""),
+        ("ws-cli-deleted@example.com", &["user", "delete"], ""),
+        (
+            "ws-cli-password@example.com",
+            &["user", "set-password"],
+            "another-long-password\n",
+        ),
+    ];
+    let upstream = echo_upstream().await;
+    let gw = Gateway::start(&upstream.url, "[cache]\nttl = \"1s\"\n").await;
+    for (email, command, stdin) in changes {
+        let user = gw.user(email, Authority::TenantAdmin).await;
+        // Issued a minute ago: strictly older than a password set now (`iat`
+        // is in whole seconds).
+        let ttl = gw.running.app.settings().jwt.access_ttl.as_secs() as i64;
+        let token = token_expiring_in(&gw, &user, ttl - 60).await;
+        let mut socket = open(&gw, "/api/ws").await;
+        let auth_cmd = json!({"authCmd": {"cmdId": 0, "token": token}}).to_string();
+        send(&mut socket, &auth_cmd).await;
+        assert_eq!(
+            round_trip(&mut socket, "before").await["received"],
+            "before"
+        );
+        upstream
+            .closed
+            .store(false, std::sync::atomic::Ordering::SeqCst);
+
+        let changed = Instant::now();
+        let args: Vec<&str> = command.iter().copied().chain([email]).collect();
+        cli(&gw, &args, stdin).await;
+        let (code, reason) = closed_within_the_cache_bound(&mut socket, &upstream, changed).await;
+        println!("{}: closed {code} {reason:?}", command.join(" "));
+        assert_eq!(code, 1008, "{}", command.join(" "));
+    }
 }

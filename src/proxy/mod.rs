@@ -444,6 +444,13 @@ impl Proxy {
             .await;
             gone.disarm();
             let failure = match result {
+                // Nothing here asked to switch protocols (upgrades go through
+                // `crate::websocket`): a 101 passed on would leave the client
+                // with a connection neither side can speak HTTP on.
+                Ok(Ok(response)) if response.status() == http::StatusCode::SWITCHING_PROTOCOLS => {
+                    tracing::warn!(upstream = %upstream.label, "upstream switched protocols on a request that asked for no upgrade");
+                    Failure::Other
+                }
                 Ok(Ok(response)) => {
                     upstream.down_until.store(0, Ordering::Relaxed);
                     upstream.series.answered(started.elapsed());

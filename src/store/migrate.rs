@@ -69,32 +69,33 @@ pub fn count(dialect: Dialect) -> usize {
     }
 }
 
+/// Serialises replicas that migrate one PostgreSQL database at the same time.
+const ADVISORY_LOCK: i64 = 7302154627;
+
 /// Applies every migration up to version `last` (`i64::MAX`: all) not yet
 /// recorded, each in its own transaction.
+///
+/// Replicas starting together apply each migration once: every step, the
+/// creation of the migrations table included, runs in a transaction that
+/// first takes the lock. PostgreSQL serialises on an advisory lock (a
+/// `CREATE TABLE IF NOT EXISTS` run by two sessions at once is not safe:
+/// both may find no table and one fails on the catalog's unique index);
+/// SQLite takes the write lock up front (a deferred transaction could not
+/// upgrade its read lock and would fail).
 pub async fn run_through(pool: &AnyPool, dialect: Dialect, last: i64) -> Result<(), StoreError> {
     let migrations = match dialect {
         Dialect::Sqlite => SQLITE,
         Dialect::Postgres => POSTGRES,
     };
-    let migrations = migrations.iter().filter(|(version, _, _)| *version <= last);
+    let mut tx = locked(pool, dialect).await?;
     sqlx::raw_sql(
         "CREATE TABLE IF NOT EXISTS keygate_migrations (version BIGINT PRIMARY KEY, name TEXT NOT NULL, applied_at BIGINT NOT NULL)",
     )
-    .execute(pool)
+    .execute(&mut *tx)
     .await?;
-    for (version, name, sql) in migrations {
-        // Replicas starting together apply each migration once: PostgreSQL
-        // serialises on an advisory lock, SQLite takes the write lock up front
-        // (a deferred transaction could not upgrade its read lock and would fail).
-        let mut tx = match dialect {
-            Dialect::Sqlite => pool.begin_with("BEGIN IMMEDIATE").await?,
-            Dialect::Postgres => pool.begin().await?,
-        };
-        if dialect == Dialect::Postgres {
-            sqlx::query("SELECT pg_advisory_xact_lock(7302154627)")
-                .execute(&mut *tx)
-                .await?;
-        }
+    tx.commit().await?;
+    for (version, name, sql) in migrations.iter().filter(|(version, _, _)| *version <= last) {
+        let mut tx = locked(pool, dialect).await?;
         let applied = sqlx::query("SELECT COUNT(*) FROM keygate_migrations WHERE version = $1")
             .bind(*version)
             .fetch_one(&mut *tx)
@@ -117,4 +118,22 @@ pub async fn run_through(pool: &AnyPool, dialect: Dialect, last: i64) -> Result<
         tracing::info!(version, name, "applied store migration");
     }
     Ok(())
+}
+
+/// A transaction that holds the migration lock until it ends.
+async fn locked(
+    pool: &AnyPool,
+    dialect: Dialect,
+) -> Result<sqlx::Transaction<'static, sqlx::Any>, StoreError> {
+    let mut tx = match dialect {
+        Dialect::Sqlite => pool.begin_with("BEGIN IMMEDIATE").await?,
+        Dialect::Postgres => pool.begin().await?,
+    };
+    if dialect == Dialect::Postgres {
+        sqlx::query("SELECT pg_advisory_xact_lock($1)")
+            .bind(ADVISORY_LOCK)
+            .execute(&mut *tx)
+            .await?;
+    }
+    Ok(tx)
 }

@@ -29,6 +29,8 @@ pub enum Ending {
     PlaintextRefused(&'static str),
     UserLimit,
     TenantLimit,
+    /// Over a request quota of its identity on its route.
+    RateLimited,
     /// Verified again (after a revocation or at its expiry) and refused.
     Revoked(AuthFailure),
     MessageTooBig,
@@ -39,7 +41,7 @@ pub enum Ending {
 
 impl Ending {
     /// Every label, for creating the series up front.
-    pub const LABELS: [&'static str; 16] = [
+    pub const LABELS: [&'static str; 17] = [
         "client_closed",
         "upstream_closed",
         "client_gone",
@@ -50,6 +52,7 @@ impl Ending {
         "plaintext_refused",
         "user_limit",
         "tenant_limit",
+        "rate_limited",
         "revoked",
         "expired",
         "message_too_big",
@@ -70,6 +73,7 @@ impl Ending {
             Ending::PlaintextRefused(_) => "plaintext_refused",
             Ending::UserLimit => "user_limit",
             Ending::TenantLimit => "tenant_limit",
+            Ending::RateLimited => "rate_limited",
             Ending::Revoked(AuthFailure::TokenExpired | AuthFailure::Expired) => "expired",
             Ending::Revoked(_) => "revoked",
             Ending::MessageTooBig => "message_too_big",
@@ -95,6 +99,7 @@ impl Ending {
             Ending::PlaintextRefused(reason) => (1008, *reason),
             Ending::UserLimit => (1008, "Max regular user sessions limit reached!"),
             Ending::TenantLimit => (1008, "Max tenant sessions limit reached!"),
+            Ending::RateLimited => (1008, "Too many requests"),
             Ending::Revoked(failure) => (1008, message(*failure)),
             Ending::MessageTooBig => (1009, "Message is too big"),
             Ending::Idle => (1001, "Idle timeout"),

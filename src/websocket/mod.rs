@@ -10,8 +10,15 @@
 //! ([`session`]). An upgrade on any other route is authenticated like any
 //! request, and spliced the same way.
 //!
+//! A socket counts against the request quotas of its identity once, before
+//! its upstream is contacted: an upgrade on another route as the request it
+//! is (429 when over), a socket on a WebSocket route once authenticated
+//! (closed 1008 "Too many requests" when over).
+//!
 //! A socket holds its credential in [`crate::auth::live`]: a revocation wakes
-//! it, it verifies again, and closes with 1008 when the credential died. The
+//! it, it verifies again, and closes with 1008 when the credential died; it
+//! also verifies again unprompted at least once per `cache.ttl`, for changes
+//! no revocation announces ([`splice`]). The
 //! same registry counts sockets per user and per tenant, and with Redis
 //! those counts are shared with the other replicas ([`seat`]).
 
@@ -36,6 +43,7 @@ use crate::body::Body;
 use crate::config::{Settings, WebSocketSettings};
 use crate::error::ApiError;
 use crate::identity::Identity;
+use crate::limits::quota::{Quotas, RouteQuota};
 use crate::limits::seats::Seats;
 use crate::listener::peer::Client;
 use crate::proxy::{Proxy, Route};
@@ -59,6 +67,11 @@ pub struct WebSockets {
     access_log: bool,
     /// The per-user and per-tenant counts shared with other replicas.
     seats: Option<Arc<Seats>>,
+    /// The request quotas a socket on a WebSocket route counts against.
+    quotas: Arc<Quotas>,
+    /// How often at least an open socket verifies its credential again
+    /// unprompted: `cache.ttl`, how stale a cached state may be.
+    recheck_every: std::time::Duration,
 }
 
 /// How a socket on a WebSocket route is to be authenticated.
@@ -68,6 +81,13 @@ pub enum Start {
     /// Already checked like any request (another route): its identity, if
     /// the route asks for one, and the credential to re-check.
     Checked(Option<(Identity, Credential)>),
+}
+
+/// The quotas of the route a socket falls under, for a socket that counts
+/// once authenticated.
+pub struct SocketQuota {
+    pub scope: Arc<str>,
+    pub quota: RouteQuota,
 }
 
 /// What the request path hands over for one upgrade.
@@ -87,6 +107,7 @@ impl WebSockets {
         auth: Arc<Authenticator>,
         metrics: &Metrics,
         seats: Option<Arc<Seats>>,
+        quotas: Arc<Quotas>,
     ) -> WebSockets {
         let websocket = settings.websocket.clone();
         let labels: Vec<&str> = websocket.routes.iter().map(String::as_str).collect();
@@ -99,6 +120,8 @@ impl WebSockets {
             allow_plaintext_credentials: settings.listen.allow_plaintext_credentials,
             access_log: settings.log.access_log,
             seats,
+            quotas,
+            recheck_every: settings.cache.ttl,
         }
     }
 
@@ -131,16 +154,23 @@ impl WebSockets {
         let on_upgrade = hyper::upgrade::on(&mut req);
         let hold = req.extensions_mut().remove::<crate::listener::Hold>();
         let (mut parts, _body) = req.into_parts();
-        let (query, opening) = match upgrade.start {
+        let (query, opening, quota) = match upgrade.start {
             Start::Platform => {
                 let query = handshake::take_token(&mut parts.uri);
                 let credential =
                     handshake::upgrade_credential(query.token.as_deref(), &parts.headers);
-                (query.rest, Opening::Platform(credential))
+                let route = upgrade.route;
+                let quota = SocketQuota {
+                    scope: route.quota_scope.clone(),
+                    quota: route.quota,
+                };
+                (query.rest, Opening::Platform(credential), Some(quota))
             }
+            // Counted by the request path, as the request it was.
             Start::Checked(checked) => (
                 parts.uri.query().map(str::to_owned),
                 Opening::Checked(checked),
+                None,
             ),
         };
         let (uri, upstream) = proxy
@@ -158,6 +188,7 @@ impl WebSockets {
             label: upgrade.label.to_owned(),
             started: Instant::now(),
             hold,
+            quota,
         };
         tokio::spawn(session.run(on_upgrade, opening));
         Ok(handshake::switching_protocols(&accept_key))

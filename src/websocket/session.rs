@@ -55,6 +55,9 @@ pub struct Session {
     /// The accepted connection's place in the listener's budget, held until
     /// the socket closes; it also signals the drain on shutdown.
     pub hold: Option<crate::listener::Hold>,
+    /// The quotas the socket counts against once authenticated; `None` when
+    /// the request path counted its upgrade already.
+    pub quota: Option<super::SocketQuota>,
 }
 
 /// An authenticated socket, ready for its upstream.
@@ -106,6 +109,7 @@ impl Session {
                 held: seat.held(),
                 credential,
                 auth: &self.sockets.auth,
+                every: self.sockets.recheck_every,
             }),
             _ => None,
         };
@@ -130,6 +134,7 @@ impl Session {
     ) -> Result<(UpstreamSocket, Option<Seat>, Option<Credential>), Ending> {
         let authenticated = self.authenticate(client, opening).await?;
         identity.clone_from(&authenticated.identity);
+        self.admit_quota(authenticated.identity.as_ref())?;
         let seat = self.seat(authenticated.identity.as_ref()).await?;
         let mut upstream = self
             .connect(authenticated.identity.as_ref())
@@ -286,6 +291,23 @@ impl Session {
             std::borrow::Cow::Borrowed(text) => text,
             std::borrow::Cow::Owned(_) => "Credentials are accepted only over HTTPS",
         }))
+    }
+
+    /// Counts the socket against its identity's request quotas on its
+    /// route, as the request its upgrade was; over one, it closes before
+    /// its upstream is contacted.
+    fn admit_quota(&self, identity: Option<&Identity>) -> Result<(), Ending> {
+        let (Some(quota), Some(identity)) = (&self.quota, identity) else {
+            return Ok(());
+        };
+        match self
+            .sockets
+            .quotas
+            .admit(&quota.scope, &quota.quota, identity)
+        {
+            Ok(_) => Ok(()),
+            Err(_) => Err(Ending::RateLimited),
+        }
     }
 
     /// Holds the credential, within the per-user and per-tenant limits.

@@ -1,6 +1,13 @@
 //! Frames both ways between the client's socket and the upstream's, ping
 //! and pong included, until one side closes or keygate ends the socket: the
 //! credential died, the client went idle, the server drains.
+//!
+//! The credential is verified again when a revocation wakes the socket, at
+//! its own expiry, and unprompted at least once per `cache.ttl` (a random
+//! time between half and all of it, so sockets opened together spread
+//! their checks): a change another process made to the store, with no
+//! revocation channel to announce it (SQLite, the CLI), reaches the caches
+//! within `cache.ttl`, and so closes the socket within twice that.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,9 +18,9 @@ use tokio::time::Instant;
 use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 
 use super::ending::{ClientSocket, Ending, UpstreamSocket};
-use crate::auth::Authenticator;
 use crate::auth::credential::Credential;
 use crate::auth::live::Held;
+use crate::auth::{AuthFailure, Authenticator};
 use crate::config::WebSocketSettings;
 
 /// Payload bytes from and to the client, for the access log.
@@ -24,12 +31,18 @@ pub struct Traffic {
 }
 
 /// What re-checks the credential: a revocation wakes `held`; the
-/// credential's own expiry is a timer.
+/// credential's own expiry is a timer, and so is the unprompted check.
 pub struct Recheck<'a> {
     pub held: &'a Held,
     pub credential: Credential,
     pub auth: &'a Arc<Authenticator>,
+    /// The longest the socket goes without verifying again: `cache.ttl`.
+    pub every: Duration,
 }
+
+/// The unprompted checks follow `cache.ttl`, but never a shorter one than
+/// this: they would cost more than they tell.
+const SHORTEST_ROUND: Duration = Duration::from_millis(100);
 
 impl Recheck<'_> {
     /// Verifies again through the caches (a revocation dropped what it
@@ -41,6 +54,27 @@ impl Recheck<'_> {
         }
     }
 
+    /// When to verify again unprompted: a random time between half and all
+    /// of [`Recheck::every`] from now.
+    fn next_round(&self) -> Instant {
+        Instant::now() + round_delay(self.every, uuid::Uuid::new_v4().as_u128() as u64)
+    }
+
+    /// The unprompted check: like [`Recheck::still_valid`], except that a
+    /// store that cannot answer keeps the socket open (the next round asks
+    /// again), so a store outage does not close every socket at once.
+    async fn round(&self) -> Result<(), Ending> {
+        match self.still_valid().await {
+            Err(Ending::Revoked(AuthFailure::StoreUnavailable)) => {
+                tracing::warn!(
+                    "an open socket's credential could not be verified again: the store did not answer"
+                );
+                Ok(())
+            }
+            checked => checked,
+        }
+    }
+
     /// When the credential stops being valid on its own, if ever.
     async fn expiry(&self) -> Option<Instant> {
         let at_ms = self.auth.expiry(&self.credential).await?;
@@ -48,6 +82,59 @@ impl Recheck<'_> {
         // A moment past the deadline, so the check that follows sees it passed.
         Some(Instant::now() + Duration::from_millis(left + 5))
     }
+
+    /// The timers of a socket that just opened.
+    async fn timers(&self) -> Timers {
+        Timers {
+            expiry: self.expiry().await.unwrap_or_else(never),
+            round: self.next_round(),
+        }
+    }
+
+    /// Runs the check whose timer is due, and sets that timer again.
+    async fn on_timer(&self, timers: &mut Timers) -> Result<(), Ending> {
+        if Instant::now() >= timers.expiry {
+            self.still_valid().await?;
+            timers.expiry = self.expiry().await.unwrap_or_else(never);
+        } else {
+            self.round().await?;
+            timers.round = self.next_round();
+        }
+        Ok(())
+    }
+}
+
+/// When a socket's credential is next checked unprompted: at its own expiry,
+/// and at the next round.
+struct Timers {
+    expiry: Instant,
+    round: Instant,
+}
+
+impl Timers {
+    fn never() -> Timers {
+        Timers {
+            expiry: never(),
+            round: never(),
+        }
+    }
+
+    fn next(&self) -> Instant {
+        self.expiry.min(self.round)
+    }
+}
+
+/// Half of `every` (at least [`SHORTEST_ROUND`]) and, by `random`, up to
+/// as much again.
+fn round_delay(every: Duration, random: u64) -> Duration {
+    let half = every.max(SHORTEST_ROUND) / 2;
+    let spread = half.as_millis() as u64;
+    half + Duration::from_millis(random % (spread + 1))
+}
+
+/// A deadline that never comes while a socket is open.
+fn never() -> Instant {
+    Instant::now() + Duration::from_secs(365 * 24 * 3600)
 }
 
 /// Splices until the socket ends, and says how.
@@ -59,10 +146,9 @@ pub async fn run(
     settings: &WebSocketSettings,
     traffic: &mut Traffic,
 ) -> Ending {
-    let far = Instant::now() + Duration::from_secs(365 * 24 * 3600);
-    let mut expiry = match &recheck {
-        Some(recheck) => recheck.expiry().await.unwrap_or(far),
-        None => far,
+    let mut timers = match &recheck {
+        Some(recheck) => recheck.timers().await,
+        None => Timers::never(),
     };
     let mut last_heard = Instant::now();
     let mut pinged = false;
@@ -108,14 +194,14 @@ pub async fn run(
                     }
                 }
             }
-            () = tokio::time::sleep_until(expiry) => {
-                if let Some(recheck) = &recheck {
-                    if let Err(ending) = recheck.still_valid().await {
-                        return ending;
+            () = tokio::time::sleep_until(timers.next()) => {
+                match &recheck {
+                    Some(recheck) => {
+                        if let Err(ending) = recheck.on_timer(&mut timers).await {
+                            return ending;
+                        }
                     }
-                    expiry = recheck.expiry().await.unwrap_or(far);
-                } else {
-                    expiry = far;
+                    None => timers = Timers::never(),
                 }
             }
             () = tokio::time::sleep_until(quiet_until) => {
@@ -144,5 +230,23 @@ async fn woken(recheck: &Option<Recheck<'_>>) {
     match recheck {
         Some(recheck) => recheck.held.woken().await,
         None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unprompted_checks_come_between_half_and_all_of_the_cache_ttl() {
+        let ttl = Duration::from_secs(30);
+        for random in [0, 1, 14_999, 15_000, 15_001, u64::MAX] {
+            let delay = round_delay(ttl, random);
+            assert!(delay >= ttl / 2 && delay <= ttl, "{delay:?}");
+        }
+        assert_eq!(round_delay(ttl, 0), ttl / 2);
+        assert_eq!(round_delay(ttl, 15_000), ttl);
+        // A tiny TTL cannot turn the check into a busy loop.
+        assert!(round_delay(Duration::from_millis(1), 0) >= SHORTEST_ROUND / 2);
     }
 }

@@ -417,7 +417,7 @@ impl Process {
     pub fn spawn_logging(config: &std::path::Path, rust_log: &str, format: &str) -> Process {
         let log = config.with_extension("log");
         let file = std::fs::File::create(&log).unwrap();
-        let child = std::process::Command::new(env!("CARGO_BIN_EXE_keygate"))
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_keygate"))
             .args(["--log-format", format, "--config"])
             .arg(config)
             .arg("serve")
@@ -433,6 +433,9 @@ impl Process {
             let text = std::fs::read_to_string(&log).unwrap_or_default();
             if let Some(line) = text.lines().find(|l| l.contains("keygate is serving")) {
                 break line.to_string();
+            }
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!("keygate exited ({status}) before serving:\n{text}");
             }
             assert!(
                 std::time::Instant::now() < deadline,
