@@ -39,6 +39,7 @@ use crate::listener::peer::{Client, Crowded, InFlight, Peer};
 use crate::path;
 use crate::proxy::headers::{self, X_REQUEST_ID};
 use crate::proxy::{Proxy, Route, RouteTable, Routes};
+use crate::telemetry::access::AccessLine;
 use crate::telemetry::{Metrics, RouteSeries};
 use crate::websocket::{self, Start, Upgrade, WebSockets};
 
@@ -502,25 +503,21 @@ impl App {
         let Some(logged) = &ex.logged else {
             return;
         };
-        let identity = ex.identity.as_ref();
-        tracing::info!(
-            target: "keygate::access",
-            request_id = ex.request_id.to_str().unwrap_or(""),
-            method = %ex.method,
-            path = %logged.uri.path(),
-            route = series.label(),
-            status = response.status().as_u16(),
-            duration_ms = crate::telemetry::duration_ms(elapsed),
-            bytes = http_body::Body::size_hint(response.body()).exact(),
-            upstream = ex.upstream,
-            trace_id = logged.traceparent.as_ref().and_then(trace_id),
-            peer = %ex.client.conn.peer,
-            auth = identity.map(|i| i.method.label()),
-            user_id = identity.map(|i| tracing::field::display(i.principal.user_id)),
-            key_id = identity
-                .and_then(|i| i.api_key_id())
-                .map(tracing::field::display),
-        );
+        AccessLine {
+            request_id: ex.request_id.to_str().unwrap_or(""),
+            method: ex.method.as_str(),
+            path: logged.uri.path(),
+            route: series.label(),
+            status: response.status().as_u16(),
+            elapsed,
+            peer: ex.client.conn.peer,
+            upstream: ex.upstream,
+            identity: ex.identity.as_ref(),
+            bytes: http_body::Body::size_hint(response.body()).exact(),
+            trace_id: logged.traceparent.as_ref().and_then(trace_id),
+            socket: None,
+        }
+        .emit();
     }
 
     /// Secrets sent in clear, on any route, public ones included: an API key is

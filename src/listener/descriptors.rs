@@ -125,21 +125,22 @@ fn raise_limit() -> Option<u64> {
         return None;
     };
     let target = hard.unwrap_or(soft).max(soft);
+    let hard = hard.map_or_else(|| "unlimited".to_owned(), |h| h.to_string());
     if target == soft {
-        tracing::info!(soft, hard = ?hard, "descriptor limit");
+        tracing::info!(soft, %hard, "descriptor limit");
         return Some(soft);
     }
     let raised = Rlimit {
         current: Some(target),
-        maximum: hard,
+        maximum: before.maximum,
     };
     match setrlimit(Resource::Nofile, raised) {
         Ok(()) => {
-            tracing::info!(soft = target, was = soft, hard = ?hard, "descriptor limit raised");
+            tracing::info!(soft = target, was = soft, %hard, "descriptor limit raised");
             Some(target)
         }
         Err(error) => {
-            tracing::warn!(%error, soft, hard = ?hard, "descriptor limit could not be raised");
+            tracing::warn!(%error, soft, %hard, "descriptor limit could not be raised");
             Some(soft)
         }
     }

@@ -29,6 +29,7 @@ use crate::error::ApiError;
 use crate::identity::Identity;
 use crate::listener::peer::{Client, Peer};
 use crate::proxy::headers;
+use crate::telemetry::access::{AccessLine, SocketEnd};
 
 /// How the socket is to be authenticated, as the upgrade decided.
 pub enum Opening {
@@ -378,26 +379,26 @@ impl Session {
             return;
         }
         let code = ending.client_frame().map(|frame| u16::from(frame.code));
-        tracing::info!(
-            target: "keygate::access",
-            request_id = self.request_id.to_str().unwrap_or(""),
-            method = "GET",
-            path = %self.parts.uri.path(),
-            route = self.label.as_str(),
-            status = 101,
-            websocket = ending.label(),
-            close_code = code,
-            duration_ms = crate::telemetry::duration_ms(self.started.elapsed()),
-            bytes_in = traffic.from_client,
-            bytes_out = traffic.to_client,
-            upstream = self.upstream.as_str(),
-            peer = %self.conn.peer,
-            auth = identity.map(|i| i.method.label()),
-            user_id = identity.map(|i| tracing::field::display(i.principal.user_id)),
-            key_id = identity
-                .and_then(|i| i.api_key_id())
-                .map(tracing::field::display),
-        );
+        AccessLine {
+            request_id: self.request_id.to_str().unwrap_or(""),
+            method: "GET",
+            path: self.parts.uri.path(),
+            route: self.label.as_str(),
+            status: 101,
+            elapsed: self.started.elapsed(),
+            peer: self.conn.peer,
+            upstream: Some(self.upstream.as_str()),
+            identity,
+            bytes: None,
+            trace_id: None,
+            socket: Some(SocketEnd {
+                ending: ending.label(),
+                close_code: code,
+                bytes_in: traffic.from_client,
+                bytes_out: traffic.to_client,
+            }),
+        }
+        .emit();
     }
 }
 

@@ -11,18 +11,25 @@
 //! pre-created: that product is large and a histogram without observations
 //! says nothing.
 
+pub mod access;
 mod limits;
 #[cfg(target_os = "linux")]
 mod process;
+mod series;
 
+pub use access::duration_ms;
 pub use limits::LimitMetrics;
+pub use series::{
+    AUTH_METHODS, AuthSeries, CacheSeries, ClientAbort, RouteSeries, UpstreamSeries, method_class,
+    status_class,
+};
 
 use std::sync::OnceLock;
 use std::time::Duration;
 
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
-    IntGaugeVec, Opts, Registry, TextEncoder,
+    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+    TextEncoder,
 };
 
 pub struct Metrics {
@@ -311,150 +318,6 @@ pub const HASH_PURPOSES: [&str; 2] = ["login", "other"];
 pub const RELOADED: [&str; 2] = ["routes", "tls"];
 
 const OUTCOMES: [&str; 2] = ["success", "failure"];
-
-/// The request series of one route label, each looked up on its first use and
-/// then kept, so counting a request costs no label lookup. Nothing is created
-/// before the first request, as with looking the labels up each time.
-pub struct RouteSeries {
-    label: Box<str>,
-    requests: IntCounterVec,
-    durations: HistogramVec,
-    counters: [OnceLock<IntCounter>; METHOD_CLASSES * STATUS_CLASSES],
-    duration: OnceLock<Histogram>,
-    aborts: [OnceLock<IntCounter>; ClientAbort::ALL.len()],
-    client_aborts: IntCounterVec,
-}
-
-/// How a client ended a proxied request before it was done.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ClientAbort {
-    /// Its request body broke off or was malformed.
-    BodyBroken,
-    /// Its request body did not keep the required pace.
-    BodyTooSlow,
-    /// It went away before the response.
-    Gone,
-}
-
-impl ClientAbort {
-    pub const ALL: [ClientAbort; 3] = [
-        ClientAbort::BodyBroken,
-        ClientAbort::BodyTooSlow,
-        ClientAbort::Gone,
-    ];
-
-    pub fn label(self) -> &'static str {
-        match self {
-            ClientAbort::BodyBroken => "body_broken",
-            ClientAbort::BodyTooSlow => "body_too_slow",
-            ClientAbort::Gone => "gone",
-        }
-    }
-}
-
-const METHOD_CLASSES: usize = 8;
-const STATUS_CLASSES: usize = 5;
-
-impl RouteSeries {
-    /// The route label, as the metrics and the access log name it.
-    pub fn label(&self) -> &str {
-        &self.label
-    }
-
-    /// Counts one answered request and its duration.
-    pub fn request(&self, method: &http::Method, status: http::StatusCode, elapsed: Duration) {
-        let (m, s) = (method_index(method), status_index(status));
-        self.counters[m * STATUS_CLASSES + s]
-            .get_or_init(|| {
-                self.requests
-                    .with_label_values(&[&self.label, METHOD_LABELS[m], STATUS_LABELS[s]])
-            })
-            .inc();
-        self.duration
-            .get_or_init(|| self.durations.with_label_values(&[&self.label]))
-            .observe(elapsed.as_secs_f64());
-    }
-
-    /// Counts a proxied request its client ended.
-    pub fn client_abort(&self, kind: ClientAbort) {
-        self.aborts[kind as usize]
-            .get_or_init(|| {
-                self.client_aborts
-                    .with_label_values(&[&self.label, kind.label()])
-            })
-            .inc();
-    }
-}
-
-/// Authentication outcomes by credential method, each looked up on first use.
-/// The outcomes are the caller's: telemetry knows only their labels.
-pub struct AuthSeries {
-    auth: IntCounterVec,
-    /// Result labels, in the order of the indices [`AuthSeries::count`] takes.
-    results: &'static [&'static str],
-    /// `AUTH_METHODS.len() * results.len()` handles, method-major.
-    counters: Box<[OnceLock<IntCounter>]>,
-}
-
-/// The credential methods of `keygate_auth_total` the request path counts.
-pub const AUTH_METHODS: [&str; 3] = ["api-key", "jwt", "none"];
-
-impl AuthSeries {
-    /// Counts one outcome: `method` indexes [`AUTH_METHODS`], `result` the
-    /// result labels this series was made with.
-    pub fn count(&self, method: usize, result: usize) {
-        self.counters[method * self.results.len() + result]
-            .get_or_init(|| {
-                self.auth
-                    .with_label_values(&[AUTH_METHODS[method], self.results[result]])
-            })
-            .inc();
-    }
-}
-
-/// One upstream's series: its answer times (created on the first answer) and
-/// its errors by kind (created at 0 with the upstream).
-pub struct UpstreamSeries {
-    durations: HistogramVec,
-    label: Box<str>,
-    duration: OnceLock<Histogram>,
-    errors: Vec<IntCounter>,
-}
-
-impl UpstreamSeries {
-    pub fn answered(&self, elapsed: Duration) {
-        self.duration
-            .get_or_init(|| self.durations.with_label_values(&[&self.label]))
-            .observe(elapsed.as_secs_f64());
-    }
-
-    /// Counts an error of the kind at `kind` in the kinds the series was made with.
-    pub fn error(&self, kind: usize) {
-        self.errors[kind].inc();
-    }
-}
-
-/// One credential cache's lookup and eviction counters, created at 0.
-#[derive(Clone)]
-pub struct CacheSeries {
-    hit: IntCounter,
-    miss: IntCounter,
-    eviction: IntCounter,
-}
-
-impl CacheSeries {
-    pub fn hit(&self) {
-        self.hit.inc();
-    }
-
-    pub fn miss(&self) {
-        self.miss.inc();
-    }
-
-    pub fn evictions(&self, count: u64) {
-        self.eviction.inc_by(count);
-    }
-}
 
 const LATENCY_BUCKETS: &[f64] = &[
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
@@ -762,48 +625,6 @@ impl LogDigest {
 
 fn outcome(ok: bool) -> &'static str {
     OUTCOMES[usize::from(!ok)]
-}
-
-const METHOD_LABELS: [&str; METHOD_CLASSES] = [
-    "GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS", "OTHER",
-];
-const STATUS_LABELS: [&str; STATUS_CLASSES] = ["1xx", "2xx", "3xx", "4xx", "5xx"];
-
-fn method_index(method: &http::Method) -> usize {
-    match *method {
-        http::Method::GET => 0,
-        http::Method::POST => 1,
-        http::Method::PUT => 2,
-        http::Method::DELETE => 3,
-        http::Method::PATCH => 4,
-        http::Method::HEAD => 5,
-        http::Method::OPTIONS => 6,
-        _ => 7,
-    }
-}
-
-fn status_index(status: http::StatusCode) -> usize {
-    match status.as_u16() {
-        100..=199 => 0,
-        200..=299 => 1,
-        300..=399 => 2,
-        400..=499 => 3,
-        _ => 4,
-    }
-}
-
-pub fn method_class(method: &http::Method) -> &'static str {
-    METHOD_LABELS[method_index(method)]
-}
-
-pub fn status_class(status: http::StatusCode) -> &'static str {
-    STATUS_LABELS[status_index(status)]
-}
-
-/// Milliseconds rounded to whole microseconds: `0.021`, not `0.020661000000000002`.
-pub fn duration_ms(elapsed: std::time::Duration) -> f64 {
-    let micros = elapsed.as_nanos().saturating_add(500) / 1000;
-    micros as f64 / 1000.0
 }
 
 #[cfg(test)]
