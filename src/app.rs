@@ -20,6 +20,7 @@ use std::borrow::Cow;
 use http::{HeaderValue, Method, Request, Response, Uri};
 use hyper::body::Incoming;
 
+use crate::address::AddressKey;
 use crate::api::{self, Access, EndpointRequest, Endpoints, Matched};
 use crate::api_browser::ApiBrowser;
 use crate::auth::credential::{self, Credential};
@@ -371,9 +372,11 @@ impl App {
         let required = matches!(matched.route.access, Access::Authenticated);
         let identity = self.authenticate(&req, required).await?;
         let client = &ex.client;
+        let client_ip = client.address(req.headers(), &self.settings.proxy.trusted_proxies);
         let request = EndpointRequest {
             base_url: self.base_url(client, &req),
-            client_ip: client.address(req.headers(), &self.settings.proxy.trusted_proxies),
+            client_ip,
+            client_key: AddressKey::of(client_ip, self.settings.limits.ipv6_prefix_len),
             may_send_secrets: client
                 .may_send_secrets(self.settings.listen.allow_plaintext_credentials),
             query: req.uri().query().map(str::to_owned),

@@ -451,6 +451,7 @@ impl Bound {
             listen.max_connections_per_address,
             listen.max_connections_per_trusted_proxy,
             settings.proxy.trusted_proxies.clone(),
+            settings.limits.ipv6_prefix_len,
         ));
         // Each worker takes upstream connections from a pool of its own.
         let workers = Workers::start(settings.worker_count(), crate::proxy::pin_thread_to_pool)

@@ -19,6 +19,7 @@ use http_body_util::BodyExt;
 use serde::de::DeserializeOwned;
 
 use crate::accounts::AccountError;
+use crate::address::AddressKey;
 use crate::auth::Authenticator;
 use crate::auth::limiter::LoginLimiter;
 use crate::body::{self, Body};
@@ -236,6 +237,8 @@ pub struct EndpointRequest {
     pub query: Option<String>,
     pub body: Bytes,
     pub client_ip: IpAddr,
+    /// What per-address limits count the client by ([`AddressKey::of`]).
+    pub client_key: AddressKey,
     /// May the request carry a password or token: it came over HTTPS (here or
     /// at a trusted proxy), from loopback, or plain HTTP credentials are allowed.
     pub may_send_secrets: bool,

@@ -305,7 +305,7 @@ pub async fn activate(
     // Bogus tokens count against the client's address, like failed logins.
     let attempt = api
         .limiter
-        .acquire_address(req.client_ip)
+        .acquire_address(req.client_key)
         .await
         .map_err(|limited| api.rate_limited(limited, None, &req))?;
     let invalid = || ApiError::bad_request("Activation token is invalid or expired");

@@ -137,6 +137,7 @@ pub struct LimitsSection {
     pub http2_keep_alive_interval: String,
     pub http2_keep_alive_timeout: String,
     pub http2_max_concurrent_streams: i64,
+    pub ipv6_prefix_len: i64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -394,6 +395,7 @@ impl Default for LimitsSection {
             http2_keep_alive_interval: "20s".into(),
             http2_keep_alive_timeout: "20s".into(),
             http2_max_concurrent_streams: 128,
+            ipv6_prefix_len: i64::from(crate::address::DEFAULT_IPV6_PREFIX_LEN),
         }
     }
 }

@@ -294,6 +294,9 @@ pub struct Limits {
     pub http2_keep_alive_timeout: Duration,
     /// Streams one HTTP/2 connection may have open at once.
     pub http2_max_concurrent_streams: u32,
+    /// Leading bits of an IPv6 address that make its address key
+    /// ([`crate::address::AddressKey`]), 1 to 128.
+    pub ipv6_prefix_len: u8,
 }
 
 /// The platform's WebSocket routes ([`crate::websocket`]) and their limits.

@@ -448,6 +448,16 @@ impl LimitsSection {
         if max_header_bytes < 1024 {
             errors.push("limits.max_header_bytes: must be at least 1024".into());
         }
+        let ipv6_prefix_len = u8::try_from(self.ipv6_prefix_len)
+            .ok()
+            .filter(|len| (1..=128).contains(len))
+            .unwrap_or_else(|| {
+                errors.push(format!(
+                    "limits.ipv6_prefix_len: must be from 1 to 128, got {}",
+                    self.ipv6_prefix_len
+                ));
+                crate::address::DEFAULT_IPV6_PREFIX_LEN
+            });
         Limits {
             max_header_bytes,
             max_body_bytes,
@@ -459,6 +469,7 @@ impl LimitsSection {
             http2_keep_alive_timeout,
             http2_max_concurrent_streams: u32::try_from(http2_max_concurrent_streams)
                 .unwrap_or(u32::MAX),
+            ipv6_prefix_len,
         }
     }
 }
