@@ -422,6 +422,13 @@ async fn api(
         hashing: crate::api::Hashing::new(&settings.login),
         dummy_hash: dummy_hash().await?,
         log_digest: crate::telemetry::LogDigest::new(secret),
+        writes: settings.limits.management_writes_per_user.map(|rate| {
+            crate::limits::budget::Budgets::new(
+                "management_writes",
+                rate,
+                settings.login.limiter.capacity,
+            )
+        }),
     })
 }
 

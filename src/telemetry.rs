@@ -171,7 +171,7 @@ impl Operations {
         );
         let rate_limited = r.counter(
             "keygate_rate_limited_total",
-            "Requests refused by a rate limit, by limiter (account, address).",
+            "Requests refused by a rate limit, by limiter (account, address, management_writes).",
             &["limiter"],
         );
         let password_hashes = r.counter(
@@ -282,7 +282,7 @@ pub const LOGIN_OUTCOMES: [&str; 6] = [
 ];
 
 /// Login rate limiters ([`Metrics::rate_limited`]).
-pub const RATE_LIMITERS: [&str; 2] = ["account", "address"];
+pub const RATE_LIMITERS: [&str; 3] = ["account", "address", "management_writes"];
 
 /// Password-hashing allowances ([`Metrics::password_hash`]).
 pub const HASH_PURPOSES: [&str; 2] = ["login", "other"];

@@ -690,3 +690,123 @@ async fn key_sent_over_plain_http_is_disabled_when_configured() {
             .contains("keygate_api_keys_disabled_on_plaintext_total 1")
     );
 }
+
+async fn create_user(gw: &Gateway, who: &Actor, email: &str) -> reqwest::Response {
+    let body = json!({"email": email, "authority": "CUSTOMER_USER", "customerId": {"entityType": "CUSTOMER", "id": Uuid::new_v4()}});
+    call(gw, who, reqwest::Method::POST, "/api/user", Some(body)).await
+}
+
+#[tokio::test]
+async fn a_burst_of_key_and_user_creations_by_one_user_is_limited_per_user() {
+    let upstream = Upstream::start().await;
+    let gw = Gateway::start(
+        &upstream.url(),
+        "[limits]\nmanagement_writes_per_user = \"10/m\"\n",
+    )
+    .await;
+    let me = actor(
+        &gw,
+        gw.user("burst@example.com", Authority::CustomerUser).await,
+    )
+    .await;
+    let burst = (0..30).map(|_| create_key(&gw, &me, me.user.id));
+    let responses = futures_util::future::join_all(burst).await;
+    let created = responses.iter().filter(|r| r.status() == 200).count();
+    assert_eq!(created, 10);
+    let refused: Vec<_> = responses
+        .into_iter()
+        .filter(|r| r.status() != 200)
+        .collect();
+    assert_eq!(refused.len(), 20);
+    let retry_after = refused[0].headers()["retry-after"].to_str().unwrap();
+    assert!(retry_after.parse::<u64>().unwrap() >= 1, "{retry_after}");
+    let (status, body) = error_body(refused.into_iter().next().unwrap()).await;
+    assert_eq!(
+        (status, body["errorCode"].as_i64()),
+        (429, Some(33)),
+        "{body}"
+    );
+    assert!(
+        body["message"].as_str().unwrap().contains("10/m per user"),
+        "{body}"
+    );
+    let stored = gw.running.store.list_api_keys(me.user.id).await.unwrap();
+    assert_eq!(stored.len(), 10, "a refused creation writes nothing");
+    // User creations draw on the same budget; other users have their own.
+    let admin = actor(
+        &gw,
+        gw.user("admin@example.com", Authority::TenantAdmin).await,
+    )
+    .await;
+    for i in 0..10 {
+        let response = create_user(&gw, &admin, &format!("new-{i}@example.com")).await;
+        assert_eq!(response.status(), 200, "{i}");
+    }
+    let (status, _) = error_body(create_key(&gw, &admin, admin.user.id).await).await;
+    assert_eq!(status, 429);
+    let (status, _) = error_body(create_user(&gw, &admin, "one-more@example.com").await).await;
+    assert_eq!(status, 429);
+    let metrics = gw.metrics().await;
+    assert!(
+        metrics.contains(r#"keygate_rate_limited_total{limiter="management_writes"} 22"#),
+        "{metrics}"
+    );
+}
+
+#[tokio::test]
+async fn creating_an_api_key_beyond_the_per_user_cap_is_refused_with_400() {
+    let upstream = Upstream::start().await;
+    let gw = Gateway::start(
+        &upstream.url(),
+        "[limits]\nmanagement_writes_per_user = \"\"\n[api_keys]\nmax_per_user = 5\n",
+    )
+    .await;
+    let me = actor(
+        &gw,
+        gw.user("hoarder@example.com", Authority::CustomerUser)
+            .await,
+    )
+    .await;
+    let burst = (0..12).map(|_| create_key(&gw, &me, me.user.id));
+    let responses = futures_util::future::join_all(burst).await;
+    let created: Vec<Value> = {
+        let mut created = Vec::new();
+        let mut refused = 0;
+        for response in responses {
+            if response.status() == 200 {
+                created.push(response.json().await.unwrap());
+                continue;
+            }
+            refused += 1;
+            let (status, body) = error_body(response).await;
+            assert_eq!(
+                (status, body["errorCode"].as_i64()),
+                (400, Some(31)),
+                "{body}"
+            );
+            assert_eq!(
+                body["message"],
+                "a user may hold at most 5 API keys; delete one to create another"
+            );
+        }
+        assert_eq!(refused, 7);
+        created
+    };
+    assert_eq!(created.len(), 5);
+    assert_eq!(
+        gw.running
+            .store
+            .list_api_keys(me.user.id)
+            .await
+            .unwrap()
+            .len(),
+        5
+    );
+    // Deleting one makes room for one.
+    let id = created[0]["id"]["id"].as_str().unwrap();
+    let path = format!("/api/apiKey/{id}");
+    let deleted = call(&gw, &me, reqwest::Method::DELETE, &path, None).await;
+    assert_eq!(deleted.status(), 200);
+    assert_eq!(create_key(&gw, &me, me.user.id).await.status(), 200);
+    assert_eq!(create_key(&gw, &me, me.user.id).await.status(), 400);
+}

@@ -69,6 +69,7 @@ pub async fn save(api: &Endpoints, req: EndpointRequest) -> Result<http::Respons
         user.version += 1;
         return Ok(json_response(&User::from(&user)));
     }
+    api.charge_write(identity)?;
     let authority_text = body
         .authority
         .as_deref()

@@ -104,6 +104,7 @@ pub struct JwtSection {
 pub struct ApiKeySection {
     pub prefix: String,
     pub disable_on_plaintext: bool,
+    pub max_per_user: i64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -138,6 +139,7 @@ pub struct LimitsSection {
     pub http2_keep_alive_timeout: String,
     pub http2_max_concurrent_streams: i64,
     pub ipv6_prefix_len: i64,
+    pub management_writes_per_user: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -359,6 +361,7 @@ impl Default for ApiKeySection {
         ApiKeySection {
             prefix: "tb_".into(),
             disable_on_plaintext: false,
+            max_per_user: 100,
         }
     }
 }
@@ -396,6 +399,7 @@ impl Default for LimitsSection {
             http2_keep_alive_timeout: "20s".into(),
             http2_max_concurrent_streams: 128,
             ipv6_prefix_len: i64::from(crate::address::DEFAULT_IPV6_PREFIX_LEN),
+            management_writes_per_user: "60/m".into(),
         }
     }
 }

@@ -55,6 +55,7 @@ pub(super) fn validate(file: &FileConfig, errors: &mut Vec<String>) -> Settings 
         jwt,
         api_key_prefix: api_keys.prefix,
         disable_key_on_plaintext: api_keys.disable_on_plaintext,
+        max_api_keys_per_user: api_keys.max_per_user,
         cache,
         proxy,
         limits,
@@ -350,6 +351,7 @@ fn signing_key(text: &str, errors: &mut Vec<String>) -> Option<Vec<u8>> {
 struct ApiKeys {
     prefix: String,
     disable_on_plaintext: bool,
+    max_per_user: Option<u64>,
 }
 
 impl ApiKeySection {
@@ -367,6 +369,8 @@ impl ApiKeySection {
         ApiKeys {
             prefix: prefix.clone(),
             disable_on_plaintext: self.disable_on_plaintext,
+            max_per_user: limit("api_keys.max_per_user", self.max_per_user, errors)
+                .map(|n| n as u64),
         }
     }
 }
@@ -470,6 +474,11 @@ impl LimitsSection {
             http2_max_concurrent_streams: u32::try_from(http2_max_concurrent_streams)
                 .unwrap_or(u32::MAX),
             ipv6_prefix_len,
+            management_writes_per_user: optional_rate(
+                "limits.management_writes_per_user",
+                &self.management_writes_per_user,
+                errors,
+            ),
         }
     }
 }

@@ -481,9 +481,30 @@ impl Store {
     // --- API keys -------------------------------------------------------------
 
     pub async fn insert_api_key(&self, key: &ApiKeyRecord) -> Result<(), StoreError> {
-        let sql =
-            format!("INSERT INTO api_keys ({KEY_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)");
+        self.insert_api_key_capped(key, i64::MAX).await.map(|_| ())
+    }
+
+    /// Inserts `key` unless its user already holds `cap` keys: `Ok(false)`,
+    /// nothing written. Counting and inserting are one statement; on
+    /// PostgreSQL the owner's row is locked first, so concurrent creations
+    /// for one user are counted one after another (SQLite writes one at a
+    /// time anyway).
+    pub async fn insert_api_key_capped(
+        &self,
+        key: &ApiKeyRecord,
+        cap: i64,
+    ) -> Result<bool, StoreError> {
+        let sql = format!(
+            "INSERT INTO api_keys ({KEY_COLUMNS}) SELECT $1, $2, $3, $4, $5, $6, $7, $8 \
+             WHERE (SELECT COUNT(*) FROM api_keys WHERE user_id = $9) < $10"
+        );
         let mut tx = self.pool.begin().await?;
+        if self.dialect == Dialect::Postgres && cap < i64::MAX {
+            sqlx::query("SELECT id FROM users WHERE id = $1 FOR UPDATE")
+                .bind(key.user_id.to_string())
+                .execute(&mut *tx)
+                .await?;
+        }
         let result = sqlx::query(AssertSqlSafe(sql))
             .bind(key.id.to_string())
             .bind(key.created_time)
@@ -493,12 +514,16 @@ impl Store {
             .bind(&key.description)
             .bind(i64::from(key.enabled))
             .bind(key.expiration_time)
+            .bind(key.user_id.to_string())
+            .bind(cap)
             .execute(&mut *tx)
             .await;
-        result.map_err(conflict_on("digest"))?;
+        if result.map_err(conflict_on("digest"))?.rows_affected() == 0 {
+            return Ok(false);
+        }
         let event = self.record(&mut tx, Target::ApiKey(key.id)).await?;
         event.commit(tx).await?;
-        Ok(())
+        Ok(true)
     }
 
     pub async fn api_key_by_digest(

@@ -148,6 +148,7 @@ store_tests!(
     check_deleting_a_user_removes_their_keys_and_sessions,
     check_api_keys_are_found_listed_toggled_and_deleted,
     check_duplicate_digest_is_a_conflict,
+    check_api_keys_per_user_are_capped_even_when_created_at_once,
     check_sessions_are_found_and_ended,
     check_settings_first_value_wins,
     check_flags_and_i64_round_trip,
@@ -521,6 +522,31 @@ async fn check_duplicate_digest_is_a_conflict(store: &Store) {
     let err = store.insert_api_key(&key(&u, "same", 2)).await.unwrap_err();
     assert!(matches!(err, StoreError::Conflict("digest")), "{err:?}");
     assert_eq!(store.list_api_keys(u.id).await.unwrap().len(), 1);
+}
+
+async fn check_api_keys_per_user_are_capped_even_when_created_at_once(store: &Store) {
+    let u = user("capped@example.com", 1);
+    store.insert_user(&u).await.unwrap();
+    for i in 0..2 {
+        let k = key(&u, &format!("cap-{i}"), i);
+        assert!(store.insert_api_key_capped(&k, 2).await.unwrap());
+    }
+    assert!(
+        !store
+            .insert_api_key_capped(&key(&u, "cap-2", 2), 2)
+            .await
+            .unwrap()
+    );
+    assert_eq!(store.list_api_keys(u.id).await.unwrap().len(), 2);
+    let raced = user("raced@example.com", 2);
+    store.insert_user(&raced).await.unwrap();
+    let attempts = (0..12).map(|i| {
+        let k = key(&raced, &format!("raced-{i}"), i);
+        async move { store.insert_api_key_capped(&k, 5).await.unwrap() }
+    });
+    let inserted = futures_util::future::join_all(attempts).await;
+    assert_eq!(inserted.iter().filter(|i| **i).count(), 5);
+    assert_eq!(store.list_api_keys(raced.id).await.unwrap().len(), 5);
 }
 
 async fn check_sessions_are_found_and_ended(store: &Store) {
