@@ -270,13 +270,13 @@ impl App {
                 self.upgrade(route, label, req, &path, ex, Start::Platform)
             }
             Target::Proxied(route) if upgrade => {
-                ex.identity = self.authenticate(&req, !route.public).await?;
+                ex.identity = self.authenticate(&req, !route.public, &ex.client).await?;
                 let credential = credential::parse(req.headers()).ok();
                 let checked = ex.identity.clone().zip(credential);
                 self.upgrade(route, &route.name, req, &path, ex, Start::Checked(checked))
             }
             Target::Proxied(route) => {
-                ex.identity = self.authenticate(&req, !route.public).await?;
+                ex.identity = self.authenticate(&req, !route.public, &ex.client).await?;
                 let grant = match self.admit_quota(route, ex) {
                     Ok(grant) => grant,
                     Err(refusal) => return Ok(refusal.into_response()),
@@ -370,7 +370,7 @@ impl App {
         ex: &mut Exchange<'_>,
     ) -> Result<Response<Body>, ApiError> {
         let required = matches!(matched.route.access, Access::Authenticated);
-        let identity = self.authenticate(&req, required).await?;
+        let identity = self.authenticate(&req, required, &ex.client).await?;
         let client = &ex.client;
         let client_ip = client.address(req.headers(), &self.settings.proxy.trusted_proxies);
         let request = EndpointRequest {
@@ -528,6 +528,7 @@ impl App {
         &self,
         req: &Request<Incoming>,
         required: bool,
+        client: &Client<'_>,
     ) -> Result<Option<Identity>, ApiError> {
         if !required {
             return Ok(None);
@@ -539,8 +540,10 @@ impl App {
                     Credential::ApiKey(_) => API_KEY,
                     Credential::Bearer(_) => JWT,
                 };
+                let address = client.address(req.headers(), &self.settings.proxy.trusted_proxies);
+                let key = AddressKey::of(address, self.settings.limits.ipv6_prefix_len);
                 self.auth
-                    .verify(&credential)
+                    .verify_from(&credential, key)
                     .await
                     .map_err(|f| (method, f))
                     .map(|i| (method, i))
@@ -553,7 +556,7 @@ impl App {
             }
             Err((method, failure)) => {
                 self.series.auth.count(method, Err(failure));
-                Err(failure.to_api_error())
+                Err(self.auth.to_api_error(failure))
             }
         }
     }

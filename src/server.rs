@@ -367,12 +367,11 @@ fn authenticator(
         settings.jwt.refresh_ttl,
     ));
     let caches = Caches::new(&settings.cache, metrics);
-    Arc::new(Authenticator::new(
-        store.clone(),
-        tokens,
-        caches,
-        metrics.clone(),
-    ))
+    let auth = Authenticator::new(store.clone(), tokens, caches, metrics.clone());
+    Arc::new(match settings.unknown_key_lookups_per_address {
+        Some(rate) => auth.with_unknown_key_budget(rate, settings.login.limiter.capacity),
+        None => auth,
+    })
 }
 
 /// The TLS acceptor and its certificate resolver, when HTTPS is configured.

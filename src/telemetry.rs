@@ -74,6 +74,7 @@ struct Traffic {
     cache_entries: IntGaugeVec,
     open_connections: IntGaugeVec,
     connections_closed: IntCounterVec,
+    store_lookups: IntCounterVec,
 }
 
 impl Traffic {
@@ -129,7 +130,13 @@ impl Traffic {
              (per_address_cap, tls_handshake_timeout, head_timeout, idle, keep_alive_timeout, body_timeout).",
             &["listener", "reason"],
         );
+        let store_lookups = r.counter(
+            "keygate_auth_store_lookups_total",
+            "Credential lookups that reached the store (cache misses), by kind (api_key, user, session).",
+            &["kind"],
+        );
         Traffic {
+            store_lookups,
             requests,
             request_duration,
             auth,
@@ -171,7 +178,7 @@ impl Operations {
         );
         let rate_limited = r.counter(
             "keygate_rate_limited_total",
-            "Requests refused by a rate limit, by limiter (account, address, management_writes).",
+            "Requests refused by a rate limit, by limiter (account, address, management_writes, unknown_api_keys).",
             &["limiter"],
         );
         let password_hashes = r.counter(
@@ -282,7 +289,12 @@ pub const LOGIN_OUTCOMES: [&str; 6] = [
 ];
 
 /// Login rate limiters ([`Metrics::rate_limited`]).
-pub const RATE_LIMITERS: [&str; 3] = ["account", "address", "management_writes"];
+pub const RATE_LIMITERS: [&str; 4] = [
+    "account",
+    "address",
+    "management_writes",
+    "unknown_api_keys",
+];
 
 /// Password-hashing allowances ([`Metrics::password_hash`]).
 pub const HASH_PURPOSES: [&str; 2] = ["login", "other"];
@@ -639,6 +651,12 @@ impl Metrics {
                 .with_label_values(&[name])
                 .set(*size as i64);
         }
+    }
+
+    /// `keygate_auth_store_lookups_total`: credential lookups that reached
+    /// the store, by kind; its series belong to the authenticator.
+    pub fn store_lookups(&self) -> IntCounterVec {
+        self.traffic.store_lookups.clone()
     }
 
     /// Registers a counter family whose series a stage owns (and bounds).

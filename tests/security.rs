@@ -797,3 +797,58 @@ async fn a_plain_chunked_request_still_passes_the_framing_check() {
     assert!(response.starts_with("HTTP/1.1 200"), "{response}");
     assert_eq!(upstream.last().body_len, 5);
 }
+
+#[tokio::test]
+async fn sprayed_random_api_keys_stop_reaching_the_store_at_the_address_budget() {
+    let upstream = Upstream::start().await;
+    let gw = Gateway::start(
+        &upstream.url(),
+        "[api_keys]\nunknown_lookups_per_address = \"20/m\"\n",
+    )
+    .await;
+    let user = gw.user("cached@example.com", Authority::TenantAdmin).await;
+    let (_, valid) = gw.api_key(&user, 0).await;
+    let valid = format!("ApiKey {valid}");
+    assert_eq!(get(&gw, "/api/devices", &valid).await.status(), 200);
+    let lookups = r#"keygate_auth_store_lookups_total{kind="api_key"}"#;
+    let before = counter(&gw.metrics().await, lookups);
+    let client = gw.client();
+    let mut statuses = Vec::new();
+    for i in 0..100 {
+        let response = client
+            .get(gw.https("/api/devices"))
+            .header(
+                "X-Authorization",
+                format!("ApiKey tb_random-{i}-{}", Uuid::new_v4()),
+            )
+            .send()
+            .await
+            .unwrap();
+        if response.status() == 429 {
+            let (_, body) = error_body(response).await;
+            assert_eq!(body["errorCode"], 33, "{body}");
+            statuses.push(429);
+        } else {
+            statuses.push(response.status().as_u16());
+        }
+    }
+    assert!(statuses[..20].iter().all(|s| *s == 401), "{statuses:?}");
+    assert!(statuses[20..].iter().all(|s| *s == 429), "{statuses:?}");
+    let metrics = gw.metrics().await;
+    assert_eq!(
+        counter(&metrics, lookups) - before,
+        20,
+        "store lookups stop at the budget"
+    );
+    assert_eq!(
+        counter(
+            &metrics,
+            r#"keygate_rate_limited_total{limiter="unknown_api_keys"}"#
+        ),
+        80
+    );
+    // The cached key still answers from the same address, and only its
+    // requests ever reached the upstream.
+    assert_eq!(get(&gw, "/api/devices", &valid).await.status(), 200);
+    assert_eq!(upstream.requests().len(), 2);
+}

@@ -105,6 +105,7 @@ pub struct ApiKeySection {
     pub prefix: String,
     pub disable_on_plaintext: bool,
     pub max_per_user: i64,
+    pub unknown_lookups_per_address: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -362,6 +363,7 @@ impl Default for ApiKeySection {
             prefix: "tb_".into(),
             disable_on_plaintext: false,
             max_per_user: 100,
+            unknown_lookups_per_address: "100/m".into(),
         }
     }
 }

@@ -93,6 +93,9 @@ pub struct Settings {
     pub disable_key_on_plaintext: bool,
     /// API keys one user may hold; `None`: no cap.
     pub max_api_keys_per_user: Option<u64>,
+    /// Store lookups of unknown API keys one client address key may cause;
+    /// `None`: no budget.
+    pub unknown_key_lookups_per_address: Option<rate::Rate>,
     pub cache: CacheSettings,
     pub proxy: ProxySettings,
     pub limits: Limits,

@@ -56,6 +56,7 @@ pub(super) fn validate(file: &FileConfig, errors: &mut Vec<String>) -> Settings 
         api_key_prefix: api_keys.prefix,
         disable_key_on_plaintext: api_keys.disable_on_plaintext,
         max_api_keys_per_user: api_keys.max_per_user,
+        unknown_key_lookups_per_address: api_keys.unknown_lookups_per_address,
         cache,
         proxy,
         limits,
@@ -352,6 +353,7 @@ struct ApiKeys {
     prefix: String,
     disable_on_plaintext: bool,
     max_per_user: Option<u64>,
+    unknown_lookups_per_address: Option<Rate>,
 }
 
 impl ApiKeySection {
@@ -371,6 +373,11 @@ impl ApiKeySection {
             disable_on_plaintext: self.disable_on_plaintext,
             max_per_user: limit("api_keys.max_per_user", self.max_per_user, errors)
                 .map(|n| n as u64),
+            unknown_lookups_per_address: optional_rate(
+                "api_keys.unknown_lookups_per_address",
+                &self.unknown_lookups_per_address,
+                errors,
+            ),
         }
     }
 }
