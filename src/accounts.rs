@@ -24,6 +24,8 @@ pub enum AccountError {
     Random,
     #[error("a user may hold at most {0} API keys; delete one to create another")]
     TooManyKeys(u64),
+    #[error("customer id {0} belongs to another tenant")]
+    ForeignCustomer(Uuid),
 }
 
 /// Optional profile fields set at creation.
@@ -163,6 +165,7 @@ fn new_record(new: NewUser, password_hash: String) -> Result<UserRecord, Account
 async fn insert(store: &Store, user: UserRecord) -> Result<UserRecord, AccountError> {
     match store.insert_user(&user).await {
         Err(StoreError::Conflict(_)) => Err(AccountError::Exists(user.email)),
+        Err(StoreError::ForeignCustomer) => Err(AccountError::ForeignCustomer(user.customer_id)),
         other => other.map(|_| user).map_err(Into::into),
     }
 }

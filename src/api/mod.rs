@@ -458,6 +458,8 @@ impl From<AccountError> for ApiError {
                 "User with email '{email}' already present in database!"
             )),
             AccountError::Store(error) => error.into(),
+            // Like any reach into another tenant; which tenant is not said.
+            AccountError::ForeignCustomer(_) => ApiError::permission_denied(),
             AccountError::TooManyKeys(cap) => {
                 ApiError::bad_request(AccountError::TooManyKeys(cap).to_string())
             }

@@ -33,6 +33,8 @@ pub enum StoreError {
     Corrupt(String),
     #[error("store: {0}")]
     Setup(String),
+    #[error("store: the customer id belongs to another tenant")]
+    ForeignCustomer,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -375,6 +377,9 @@ impl Store {
             .execute(&mut *tx)
             .await;
         result.map_err(conflict_on("email"))?;
+        if user.customer_id != crate::identity::NULL_UUID {
+            claim_customer(&mut tx, user).await?;
+        }
         let event = self.record(&mut tx, Target::User(user.id)).await?;
         event.commit(tx).await?;
         Ok(())
@@ -654,6 +659,36 @@ impl Store {
 /// Flags are stored as 0/1 integers in both dialects.
 fn flag(row: &AnyRow, index: usize) -> Result<bool, StoreError> {
     Ok(row.try_get::<i64, _>(index)? != 0)
+}
+
+/// Binds `user`'s customer id to their tenant when no tenant used it before;
+/// refuses it ([`StoreError::ForeignCustomer`]) when another tenant did. Two
+/// tenants racing for a new id: the second insert waits on the first's row
+/// (PostgreSQL) or its write lock (SQLite), then reads the first's tenant.
+async fn claim_customer(
+    conn: &mut sqlx::AnyConnection,
+    user: &UserRecord,
+) -> Result<(), StoreError> {
+    let customer = user.customer_id.to_string();
+    let tenant = user.tenant_id.to_string();
+    sqlx::query(
+        "INSERT INTO customer_tenants (customer_id, tenant_id, created_time) \
+         VALUES ($1, $2, $3) ON CONFLICT (customer_id) DO NOTHING",
+    )
+    .bind(&customer)
+    .bind(&tenant)
+    .bind(user.created_time)
+    .execute(&mut *conn)
+    .await?;
+    let owner: String =
+        sqlx::query_scalar("SELECT tenant_id FROM customer_tenants WHERE customer_id = $1")
+            .bind(&customer)
+            .fetch_one(&mut *conn)
+            .await?;
+    if owner != tenant {
+        return Err(StoreError::ForeignCustomer);
+    }
+    Ok(())
 }
 
 /// A unique-constraint violation as a conflict on `what`; any other error
