@@ -499,8 +499,11 @@ impl App {
         match credential::parse(req.headers()) {
             Ok(Credential::ApiKey(key)) => {
                 tracing::warn!(target: "keygate::security", peer = %client.conn.peer, "refused an API key sent over plain HTTP");
+                let address = client.address(req.headers(), &self.settings.proxy.trusted_proxies);
+                let from = AddressKey::of(address, self.settings.limits.ipv6_prefix_len);
                 if self.settings.disable_key_on_plaintext
-                    && let Some(revocation) = self.auth.disable_exposed_key(&key).await
+                    && let Some(revocation) =
+                        self.auth.disable_exposed_key_from(&key, Some(from)).await
                 {
                     crate::revocation::apply(self.auth.caches(), revocation).await;
                 }

@@ -852,3 +852,28 @@ async fn sprayed_random_api_keys_stop_reaching_the_store_at_the_address_budget()
     assert_eq!(get(&gw, "/api/devices", &valid).await.status(), 200);
     assert_eq!(upstream.requests().len(), 2);
 }
+
+#[tokio::test]
+async fn random_api_keys_sent_in_clear_stop_reaching_the_store_at_the_address_budget() {
+    let upstream = Upstream::start().await;
+    let gw = Gateway::start(
+        &upstream.url(),
+        "[api_keys]\ndisable_on_plaintext = true\nunknown_lookups_per_address = \"10/m\"\n",
+    )
+    .await;
+    let lookups = r#"keygate_auth_store_lookups_total{kind="api_key"}"#;
+    let before = counter(&gw.metrics().await, lookups);
+    let client = reqwest::Client::new();
+    for i in 0..40 {
+        let response = client
+            .get(gw.http("/api/noauth/devices"))
+            .header("X-Authorization", format!("ApiKey tb_clear-{i}"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 403);
+    }
+    let after = counter(&gw.metrics().await, lookups);
+    assert_eq!(after - before, 10, "store lookups stop at the budget");
+    assert!(upstream.requests().is_empty());
+}

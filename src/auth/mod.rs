@@ -196,7 +196,17 @@ impl Authenticator {
     /// revocation to apply, so this replica drops the key the same way a
     /// disable from the API or another replica does (`revocation::apply`).
     pub async fn disable_exposed_key(&self, value: &Secret) -> Option<Revocation> {
-        let identity = self.verify_api_key(value, None).await.ok()?;
+        self.disable_exposed_key_from(value, None).await
+    }
+
+    /// [`Authenticator::disable_exposed_key`] for a request from `client`:
+    /// the lookup of a key that turns out unknown is paid from its budget.
+    pub async fn disable_exposed_key_from(
+        &self,
+        value: &Secret,
+        client: Option<AddressKey>,
+    ) -> Option<Revocation> {
+        let identity = self.verify_api_key(value, client).await.ok()?;
         let key_id = identity.api_key_id()?;
         let disabled = self
             .look_up(move |store| async move { store.set_api_key_enabled(key_id, false).await })
