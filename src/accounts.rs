@@ -22,6 +22,10 @@ pub enum AccountError {
     Password(#[from] password::PasswordError),
     #[error("random number generator failed")]
     Random,
+    #[error("a user may hold at most {0} API keys; delete one to create another")]
+    TooManyKeys(u64),
+    #[error("customer id {0} belongs to another tenant")]
+    ForeignCustomer(Uuid),
 }
 
 /// Optional profile fields set at creation.
@@ -161,6 +165,7 @@ fn new_record(new: NewUser, password_hash: String) -> Result<UserRecord, Account
 async fn insert(store: &Store, user: UserRecord) -> Result<UserRecord, AccountError> {
     match store.insert_user(&user).await {
         Err(StoreError::Conflict(_)) => Err(AccountError::Exists(user.email)),
+        Err(StoreError::ForeignCustomer) => Err(AccountError::ForeignCustomer(user.customer_id)),
         other => other.map(|_| user).map_err(Into::into),
     }
 }
@@ -220,6 +225,14 @@ pub struct CreatedKey {
     pub value: Secret,
 }
 
+/// The shape of a key to create, as the caller asked for it.
+pub struct KeyRequest<'a> {
+    pub prefix: &'a str,
+    pub description: &'a str,
+    pub expiration_time: i64,
+    pub enabled: bool,
+}
+
 pub async fn create_api_key(
     store: &Store,
     user: &UserRecord,
@@ -228,6 +241,29 @@ pub async fn create_api_key(
     expiration_time: i64,
     enabled: bool,
 ) -> Result<CreatedKey, AccountError> {
+    let request = KeyRequest {
+        prefix,
+        description,
+        expiration_time,
+        enabled,
+    };
+    create_api_key_within(store, user, request, None).await
+}
+
+/// Creates a key for `user` unless they already hold `cap` keys
+/// ([`AccountError::TooManyKeys`]); `None`: no cap.
+pub async fn create_api_key_within(
+    store: &Store,
+    user: &UserRecord,
+    request: KeyRequest<'_>,
+    cap: Option<u64>,
+) -> Result<CreatedKey, AccountError> {
+    let KeyRequest {
+        prefix,
+        description,
+        expiration_time,
+        enabled,
+    } = request;
     let description = description.trim();
     if description.is_empty() || description.chars().count() > 255 {
         return Err(AccountError::Invalid(
@@ -250,7 +286,10 @@ pub async fn create_api_key(
         enabled,
         expiration_time,
     };
-    store.insert_api_key(&record).await?;
+    let held_cap = cap.map_or(i64::MAX, |cap| i64::try_from(cap).unwrap_or(i64::MAX));
+    if !store.insert_api_key_capped(&record, held_cap).await? {
+        return Err(AccountError::TooManyKeys(cap.unwrap_or(u64::MAX)));
+    }
     Ok(CreatedKey {
         record,
         value: generated.value,

@@ -22,6 +22,7 @@ use std::borrow::Cow;
 use http::{HeaderValue, Method, Request, Response, Uri};
 use hyper::body::Incoming;
 
+use crate::address::AddressKey;
 use crate::api::{self, Access, EndpointRequest, Endpoints, Matched};
 use crate::api_browser::ApiBrowser;
 use crate::auth::credential::{self, Credential};
@@ -274,7 +275,7 @@ impl App {
                 self.upgrade(route, label, req, &path, ex, Start::Platform)
             }
             Target::Proxied(route) if upgrade => {
-                ex.identity = self.authenticate(&req, !route.public).await?;
+                ex.identity = self.authenticate(&req, !route.public, &ex.client).await?;
                 // An upgrade is a request like any other to the quotas,
                 // counted before anything reaches the upstream.
                 let grant = match self.admit_quota(route, ex) {
@@ -289,7 +290,7 @@ impl App {
                 Ok(response)
             }
             Target::Proxied(route) => {
-                ex.identity = self.authenticate(&req, !route.public).await?;
+                ex.identity = self.authenticate(&req, !route.public, &ex.client).await?;
                 let grant = match self.admit_quota(route, ex) {
                     Ok(grant) => grant,
                     Err(refusal) => return Ok(refusal.into_response()),
@@ -384,11 +385,13 @@ impl App {
         ex: &mut Exchange<'_>,
     ) -> Result<Response<Body>, ApiError> {
         let required = matches!(matched.route.access, Access::Authenticated);
-        let identity = self.authenticate(&req, required).await?;
+        let identity = self.authenticate(&req, required, &ex.client).await?;
         let client = &ex.client;
+        let client_ip = client.address(req.headers(), &self.settings.proxy.trusted_proxies);
         let request = EndpointRequest {
             base_url: self.base_url(client, &req),
-            client_ip: client.address(req.headers(), &self.settings.proxy.trusted_proxies),
+            client_ip,
+            client_key: AddressKey::of(client_ip, self.settings.limits.ipv6_prefix_len),
             may_send_secrets: client
                 .may_send_secrets(self.settings.listen.allow_plaintext_credentials),
             query: req.uri().query().map(str::to_owned),
@@ -535,8 +538,10 @@ impl App {
         match credential::parse(req.headers()) {
             Ok(Credential::ApiKey(key)) => {
                 tracing::warn!(target: "keygate::security", peer = %client.conn.peer, "refused an API key sent over plain HTTP");
+                let address = client.address(req.headers(), &self.settings.proxy.trusted_proxies);
+                let from = AddressKey::of(address, self.settings.limits.ipv6_prefix_len);
                 if self.settings.disable_key_on_plaintext {
-                    self.auth.disable_exposed_key(&key).await;
+                    self.auth.disable_exposed_key(&key, Some(from)).await;
                 }
                 self.series
                     .auth
@@ -562,6 +567,7 @@ impl App {
         &self,
         req: &Request<Incoming>,
         required: bool,
+        client: &Client<'_>,
     ) -> Result<Option<Identity>, ApiError> {
         if !required {
             return Ok(None);
@@ -573,8 +579,10 @@ impl App {
                     Credential::ApiKey(_) => API_KEY,
                     Credential::Bearer(_) => JWT,
                 };
+                let address = client.address(req.headers(), &self.settings.proxy.trusted_proxies);
+                let key = AddressKey::of(address, self.settings.limits.ipv6_prefix_len);
                 self.auth
-                    .verify(&credential)
+                    .verify_from(&credential, key)
                     .await
                     .map_err(|f| (method, f))
                     .map(|i| (method, i))
@@ -587,7 +595,7 @@ impl App {
             }
             Err((method, failure)) => {
                 self.series.auth.count(method, Err(failure));
-                Err(failure.to_api_error())
+                Err(self.auth.to_api_error(failure))
             }
         }
     }

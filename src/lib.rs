@@ -12,6 +12,7 @@
 #![forbid(unsafe_code)]
 
 pub mod accounts;
+pub mod address;
 pub mod api;
 pub mod api_browser;
 pub mod app;

@@ -368,12 +368,11 @@ fn authenticator(
         settings.jwt.refresh_ttl,
     ));
     let caches = Caches::new(&settings.cache, metrics);
-    Arc::new(Authenticator::new(
-        store.clone(),
-        tokens,
-        caches,
-        metrics.clone(),
-    ))
+    let auth = Authenticator::new(store.clone(), tokens, caches, metrics.clone());
+    Arc::new(match settings.unknown_key_lookups_per_address {
+        Some(rate) => auth.with_unknown_key_budget(rate, settings.login.limiter.capacity),
+        None => auth,
+    })
 }
 
 /// The TLS acceptor and its certificate resolver, when HTTPS is configured.
@@ -423,6 +422,13 @@ async fn api(
         hashing: crate::api::Hashing::new(&settings.login),
         dummy_hash: dummy_hash().await?,
         log_digest: crate::telemetry::LogDigest::new(secret),
+        writes: settings.limits.management_writes_per_user.map(|rate| {
+            crate::limits::budget::Budgets::new(
+                "management_writes",
+                rate,
+                settings.login.limiter.capacity,
+            )
+        }),
     })
 }
 
@@ -454,11 +460,13 @@ impl Bound {
             listen.max_connections_per_address,
             listen.max_connections_per_trusted_proxy,
             settings.proxy.trusted_proxies.clone(),
+            settings.limits.ipv6_prefix_len,
         ));
         let admin_per_address = Arc::new(AddressCap::new(
             listen.admin_max_connections_per_address,
             None,
             vec![],
+            settings.limits.ipv6_prefix_len,
         ));
         // Each worker takes upstream connections from a pool of its own.
         let workers = Workers::start(settings.worker_count(), crate::proxy::pin_thread_to_pool)

@@ -250,6 +250,8 @@ async fn api_key_authority_matrix_own_same_tenant_other_tenant_sys_admin() {
     // Put the customer into tenant A.
     gw.running.store.delete_user(customer.id).await.unwrap();
     customer.tenant_id = admin_a.user.tenant_id;
+    // A customer id of tenant A's own: the first one stays with its tenant.
+    customer.customer_id = Uuid::new_v4();
     customer.id = Uuid::new_v4();
     gw.running.store.insert_user(&customer).await.unwrap();
     let customer = actor(&gw, customer).await;
@@ -597,6 +599,7 @@ async fn disabling_or_deleting_a_user_ends_their_keys_and_tokens_at_once() {
     let mut worker = gw.user("worker@example.com", Authority::CustomerUser).await;
     gw.running.store.delete_user(worker.id).await.unwrap();
     worker.tenant_id = admin.user.tenant_id;
+    worker.customer_id = Uuid::new_v4();
     worker.id = Uuid::new_v4();
     gw.running.store.insert_user(&worker).await.unwrap();
     let worker = actor(&gw, worker).await;
@@ -689,4 +692,214 @@ async fn key_sent_over_plain_http_is_disabled_when_configured() {
             .await
             .contains("keygate_api_keys_disabled_on_plaintext_total 1")
     );
+}
+
+async fn create_user(gw: &Gateway, who: &Actor, email: &str) -> reqwest::Response {
+    let body = json!({"email": email, "authority": "CUSTOMER_USER", "customerId": {"entityType": "CUSTOMER", "id": Uuid::new_v4()}});
+    call(gw, who, reqwest::Method::POST, "/api/user", Some(body)).await
+}
+
+#[tokio::test]
+async fn a_burst_of_key_and_user_creations_by_one_user_is_limited_per_user() {
+    let upstream = Upstream::start().await;
+    let gw = Gateway::start(
+        &upstream.url(),
+        "[limits]\nmanagement_writes_per_user = \"10/m\"\n",
+    )
+    .await;
+    let me = actor(
+        &gw,
+        gw.user("burst@example.com", Authority::CustomerUser).await,
+    )
+    .await;
+    let burst = (0..30).map(|_| create_key(&gw, &me, me.user.id));
+    let responses = futures_util::future::join_all(burst).await;
+    let created = responses.iter().filter(|r| r.status() == 200).count();
+    assert_eq!(created, 10);
+    let refused: Vec<_> = responses
+        .into_iter()
+        .filter(|r| r.status() != 200)
+        .collect();
+    assert_eq!(refused.len(), 20);
+    let retry_after = refused[0].headers()["retry-after"].to_str().unwrap();
+    assert!(retry_after.parse::<u64>().unwrap() >= 1, "{retry_after}");
+    let (status, body) = error_body(refused.into_iter().next().unwrap()).await;
+    assert_eq!(
+        (status, body["errorCode"].as_i64()),
+        (429, Some(33)),
+        "{body}"
+    );
+    assert!(
+        body["message"].as_str().unwrap().contains("10/m per user"),
+        "{body}"
+    );
+    let stored = gw.running.store.list_api_keys(me.user.id).await.unwrap();
+    assert_eq!(stored.len(), 10, "a refused creation writes nothing");
+    // User creations draw on the same budget; other users have their own.
+    let admin = actor(
+        &gw,
+        gw.user("admin@example.com", Authority::TenantAdmin).await,
+    )
+    .await;
+    for i in 0..10 {
+        let response = create_user(&gw, &admin, &format!("new-{i}@example.com")).await;
+        assert_eq!(response.status(), 200, "{i}");
+    }
+    let (status, _) = error_body(create_key(&gw, &admin, admin.user.id).await).await;
+    assert_eq!(status, 429);
+    let (status, _) = error_body(create_user(&gw, &admin, "one-more@example.com").await).await;
+    assert_eq!(status, 429);
+    let metrics = gw.metrics().await;
+    assert!(
+        metrics.contains(r#"keygate_rate_limited_total{limiter="management_writes"} 22"#),
+        "{metrics}"
+    );
+}
+
+#[tokio::test]
+async fn creating_an_api_key_beyond_the_per_user_cap_is_refused_with_400() {
+    let upstream = Upstream::start().await;
+    let gw = Gateway::start(
+        &upstream.url(),
+        "[limits]\nmanagement_writes_per_user = \"\"\n[api_keys]\nmax_per_user = 5\n",
+    )
+    .await;
+    let me = actor(
+        &gw,
+        gw.user("hoarder@example.com", Authority::CustomerUser)
+            .await,
+    )
+    .await;
+    let burst = (0..12).map(|_| create_key(&gw, &me, me.user.id));
+    let responses = futures_util::future::join_all(burst).await;
+    let created: Vec<Value> = {
+        let mut created = Vec::new();
+        let mut refused = 0;
+        for response in responses {
+            if response.status() == 200 {
+                created.push(response.json().await.unwrap());
+                continue;
+            }
+            refused += 1;
+            let (status, body) = error_body(response).await;
+            assert_eq!(
+                (status, body["errorCode"].as_i64()),
+                (400, Some(31)),
+                "{body}"
+            );
+            assert_eq!(
+                body["message"],
+                "a user may hold at most 5 API keys; delete one to create another"
+            );
+        }
+        assert_eq!(refused, 7);
+        created
+    };
+    assert_eq!(created.len(), 5);
+    assert_eq!(
+        gw.running
+            .store
+            .list_api_keys(me.user.id)
+            .await
+            .unwrap()
+            .len(),
+        5
+    );
+    // Deleting one makes room for one.
+    let id = created[0]["id"]["id"].as_str().unwrap();
+    let path = format!("/api/apiKey/{id}");
+    let deleted = call(&gw, &me, reqwest::Method::DELETE, &path, None).await;
+    assert_eq!(deleted.status(), 200);
+    assert_eq!(create_key(&gw, &me, me.user.id).await.status(), 200);
+    assert_eq!(create_key(&gw, &me, me.user.id).await.status(), 400);
+}
+
+/// A CUSTOMER_USER of `customer` created over REST by `admin`.
+async fn create_customer_user(
+    gw: &Gateway,
+    admin: &Actor,
+    email: &str,
+    customer: Uuid,
+) -> reqwest::Response {
+    let body = json!({"email": email, "authority": "CUSTOMER_USER", "customerId": {"entityType": "CUSTOMER", "id": customer}});
+    call(gw, admin, reqwest::Method::POST, "/api/user", Some(body)).await
+}
+
+/// Tenant A's admin uses a customer id first; tenant B's admin cannot create
+/// a user under it, before or after A's users of it are gone.
+async fn another_tenants_customer_id_is_refused(gw: &Gateway) {
+    let admin_a = actor(
+        gw,
+        gw.user("admin-a@example.com", Authority::TenantAdmin).await,
+    )
+    .await;
+    let admin_b = actor(
+        gw,
+        gw.user("admin-b@example.com", Authority::TenantAdmin).await,
+    )
+    .await;
+    let customer = Uuid::new_v4();
+    let created = create_customer_user(gw, &admin_a, "a-customer@example.com", customer).await;
+    assert_eq!(created.status(), 200);
+    let created: Value = created.json().await.unwrap();
+    assert_eq!(
+        created["tenantId"]["id"],
+        admin_a.user.tenant_id.to_string()
+    );
+
+    let refused = create_customer_user(gw, &admin_b, "b-intruder@example.com", customer).await;
+    let (status, body) = error_body(refused).await;
+    assert_eq!(
+        (status, body["errorCode"].as_i64()),
+        (403, Some(20)),
+        "{body}"
+    );
+    let store = &gw.running.store;
+    assert!(
+        store
+            .user_by_email("b-intruder@example.com")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    // A's own users of it may be deleted: the id stays A's.
+    let id = created["id"]["id"].as_str().unwrap();
+    let deleted = call(
+        gw,
+        &admin_a,
+        reqwest::Method::DELETE,
+        &format!("/api/user/{id}"),
+        None,
+    )
+    .await;
+    assert_eq!(deleted.status(), 200);
+    let again = create_customer_user(gw, &admin_b, "b-again@example.com", customer).await;
+    assert_eq!(again.status(), 403);
+    // B's own new customer id is B's; A may use A's again.
+    let own = create_customer_user(gw, &admin_b, "b-own@example.com", Uuid::new_v4()).await;
+    assert_eq!(own.status(), 200);
+    let a_again = create_customer_user(gw, &admin_a, "a-again@example.com", customer).await;
+    assert_eq!(a_again.status(), 200);
+}
+
+#[tokio::test]
+async fn a_tenant_admin_cannot_create_a_customer_user_with_another_tenants_customer_id() {
+    let upstream = Upstream::start().await;
+    let gw = Gateway::start(&upstream.url(), "").await;
+    another_tenants_customer_id_is_refused(&gw).await;
+}
+
+#[tokio::test]
+async fn a_tenant_admin_cannot_create_a_customer_user_with_another_tenants_customer_id_on_postgres()
+{
+    let Ok(base) = std::env::var("KEYGATE_TEST_DATABASE_URL") else {
+        println!("KEYGATE_TEST_DATABASE_URL is not set: PostgreSQL variant not run");
+        return;
+    };
+    let (url, schema) = common::fresh_schema(&base).await;
+    let upstream = Upstream::start().await;
+    let gw = Gateway::start_on(&upstream.url(), "", Some(&url)).await;
+    another_tenants_customer_id_is_refused(&gw).await;
+    gw.running.store.close().await;
+    common::drop_schema(&base, &schema).await;
 }

@@ -338,6 +338,95 @@ async fn password_guesses_spread_over_addresses_reach_the_account_ceiling() {
     assert_eq!(login_from(&gw, "203.0.113.5", PASSWORD).await, 429);
 }
 
+/// The `i`-th address of the attacker's one /64 (as a trusted proxy reports it).
+fn in_one_64(i: usize) -> String {
+    format!(
+        "2001:db8:1:2:{:x}:{:x}::{:x}",
+        (i * 7919) % 0x10000,
+        i,
+        i + 1
+    )
+}
+
+/// A login for `username` from `client_ip`, as forwarded by a trusted proxy.
+async fn login_as_from(gw: &Gateway, username: &str, client_ip: &str, password: &str) -> u16 {
+    gw.client()
+        .post(gw.https("/api/auth/login"))
+        .header("X-Forwarded-For", client_ip)
+        .json(&json!({"username": username, "password": password}))
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .as_u16()
+}
+
+#[tokio::test]
+async fn ipv6_rotation_within_one_64_hits_the_per_address_login_limit() {
+    let upstream = Upstream::start().await;
+    let gw = Gateway::start(
+        &upstream.url(),
+        &format!("{TRUSTING_LOOPBACK}[login]\naccount_max_failures = 30\naccount_address_max_failures = 3\n"),
+    )
+    .await;
+    gw.user("owner@example.com", Authority::TenantAdmin).await;
+    let before = gw.metrics().await;
+    let mut statuses = Vec::new();
+    for i in 0..40 {
+        statuses.push(login_from(&gw, &in_one_64(i), "guess").await);
+    }
+    assert!(statuses[..3].iter().all(|s| *s == 401), "{statuses:?}");
+    assert!(statuses[3..].iter().all(|s| *s == 429), "{statuses:?}");
+    let after = gw.metrics().await;
+    let hashes = r#"keygate_password_hashes_total{purpose="login"}"#;
+    assert_eq!(counter(&after, hashes) - counter(&before, hashes), 3);
+    // The account ceiling (30) was never reached: the owner, elsewhere, is in.
+    assert_eq!(login_from(&gw, "2001:db8:1:3::1", PASSWORD).await, 200);
+    // An IPv4-mapped address counts as its IPv4 address.
+    for _ in 0..3 {
+        assert_eq!(login_from(&gw, "198.51.100.9", "guess").await, 401);
+    }
+    assert_eq!(login_from(&gw, "::ffff:198.51.100.9", "guess").await, 429);
+}
+
+#[tokio::test]
+async fn unknown_name_spray_from_one_64_stops_at_the_per_address_limit() {
+    let upstream = Upstream::start().await;
+    let gw = Gateway::start(
+        &upstream.url(),
+        &format!("{TRUSTING_LOOPBACK}[login]\naddress_max_failures = 5\n"),
+    )
+    .await;
+    let before = gw.metrics().await;
+    let mut statuses = Vec::new();
+    for i in 0..30 {
+        let name = format!("nobody-{i}@example.com");
+        statuses.push(login_as_from(&gw, &name, &in_one_64(i), "guess").await);
+    }
+    assert!(statuses[..5].iter().all(|s| *s == 401), "{statuses:?}");
+    assert!(statuses[5..].iter().all(|s| *s == 429), "{statuses:?}");
+    let after = gw.metrics().await;
+    let hashes = r#"keygate_password_hashes_total{purpose="login"}"#;
+    assert_eq!(
+        counter(&after, hashes) - counter(&before, hashes),
+        5,
+        "one hash per attempt the address limit let through"
+    );
+    // Bogus activation tokens from the same /64 meet the same spent window.
+    let activation = gw
+        .client()
+        .post(gw.https("/api/noauth/activate"))
+        .header("X-Forwarded-For", in_one_64(99))
+        .json(&json!({"activateToken": "bogus", "password": "a-long-enough-password"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(activation.status(), 429);
+    // Another /64 has its own window.
+    let other = login_as_from(&gw, "nobody@example.com", "2001:db8:1:3::1", "guess").await;
+    assert_eq!(other, 401);
+}
+
 #[tokio::test]
 async fn change_password_cannot_be_used_to_brute_force_the_account_password() {
     let upstream = Upstream::start().await;
@@ -826,4 +915,84 @@ async fn upstream_101_on_a_plain_request_is_a_502_and_the_pipelined_request_afte
         metrics.contains(&reset),
         "counted as an upstream error:\n{metrics}"
     );
+}
+
+#[tokio::test]
+async fn sprayed_random_api_keys_stop_reaching_the_store_at_the_address_budget() {
+    let upstream = Upstream::start().await;
+    let gw = Gateway::start(
+        &upstream.url(),
+        "[api_keys]\nunknown_lookups_per_address = \"20/m\"\n",
+    )
+    .await;
+    let user = gw.user("cached@example.com", Authority::TenantAdmin).await;
+    let (_, valid) = gw.api_key(&user, 0).await;
+    let valid = format!("ApiKey {valid}");
+    assert_eq!(get(&gw, "/api/devices", &valid).await.status(), 200);
+    let lookups = r#"keygate_auth_store_lookups_total{kind="api_key"}"#;
+    let before = counter(&gw.metrics().await, lookups);
+    let client = gw.client();
+    let mut statuses = Vec::new();
+    for i in 0..100 {
+        let response = client
+            .get(gw.https("/api/devices"))
+            .header(
+                "X-Authorization",
+                format!("ApiKey tb_random-{i}-{}", Uuid::new_v4()),
+            )
+            .send()
+            .await
+            .unwrap();
+        if response.status() == 429 {
+            let (_, body) = error_body(response).await;
+            assert_eq!(body["errorCode"], 33, "{body}");
+            statuses.push(429);
+        } else {
+            statuses.push(response.status().as_u16());
+        }
+    }
+    assert!(statuses[..20].iter().all(|s| *s == 401), "{statuses:?}");
+    assert!(statuses[20..].iter().all(|s| *s == 429), "{statuses:?}");
+    let metrics = gw.metrics().await;
+    assert_eq!(
+        counter(&metrics, lookups) - before,
+        20,
+        "store lookups stop at the budget"
+    );
+    assert_eq!(
+        counter(
+            &metrics,
+            r#"keygate_rate_limited_total{limiter="unknown_api_keys"}"#
+        ),
+        80
+    );
+    // The cached key still answers from the same address, and only its
+    // requests ever reached the upstream.
+    assert_eq!(get(&gw, "/api/devices", &valid).await.status(), 200);
+    assert_eq!(upstream.requests().len(), 2);
+}
+
+#[tokio::test]
+async fn random_api_keys_sent_in_clear_stop_reaching_the_store_at_the_address_budget() {
+    let upstream = Upstream::start().await;
+    let gw = Gateway::start(
+        &upstream.url(),
+        "[api_keys]\ndisable_on_plaintext = true\nunknown_lookups_per_address = \"10/m\"\n",
+    )
+    .await;
+    let lookups = r#"keygate_auth_store_lookups_total{kind="api_key"}"#;
+    let before = counter(&gw.metrics().await, lookups);
+    let client = reqwest::Client::new();
+    for i in 0..40 {
+        let response = client
+            .get(gw.http("/api/noauth/devices"))
+            .header("X-Authorization", format!("ApiKey tb_clear-{i}"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 403);
+    }
+    let after = counter(&gw.metrics().await, lookups);
+    assert_eq!(after - before, 10, "store lookups stop at the budget");
+    assert!(upstream.requests().is_empty());
 }

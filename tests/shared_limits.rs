@@ -451,3 +451,53 @@ async fn a_stalled_redis_delays_a_password_attempt_by_the_command_timeout_at_mos
     proxy.set(Mode::Forward);
     wait_for(&gw, "keygate_redis_up 1").await;
 }
+
+/// A login for `username` as a trusted proxy forwarded it from `client_ip`.
+async fn login_from(gw: &Gateway, username: &str, client_ip: &str) -> u16 {
+    gw.client()
+        .post(gw.https("/api/auth/login"))
+        .header("X-Forwarded-For", client_ip)
+        .json(&serde_json::json!({ "username": username, "password": "guess" }))
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .as_u16()
+}
+
+#[tokio::test]
+async fn ipv6_rotation_within_one_64_shares_one_login_window_across_replicas() {
+    let prefix = Prefix::new();
+    let upstream = Upstream::start().await;
+    let config = shared(
+        &redis_url(),
+        &prefix,
+        "[login]\naccount_address_max_failures = 3\n\
+         [proxy]\ntrusted_proxies = [\"127.0.0.1/32\"]\n",
+    );
+    let a = Gateway::start(&upstream.url(), &config).await;
+    let b = Gateway::start(&upstream.url(), &config).await;
+    wait_for(&a, "keygate_redis_up 1").await;
+    wait_for(&b, "keygate_redis_up 1").await;
+    let mut statuses = Vec::new();
+    for (i, gw) in [&a, &b, &a, &b, &a, &b].into_iter().enumerate() {
+        let from = format!("2001:db8:7:8:{i:x}::{:x}", i * 31 + 1);
+        statuses.push(login_from(gw, "victim@example.com", &from).await);
+    }
+    // Each replica saw at most two of the three failures: the shared window
+    // of the /64 refuses the rest.
+    assert_eq!(statuses, [401, 401, 401, 429, 429, 429]);
+    let keys = prefix.keys().await;
+    let addresses: Vec<_> = keys
+        .iter()
+        .filter(|k| k.contains(":login:address:"))
+        .collect();
+    assert!(!addresses.is_empty(), "{keys:?}");
+    assert!(
+        addresses.iter().all(|k| k.ends_with(":2001:db8:7:8::/64")),
+        "{addresses:?}"
+    );
+    for gw in [&a, &b] {
+        assert!(metric(gw, r#"keygate_redis_fallbacks_total{limits="login"} 0"#).await);
+    }
+}

@@ -41,6 +41,7 @@ pub async fn create(
     req: EndpointRequest,
 ) -> Result<http::Response<Body>, ApiError> {
     let identity = req.identity()?;
+    api.charge_write(identity)?;
     let body: ApiKeyCreateRequest = req.json()?;
     let owner = api.store.user_by_id(body.user_id.id).await?;
     check_manage(&identity.principal, owner.as_ref())?;
@@ -54,13 +55,17 @@ pub async fn create(
     }
     let enabled = body.enabled.unwrap_or(true);
     let prefix = &api.settings.api_key_prefix;
-    let created = accounts::create_api_key(
-        &audited(&api.store, identity, "api_key.create"),
-        &owner,
+    let request = accounts::KeyRequest {
         prefix,
-        &description,
+        description: &description,
         expiration_time,
         enabled,
+    };
+    let created = accounts::create_api_key_within(
+        &audited(&api.store, identity, "api_key.create"),
+        &owner,
+        request,
+        api.settings.max_api_keys_per_user,
     )
     .await?;
     let record = created.record;

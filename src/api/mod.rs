@@ -18,13 +18,17 @@ use http::{HeaderValue, Method, Response, StatusCode, header};
 use http_body_util::BodyExt;
 use serde::de::DeserializeOwned;
 
+use uuid::Uuid;
+
 use crate::accounts::AccountError;
+use crate::address::AddressKey;
 use crate::auth::Authenticator;
 use crate::auth::limiter::LoginLimiter;
 use crate::body::{self, Body};
 use crate::config::{Limits, Settings};
 use crate::error::ApiError;
 use crate::identity::Identity;
+use crate::limits::budget::Budgets;
 use crate::store::{Published, Store};
 use crate::telemetry::Metrics;
 
@@ -236,6 +240,8 @@ pub struct EndpointRequest {
     pub query: Option<String>,
     pub body: Bytes,
     pub client_ip: IpAddr,
+    /// What per-address limits count the client by ([`AddressKey::of`]).
+    pub client_key: AddressKey,
     /// May the request carry a password or token: it came over HTTPS (here or
     /// at a trusted proxy), from loopback, or plain HTTP credentials are allowed.
     pub may_send_secrets: bool,
@@ -345,6 +351,38 @@ pub struct Endpoints {
     pub dummy_hash: String,
     /// Digests typed account names for the security log.
     pub log_digest: crate::telemetry::LogDigest,
+    /// Users and API keys each user may still create in this window
+    /// (`limits.management_writes_per_user`); `None`: no limit.
+    pub writes: Option<Budgets<Uuid>>,
+}
+
+impl Endpoints {
+    /// Takes one of the caller's management writes (creating a user or an API
+    /// key), or answers 429 with `Retry-After` when this window's are spent.
+    pub(crate) fn charge_write(&self, identity: &Identity) -> Result<(), ApiError> {
+        let Some(writes) = &self.writes else {
+            return Ok(());
+        };
+        let user_id = identity.principal.user_id;
+        match writes.take(user_id) {
+            Ok(taken) => {
+                drop(taken);
+                Ok(())
+            }
+            Err(wait) => {
+                self.metrics.rate_limited("management_writes");
+                tracing::warn!(target: "keygate::security", %user_id, "management writes rate limited");
+                Err(ApiError {
+                    message: format!(
+                        "Too many users and API keys created: at most {} per user; try again later",
+                        writes.rate()
+                    )
+                    .into(),
+                    ..ApiError::too_many_requests(wait.as_secs())
+                })
+            }
+        }
+    }
 }
 
 /// Password-hashing allowances: logins have their own, and everything else
@@ -418,6 +456,11 @@ impl From<AccountError> for ApiError {
                 "User with email '{email}' already present in database!"
             )),
             AccountError::Store(error) => error.into(),
+            // Like any reach into another tenant; which tenant is not said.
+            AccountError::ForeignCustomer(_) => ApiError::permission_denied(),
+            AccountError::TooManyKeys(cap) => {
+                ApiError::bad_request(AccountError::TooManyKeys(cap).to_string())
+            }
             other => {
                 tracing::error!(error = %other, "account operation failed");
                 ApiError::internal()

@@ -119,7 +119,7 @@ impl Endpoints {
         req: &EndpointRequest,
     ) -> Result<Attempt, ApiError> {
         self.limiter
-            .acquire(account, req.client_ip)
+            .acquire(account, req.client_key)
             .await
             .map_err(|limited| self.rate_limited(limited, Some(account), req))
     }

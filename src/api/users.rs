@@ -69,6 +69,7 @@ pub async fn save(api: &Endpoints, req: EndpointRequest) -> Result<http::Respons
         user.version += 1;
         return Ok(json_response(&User::from(&user)));
     }
+    api.charge_write(identity)?;
     let authority_text = body
         .authority
         .as_deref()
@@ -305,7 +306,7 @@ pub async fn activate(
     // Bogus tokens count against the client's address, like failed logins.
     let attempt = api
         .limiter
-        .acquire_address(req.client_ip)
+        .acquire_address(req.client_key)
         .await
         .map_err(|limited| api.rate_limited(limited, None, &req))?;
     let invalid = || ApiError::bad_request("Activation token is invalid or expired");

@@ -2,7 +2,9 @@
 //!
 //! The algorithm is pinned: a token whose header names any other algorithm
 //! (`none`, HS256, RS256 with a public key as HMAC secret, ...) is refused
-//! before its signature is looked at. `exp` and `iss` are required; a refresh
+//! before its signature is looked at, and so is a header that asks the verifier
+//! for more than HS512 under keygate's own key ([`check_header`]). `exp` and
+//! `iss` are required; a refresh
 //! token is never an access token and the other way round. Outdating (logout,
 //! password change, disabled user) is checked by the caller against the store's
 //! state, see `auth::Authenticator`.
@@ -220,6 +222,7 @@ impl TokenKeys {
     }
 
     fn decode<T: serde::de::DeserializeOwned>(&self, token: &str) -> Result<T, TokenError> {
+        check_header(token)?;
         jsonwebtoken::decode::<T>(token, &self.decoding, &self.validation)
             .map(|data| data.claims)
             .map_err(|e| match e.kind() {
@@ -228,6 +231,32 @@ impl TokenKeys {
                 _ => TokenError::Malformed,
             })
     }
+}
+
+/// Header members that would have the verifier fetch or trust a key named by
+/// the token itself (`jku`, `x5u`, `x5c`, `jwk`), or obey extensions it does
+/// not know (`crit`, which RFC 7515 says must then be refused).
+const REFUSED_HEADER_MEMBERS: [&str; 5] = ["crit", "jku", "x5u", "x5c", "jwk"];
+
+/// Refuses, before any signature is checked, a token whose header carries a
+/// member of [`REFUSED_HEADER_MEMBERS`], a `typ` other than `JWT`, or any
+/// `cty` (a nested token). keygate's own tokens carry `alg` and `typ` only.
+pub fn check_header(token: &str) -> Result<(), TokenError> {
+    use base64::Engine;
+    let encoded = token.split_once('.').ok_or(TokenError::Malformed)?.0;
+    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(encoded)
+        .map_err(|_| TokenError::Malformed)?;
+    let header: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_slice(&bytes).map_err(|_| TokenError::Malformed)?;
+    let refused = REFUSED_HEADER_MEMBERS
+        .iter()
+        .any(|name| header.contains_key(*name));
+    let typ_ok = header.get("typ").is_none_or(|typ| typ == "JWT");
+    if refused || !typ_ok || header.contains_key("cty") {
+        return Err(TokenError::Malformed);
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -408,6 +437,68 @@ mod tests {
                 "{token}"
             );
         }
+    }
+
+    /// A token signed with the right key under `header`.
+    fn signed_with_header(header: &str) -> String {
+        let good = keys()
+            .sign_access(&user(), Uuid::nil(), now())
+            .unwrap()
+            .token;
+        let body = good.split('.').nth(1).unwrap();
+        let head = URL_SAFE_NO_PAD.encode(header.as_bytes());
+        let signing = format!("{head}.{body}");
+        let mac = aws_lc_rs::hmac::sign(
+            &aws_lc_rs::hmac::Key::new(aws_lc_rs::hmac::HMAC_SHA512, KEY),
+            signing.as_bytes(),
+        );
+        format!("{signing}.{}", URL_SAFE_NO_PAD.encode(mac.as_ref()))
+    }
+
+    #[test]
+    fn a_correctly_signed_token_verifies_with_or_without_typ() {
+        for header in [r#"{"alg":"HS512","typ":"JWT"}"#, r#"{"alg":"HS512"}"#] {
+            assert!(keys().verify_access(&signed_with_header(header)).is_ok());
+        }
+    }
+
+    #[test]
+    fn a_correctly_signed_token_with_a_key_or_extension_header_is_refused() {
+        for header in [
+            r#"{"alg":"HS512","typ":"JWT","crit":["exp"],"exp":1}"#,
+            r#"{"alg":"HS512","crit":[]}"#,
+            r#"{"alg":"HS512","jku":"https://evil.example/jwks.json"}"#,
+            r#"{"alg":"HS512","x5u":"https://evil.example/cert.pem"}"#,
+            r#"{"alg":"HS512","x5c":["MIIB"]}"#,
+            r#"{"alg":"HS512","jwk":{"kty":"oct","k":"AAAA"}}"#,
+            r#"{"alg":"HS512","typ":"at+jwt"}"#,
+            r#"{"alg":"HS512","typ":"jwt"}"#,
+            r#"{"alg":"HS512","typ":null}"#,
+            r#"{"alg":"HS512","cty":"JWT"}"#,
+            r#"{"alg":"HS512","typ":"JWT","cty":"application/json"}"#,
+        ] {
+            let token = signed_with_header(header);
+            assert_eq!(check_header(&token), Err(TokenError::Malformed), "{header}");
+            assert_eq!(
+                keys().verify_access(&token),
+                Err(TokenError::Malformed),
+                "{header}"
+            );
+            assert_eq!(
+                keys().verify_refresh(&token),
+                Err(TokenError::Malformed),
+                "{header}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_forbidden_header_is_refused_before_the_signature_is_looked_at() {
+        let forged = signed_with_header(r#"{"alg":"HS512","jku":"https://evil.example/k"}"#);
+        let (signing, _) = forged.rsplit_once('.').unwrap();
+        let unsigned = format!("{signing}.AAAA");
+        // A bad signature would say BadSignature: the header decides first.
+        assert_eq!(keys().verify_access(&unsigned), Err(TokenError::Malformed));
     }
 
     /// The last character of each part carries unused bits: a decoder

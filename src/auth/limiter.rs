@@ -1,6 +1,8 @@
 //! Brute-force defence for the endpoints that check a password: attempts
 //! counted per client address, per account from one address, and per account
-//! over every address, in fixed windows.
+//! over every address, in fixed windows. "Address" is the client's address
+//! key ([`AddressKey`]: IPv6 per /64 by default), so rotating through the
+//! addresses of one network never buys a fresh window.
 //!
 //! An attempt takes its slot in every window *before* the password is checked
 //! (check and count are one atomic step), so however many guesses arrive at
@@ -25,12 +27,13 @@
 //! its timeout the attempt is decided by them alone (never admitted
 //! unchecked), the fallback is counted and a warning logged.
 
-use std::net::IpAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use moka::future::Cache;
+
+use crate::address::AddressKey;
 
 use crate::limits::link::Fallback;
 use crate::limits::login::{SharedLogins, SharedSlots};
@@ -84,7 +87,7 @@ pub use crate::limits::login::Limited;
 #[must_use = "an attempt is a failure unless reported as succeeded"]
 pub struct Attempt {
     taken: Vec<Arc<Window>>,
-    pair: Option<(IpAddr, String)>,
+    pair: Option<(AddressKey, String)>,
     /// The slots taken in Redis, when it decided too.
     shared: Option<SharedSlots>,
 }
@@ -93,8 +96,8 @@ pub struct LoginLimiter {
     settings: LimiterSettings,
     shared: Option<Arc<SharedLogins>>,
     accounts: Cache<String, Arc<Window>>,
-    pairs: Cache<(IpAddr, String), Arc<Window>>,
-    addresses: Cache<IpAddr, Arc<Window>>,
+    pairs: Cache<(AddressKey, String), Arc<Window>>,
+    addresses: Cache<AddressKey, Arc<Window>>,
 }
 
 impl LoginLimiter {
@@ -125,13 +128,17 @@ impl LoginLimiter {
 
     /// Takes a slot for a password attempt on `account` from `address`, in the
     /// address, (account, address) and account windows; refused, it holds none.
-    pub async fn acquire(&self, account: &str, address: IpAddr) -> Result<Attempt, Limited> {
+    pub async fn acquire(&self, account: &str, address: AddressKey) -> Result<Attempt, Limited> {
         let account = Self::account_key(account);
         let attempt = self.acquire_locally(&account, address).await?;
         self.acquire_shared(attempt, Some(&account), address).await
     }
 
-    async fn acquire_locally(&self, account: &str, address: IpAddr) -> Result<Attempt, Limited> {
+    async fn acquire_locally(
+        &self,
+        account: &str,
+        address: AddressKey,
+    ) -> Result<Attempt, Limited> {
         let s = &self.settings;
         let account = account.to_string();
         let mut attempt = self.acquire_address_locally(address).await?;
@@ -162,12 +169,12 @@ impl LoginLimiter {
 
     /// Takes a slot in the address window only: for unauthenticated endpoints
     /// that name no account (activation).
-    pub async fn acquire_address(&self, address: IpAddr) -> Result<Attempt, Limited> {
+    pub async fn acquire_address(&self, address: AddressKey) -> Result<Attempt, Limited> {
         let attempt = self.acquire_address_locally(address).await?;
         self.acquire_shared(attempt, None, address).await
     }
 
-    async fn acquire_address_locally(&self, address: IpAddr) -> Result<Attempt, Limited> {
+    async fn acquire_address_locally(&self, address: AddressKey) -> Result<Attempt, Limited> {
         let mut attempt = Attempt {
             taken: Vec::with_capacity(3),
             pair: None,
@@ -193,7 +200,7 @@ impl LoginLimiter {
         &self,
         mut attempt: Attempt,
         account: Option<&str>,
-        address: IpAddr,
+        address: AddressKey,
     ) -> Result<Attempt, Limited> {
         let Some(shared) = &self.shared else {
             return Ok(attempt);
@@ -295,31 +302,45 @@ mod tests {
         })
     }
 
-    const HOME: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(192, 0, 2, 1));
-    const ATTACKER: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(198, 51, 100, 7));
+    use std::net::IpAddr;
+
+    fn key(address: IpAddr) -> AddressKey {
+        AddressKey::of(address, 64)
+    }
+
+    const HOME_IP: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(192, 0, 2, 1));
+    const ATTACKER_IP: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(198, 51, 100, 7));
 
     #[tokio::test]
     async fn account_is_limited_from_one_address_and_reset_after_the_window() {
         let l = limiter(3, 100, 100, Duration::from_millis(300));
         for _ in 0..3 {
-            drop(l.acquire("Victim@Example.com", HOME).await.unwrap());
+            drop(l.acquire("Victim@Example.com", key(HOME_IP)).await.unwrap());
         }
-        let limited = l.acquire("victim@example.com", HOME).await.err().unwrap();
+        let limited = l
+            .acquire("victim@example.com", key(HOME_IP))
+            .await
+            .err()
+            .unwrap();
         assert_eq!(limited.by, "account");
         assert!(limited.retry_after >= Duration::from_secs(1));
-        drop(l.acquire("other@example.com", HOME).await.unwrap());
+        drop(l.acquire("other@example.com", key(HOME_IP)).await.unwrap());
         tokio::time::sleep(Duration::from_millis(400)).await;
-        drop(l.acquire("victim@example.com", HOME).await.unwrap());
+        drop(l.acquire("victim@example.com", key(HOME_IP)).await.unwrap());
     }
 
     #[tokio::test]
     async fn guesses_from_one_address_do_not_lock_the_owner_out_elsewhere() {
         let l = limiter(3, 100, 100, Duration::from_secs(60));
         for _ in 0..10 {
-            let _ = l.acquire("owner@example.com", ATTACKER).await;
+            let _ = l.acquire("owner@example.com", key(ATTACKER_IP)).await;
         }
-        assert!(l.acquire("owner@example.com", ATTACKER).await.is_err());
-        let attempt = l.acquire("owner@example.com", HOME).await.unwrap();
+        assert!(
+            l.acquire("owner@example.com", key(ATTACKER_IP))
+                .await
+                .is_err()
+        );
+        let attempt = l.acquire("owner@example.com", key(HOME_IP)).await.unwrap();
         l.succeeded(attempt).await;
     }
 
@@ -328,9 +349,13 @@ mod tests {
         let l = limiter(3, 5, 100, Duration::from_secs(60));
         for i in 0..5u8 {
             let from = IpAddr::V4(std::net::Ipv4Addr::new(203, 0, 113, i));
-            drop(l.acquire("owner@example.com", from).await.unwrap());
+            drop(l.acquire("owner@example.com", key(from)).await.unwrap());
         }
-        let limited = l.acquire("owner@example.com", HOME).await.err().unwrap();
+        let limited = l
+            .acquire("owner@example.com", key(HOME_IP))
+            .await
+            .err()
+            .unwrap();
         assert_eq!(limited.by, "account");
     }
 
@@ -339,39 +364,68 @@ mod tests {
         let l = limiter(100, 100, 5, Duration::from_secs(60));
         for i in 0..5 {
             drop(
-                l.acquire(&format!("user{i}@example.com"), HOME)
+                l.acquire(&format!("user{i}@example.com"), key(HOME_IP))
                     .await
                     .unwrap(),
             );
         }
-        let limited = l.acquire("fresh@example.com", HOME).await.err().unwrap();
+        let limited = l
+            .acquire("fresh@example.com", key(HOME_IP))
+            .await
+            .err()
+            .unwrap();
         assert_eq!(limited.by, "address");
-        drop(l.acquire("fresh@example.com", ATTACKER).await.unwrap());
+        drop(
+            l.acquire("fresh@example.com", key(ATTACKER_IP))
+                .await
+                .unwrap(),
+        );
+    }
+
+    #[tokio::test]
+    async fn addresses_of_one_ipv6_prefix_share_the_address_and_pair_windows() {
+        let l = limiter(2, 100, 3, Duration::from_secs(60));
+        let in_64 = |i: u16| key(IpAddr::from([0x2001, 0xdb8, 1, 2, 0, 0, 0, i]));
+        for i in 1..=2 {
+            drop(l.acquire("owner@example.com", in_64(i)).await.unwrap());
+        }
+        let by_pair = l.acquire("owner@example.com", in_64(3)).await;
+        assert_eq!(by_pair.err().unwrap().by, "account");
+        drop(l.acquire("other@example.com", in_64(4)).await.unwrap());
+        let by_address = l.acquire("third@example.com", in_64(5)).await;
+        assert_eq!(by_address.err().unwrap().by, "address");
+        let mapped = key("::ffff:192.0.2.1".parse().unwrap());
+        assert_eq!(mapped, key(HOME_IP));
+        drop(l.acquire("owner@example.com", mapped).await.unwrap());
     }
 
     #[tokio::test]
     async fn success_gives_the_slots_back() {
         let l = limiter(2, 2, 2, Duration::from_secs(60));
         for _ in 0..10 {
-            let attempt = l.acquire("a@example.com", HOME).await.unwrap();
+            let attempt = l.acquire("a@example.com", key(HOME_IP)).await.unwrap();
             l.succeeded(attempt).await;
         }
-        drop(l.acquire("a@example.com", HOME).await.unwrap());
-        drop(l.acquire("a@example.com", HOME).await.unwrap());
+        drop(l.acquire("a@example.com", key(HOME_IP)).await.unwrap());
+        drop(l.acquire("a@example.com", key(HOME_IP)).await.unwrap());
     }
 
     #[tokio::test]
     async fn a_refused_attempt_holds_no_slot() {
         let l = limiter(1, 100, 3, Duration::from_secs(60));
-        drop(l.acquire("a@example.com", HOME).await.unwrap());
+        drop(l.acquire("a@example.com", key(HOME_IP)).await.unwrap());
         // Refused by the pair limit: the address slot it took is given back.
         for _ in 0..5 {
-            assert!(l.acquire("a@example.com", HOME).await.is_err());
+            assert!(l.acquire("a@example.com", key(HOME_IP)).await.is_err());
         }
-        drop(l.acquire("b@example.com", HOME).await.unwrap());
-        drop(l.acquire("c@example.com", HOME).await.unwrap());
+        drop(l.acquire("b@example.com", key(HOME_IP)).await.unwrap());
+        drop(l.acquire("c@example.com", key(HOME_IP)).await.unwrap());
         assert_eq!(
-            l.acquire("d@example.com", HOME).await.err().unwrap().by,
+            l.acquire("d@example.com", key(HOME_IP))
+                .await
+                .err()
+                .unwrap()
+                .by,
             "address"
         );
     }
@@ -382,7 +436,9 @@ mod tests {
         let tasks: Vec<_> = (0..40)
             .map(|_| {
                 let l = l.clone();
-                tokio::spawn(async move { l.acquire("victim@example.com", HOME).await.is_ok() })
+                tokio::spawn(
+                    async move { l.acquire("victim@example.com", key(HOME_IP)).await.is_ok() },
+                )
             })
             .collect();
         let mut admitted = 0;
@@ -405,7 +461,7 @@ mod tests {
         for i in 0..50_000u32 {
             let address = IpAddr::from((i.wrapping_mul(2_654_435_761)).to_be_bytes());
             drop(
-                l.acquire(&format!("spray-{i}-{}", "x".repeat(500)), address)
+                l.acquire(&format!("spray-{i}-{}", "x".repeat(500)), key(address))
                     .await,
             );
         }

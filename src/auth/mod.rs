@@ -12,14 +12,18 @@ pub mod revocation;
 
 use std::sync::Arc;
 
+use prometheus::IntCounter;
 use uuid::Uuid;
 
 use self::api_key::KeyDigest;
 use self::cache::{Caches, KeyState, Lookup, SessionState, UserState, VerifiedToken};
 use self::credential::{Credential, CredentialError, Secret};
 use self::jwt::{TokenError, TokenKeys};
+use crate::address::AddressKey;
+use crate::config::rate::Rate;
 use crate::error::ApiError;
 use crate::identity::{AuthMethod, Identity, Principal, id_header_value};
+use crate::limits::budget::{Budgets, Taken};
 use crate::store::{Revocation, Store, StoreError, UserRecord};
 use crate::telemetry::Metrics;
 
@@ -38,11 +42,13 @@ pub enum AuthFailure {
     WrongScope,
     PlaintextRefused,
     StoreUnavailable,
+    /// The client's budget of unknown-API-key lookups is spent for now.
+    LookupsSpent,
 }
 
 impl AuthFailure {
     /// Every failure, for creating each metric series up front.
-    pub const ALL: [AuthFailure; 11] = [
+    pub const ALL: [AuthFailure; 12] = [
         AuthFailure::Missing,
         AuthFailure::Malformed,
         AuthFailure::Unknown,
@@ -54,6 +60,7 @@ impl AuthFailure {
         AuthFailure::WrongScope,
         AuthFailure::PlaintextRefused,
         AuthFailure::StoreUnavailable,
+        AuthFailure::LookupsSpent,
     ];
 
     /// No credential could be read, so it is counted under method `none`.
@@ -73,6 +80,7 @@ impl AuthFailure {
             AuthFailure::WrongScope => "wrong_scope",
             AuthFailure::PlaintextRefused => "plaintext_refused",
             AuthFailure::StoreUnavailable => "store_error",
+            AuthFailure::LookupsSpent => "rate_limited",
         }
     }
 
@@ -87,6 +95,9 @@ impl AuthFailure {
             }
             AuthFailure::PlaintextRefused => ApiError::api_key_over_plain_http(),
             AuthFailure::StoreUnavailable => ApiError::unavailable(),
+            // The Retry-After a request gets is the budget's
+            // ([`Authenticator::to_api_error`]); one second stands in.
+            AuthFailure::LookupsSpent => ApiError::too_many_requests(1),
         }
     }
 }
@@ -112,13 +123,28 @@ impl From<TokenError> for AuthFailure {
     }
 }
 
+/// Why an API key's state could not be fetched.
+enum KeyFetch {
+    Store(StoreError),
+    /// The client's unknown-key budget is spent: the store was not asked.
+    Spent,
+}
+
 /// Verifies credentials through the caches, falling back to the store on a miss.
 pub struct Authenticator {
     store: Store,
     tokens: Arc<TokenKeys>,
     caches: Caches,
     metrics: Arc<Metrics>,
+    /// Store lookups of API keys each client address key may cause that find
+    /// nothing; `None`: no budget.
+    unknown_keys: Option<Budgets<AddressKey>>,
+    /// `keygate_auth_store_lookups_total`, by what was looked up.
+    lookups: [IntCounter; 3],
 }
+
+/// The kinds of `keygate_auth_store_lookups_total`, in [`Authenticator::lookups`] order.
+const LOOKUP_KINDS: [&str; 3] = ["api_key", "user", "session"];
 
 impl Authenticator {
     pub fn new(
@@ -127,11 +153,33 @@ impl Authenticator {
         caches: Caches,
         metrics: Arc<Metrics>,
     ) -> Self {
+        let lookups = metrics.store_lookups();
         Authenticator {
             store,
             tokens,
             caches,
+            unknown_keys: None,
+            lookups: LOOKUP_KINDS.map(|kind| lookups.with_label_values(&[kind])),
             metrics,
+        }
+    }
+
+    /// Gives each client address key `rate` store lookups of API keys that
+    /// turn out unknown; past it, a key not already cached is answered 429
+    /// without asking the store. At most `capacity` addresses are tracked.
+    pub fn with_unknown_key_budget(mut self, rate: Rate, capacity: u64) -> Authenticator {
+        self.unknown_keys = Some(Budgets::new("unknown_api_keys", rate, capacity));
+        self
+    }
+
+    /// The client error of `failure`: a spent lookup budget carries its
+    /// window as `Retry-After`.
+    pub fn to_api_error(&self, failure: AuthFailure) -> ApiError {
+        match (&self.unknown_keys, failure) {
+            (Some(budget), AuthFailure::LookupsSpent) => {
+                ApiError::too_many_requests(budget.rate().window.as_secs())
+            }
+            _ => failure.to_api_error(),
         }
     }
 
@@ -154,17 +202,22 @@ impl Authenticator {
 
     /// Disables the key `value` names, if it is a live one: it crossed the wire
     /// in clear. The lookup goes through the caches (and the negative cache), so
-    /// random keys sent in clear cannot hammer the store. The key is dropped
-    /// here as a disable from the API or another replica drops it.
-    pub async fn disable_exposed_key(&self, value: &Secret) {
-        let Some(revocation) = self.disabled_exposed_key(value).await else {
+    /// random keys sent in clear cannot hammer the store, and the lookup of a
+    /// key that turns out unknown is paid from `client`'s budget. The key is
+    /// dropped here as a disable from the API or another replica drops it.
+    pub async fn disable_exposed_key(&self, value: &Secret, client: Option<AddressKey>) {
+        let Some(revocation) = self.disabled_exposed_key(value, client).await else {
             return;
         };
         self.revoke(Some(revocation)).await;
     }
 
-    async fn disabled_exposed_key(&self, value: &Secret) -> Option<Revocation> {
-        let identity = self.verify_api_key(value).await.ok()?;
+    async fn disabled_exposed_key(
+        &self,
+        value: &Secret,
+        client: Option<AddressKey>,
+    ) -> Option<Revocation> {
+        let identity = self.verify_api_key(value, client).await.ok()?;
         let key_id = identity.api_key_id()?;
         let disabled = self
             .look_up(move |store| async move { store.set_api_key_enabled(key_id, false).await })
@@ -189,7 +242,20 @@ impl Authenticator {
 
     pub async fn verify(&self, credential: &Credential) -> Result<Identity, AuthFailure> {
         match credential {
-            Credential::ApiKey(value) => self.verify_api_key(value).await,
+            Credential::ApiKey(value) => self.verify_api_key(value, None).await,
+            Credential::Bearer(token) => self.verify_token(token).await,
+        }
+    }
+
+    /// [`Authenticator::verify`] for a request from `client`, whose unknown
+    /// API keys are paid from its budget.
+    pub async fn verify_from(
+        &self,
+        credential: &Credential,
+        client: AddressKey,
+    ) -> Result<Identity, AuthFailure> {
+        match credential {
+            Credential::ApiKey(value) => self.verify_api_key(value, Some(client)).await,
             Credential::Bearer(token) => self.verify_token(token).await,
         }
     }
@@ -204,15 +270,25 @@ impl Authenticator {
                 Some(verified.claims.exp.saturating_mul(1000))
             }
             Credential::ApiKey(value) => {
-                let key = self.key_state(KeyDigest::of(value.expose())).await.ok()??;
+                let key = self
+                    .key_state(KeyDigest::of(value.expose()), None)
+                    .await
+                    .ok()??;
                 (key.expiration_time != 0).then_some(key.expiration_time)
             }
         }
     }
 
-    async fn verify_api_key(&self, value: &Secret) -> Result<Identity, AuthFailure> {
+    async fn verify_api_key(
+        &self,
+        value: &Secret,
+        client: Option<AddressKey>,
+    ) -> Result<Identity, AuthFailure> {
         let digest = KeyDigest::of(value.expose());
-        let key = self.key_state(digest).await?.ok_or(AuthFailure::Unknown)?;
+        let key = self
+            .key_state(digest, client)
+            .await?
+            .ok_or(AuthFailure::Unknown)?;
         if !key.enabled {
             return Err(AuthFailure::Disabled);
         }
@@ -294,26 +370,57 @@ impl Authenticator {
         Ok(verified)
     }
 
-    async fn key_state(&self, digest: KeyDigest) -> Result<Lookup<KeyState>, AuthFailure> {
+    /// A key's state from the cache, else from the store. A lookup from
+    /// `client` is paid from its unknown-key budget before the store is asked,
+    /// and given back when the key exists: only misses cost it.
+    async fn key_state(
+        &self,
+        digest: KeyDigest,
+        client: Option<AddressKey>,
+    ) -> Result<Lookup<KeyState>, AuthFailure> {
         let lifetimes = self.caches.lifetimes;
         self.caches
             .keys
             .get_or_fetch(&digest, || async move {
+                let paid = self.pay_lookup(client)?;
+                self.lookups[0].inc();
                 let record = self
                     .look_up(
                         move |store| async move { store.api_key_by_digest(&digest.to_hex()).await },
                     )
-                    .await?;
+                    .await
+                    .map_err(KeyFetch::Store)?;
+                if let (Some(paid), Some(_)) = (paid, &record) {
+                    paid.give_back();
+                }
                 let state = record.map(|k| KeyState {
                     id: k.id,
                     user_id: k.user_id,
                     enabled: k.enabled,
                     expiration_time: k.expiration_time,
                 });
-                Ok::<_, StoreError>((state, lifetimes.of(&state)))
+                Ok((state, lifetimes.of(&state)))
             })
             .await
-            .map_err(|e| self.store_failure(&e))
+            .map_err(|e| match e {
+                KeyFetch::Store(e) => self.store_failure(&e),
+                KeyFetch::Spent => AuthFailure::LookupsSpent,
+            })
+    }
+
+    /// Takes one unit of `client`'s unknown-key budget, if it has one.
+    fn pay_lookup(&self, client: Option<AddressKey>) -> Result<Option<Taken>, KeyFetch> {
+        let (Some(budget), Some(client)) = (&self.unknown_keys, client) else {
+            return Ok(None);
+        };
+        match budget.take(client) {
+            Ok(paid) => Ok(Some(paid)),
+            Err(_) => {
+                self.metrics.rate_limited("unknown_api_keys");
+                tracing::warn!(target: "keygate::security", %client, "unknown API key budget spent: answered without a store lookup");
+                Err(KeyFetch::Spent)
+            }
+        }
     }
 
     async fn user_state(&self, id: Uuid) -> Result<Lookup<Arc<UserState>>, AuthFailure> {
@@ -321,6 +428,7 @@ impl Authenticator {
         self.caches
             .users
             .get_or_fetch(&id, || async move {
+                self.lookups[1].inc();
                 let record = self
                     .look_up(move |store| async move { store.user_by_id(id).await })
                     .await?;
@@ -336,6 +444,7 @@ impl Authenticator {
         self.caches
             .sessions
             .get_or_fetch(&id, || async move {
+                self.lookups[2].inc();
                 let record = self
                     .look_up(move |store| async move { store.session_by_id(id).await })
                     .await?;

@@ -26,6 +26,7 @@ const RESULTS: [&str; 1 + AuthFailure::ALL.len()] = [
     "wrong_scope",
     "plaintext_refused",
     "store_error",
+    "rate_limited",
 ];
 
 /// The request path's authentication counters.

@@ -31,6 +31,11 @@ struct Fixture {
 
 impl Fixture {
     async fn new() -> Fixture {
+        Fixture::with_budget(None).await
+    }
+
+    /// With an unknown-key budget per client address, when given.
+    async fn with_budget(budget: Option<Rate>) -> Fixture {
         let dir = tempfile::tempdir().unwrap();
         let url = format!("sqlite://{}/t.db", dir.path().display());
         let store = Store::connect(&url, 4).await.unwrap();
@@ -44,7 +49,10 @@ impl Fixture {
             },
             &metrics,
         );
-        let auth = Authenticator::new(store.clone(), tokens.clone(), caches, metrics.clone());
+        let mut auth = Authenticator::new(store.clone(), tokens.clone(), caches, metrics.clone());
+        if let Some(rate) = budget {
+            auth = auth.with_unknown_key_budget(rate, 1000);
+        }
         Fixture {
             auth,
             store,
@@ -154,6 +162,81 @@ async fn valid_api_key_yields_its_users_identity() {
     assert_eq!(identity.principal.email, "keys@example.com");
     assert_eq!(identity.method, AuthMethod::ApiKey { key_id });
     assert_eq!(identity.api_key_id(), Some(key_id));
+}
+
+fn from(last: u8) -> AddressKey {
+    AddressKey::of(std::net::IpAddr::from([198, 51, 100, last]), 64)
+}
+
+#[tokio::test]
+async fn sprayed_unknown_keys_stop_reaching_the_store_at_the_address_budget() {
+    let budget = Rate {
+        limit: 5,
+        window: Duration::from_secs(60),
+    };
+    let f = Fixture::with_budget(Some(budget)).await;
+    let user = f.user("cached@example.com").await;
+    let (_, valid) = f.key(&user, 0).await;
+    f.auth.verify_from(&valid, from(1)).await.unwrap();
+    let before = f.auth.lookups[0].get();
+    let mut refusals = Vec::new();
+    for i in 0..50 {
+        let random = Credential::ApiKey(Secret::new(format!("tb_sprayed-{i}")));
+        refusals.push(f.auth.verify_from(&random, from(1)).await.unwrap_err());
+    }
+    assert_eq!(
+        f.auth.lookups[0].get() - before,
+        5,
+        "lookups stop at the budget"
+    );
+    assert!(refusals[..5].iter().all(|r| *r == AuthFailure::Unknown));
+    assert!(
+        refusals[5..]
+            .iter()
+            .all(|r| *r == AuthFailure::LookupsSpent)
+    );
+    let error = f.auth.to_api_error(AuthFailure::LookupsSpent);
+    assert_eq!((error.status.as_u16(), error.retry_after), (429, Some(60)));
+    // A cached key still answers from the spent address.
+    f.auth.verify_from(&valid, from(1)).await.unwrap();
+    // Another address has its own budget.
+    let other = Credential::ApiKey(Secret::new("tb_from-elsewhere"));
+    let refused = f.auth.verify_from(&other, from(2)).await.unwrap_err();
+    assert_eq!(refused, AuthFailure::Unknown);
+}
+
+#[tokio::test]
+async fn a_known_key_looked_up_costs_no_unknown_key_budget() {
+    let budget = Rate {
+        limit: 1,
+        window: Duration::from_secs(60),
+    };
+    let f = Fixture::with_budget(Some(budget)).await;
+    let user = f.user("known@example.com").await;
+    for _ in 0..3 {
+        let (_, key) = f.key(&user, 0).await;
+        f.auth.verify_from(&key, from(3)).await.unwrap();
+    }
+    let unknown = Credential::ApiKey(Secret::new("tb_unknown"));
+    assert_eq!(
+        f.auth.verify_from(&unknown, from(3)).await.unwrap_err(),
+        AuthFailure::Unknown
+    );
+}
+
+#[tokio::test]
+async fn identical_concurrent_unknown_keys_share_one_store_lookup() {
+    let f = Fixture::new().await;
+    let unknown = Credential::ApiKey(Secret::new("tb_the-same-unknown-key"));
+    let before = f.auth.lookups[0].get();
+    let all = (0..64).map(|_| f.auth.verify_from(&unknown, from(4)));
+    let refusals = futures_util::future::join_all(all).await;
+    assert!(
+        refusals
+            .iter()
+            .all(|r| matches!(r, Err(AuthFailure::Unknown)))
+    );
+    assert_eq!(f.auth.lookups[0].get() - before, 1);
 }
 
 #[tokio::test]
@@ -410,7 +493,15 @@ fn failures_map_to_the_contract_errors() {
     let _covered = |f: AuthFailure| match f {
         Missing | Malformed | Unknown | WrongScope | Disabled | Expired | TokenExpired
         | BadSignature | Outdated | PlaintextRefused | StoreUnavailable => (),
+        // Checked below: it carries a Retry-After.
+        LookupsSpent => (),
     };
+    let spent = LookupsSpent.to_api_error();
+    assert_eq!(
+        (spent.status, spent.code),
+        (StatusCode::TOO_MANY_REQUESTS, 33)
+    );
+    assert!(spent.retry_after.is_some());
     for (failure, status, code, message) in table {
         let error = failure.to_api_error();
         assert_eq!(

@@ -106,6 +106,8 @@ pub struct JwtSection {
 pub struct ApiKeySection {
     pub prefix: String,
     pub disable_on_plaintext: bool,
+    pub max_per_user: i64,
+    pub unknown_lookups_per_address: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -146,6 +148,8 @@ pub struct LimitsSection {
     pub max_in_flight_per_connection: i64,
     pub max_in_flight_per_address: i64,
     pub min_body_rate: i64,
+    pub ipv6_prefix_len: i64,
+    pub management_writes_per_user: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -369,6 +373,8 @@ impl Default for ApiKeySection {
         ApiKeySection {
             prefix: "tb_".into(),
             disable_on_plaintext: false,
+            max_per_user: 100,
+            unknown_lookups_per_address: "100/m".into(),
         }
     }
 }
@@ -412,6 +418,8 @@ impl Default for LimitsSection {
             max_in_flight_per_connection: 32,
             max_in_flight_per_address: 128,
             min_body_rate: 1024,
+            ipv6_prefix_len: i64::from(crate::address::DEFAULT_IPV6_PREFIX_LEN),
+            management_writes_per_user: "60/m".into(),
         }
     }
 }

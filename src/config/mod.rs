@@ -91,6 +91,11 @@ pub struct Settings {
     pub api_key_prefix: String,
     /// Disable a key at once when it arrives over plain HTTP (it is exposed).
     pub disable_key_on_plaintext: bool,
+    /// API keys one user may hold; `None`: no cap.
+    pub max_api_keys_per_user: Option<u64>,
+    /// Store lookups of unknown API keys one client address key may cause;
+    /// `None`: no budget.
+    pub unknown_key_lookups_per_address: Option<rate::Rate>,
     pub cache: CacheSettings,
     pub proxy: ProxySettings,
     pub limits: Limits,
@@ -316,6 +321,11 @@ pub struct Limits {
     /// Slowest a proxied request body may arrive once `body_read_timeout`
     /// has passed, in bytes per second of waiting; 0: no such floor.
     pub min_body_rate: u64,
+    /// Leading bits of an IPv6 address that make its address key
+    /// ([`crate::address::AddressKey`]), 1 to 128.
+    pub ipv6_prefix_len: u8,
+    /// Users and API keys one user may create; `None`: no limit.
+    pub management_writes_per_user: Option<rate::Rate>,
 }
 
 /// The platform's WebSocket routes ([`crate::websocket`]) and their limits.

@@ -603,3 +603,20 @@ fn workers_default_to_one_per_core_and_a_wild_count_is_refused() {
         );
     }
 }
+
+#[test]
+fn the_ipv6_prefix_length_defaults_to_64_and_is_checked() {
+    let defaults = load_text("", &[]).unwrap();
+    assert_eq!(defaults.limits.ipv6_prefix_len, 64);
+    let set = load_text("[limits]\nipv6_prefix_len = 48\n", &[]).unwrap();
+    assert_eq!(set.limits.ipv6_prefix_len, 48);
+    for bad in ["0", "129", "-1"] {
+        let errors = load_text(&format!("[limits]\nipv6_prefix_len = {bad}\n"), &[]).unwrap_err();
+        assert_eq!(
+            errors.0,
+            vec![format!(
+                "limits.ipv6_prefix_len: must be from 1 to 128, got {bad}"
+            )]
+        );
+    }
+}

@@ -55,6 +55,8 @@ pub(super) fn validate(file: &FileConfig, errors: &mut Vec<String>) -> Settings 
         jwt,
         api_key_prefix: api_keys.prefix,
         disable_key_on_plaintext: api_keys.disable_on_plaintext,
+        max_api_keys_per_user: api_keys.max_per_user,
+        unknown_key_lookups_per_address: api_keys.unknown_lookups_per_address,
         cache,
         proxy,
         limits,
@@ -362,6 +364,8 @@ fn signing_key(text: &str, errors: &mut Vec<String>) -> Option<Vec<u8>> {
 struct ApiKeys {
     prefix: String,
     disable_on_plaintext: bool,
+    max_per_user: Option<u64>,
+    unknown_lookups_per_address: Option<Rate>,
 }
 
 impl ApiKeySection {
@@ -379,6 +383,13 @@ impl ApiKeySection {
         ApiKeys {
             prefix: prefix.clone(),
             disable_on_plaintext: self.disable_on_plaintext,
+            max_per_user: limit("api_keys.max_per_user", self.max_per_user, errors)
+                .map(|n| n as u64),
+            unknown_lookups_per_address: optional_rate(
+                "api_keys.unknown_lookups_per_address",
+                &self.unknown_lookups_per_address,
+                errors,
+            ),
         }
     }
 }
@@ -494,6 +505,16 @@ impl LimitsSection {
         if max_header_bytes < 1024 {
             errors.push("limits.max_header_bytes: must be at least 1024".into());
         }
+        let ipv6_prefix_len = u8::try_from(self.ipv6_prefix_len)
+            .ok()
+            .filter(|len| (1..=128).contains(len))
+            .unwrap_or_else(|| {
+                errors.push(format!(
+                    "limits.ipv6_prefix_len: must be from 1 to 128, got {}",
+                    self.ipv6_prefix_len
+                ));
+                crate::address::DEFAULT_IPV6_PREFIX_LEN
+            });
         Limits {
             max_header_bytes,
             max_body_bytes,
@@ -508,6 +529,12 @@ impl LimitsSection {
             max_in_flight_per_connection,
             max_in_flight_per_address,
             min_body_rate,
+            ipv6_prefix_len,
+            management_writes_per_user: optional_rate(
+                "limits.management_writes_per_user",
+                &self.management_writes_per_user,
+                errors,
+            ),
         }
     }
 }

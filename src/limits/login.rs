@@ -6,9 +6,9 @@
 //! One Lua script checks every window and takes a slot in each, or in none:
 //! check and count are one atomic step across replicas, as they are in one
 //! process. Account names are keyed digests in Redis, never the name as typed
-//! (people type passwords there).
+//! (people type passwords there); addresses are address keys
+//! (`login:address:2001:db8:1:2::/64`), like the local windows.
 
-use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,6 +16,7 @@ use aws_lc_rs::hmac;
 use redis::Script;
 
 use super::link::{LinkError, RedisLink};
+use crate::address::AddressKey;
 use crate::config::LimiterSettings;
 
 /// Which limit refused an attempt, and for how long.
@@ -125,7 +126,7 @@ impl SharedLogins {
     pub async fn acquire(
         &self,
         account: Option<&str>,
-        address: IpAddr,
+        address: AddressKey,
     ) -> Result<Result<SharedSlots, Limited>, LinkError> {
         let windows = self.windows(account, address);
         let mut invocation = self.acquire.prepare_invoke();
@@ -149,7 +150,7 @@ impl SharedLogins {
 
     /// The windows of an attempt, in the order the script checks them:
     /// address, then (account, address) and account.
-    fn windows(&self, account: Option<&str>, address: IpAddr) -> Vec<SharedWindow> {
+    fn windows(&self, account: Option<&str>, address: AddressKey) -> Vec<SharedWindow> {
         let s = &self.settings;
         let mut windows = vec![SharedWindow {
             key: self.link.key(format_args!("login:address:{address}")),

@@ -11,9 +11,12 @@
 //! - [`quota`]: quotas per API key, user and tenant, decided from local
 //!   counters on the request path; [`sync`] reconciles them with Redis in the
 //!   background; [`headers`] writes the rate-limit headers and the 429.
+//! - [`budget`]: fixed-window budgets per key kept in this process (management
+//!   writes per user, unknown API keys per address).
 //! - [`seats`]: open WebSockets per user and per tenant, counted across
 //!   replicas.
 
+pub mod budget;
 pub mod counter;
 pub mod dimension;
 pub mod headers;

@@ -1,26 +1,30 @@
 //! The per-client-address connection cap, counted over every listener, so one
 //! address cannot take the whole connection limit.
 //!
-//! An IPv4 address counts alone; IPv6 addresses count per /64, the block one
-//! subscriber or host is normally given (otherwise one host could open the cap
-//! again from each of its 2^64 addresses). A configured trusted proxy counts by
-//! its exact address against its own cap, or no cap of its own: a load
+//! An untrusted peer counts under its address key ([`AddressKey`]: IPv4
+//! alone, IPv6 per `limits.ipv6_prefix_len`, /64 by default), the same key
+//! every other per-address limit counts by. A configured trusted proxy counts
+//! by its exact address against its own cap, or no cap of its own: a load
 //! balancer carries many clients on one address.
 
 use std::collections::HashMap;
-use std::net::{IpAddr, Ipv6Addr};
+use std::net::IpAddr;
 use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use ipnet::IpNet;
+
+use crate::address::AddressKey;
 
 pub struct AddressCap {
     limit: usize,
     /// `None`: trusted proxies are not capped here (only `max_connections`).
     trusted_limit: Option<usize>,
     trusted: Vec<IpNet>,
+    /// Bits of an IPv6 address that make its key.
+    ipv6_prefix_len: u8,
     /// Open connections per address key; an entry lives while it has one.
-    open: Mutex<HashMap<IpAddr, Entry>>,
+    open: Mutex<HashMap<AddressKey, Entry>>,
 }
 
 /// One address key's open connections, and its proxied requests in flight
@@ -34,7 +38,7 @@ struct Entry {
 /// One admitted connection; dropping it gives the place back.
 pub struct Slot {
     cap: Arc<AddressCap>,
-    key: Option<IpAddr>,
+    key: Option<AddressKey>,
     /// The in-flight counter of the connection's address; one of its own
     /// for a trusted proxy, which carries many clients.
     in_flight: Arc<AtomicUsize>,
@@ -48,16 +52,22 @@ impl Slot {
 }
 
 impl AddressCap {
-    pub fn new(limit: usize, trusted_limit: Option<usize>, trusted: Vec<IpNet>) -> AddressCap {
+    pub fn new(
+        limit: usize,
+        trusted_limit: Option<usize>,
+        trusted: Vec<IpNet>,
+        ipv6_prefix_len: u8,
+    ) -> AddressCap {
         AddressCap {
             limit,
             trusted_limit,
             trusted,
+            ipv6_prefix_len,
             open: Mutex::new(HashMap::new()),
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, HashMap<IpAddr, Entry>> {
+    fn lock(&self) -> MutexGuard<'_, HashMap<AddressKey, Entry>> {
         self.open
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -69,7 +79,8 @@ impl AddressCap {
         let peer = peer.to_canonical();
         let (key, limit) = if self.trusted.iter().any(|net| net.contains(&peer)) {
             match self.trusted_limit {
-                Some(limit) => (peer, limit),
+                // Exactly this proxy: every bit of its address.
+                Some(limit) => (AddressKey::of(peer, 128), limit),
                 None => {
                     return Some(Slot {
                         cap: self.clone(),
@@ -79,7 +90,7 @@ impl AddressCap {
                 }
             }
         } else {
-            (key_of(peer), self.limit)
+            (self.key_of(peer), self.limit)
         };
         let mut open = self.lock();
         let entry = open.entry(key).or_default();
@@ -96,10 +107,14 @@ impl AddressCap {
 
     /// Connections open for the address key of `peer` (for tests and logs).
     pub fn open_for(&self, peer: IpAddr) -> usize {
-        let peer = peer.to_canonical();
         self.lock()
-            .get(&key_of(peer))
+            .get(&self.key_of(peer))
             .map_or(0, |entry| entry.connections)
+    }
+
+    /// The address an untrusted peer is counted under.
+    fn key_of(&self, peer: IpAddr) -> AddressKey {
+        AddressKey::of(peer, self.ipv6_prefix_len)
     }
 }
 
@@ -116,17 +131,6 @@ impl Drop for Slot {
     }
 }
 
-/// The address an untrusted peer is counted under.
-fn key_of(peer: IpAddr) -> IpAddr {
-    match peer {
-        IpAddr::V4(_) => peer,
-        IpAddr::V6(v6) => {
-            let prefix = u128::from(v6) & !(u128::MAX >> 64);
-            IpAddr::V6(Ipv6Addr::from(prefix))
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -137,7 +141,7 @@ mod tests {
 
     #[test]
     fn an_address_over_its_cap_is_refused_until_a_connection_closes() {
-        let cap = Arc::new(AddressCap::new(2, None, vec![]));
+        let cap = Arc::new(AddressCap::new(2, None, vec![], 64));
         let a = cap.admit(ip("192.0.2.1")).unwrap();
         let _b = cap.admit(ip("192.0.2.1")).unwrap();
         assert!(cap.admit(ip("192.0.2.1")).is_none());
@@ -151,7 +155,7 @@ mod tests {
 
     #[test]
     fn ipv6_addresses_count_per_64_and_mapped_ipv4_as_ipv4() {
-        let cap = Arc::new(AddressCap::new(1, None, vec![]));
+        let cap = Arc::new(AddressCap::new(1, None, vec![], 64));
         let _a = cap.admit(ip("2001:db8:1:2::1")).unwrap();
         assert!(cap.admit(ip("2001:db8:1:2:ffff::9")).is_none());
         assert!(cap.admit(ip("2001:db8:1:3::1")).is_some());
@@ -160,15 +164,23 @@ mod tests {
     }
 
     #[test]
+    fn the_ipv6_prefix_length_is_the_configured_one() {
+        let cap = Arc::new(AddressCap::new(1, None, vec![], 48));
+        let _a = cap.admit(ip("2001:db8:1:2::1")).unwrap();
+        assert!(cap.admit(ip("2001:db8:1:ffff::1")).is_none());
+        assert!(cap.admit(ip("2001:db8:2::1")).is_some());
+    }
+
+    #[test]
     fn trusted_proxies_have_their_own_cap_or_none() {
         let trusted = vec!["10.0.0.0/8".parse().unwrap()];
-        let uncapped = Arc::new(AddressCap::new(1, None, trusted.clone()));
+        let uncapped = Arc::new(AddressCap::new(1, None, trusted.clone(), 64));
         let slots: Vec<_> = (0..10)
             .map(|_| uncapped.admit(ip("10.1.2.3")).unwrap())
             .collect();
         assert_eq!(uncapped.open_for(ip("10.1.2.3")), 0, "not counted");
         drop(slots);
-        let capped = Arc::new(AddressCap::new(1, Some(3), trusted));
+        let capped = Arc::new(AddressCap::new(1, Some(3), trusted, 64));
         let _slots: Vec<_> = (0..3)
             .map(|_| capped.admit(ip("10.1.2.3")).unwrap())
             .collect();
@@ -181,7 +193,7 @@ mod tests {
 
     #[test]
     fn connections_of_one_address_share_its_in_flight_counter() {
-        let cap = Arc::new(AddressCap::new(4, None, vec![]));
+        let cap = Arc::new(AddressCap::new(4, None, vec![], 64));
         let a = cap.admit(ip("192.0.2.1")).unwrap();
         let b = cap.admit(ip("192.0.2.1")).unwrap();
         let other = cap.admit(ip("192.0.2.2")).unwrap();
@@ -191,7 +203,7 @@ mod tests {
 
     #[test]
     fn entries_are_removed_when_their_last_connection_closes() {
-        let cap = Arc::new(AddressCap::new(4, None, vec![]));
+        let cap = Arc::new(AddressCap::new(4, None, vec![], 64));
         let slot = cap.admit(ip("192.0.2.1")).unwrap();
         assert_eq!(cap.open_for(ip("192.0.2.1")), 1);
         drop(slot);

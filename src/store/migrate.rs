@@ -31,6 +31,11 @@ const SQLITE: &[(i64, &str, &str)] = &[
         "audit_events",
         include_str!("../../migrations/sqlite/0005_audit_events.sql"),
     ),
+    (
+        6,
+        "customer_tenants",
+        include_str!("../../migrations/sqlite/0006_customer_tenants.sql"),
+    ),
 ];
 const POSTGRES: &[(i64, &str, &str)] = &[
     (
@@ -57,6 +62,11 @@ const POSTGRES: &[(i64, &str, &str)] = &[
         5,
         "audit_events",
         include_str!("../../migrations/postgres/0005_audit_events.sql"),
+    ),
+    (
+        6,
+        "customer_tenants",
+        include_str!("../../migrations/postgres/0006_customer_tenants.sql"),
     ),
 ];
 

@@ -34,6 +34,8 @@ pub enum StoreError {
     Corrupt(String),
     #[error("store: {0}")]
     Setup(String),
+    #[error("store: the customer id belongs to another tenant")]
+    ForeignCustomer,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -376,6 +378,9 @@ impl Store {
             .execute(&mut *tx)
             .await;
         result.map_err(conflict_on("email"))?;
+        if user.customer_id != crate::identity::NULL_UUID {
+            claim_customer(&mut tx, user).await?;
+        }
         let event = self.record(&mut tx, Target::User(user.id)).await?;
         event.commit(tx).await?;
         Ok(())
@@ -482,9 +487,30 @@ impl Store {
     // --- API keys -------------------------------------------------------------
 
     pub async fn insert_api_key(&self, key: &ApiKeyRecord) -> Result<(), StoreError> {
-        let sql =
-            format!("INSERT INTO api_keys ({KEY_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)");
+        self.insert_api_key_capped(key, i64::MAX).await.map(|_| ())
+    }
+
+    /// Inserts `key` unless its user already holds `cap` keys: `Ok(false)`,
+    /// nothing written. Counting and inserting are one statement; on
+    /// PostgreSQL the owner's row is locked first, so concurrent creations
+    /// for one user are counted one after another (SQLite writes one at a
+    /// time anyway).
+    pub async fn insert_api_key_capped(
+        &self,
+        key: &ApiKeyRecord,
+        cap: i64,
+    ) -> Result<bool, StoreError> {
+        let sql = format!(
+            "INSERT INTO api_keys ({KEY_COLUMNS}) SELECT $1, $2, $3, $4, $5, $6, $7, $8 \
+             WHERE (SELECT COUNT(*) FROM api_keys WHERE user_id = $9) < $10"
+        );
         let mut tx = self.pool.begin().await?;
+        if self.dialect == Dialect::Postgres && cap < i64::MAX {
+            sqlx::query("SELECT id FROM users WHERE id = $1 FOR UPDATE")
+                .bind(key.user_id.to_string())
+                .execute(&mut *tx)
+                .await?;
+        }
         let result = sqlx::query(AssertSqlSafe(sql))
             .bind(key.id.to_string())
             .bind(key.created_time)
@@ -494,12 +520,16 @@ impl Store {
             .bind(&key.description)
             .bind(i64::from(key.enabled))
             .bind(key.expiration_time)
+            .bind(key.user_id.to_string())
+            .bind(cap)
             .execute(&mut *tx)
             .await;
-        result.map_err(conflict_on("digest"))?;
+        if result.map_err(conflict_on("digest"))?.rows_affected() == 0 {
+            return Ok(false);
+        }
         let event = self.record(&mut tx, Target::ApiKey(key.id)).await?;
         event.commit(tx).await?;
-        Ok(())
+        Ok(true)
     }
 
     pub async fn api_key_by_digest(
@@ -630,6 +660,36 @@ impl Store {
 /// Flags are stored as 0/1 integers in both dialects.
 fn flag(row: &AnyRow, index: usize) -> Result<bool, StoreError> {
     Ok(row.try_get::<i64, _>(index)? != 0)
+}
+
+/// Binds `user`'s customer id to their tenant when no tenant used it before;
+/// refuses it ([`StoreError::ForeignCustomer`]) when another tenant did. Two
+/// tenants racing for a new id: the second insert waits on the first's row
+/// (PostgreSQL) or its write lock (SQLite), then reads the first's tenant.
+async fn claim_customer(
+    conn: &mut sqlx::AnyConnection,
+    user: &UserRecord,
+) -> Result<(), StoreError> {
+    let customer = user.customer_id.to_string();
+    let tenant = user.tenant_id.to_string();
+    sqlx::query(
+        "INSERT INTO customer_tenants (customer_id, tenant_id, created_time) \
+         VALUES ($1, $2, $3) ON CONFLICT (customer_id) DO NOTHING",
+    )
+    .bind(&customer)
+    .bind(&tenant)
+    .bind(user.created_time)
+    .execute(&mut *conn)
+    .await?;
+    let owner: String =
+        sqlx::query_scalar("SELECT tenant_id FROM customer_tenants WHERE customer_id = $1")
+            .bind(&customer)
+            .fetch_one(&mut *conn)
+            .await?;
+    if owner != tenant {
+        return Err(StoreError::ForeignCustomer);
+    }
+    Ok(())
 }
 
 /// A unique-constraint violation as a conflict on `what`; any other error

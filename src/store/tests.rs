@@ -148,6 +148,9 @@ store_tests!(
     check_deleting_a_user_removes_their_keys_and_sessions,
     check_api_keys_are_found_listed_toggled_and_deleted,
     check_duplicate_digest_is_a_conflict,
+    check_api_keys_per_user_are_capped_even_when_created_at_once,
+    check_a_customer_id_stays_with_the_tenant_that_used_it_first,
+    check_upgrade_binds_each_customer_id_to_its_earliest_users_tenant,
     check_sessions_are_found_and_ended,
     check_settings_first_value_wins,
     check_flags_and_i64_round_trip,
@@ -521,6 +524,117 @@ async fn check_duplicate_digest_is_a_conflict(store: &Store) {
     let err = store.insert_api_key(&key(&u, "same", 2)).await.unwrap_err();
     assert!(matches!(err, StoreError::Conflict("digest")), "{err:?}");
     assert_eq!(store.list_api_keys(u.id).await.unwrap().len(), 1);
+}
+
+async fn check_api_keys_per_user_are_capped_even_when_created_at_once(store: &Store) {
+    let u = user("capped@example.com", 1);
+    store.insert_user(&u).await.unwrap();
+    for i in 0..2 {
+        let k = key(&u, &format!("cap-{i}"), i);
+        assert!(store.insert_api_key_capped(&k, 2).await.unwrap());
+    }
+    assert!(
+        !store
+            .insert_api_key_capped(&key(&u, "cap-2", 2), 2)
+            .await
+            .unwrap()
+    );
+    assert_eq!(store.list_api_keys(u.id).await.unwrap().len(), 2);
+    let raced = user("raced@example.com", 2);
+    store.insert_user(&raced).await.unwrap();
+    let attempts = (0..12).map(|i| {
+        let k = key(&raced, &format!("raced-{i}"), i);
+        async move { store.insert_api_key_capped(&k, 5).await.unwrap() }
+    });
+    let inserted = futures_util::future::join_all(attempts).await;
+    assert_eq!(inserted.iter().filter(|i| **i).count(), 5);
+    assert_eq!(store.list_api_keys(raced.id).await.unwrap().len(), 5);
+}
+
+/// A CUSTOMER_USER of `customer` in `tenant`, created at `created_time`.
+fn customer_user(email: &str, tenant: Uuid, customer: Uuid, created_time: i64) -> UserRecord {
+    UserRecord {
+        tenant_id: tenant,
+        customer_id: customer,
+        authority: Authority::CustomerUser,
+        ..user(email, created_time)
+    }
+}
+
+async fn check_a_customer_id_stays_with_the_tenant_that_used_it_first(store: &Store) {
+    let (a, b, customer) = (Uuid::new_v4(), Uuid::new_v4(), Uuid::new_v4());
+    let first = customer_user("c1@example.com", a, customer, 1);
+    store.insert_user(&first).await.unwrap();
+    store
+        .insert_user(&customer_user("c2@example.com", a, customer, 2))
+        .await
+        .unwrap();
+    let intruder = customer_user("c3@example.com", b, customer, 3);
+    let refused = store.insert_user(&intruder).await.unwrap_err();
+    assert!(
+        matches!(refused, StoreError::ForeignCustomer),
+        "{refused:?}"
+    );
+    assert!(store.user_by_id(intruder.id).await.unwrap().is_none());
+    // Still the first tenant's after its users are gone.
+    store.delete_user(first.id).await.unwrap();
+    let again = customer_user("c4@example.com", b, customer, 4);
+    let again = store.insert_user(&again).await;
+    assert!(matches!(again, Err(StoreError::ForeignCustomer)));
+    store
+        .insert_user(&customer_user("c5@example.com", b, Uuid::new_v4(), 5))
+        .await
+        .unwrap();
+    // Racing tenants for a new id: exactly one wins.
+    let contested = Uuid::new_v4();
+    let racers = (0..8).map(|i| {
+        let u = customer_user(&format!("r{i}@example.com"), Uuid::new_v4(), contested, 10);
+        async move { store.insert_user(&u).await }
+    });
+    let results = futures_util::future::join_all(racers).await;
+    assert_eq!(
+        results.iter().filter(|r| r.is_ok()).count(),
+        1,
+        "{results:?}"
+    );
+    assert!(
+        results
+            .iter()
+            .all(|r| r.is_ok() || matches!(r, Err(StoreError::ForeignCustomer)))
+    );
+}
+
+async fn check_upgrade_binds_each_customer_id_to_its_earliest_users_tenant(db: &TestDb) {
+    let old = db.another_through(5).await;
+    let (a, b, customer) = (Uuid::new_v4(), Uuid::new_v4(), Uuid::new_v4());
+    // Written before customer ids were bound: two tenants share one.
+    for (email, tenant, created_time) in [
+        ("later@example.com", b, 20_i64),
+        ("earliest@example.com", a, 10),
+    ] {
+        sqlx::query(
+            "INSERT INTO users (id, created_time, tenant_id, customer_id, email, authority, enabled, password_hash) \
+             VALUES ($1, $2, $3, $4, $5, 'CUSTOMER_USER', 1, '')",
+        )
+        .bind(Uuid::new_v4().to_string())
+        .bind(created_time)
+        .bind(tenant.to_string())
+        .bind(customer.to_string())
+        .bind(email)
+        .execute(&old.pool)
+        .await
+        .unwrap();
+    }
+    migrate::run_through(&old.pool, old.dialect(), i64::MAX)
+        .await
+        .unwrap();
+    let refused = customer_user("new-b@example.com", b, customer, 30);
+    let refused = old.insert_user(&refused).await;
+    assert!(matches!(refused, Err(StoreError::ForeignCustomer)));
+    old.insert_user(&customer_user("new-a@example.com", a, customer, 30))
+        .await
+        .unwrap();
+    old.finish().await;
 }
 
 async fn check_sessions_are_found_and_ended(store: &Store) {

@@ -83,6 +83,7 @@ struct Traffic {
     connections_closed: IntCounterVec,
     client_aborts: IntCounterVec,
     in_flight_refused: IntCounterVec,
+    store_lookups: IntCounterVec,
 }
 
 impl Traffic {
@@ -154,9 +155,15 @@ impl Traffic {
         for bound in ["connection", "address"] {
             in_flight_refused.with_label_values(&[bound]);
         }
+        let store_lookups = r.counter(
+            "keygate_auth_store_lookups_total",
+            "Credential lookups that reached the store (cache misses), by kind (api_key, user, session).",
+            &["kind"],
+        );
         Traffic {
             client_aborts,
             in_flight_refused,
+            store_lookups,
             requests,
             request_duration,
             auth,
@@ -198,7 +205,7 @@ impl Operations {
         );
         let rate_limited = r.counter(
             "keygate_rate_limited_total",
-            "Requests refused by a rate limit, by limiter (account, address).",
+            "Requests refused by a rate limit, by limiter (account, address, management_writes, unknown_api_keys).",
             &["limiter"],
         );
         let password_hashes = r.counter(
@@ -309,7 +316,12 @@ pub const LOGIN_OUTCOMES: [&str; 6] = [
 ];
 
 /// Login rate limiters ([`Metrics::rate_limited`]).
-pub const RATE_LIMITERS: [&str; 2] = ["account", "address"];
+pub const RATE_LIMITERS: [&str; 4] = [
+    "account",
+    "address",
+    "management_writes",
+    "unknown_api_keys",
+];
 
 /// Password-hashing allowances ([`Metrics::password_hash`]).
 pub const HASH_PURPOSES: [&str; 2] = ["login", "other"];
@@ -572,6 +584,12 @@ impl Metrics {
                 .with_label_values(&[name])
                 .set(*size as i64);
         }
+    }
+
+    /// `keygate_auth_store_lookups_total`: credential lookups that reached
+    /// the store, by kind; its series belong to the authenticator.
+    pub fn store_lookups(&self) -> IntCounterVec {
+        self.traffic.store_lookups.clone()
     }
 
     /// Registers a counter family whose series a stage owns (and bounds).

@@ -273,7 +273,7 @@ impl Session {
             Credential::ApiKey(key) => {
                 tracing::warn!(target: "keygate::security", peer = %self.conn.peer, "refused an API key sent over plain ws://");
                 if sockets.disable_key_on_plaintext {
-                    sockets.auth.disable_exposed_key(key).await;
+                    sockets.auth.disable_exposed_key(key, None).await;
                 }
             }
             Credential::Bearer(_)
