@@ -1,0 +1,50 @@
+//! Logging to standard error: human or JSON lines, colour only at a terminal.
+
+use keygate::config::LogFormat;
+
+pub fn init_logging(format: LogFormat) {
+    use std::io::IsTerminal;
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let colour = use_colour(
+        std::io::stderr().is_terminal(),
+        std::env::var_os("NO_COLOR").as_deref(),
+    );
+    // A log line that cannot be written (stderr closed: a log collector gone)
+    // is dropped. By default the subscriber reports that with `eprintln!`,
+    // which panics on the same closed stderr, killing whatever task logged:
+    // the log must never take the gateway down with it.
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(colour)
+        .log_internal_errors(false)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Json => builder.json().init(),
+        LogFormat::Human => builder.init(),
+    }
+}
+
+/// Colour escape codes only for a person at a terminal: never into a file or
+/// pipe, and not when `NO_COLOR` is set to a non-empty value (no-color.org).
+fn use_colour(stderr_is_terminal: bool, no_color: Option<&std::ffi::OsStr>) -> bool {
+    stderr_is_terminal && no_color.is_none_or(|value| value.is_empty())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn colour_only_at_a_terminal_without_no_color() {
+        use std::ffi::OsStr;
+        assert!(use_colour(true, None));
+        assert!(!use_colour(false, None), "never into a file or pipe");
+        assert!(!use_colour(true, Some(OsStr::new("1"))));
+        assert!(!use_colour(true, Some(OsStr::new("false"))), "any value");
+        assert!(
+            use_colour(true, Some(OsStr::new(""))),
+            "empty counts as unset"
+        );
+    }
+}

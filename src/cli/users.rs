@@ -1,0 +1,132 @@
+//! `keygate user ...`: users in the store, changed with an audit event each.
+
+use anyhow::bail;
+use uuid::Uuid;
+
+use keygate::accounts::{self, NewUser};
+use keygate::config::Settings;
+use keygate::identity::Authority;
+
+use super::prompt::read_password;
+use super::{UserCommand, cli, find_user, open_store};
+
+pub(super) async fn user(cmd: UserCommand, settings: &Settings) -> anyhow::Result<()> {
+    let store = open_store(settings).await?;
+    let now = keygate::clock::now_secs();
+    match cmd {
+        UserCommand::Add {
+            email,
+            authority,
+            tenant_id,
+            customer_id,
+            first_name,
+            last_name,
+        } => {
+            check_ids(authority, tenant_id, customer_id)?;
+            let password = read_password(true).await?;
+            let new = NewUser {
+                email,
+                authority,
+                tenant_id,
+                customer_id,
+                first_name,
+                last_name,
+            };
+            let user = accounts::create_user(
+                &cli(&store, "user.create"),
+                new,
+                password,
+                &settings.password_policy,
+            )
+            .await?;
+            println!(
+                "created user {} ({}, {})",
+                user.email, user.authority, user.id
+            );
+        }
+        UserCommand::List => {
+            for u in store.list_users().await? {
+                let state = if u.enabled { "enabled" } else { "disabled" };
+                println!(
+                    "{}  {:<13}  {:<8}  tenant {}  {}",
+                    u.id,
+                    u.authority.as_str(),
+                    state,
+                    u.tenant_id,
+                    u.email
+                );
+            }
+        }
+        UserCommand::Disable { email } => {
+            let u = find_user(&store, &email).await?;
+            cli(&store, "user.disable")
+                .set_user_enabled(u.id, false, now)
+                .await?;
+            println!("disabled user {email}");
+        }
+        UserCommand::Enable { email } => {
+            let u = find_user(&store, &email).await?;
+            cli(&store, "user.enable")
+                .set_user_enabled(u.id, true, now)
+                .await?;
+            println!("enabled user {email}");
+        }
+        UserCommand::Delete { email } => {
+            let u = find_user(&store, &email).await?;
+            cli(&store, "user.delete").delete_user(u.id).await?;
+            println!("deleted user {email}");
+        }
+        UserCommand::SetPassword { email } => {
+            let u = find_user(&store, &email).await?;
+            let password = read_password(true).await?;
+            let store = cli(&store, "user.set_password");
+            accounts::set_password(&store, u.id, password, &settings.password_policy).await?;
+            println!("set the password of {email}; their earlier sessions and tokens ended");
+        }
+    }
+    Ok(())
+}
+
+/// Refuses, before a password is asked for, ids the authority does not take
+/// or lacks; the store's rules (such as refusing the "no tenant" id) follow.
+fn check_ids(
+    authority: Authority,
+    tenant_id: Option<Uuid>,
+    customer_id: Option<Uuid>,
+) -> anyhow::Result<()> {
+    match authority {
+        Authority::SysAdmin if tenant_id.is_some() || customer_id.is_some() => {
+            bail!(
+                "a SYS_ADMIN belongs to no tenant or customer: leave out --tenant-id and --customer-id"
+            )
+        }
+        Authority::TenantAdmin if customer_id.is_some() => {
+            bail!("--customer-id is for a CUSTOMER_USER only; a TENANT_ADMIN has none")
+        }
+        Authority::TenantAdmin | Authority::CustomerUser if tenant_id.is_none() => {
+            bail!("a {authority} needs --tenant-id: the platform's UUID of their tenant")
+        }
+        Authority::CustomerUser if customer_id.is_none() => {
+            bail!("a CUSTOMER_USER needs --customer-id: the platform's UUID of their customer")
+        }
+        _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn user_add_refuses_ids_the_authority_does_not_take_before_asking() {
+        let id = Some(Uuid::new_v4());
+        assert!(check_ids(Authority::SysAdmin, None, None).is_ok());
+        assert!(check_ids(Authority::SysAdmin, id, None).is_err());
+        assert!(check_ids(Authority::TenantAdmin, id, None).is_ok());
+        assert!(check_ids(Authority::TenantAdmin, None, None).is_err());
+        assert!(check_ids(Authority::TenantAdmin, id, id).is_err());
+        assert!(check_ids(Authority::CustomerUser, id, id).is_ok());
+        assert!(check_ids(Authority::CustomerUser, id, None).is_err());
+        assert!(check_ids(Authority::CustomerUser, None, id).is_err());
+    }
+}
