@@ -163,48 +163,25 @@ async fn accept_loop<H: Handler>(listener: Listener<H>, shared: Arc<Shared>) {
                 }
             },
         };
-        let Some(slot) = shared.per_address.admit(peer.ip()) else {
-            tracing::debug!(%peer, listener = name, "connection over the per-address cap closed");
-            shared
-                .metrics
-                .connection_closed_by(name, Reason::PerAddressCap.label());
-            drop(stream);
+        let Some((conn, hold)) = admit(&shared, name, tls.is_some(), peer, permit, &draining)
+        else {
             continue;
         };
         let _ = stream.set_nodelay(true);
-        let conn = Arc::new(
-            Peer::accept(peer, tls.is_some(), name, &shared.trusted_proxies)
-                .sharing_address_load(slot.in_flight()),
-        );
-        shared.metrics.connection_opened(name);
-        let hold = Hold(Arc::new(Held {
-            _permit: permit,
-            _slot: slot,
-            draining: draining.clone(),
-            metrics: shared.metrics.clone(),
-            listener: name,
-        }));
-        let (tls, handler, shared) = (tls.clone(), handler.clone(), shared.clone());
-        let Some(workers) = &workers else {
-            tokio::spawn(run_connection(stream, tls, handler, conn, shared, hold));
-            continue;
+        let accepted = Accepted {
+            stream,
+            tls: tls.clone(),
+            handler: handler.clone(),
+            conn,
+            shared: shared.clone(),
+            hold,
         };
-        // The socket leaves this runtime's reactor for the worker's.
-        let stream = match stream.into_std() {
-            Ok(stream) => stream,
-            Err(error) => {
-                tracing::warn!(%error, listener = name, "handing over a connection failed");
-                continue;
+        match &workers {
+            Some(workers) => hand_over(workers, accepted),
+            None => {
+                tokio::spawn(accepted.run());
             }
-        };
-        workers.run(move || async move {
-            match TcpStream::from_std(stream) {
-                Ok(stream) => run_connection(stream, tls, handler, conn, shared, hold).await,
-                Err(error) => {
-                    tracing::warn!(%error, listener = name, "taking over a connection failed")
-                }
-            }
-        });
+        }
     }
     drop(tcp);
     drop(draining);
@@ -218,6 +195,91 @@ async fn accept_loop<H: Handler>(listener: Listener<H>, shared: Arc<Shared>) {
             "shutdown grace period ended with connections still open"
         );
     }
+}
+
+/// A connection from `peer` under the per-address cap, with its context and
+/// what it holds; `None` (and the connection closed) over the cap.
+fn admit(
+    shared: &Shared,
+    name: &'static str,
+    tls: bool,
+    peer: std::net::SocketAddr,
+    permit: OwnedSemaphorePermit,
+    draining: &watch::Receiver<bool>,
+) -> Option<(Arc<Peer>, Hold)> {
+    let Some(slot) = shared.per_address.admit(peer.ip()) else {
+        tracing::debug!(%peer, listener = name, "connection over the per-address cap closed");
+        shared
+            .metrics
+            .connection_closed_by(name, Reason::PerAddressCap.label());
+        return None;
+    };
+    let conn = Arc::new(
+        Peer::accept(peer, tls, name, &shared.trusted_proxies)
+            .sharing_address_load(slot.in_flight()),
+    );
+    shared.metrics.connection_opened(name);
+    let hold = Hold(Arc::new(Held {
+        _permit: permit,
+        _slot: slot,
+        draining: draining.clone(),
+        metrics: shared.metrics.clone(),
+        listener: name,
+    }));
+    Some((conn, hold))
+}
+
+/// An admitted connection and everything serving it needs.
+struct Accepted<H> {
+    stream: TcpStream,
+    tls: Option<TlsAcceptor>,
+    handler: Arc<H>,
+    conn: Arc<Peer>,
+    shared: Arc<Shared>,
+    hold: Hold,
+}
+
+impl<H: Handler> Accepted<H> {
+    async fn run(self) {
+        run_connection(
+            self.stream,
+            self.tls,
+            self.handler,
+            self.conn,
+            self.shared,
+            self.hold,
+        )
+        .await
+    }
+}
+
+/// Moves an accepted connection to a worker thread: the socket leaves this
+/// runtime's reactor for the worker's.
+fn hand_over<H: Handler>(workers: &Workers, accepted: Accepted<H>) {
+    let name = accepted.conn.listener;
+    let Accepted {
+        stream,
+        tls,
+        handler,
+        conn,
+        shared,
+        hold,
+    } = accepted;
+    let stream = match stream.into_std() {
+        Ok(stream) => stream,
+        Err(error) => {
+            tracing::warn!(%error, listener = name, "handing over a connection failed");
+            return;
+        }
+    };
+    workers.run(move || async move {
+        match TcpStream::from_std(stream) {
+            Ok(stream) => run_connection(stream, tls, handler, conn, shared, hold).await,
+            Err(error) => {
+                tracing::warn!(%error, listener = name, "taking over a connection failed")
+            }
+        }
+    });
 }
 
 /// What an accepted connection holds until it closes: its place in the

@@ -27,6 +27,7 @@ use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulConnection;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -353,7 +354,7 @@ where
     let opened = Instant::now();
     let activity = Arc::new(Activity::new());
     let requests = activity.clone();
-    let mut drain = hold.draining();
+    let drain = hold.draining();
     let service = service_fn(move |mut req: Request<Incoming>| {
         // Only a request that may be upgraded keeps the connection's places.
         if req.headers().contains_key(header::UPGRADE) {
@@ -372,12 +373,27 @@ where
         activity: activity.clone(),
         framing: Some(FramingScanner::default()),
     };
-    let mut conn = pin!(builder.serve_connection_with_upgrades(TokioIo::new(io), service));
+    let conn = pin!(builder.serve_connection_with_upgrades(TokioIo::new(io), service));
+    watch(conn, &activity, opened, deadlines, drain).await
+}
 
+/// Drives a served connection to its end, closing it when a deadline passes,
+/// a response asks to, or the listener drains; returns why keygate closed
+/// it, when it did.
+async fn watch<C>(
+    mut conn: Pin<&mut C>,
+    activity: &Activity,
+    opened: Instant,
+    deadlines: Deadlines,
+    mut drain: tokio::sync::watch::Receiver<bool>,
+) -> Option<Reason>
+where
+    C: GracefulConnection<Error = BoxError>,
+{
     // Once a graceful close has started: its hard deadline and why it started.
     let mut closing: Option<(Instant, Option<Reason>)> = None;
     let mut shut_down = false;
-    let mut shut = |conn: Pin<&mut auto::UpgradeableConnection<'_, _, _, _>>| {
+    let mut shut = |conn: Pin<&mut C>| {
         if !std::mem::replace(&mut shut_down, true) {
             conn.graceful_shutdown();
         }

@@ -66,6 +66,13 @@ impl Registrar<'_> {
         self.0.register(Box::new(g.clone())).expect("unique metric");
         g
     }
+
+    /// A counter without labels.
+    fn single_counter(&self, name: &str, help: &str) -> prometheus::IntCounter {
+        let c = prometheus::IntCounter::new(name, help).expect("valid metric");
+        self.0.register(Box::new(c.clone())).expect("unique metric");
+        c
+    }
 }
 
 /// The request path's metrics: requests, authentication, upstreams, caches,
@@ -88,93 +95,81 @@ struct Traffic {
 
 impl Traffic {
     fn new(r: &Registrar<'_>) -> Traffic {
-        let requests = r.counter(
-            "keygate_requests_total",
-            "Requests answered, by route, method class and status class.",
-            &["route", "method", "status"],
-        );
-        let request_duration = r.histogram(
-            "keygate_request_duration_seconds",
-            "Time from request head to response head, by route.",
-            &["route"],
-        );
-        let auth = r.counter(
-            "keygate_auth_total",
-            "Authentication outcomes, by credential method and result.",
-            &["method", "result"],
-        );
-        let upstream_duration = r.histogram(
-            "keygate_upstream_duration_seconds",
-            "Time for an upstream to answer with a response head, by upstream.",
-            &["upstream"],
-        );
-        let upstream_errors = r.counter(
-            "keygate_upstream_errors_total",
-            "Upstream requests that failed, by upstream and kind (connect, timeout, reset).",
-            &["upstream", "kind"],
-        );
-        let cache = r.counter(
-            "keygate_cache_requests_total",
-            "Credential cache lookups, by cache and result (hit, miss).",
-            &["cache", "result"],
-        );
-        let cache_evictions = r.counter(
-            "keygate_cache_evictions_total",
-            "Credential cache entries pushed out by the size bound, by cache.",
-            &["cache"],
-        );
-        let cache_entries = r.gauge(
-            "keygate_cache_entries",
-            "Entries held by each credential cache.",
-            &["cache"],
-        );
-        let open_connections = r.gauge(
-            "keygate_open_connections",
-            "Client connections currently open, by listener.",
-            &["listener"],
-        );
-        let connections_closed = r.counter(
-            "keygate_connections_closed_total",
-            "Client connections keygate closed for a limit, by listener and reason \
-             (per_address_cap, tls_handshake_timeout, head_timeout, idle, keep_alive_timeout, body_timeout).",
-            &["listener", "reason"],
-        );
-        let client_aborts = r.counter(
-            "keygate_client_aborts_total",
-            "Proxied requests the client ended before they were done, by route and kind \
-             (body_broken: its body broke off or was malformed; body_too_slow: its body did \
-             not keep the required pace; gone: it went away before the response).",
-            &["route", "kind"],
-        );
-        let in_flight_refused = r.counter(
-            "keygate_in_flight_refused_total",
-            "Proxied requests refused (429) for the in-flight bound they would pass, by bound \
-             (connection, address).",
-            &["bound"],
-        );
+        let traffic = Traffic {
+            requests: r.counter(
+                "keygate_requests_total",
+                "Requests answered, by route, method class and status class.",
+                &["route", "method", "status"],
+            ),
+            request_duration: r.histogram(
+                "keygate_request_duration_seconds",
+                "Time from request head to response head, by route.",
+                &["route"],
+            ),
+            auth: r.counter(
+                "keygate_auth_total",
+                "Authentication outcomes, by credential method and result.",
+                &["method", "result"],
+            ),
+            upstream_duration: r.histogram(
+                "keygate_upstream_duration_seconds",
+                "Time for an upstream to answer with a response head, by upstream.",
+                &["upstream"],
+            ),
+            upstream_errors: r.counter(
+                "keygate_upstream_errors_total",
+                "Upstream requests that failed, by upstream and kind (connect, timeout, reset).",
+                &["upstream", "kind"],
+            ),
+            cache: r.counter(
+                "keygate_cache_requests_total",
+                "Credential cache lookups, by cache and result (hit, miss).",
+                &["cache", "result"],
+            ),
+            cache_evictions: r.counter(
+                "keygate_cache_evictions_total",
+                "Credential cache entries pushed out by the size bound, by cache.",
+                &["cache"],
+            ),
+            cache_entries: r.gauge(
+                "keygate_cache_entries",
+                "Entries held by each credential cache.",
+                &["cache"],
+            ),
+            open_connections: r.gauge(
+                "keygate_open_connections",
+                "Client connections currently open, by listener.",
+                &["listener"],
+            ),
+            connections_closed: r.counter(
+                "keygate_connections_closed_total",
+                "Client connections keygate closed for a limit, by listener and reason \
+                 (per_address_cap, tls_handshake_timeout, head_timeout, idle, keep_alive_timeout, body_timeout).",
+                &["listener", "reason"],
+            ),
+            client_aborts: r.counter(
+                "keygate_client_aborts_total",
+                "Proxied requests the client ended before they were done, by route and kind \
+                 (body_broken: its body broke off or was malformed; body_too_slow: its body did \
+                 not keep the required pace; gone: it went away before the response).",
+                &["route", "kind"],
+            ),
+            in_flight_refused: r.counter(
+                "keygate_in_flight_refused_total",
+                "Proxied requests refused (429) for the in-flight bound they would pass, by bound \
+                 (connection, address).",
+                &["bound"],
+            ),
+            store_lookups: r.counter(
+                "keygate_auth_store_lookups_total",
+                "Credential lookups that reached the store (cache misses), by kind (api_key, user, session).",
+                &["kind"],
+            ),
+        };
         for bound in ["connection", "address"] {
-            in_flight_refused.with_label_values(&[bound]);
+            traffic.in_flight_refused.with_label_values(&[bound]);
         }
-        let store_lookups = r.counter(
-            "keygate_auth_store_lookups_total",
-            "Credential lookups that reached the store (cache misses), by kind (api_key, user, session).",
-            &["kind"],
-        );
-        Traffic {
-            client_aborts,
-            in_flight_refused,
-            store_lookups,
-            requests,
-            request_duration,
-            auth,
-            upstream_duration,
-            upstream_errors,
-            cache,
-            cache_evictions,
-            cache_entries,
-            open_connections,
-            connections_closed,
-        }
+        traffic
     }
 }
 
@@ -218,27 +213,18 @@ impl Operations {
             "Requests answered 503 for finding no turn to hash within login.hash_wait, by allowance (login, other).",
             &["purpose"],
         );
-        let refresh_reuse = prometheus::IntCounter::new(
+        let refresh_reuse = r.single_counter(
             "keygate_refresh_token_reuse_total",
             "Retired refresh tokens presented again; each ended its session.",
-        )
-        .expect("valid metric");
-        r.0.register(Box::new(refresh_reuse.clone()))
-            .expect("unique metric");
-        let revocations = prometheus::IntCounter::new(
+        );
+        let revocations = r.single_counter(
             "keygate_revocation_notifications_total",
             "Revocation notifications received from the shared store.",
-        )
-        .expect("valid metric");
-        r.0.register(Box::new(revocations.clone()))
-            .expect("unique metric");
-        let keys_disabled_on_plaintext = prometheus::IntCounter::new(
+        );
+        let keys_disabled_on_plaintext = r.single_counter(
             "keygate_api_keys_disabled_on_plaintext_total",
             "API keys disabled because they arrived over plain HTTP.",
-        )
-        .expect("valid metric");
-        r.0.register(Box::new(keys_disabled_on_plaintext.clone()))
-            .expect("unique metric");
+        );
         let revocation_listener_up = IntGauge::new(
             "keygate_revocation_listener_up",
             "1 while the revocation listener is connected to PostgreSQL, else 0. \
