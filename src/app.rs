@@ -25,8 +25,9 @@ use hyper::body::Incoming;
 use crate::address::AddressKey;
 use crate::api::{self, Access, EndpointRequest, Endpoints, Matched};
 use crate::api_browser::ApiBrowser;
-use crate::auth::credential::{self, Credential};
-use crate::auth::outcomes::{API_KEY, JWT, NO_CREDENTIAL, Outcomes};
+use crate::auth::credential::{self, Credential, CredentialError};
+use crate::auth::in_clear::InClear;
+use crate::auth::outcomes::{self, NO_CREDENTIAL, Outcomes};
 use crate::auth::{AuthFailure, Authenticator};
 use crate::body::Body;
 use crate::config::Settings;
@@ -84,7 +85,12 @@ struct Exchange<'t> {
     route: Option<&'t RouteSeries>,
     upstream: Option<&'t str>,
     identity: Option<Identity>,
+    /// The request's credential, parsed once.
+    credential: Parsed,
 }
+
+/// A request's credential as read from its head.
+type Parsed = Result<Credential, CredentialError>;
 
 /// What only the access log needs; a `Uri` or `HeaderValue` clone shares its
 /// bytes, and nothing is kept when the log is off.
@@ -244,6 +250,7 @@ impl App {
             route: None,
             upstream: None,
             identity: None,
+            credential: credential::parse(req.headers()),
         }
     }
 
@@ -257,7 +264,7 @@ impl App {
         // Normalise from a shared copy of the Uri, so the (usually borrowed)
         // path outlives moving the request on.
         let uri = req.uri().clone();
-        let path = match self.admit(&req, &uri, &ex.client).await? {
+        let path = match self.admit(&req, &uri, ex).await? {
             Admission::Path(path) => path,
             Admission::Answered(response) => return Ok(response),
         };
@@ -275,14 +282,14 @@ impl App {
                 self.upgrade(route, label, req, &path, ex, Start::Platform)
             }
             Target::Proxied(route) if upgrade => {
-                ex.identity = self.authenticate(&req, !route.public, &ex.client).await?;
+                ex.identity = self.authenticate(&req, !route.public, ex).await?;
                 // An upgrade is a request like any other to the quotas,
                 // counted before anything reaches the upstream.
                 let grant = match self.admit_quota(route, ex) {
                     Ok(grant) => grant,
                     Err(refusal) => return Ok(refusal.into_response()),
                 };
-                let credential = credential::parse(req.headers()).ok();
+                let credential = ex.credential.as_ref().ok().cloned();
                 let checked = ex.identity.clone().zip(credential);
                 let start = Start::Checked(checked);
                 let mut response = self.upgrade(route, &route.name, req, &path, ex, start)?;
@@ -290,7 +297,7 @@ impl App {
                 Ok(response)
             }
             Target::Proxied(route) => {
-                ex.identity = self.authenticate(&req, !route.public, &ex.client).await?;
+                ex.identity = self.authenticate(&req, !route.public, ex).await?;
                 let grant = match self.admit_quota(route, ex) {
                     Ok(grant) => grant,
                     Err(refusal) => return Ok(refusal.into_response()),
@@ -310,7 +317,7 @@ impl App {
         &self,
         req: &Request<Incoming>,
         uri: &'p Uri,
-        client: &Client<'_>,
+        ex: &Exchange<'_>,
     ) -> Result<Admission<'p>, ApiError> {
         if header_block_size(req) > self.settings.limits.max_header_bytes {
             return Err(ApiError::headers_too_large());
@@ -320,7 +327,8 @@ impl App {
         }
         let path = path::normalize(uri.path())
             .map_err(|e| ApiError::bad_request(format!("Invalid request path: {e}")))?;
-        self.refuse_secrets_in_clear(client, req).await?;
+        self.refuse_secrets_in_clear(&ex.client, req, &ex.credential)
+            .await?;
         Ok(Admission::Path(path))
     }
 
@@ -385,7 +393,7 @@ impl App {
         ex: &mut Exchange<'_>,
     ) -> Result<Response<Body>, ApiError> {
         let required = matches!(matched.route.access, Access::Authenticated);
-        let identity = self.authenticate(&req, required, &ex.client).await?;
+        let identity = self.authenticate(&req, required, ex).await?;
         let client = &ex.client;
         let client_ip = client.address(req.headers(), &self.settings.proxy.trusted_proxies);
         let request = EndpointRequest {
@@ -523,77 +531,69 @@ impl App {
         .emit();
     }
 
-    /// Secrets sent in clear, on any route, public ones included: an API key is
-    /// refused always (and, when configured, disabled: it crossed the wire in
-    /// clear whatever the route); a Bearer token unless the peer may send
-    /// secrets in clear ([`Client::may_send_secrets`]).
+    /// Secrets sent in clear, on any route, public ones included
+    /// ([`crate::auth::in_clear`]), counted when refused.
     async fn refuse_secrets_in_clear(
         &self,
         client: &Client<'_>,
         req: &Request<Incoming>,
+        credential: &Parsed,
     ) -> Result<(), ApiError> {
-        if client.secure {
+        let Ok(credential) = credential else {
             return Ok(());
+        };
+        let rule = InClear {
+            disable_keys: self.settings.disable_key_on_plaintext,
+            allow_plaintext: self.settings.listen.allow_plaintext_credentials,
+        };
+        let from = self.address_key(client, req);
+        let refused = self
+            .auth
+            .refuse_in_clear(credential, client, rule, Some(from), "HTTP")
+            .await;
+        if refused.is_err() {
+            let method = outcomes::method_of(Some(credential));
+            self.series
+                .auth
+                .count(method, Err(AuthFailure::PlaintextRefused));
         }
-        match credential::parse(req.headers()) {
-            Ok(Credential::ApiKey(key)) => {
-                tracing::warn!(target: "keygate::security", peer = %client.conn.peer, "refused an API key sent over plain HTTP");
-                let address = client.address(req.headers(), &self.settings.proxy.trusted_proxies);
-                let from = AddressKey::of(address, self.settings.limits.ipv6_prefix_len);
-                if self.settings.disable_key_on_plaintext {
-                    self.auth.disable_exposed_key(&key, Some(from)).await;
-                }
-                self.series
-                    .auth
-                    .count(API_KEY, Err(AuthFailure::PlaintextRefused));
-                Err(AuthFailure::PlaintextRefused.to_api_error())
-            }
-            Ok(Credential::Bearer(_))
-                if !client.may_send_secrets(self.settings.listen.allow_plaintext_credentials) =>
-            {
-                tracing::warn!(target: "keygate::security", peer = %client.conn.peer, "refused a Bearer token sent over plain HTTP");
-                self.series
-                    .auth
-                    .count(JWT, Err(AuthFailure::PlaintextRefused));
-                Err(ApiError::credentials_over_plain_http())
-            }
-            _ => Ok(()),
-        }
+        refused
     }
 
-    /// Parses and verifies the credential when the target asks for one,
+    /// The key the request's client address counts under in per-address
+    /// limits.
+    fn address_key(&self, client: &Client<'_>, req: &Request<Incoming>) -> AddressKey {
+        let address = client.address(req.headers(), &self.settings.proxy.trusted_proxies);
+        AddressKey::of(address, self.settings.limits.ipv6_prefix_len)
+    }
+
+    /// Verifies the request's credential when the target asks for one,
     /// counting the outcome. Secrets sent in clear were refused on admission.
     async fn authenticate(
         &self,
         req: &Request<Incoming>,
         required: bool,
-        client: &Client<'_>,
+        ex: &Exchange<'_>,
     ) -> Result<Option<Identity>, ApiError> {
         if !required {
             return Ok(None);
         }
-        let result = match credential::parse(req.headers()) {
-            Err(e) => Err((NO_CREDENTIAL, AuthFailure::from(e))),
-            Ok(credential) => {
-                let method = match credential {
-                    Credential::ApiKey(_) => API_KEY,
-                    Credential::Bearer(_) => JWT,
-                };
-                let address = client.address(req.headers(), &self.settings.proxy.trusted_proxies);
-                let key = AddressKey::of(address, self.settings.limits.ipv6_prefix_len);
-                self.auth
-                    .verify_from(&credential, key)
-                    .await
-                    .map_err(|f| (method, f))
-                    .map(|i| (method, i))
+        let credential = match &ex.credential {
+            Ok(credential) => credential,
+            Err(error) => {
+                let failure = AuthFailure::from(*error);
+                self.series.auth.count(NO_CREDENTIAL, Err(failure));
+                return Err(self.auth.to_api_error(failure));
             }
         };
-        match result {
-            Ok((method, identity)) => {
+        let method = outcomes::method_of(Some(credential));
+        let from = self.address_key(&ex.client, req);
+        match self.auth.verify_from(credential, from).await {
+            Ok(identity) => {
                 self.series.auth.count(method, Ok(()));
                 Ok(Some(identity))
             }
-            Err((method, failure)) => {
+            Err(failure) => {
                 self.series.auth.count(method, Err(failure));
                 Err(self.auth.to_api_error(failure))
             }

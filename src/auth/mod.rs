@@ -3,6 +3,7 @@
 pub mod api_key;
 pub mod cache;
 pub mod credential;
+pub mod in_clear;
 pub mod jwt;
 pub mod limiter;
 pub mod live;

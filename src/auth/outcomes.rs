@@ -5,11 +5,22 @@
 use crate::telemetry::{AUTH_METHODS, AuthSeries, Metrics};
 
 use super::AuthFailure;
+use super::credential::Credential;
 
 /// Credential methods, as indices into [`AUTH_METHODS`].
 pub const API_KEY: usize = 0;
 pub const JWT: usize = 1;
 pub const NO_CREDENTIAL: usize = 2;
+
+/// The method a credential is counted under; [`NO_CREDENTIAL`] when none
+/// was read. The one mapping for requests and WebSockets.
+pub fn method_of(credential: Option<&Credential>) -> usize {
+    match credential {
+        Some(Credential::ApiKey(_)) => API_KEY,
+        Some(Credential::Bearer(_)) => JWT,
+        None => NO_CREDENTIAL,
+    }
+}
 
 /// Result labels: `accepted`, then each failure in [`AuthFailure::ALL`] order
 /// (a test keeps the two in step).

@@ -193,6 +193,28 @@ static FORWARDING_FIRST_BYTES: [bool; 256] = {
     set
 };
 
+/// [`to_upstream`] for a WebSocket upgrade. The handshake keygate makes
+/// sets the upstream's `Host` (from its URI) and its own `Sec-WebSocket-*`,
+/// so the client's are removed as well.
+pub fn to_websocket_upstream(
+    parts: &mut http::request::Parts,
+    client: &Client<'_>,
+    request_id: HeaderValue,
+    identity: Option<&Identity>,
+) {
+    to_upstream(parts, client, request_id, identity);
+    parts.headers.remove(http::header::HOST);
+    let handshake: Vec<HeaderName> = parts
+        .headers
+        .keys()
+        .filter(|name| name.as_str().starts_with("sec-websocket-"))
+        .cloned()
+        .collect();
+    for name in handshake {
+        parts.headers.remove(name);
+    }
+}
+
 /// Every edit of a request on its way upstream, in this order: hop-by-hop
 /// headers out (so a `Connection` header can never name away what is set
 /// later); the client's identity, credential and (from an untrusted peer)

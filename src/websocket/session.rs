@@ -23,9 +23,9 @@ use super::seat::Seat;
 use super::splice::{self, Traffic};
 use crate::auth::AuthFailure;
 use crate::auth::credential::Credential;
+use crate::auth::in_clear::InClear;
 use crate::auth::live::{HoldLimits, OverLimit};
-use crate::auth::outcomes::{API_KEY, JWT, NO_CREDENTIAL};
-use crate::error::ApiError;
+use crate::auth::outcomes::{NO_CREDENTIAL, method_of};
 use crate::identity::Identity;
 use crate::listener::peer::{Client, Peer};
 use crate::proxy::headers;
@@ -257,37 +257,26 @@ impl Session {
         }
     }
 
-    /// An API key over plain `ws://` is refused and, when configured,
-    /// disabled (it crossed the wire in clear); a token is refused unless the
-    /// peer may send secrets in clear: the rules of plain HTTP.
+    /// Secrets over plain `ws://`: the rules of plain HTTP
+    /// ([`crate::auth::in_clear`]), counted when refused.
     async fn refuse_in_clear(&self, form: Form, credential: &Credential) -> Result<(), Ending> {
-        if self.secure {
-            return Ok(());
-        }
         let sockets = &self.sockets;
         let client = Client {
             conn: &self.conn,
             secure: self.secure,
         };
-        match credential {
-            Credential::ApiKey(key) => {
-                tracing::warn!(target: "keygate::security", peer = %self.conn.peer, "refused an API key sent over plain ws://");
-                if sockets.disable_key_on_plaintext {
-                    sockets.auth.disable_exposed_key(key, None).await;
-                }
-            }
-            Credential::Bearer(_)
-                if !client.may_send_secrets(sockets.allow_plaintext_credentials) =>
-            {
-                tracing::warn!(target: "keygate::security", peer = %self.conn.peer, "refused a token sent over plain ws://");
-            }
-            Credential::Bearer(_) => return Ok(()),
-        }
-        self.count(form, Some(credential), Err(AuthFailure::PlaintextRefused));
-        let reason = match credential {
-            Credential::ApiKey(_) => ApiError::api_key_over_plain_http(),
-            Credential::Bearer(_) => ApiError::credentials_over_plain_http(),
+        let rule = InClear {
+            disable_keys: sockets.disable_key_on_plaintext,
+            allow_plaintext: sockets.allow_plaintext_credentials,
         };
+        let Err(reason) = sockets
+            .auth
+            .refuse_in_clear(credential, &client, rule, None, "ws://")
+            .await
+        else {
+            return Ok(());
+        };
+        self.count(form, Some(credential), Err(AuthFailure::PlaintextRefused));
         Err(Ending::PlaintextRefused(match reason.message {
             std::borrow::Cow::Borrowed(text) => text,
             std::borrow::Cow::Owned(_) => "Credentials are accepted only over HTTPS",
@@ -352,7 +341,7 @@ impl Session {
     }
 
     /// The upstream upgrade: the client's head edited by
-    /// [`headers::to_upstream`], less what the WebSocket handshake sets itself.
+    /// [`headers::to_websocket_upstream`], on the handshake's own request.
     fn upstream_request(&self, identity: Option<&Identity>) -> Option<http::Request<()>> {
         let (mut parts, ()) = http::Request::new(()).into_parts();
         parts.headers = self.parts.headers.clone();
@@ -361,15 +350,9 @@ impl Session {
             conn: &self.conn,
             secure: self.secure,
         };
-        headers::to_upstream(&mut parts, &client, self.request_id.clone(), identity);
-        // The handshake request carries the upstream's `Host` (from its
-        // URI) and its own `Sec-WebSocket-*`; the client's are left out.
+        headers::to_websocket_upstream(&mut parts, &client, self.request_id.clone(), identity);
         let mut request = self.upstream_uri.clone().into_client_request().ok()?;
-        for (name, value) in &parts.headers {
-            if name != http::header::HOST && !name.as_str().starts_with("sec-websocket-") {
-                request.headers_mut().append(name.clone(), value.clone());
-            }
-        }
+        request.headers_mut().extend(parts.headers);
         Some(request)
     }
 
@@ -399,15 +382,6 @@ impl Session {
             }),
         }
         .emit();
-    }
-}
-
-/// The `keygate_auth_total` method of a credential; `none` when none was read.
-fn method_of(credential: Option<&Credential>) -> usize {
-    match credential {
-        Some(Credential::ApiKey(_)) => API_KEY,
-        Some(Credential::Bearer(_)) => JWT,
-        None => NO_CREDENTIAL,
     }
 }
 
