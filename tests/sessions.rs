@@ -515,15 +515,34 @@ async fn imported_bcrypt_user_logs_in_and_is_rehashed_with_argon2id() {
     );
 }
 
+/// One proxied request with an API key, timed.
+async fn proxied(gw: &Gateway, key: &str) -> Duration {
+    let started = Instant::now();
+    let response = gw
+        .client()
+        .get(gw.https("/api/devices"))
+        .header("X-Authorization", format!("ApiKey {key}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    started.elapsed()
+}
+
 #[tokio::test]
 async fn fifty_parallel_logins_do_not_block_a_proxied_request() {
     // Fifty hashes one after another can outlast the default wait for a turn
     // on a loaded machine; this test is about proxying, not that wait.
-    let (upstream, gw) = setup("[login]\nmax_concurrent_hashes = 1\nhash_wait = \"120s\"\n").await;
+    let (upstream, gw) = setup("[login]\nmax_concurrent_hashes = 1\nhash_wait = \"300s\"\n").await;
     let user = gw.user("storm@example.com", Authority::TenantAdmin).await;
     let (_, key) = gw.api_key(&user, 0).await;
+    let mut idle = Duration::ZERO;
+    for _ in 0..3 {
+        idle = idle.max(proxied(&gw, &key).await);
+    }
     let client = gw.client();
     let url = gw.https("/api/auth/login");
+    let storm = Instant::now();
     let logins: Vec<_> = (0..50)
         .map(|i| {
             let client = client.clone();
@@ -540,30 +559,43 @@ async fn fifty_parallel_logins_do_not_block_a_proxied_request() {
                     .send()
                     .await
                     .unwrap();
-                (response.status().as_u16(), Instant::now())
+                response.status().as_u16()
             })
         })
         .collect();
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    let response = client
-        .get(gw.https("/api/devices"))
-        .header("X-Authorization", format!("ApiKey {key}"))
-        .send()
-        .await
-        .unwrap();
-    let proxied_done = Instant::now();
-    assert_eq!(response.status(), 200);
-    let mut last_login = proxied_done;
+    // Hashing is under way: one hash done and the next one's turn taken.
+    let hashes = r#"keygate_password_hashes_total{purpose="login"}"#;
+    common::wait_until("logins hashing", Duration::from_secs(120), async || {
+        counter(&gw.metrics().await, hashes) >= 2
+    })
+    .await;
+    let during = proxied(&gw, &key).await;
+    let still_hashing = logins.iter().filter(|l| !l.is_finished()).count();
     for login in logins {
-        let (status, done) = login.await.unwrap();
+        let status = login.await.unwrap();
         assert!(status == 200 || status == 401 || status == 429, "{status}");
-        last_login = last_login.max(done);
     }
-    assert!(
-        last_login > proxied_done,
-        "the proxied request finished while logins were still hashing"
+    let queue = storm.elapsed();
+    // Well above what it takes idle (a loaded machine may slow it tenfold),
+    // well below the queue of hashes it would have waited behind.
+    let bound = (idle * 20).max(Duration::from_secs(1));
+    println!(
+        "proxied request: {idle:?} idle, {during:?} while logins hashed ({still_hashing} logins \
+         still waiting when it was answered); the fifty logins took {queue:?}; bound {bound:?}"
     );
-    assert_eq!(upstream.requests().len(), 1);
+    assert!(
+        still_hashing > 0,
+        "the logins were done before the proxied request: nothing measured"
+    );
+    assert!(
+        queue > bound * 5,
+        "the hash queue ({queue:?}) is too short to tell a blocked request ({bound:?})"
+    );
+    assert!(
+        during < bound,
+        "a proxied request took {during:?} while logins hashed ({idle:?} idle)"
+    );
+    assert_eq!(upstream.requests().len(), 4);
 }
 
 /// A login storm on a busy machine must not queue without end: a login that
