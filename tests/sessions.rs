@@ -529,11 +529,21 @@ async fn proxied(gw: &Gateway, key: &str) -> Duration {
     started.elapsed()
 }
 
+/// Logins of the storm: one at a time, their hashes last seconds even where
+/// hashing is fast.
+const LOGINS: usize = 200;
+
 #[tokio::test]
-async fn fifty_parallel_logins_do_not_block_a_proxied_request() {
-    // Fifty hashes one after another can outlast the default wait for a turn
+async fn a_storm_of_parallel_logins_does_not_block_a_proxied_request() {
+    // Two hundred hashes one after another can outlast the default wait for a turn
     // on a loaded machine; this test is about proxying, not that wait.
-    let (upstream, gw) = setup("[login]\nmax_concurrent_hashes = 1\nhash_wait = \"300s\"\n").await;
+    // Attempts under way count against the attempt limits: raised above the
+    // storm, which is about proxying, not those limits.
+    let (upstream, gw) = setup(
+        "[login]\nmax_concurrent_hashes = 1\nhash_wait = \"300s\"\naccount_max_failures = 1000\n\
+         account_address_max_failures = 1000\naddress_max_failures = 1000\n",
+    )
+    .await;
     let user = gw.user("storm@example.com", Authority::TenantAdmin).await;
     let (_, key) = gw.api_key(&user, 0).await;
     let mut idle = Duration::ZERO;
@@ -542,20 +552,16 @@ async fn fifty_parallel_logins_do_not_block_a_proxied_request() {
     }
     let client = gw.client();
     let url = gw.https("/api/auth/login");
+    // Correct passwords: every login hashes, none is refused for guessing.
     let storm = Instant::now();
-    let logins: Vec<_> = (0..50)
-        .map(|i| {
+    let logins: Vec<_> = (0..LOGINS)
+        .map(|_| {
             let client = client.clone();
             let url = url.clone();
             tokio::spawn(async move {
-                let password = if i % 2 == 0 {
-                    PASSWORD
-                } else {
-                    "wrong-password"
-                };
                 let response = client
                     .post(url)
-                    .json(&json!({ "username": "storm@example.com", "password": password }))
+                    .json(&json!({ "username": "storm@example.com", "password": PASSWORD }))
                     .send()
                     .await
                     .unwrap();
@@ -572,16 +578,15 @@ async fn fifty_parallel_logins_do_not_block_a_proxied_request() {
     let during = proxied(&gw, &key).await;
     let still_hashing = logins.iter().filter(|l| !l.is_finished()).count();
     for login in logins {
-        let status = login.await.unwrap();
-        assert!(status == 200 || status == 401 || status == 429, "{status}");
+        assert_eq!(login.await.unwrap(), 200);
     }
     let queue = storm.elapsed();
     // Well above what it takes idle (a loaded machine may slow it tenfold),
     // well below the queue of hashes it would have waited behind.
-    let bound = (idle * 20).max(Duration::from_secs(1));
+    let bound = (idle * 10).max(Duration::from_millis(200));
     println!(
         "proxied request: {idle:?} idle, {during:?} while logins hashed ({still_hashing} logins \
-         still waiting when it was answered); the fifty logins took {queue:?}; bound {bound:?}"
+         still waiting when it was answered); the {LOGINS} logins took {queue:?}; bound {bound:?}"
     );
     assert!(
         still_hashing > 0,
