@@ -161,6 +161,7 @@ def record(args):
         clk_tck=args.clk_tck,
         rss_kib=args.rss_kib,
         cache_misses=args.cache_misses,
+        redis_up=args.redis_up,
     )
     if args.logins:
         with open(args.logins) as f:
@@ -303,8 +304,23 @@ def table(args):
     print("\n".join(lines))
 
 
+def not_as_described(r):
+    """Why a run did not measure what its case describes, or None."""
+    if not r["requests"]:
+        return "no request was answered"
+    if "logins" in r and not r["logins"].get("ok"):
+        return "no login was answered"
+    if r["proxy"].startswith("keygate") and r.get("cache_misses"):
+        # Every key of every case was looked up before the rounds (warm-up).
+        return f"{r['cache_misses']} api_keys cache misses: the cache was not warm"
+    if r["case"] == "keygate-quota" and r.get("redis_up") != 1:
+        return "keygate_redis_up was not 1: the quota was counted locally, not through Redis"
+    return None
+
+
 def failures(args):
-    """Exit status: 1 when any request of any run failed."""
+    """Exit status: 1 when any request of any run failed, or any run did not
+    run as its case describes."""
     rows = [json.loads(line) for line in open(args.results) if line.strip()]
     failed = 0
     for r in rows:
@@ -313,6 +329,10 @@ def failures(args):
         if n:
             print(f"harness: {r['case']} round {r['round']}: {n} failed requests", file=sys.stderr)
         failed += n
+        why = not_as_described(r)
+        if why:
+            print(f"harness: {r['case']} round {r['round']}: {why}", file=sys.stderr)
+            failed += 1
     sys.exit(1 if failed else 0)
 
 
@@ -343,7 +363,7 @@ def main():
         p.add_argument(f"--{name}", required=True)
     p.add_argument("--round", type=int, required=True)
     p.add_argument("--clk-tck", type=int, required=True)
-    for name in ("cpu-ticks", "upstream-cpu-ticks", "rss-kib", "cache-misses"):
+    for name in ("cpu-ticks", "upstream-cpu-ticks", "rss-kib", "cache-misses", "redis-up"):
         p.add_argument(f"--{name}", type=int)
     p.add_argument("--logins")
     p.set_defaults(run=record)

@@ -391,7 +391,7 @@ async fn one_address_cannot_take_every_connection() {
     let _ = over.write_all(get("/api/noauth/ping").as_bytes()).await;
     let (got, took) = until_closed(&mut over, Duration::from_secs(5)).await;
     assert!(got.is_empty(), "{:?}", String::from_utf8_lossy(&got));
-    assert!(took < Duration::from_secs(1), "{took:?}");
+    assert!(took < Duration::from_secs(3), "{took:?}");
     let mut probe = connect_from(greedy, admin).await.unwrap();
     probe.write_all(get("/healthz").as_bytes()).await.unwrap();
     let (head, _) = read_response(&mut probe).await;
@@ -488,9 +488,10 @@ async fn dead_http2_peer_is_dropped_by_keep_alive_pings() {
     let mut stream = TcpStream::connect(http).await.unwrap();
     let mut hello = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
     hello.extend_from_slice(&[0, 0, 0, 0x4, 0, 0, 0, 0, 0]); // empty SETTINGS
-    // HEADERS, END_STREAM | END_HEADERS, stream 1: GET http://<authority>/api/noauth/slow
+    // HEADERS, END_STREAM | END_HEADERS, stream 1: GET
+    // http://<authority>/api/noauth/slow?ms=30000, answered after 30 s.
     let authority = http.to_string();
-    let path = "/api/noauth/slow";
+    let path = "/api/noauth/slow?ms=30000";
     let mut block = vec![0x82, 0x86]; // :method GET, :scheme http
     block.push(0x04); // :path, literal without indexing
     block.push(path.len() as u8);
@@ -504,10 +505,11 @@ async fn dead_http2_peer_is_dropped_by_keep_alive_pings() {
     hello.extend_from_slice(&block);
     stream.write_all(&hello).await.unwrap();
     let started = Instant::now();
-    // Read (never answering PINGs) until the server gives up on us.
+    // Read (never answering PINGs) until the server gives up on us: after
+    // 600 ms of pings, an order of magnitude before the slow answer.
     let (_, took) = until_closed(&mut stream, Duration::from_secs(5)).await;
     assert!(
-        took < Duration::from_millis(1800),
+        took < Duration::from_secs(3),
         "closed by the pings, before the slow answer: {:?}",
         started.elapsed()
     );

@@ -26,30 +26,50 @@ async fn sigterm_lets_an_in_flight_request_finish_and_exits_zero() {
     let mut process = Process::spawn(&config, "info");
     let (http, admin) = (process.http, process.admin);
 
+    // Answered by the upstream after 5 s: in flight for all of the checks.
     let slow = tokio::spawn(async move {
         let started = Instant::now();
-        let response = reqwest::get(format!("http://127.0.0.1:{http}/api/noauth/slow"))
+        let response = reqwest::get(format!("http://127.0.0.1:{http}/api/noauth/slow?ms=5000"))
             .await
             .unwrap();
         (response.status().as_u16(), started.elapsed())
     });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    common::wait_until(
+        "the request in flight",
+        Duration::from_secs(30),
+        async || upstream.arrived() >= 1,
+    )
+    .await;
     process.signal("TERM");
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let ready = reqwest::get(format!("http://127.0.0.1:{admin}/readyz"))
-        .await
-        .unwrap();
-    assert_eq!(ready.status(), 503, "unready while draining");
+    common::wait_until(
+        "unready while draining",
+        Duration::from_secs(30),
+        async || {
+            let ready = reqwest::get(format!("http://127.0.0.1:{admin}/readyz"))
+                .await
+                .unwrap();
+            ready.status() == 503
+        },
+    )
+    .await;
+    common::wait_until(
+        "new connections refused",
+        Duration::from_secs(30),
+        async || {
+            reqwest::get(format!("http://127.0.0.1:{http}/api/noauth/fast"))
+                .await
+                .is_err()
+        },
+    )
+    .await;
     assert!(
-        reqwest::get(format!("http://127.0.0.1:{http}/api/noauth/fast"))
-            .await
-            .is_err(),
-        "no new connections are accepted while draining"
+        !slow.is_finished(),
+        "the in-flight request ended before the drain was checked"
     );
 
     let (code, took) = slow.await.unwrap();
     assert_eq!(code, 200, "the in-flight request completed");
-    assert!(took >= Duration::from_secs(2));
+    assert!(took >= Duration::from_secs(5));
     let deadline = Instant::now() + Duration::from_secs(15);
     let exit = loop {
         if let Some(exit) = process.child.try_wait().unwrap() {
@@ -118,18 +138,23 @@ async fn sighup_reloads_routes_and_certificate_and_refuses_a_broken_config() {
     // A broken config changes nothing.
     std::fs::write(&config, "[[route]]\nprefix = \"no-slash\"\n").unwrap();
     hup();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let metrics_text = || async move {
+        reqwest::get(format!("http://127.0.0.1:{admin}/metrics"))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    };
+    let refused = r#"keygate_config_reloads_total{outcome="failure",what="routes"} 1"#;
+    common::wait_until(
+        "the broken config refused",
+        Duration::from_secs(30),
+        async || metrics_text().await.contains(refused),
+    )
+    .await;
     assert_eq!(status_of("/other/x").await, 200);
-    let metrics = reqwest::get(format!("http://127.0.0.1:{admin}/metrics"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    assert!(
-        metrics.contains(r#"keygate_config_reloads_total{outcome="failure",what="routes"} 1"#),
-        "{metrics}"
-    );
+    let metrics = metrics_text().await;
     assert!(
         metrics.contains(r#"keygate_config_reloads_total{outcome="success",what="tls"}"#),
         "{metrics}"

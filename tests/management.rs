@@ -386,7 +386,9 @@ async fn bad_key_requests_are_400_naming_the_field_and_expired_keys_are_refused(
     .await;
     assert_eq!(code, 400, "pageSize is required");
 
-    let soon = keygate::clock::now_ms() + 1500;
+    // Long enough for a loaded machine to use it first; the use is checked
+    // to have started before the expiration time.
+    let soon = keygate::clock::now_ms() + 10_000;
     let body =
         json!({"userId": {"id": me.user.id}, "description": "short-lived", "expirationTime": soon});
     let record: Value = call(&gw, &me, reqwest::Method::POST, "/api/apiKey", Some(body))
@@ -395,8 +397,15 @@ async fn bad_key_requests_are_400_naming_the_field_and_expired_keys_are_refused(
         .await
         .unwrap();
     let value = record["value"].as_str().unwrap();
+    let used_at = keygate::clock::now_ms();
     assert_eq!(use_key(&gw, value).await.status(), 200);
-    tokio::time::sleep(Duration::from_millis(1600)).await;
+    assert!(
+        used_at < soon,
+        "used only after it expired: nothing checked"
+    );
+    while keygate::clock::now_ms() <= soon {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let (code, json) = error_body(use_key(&gw, value).await).await;
     assert_eq!(
         (code, json["message"].as_str()),

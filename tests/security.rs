@@ -481,7 +481,7 @@ async fn forwarding_headers_from_an_untrusted_client_never_reach_the_upstream() 
             request = request.header(name, "spoofed");
         }
         assert_eq!(request.send().await.unwrap().status(), 200);
-        let seen = upstream.last();
+        let seen = upstream.last_to(path);
         let leaked: Vec<_> = seen
             .headers
             .iter()
@@ -507,7 +507,7 @@ async fn forwarding_headers_from_a_trusted_proxy_pass() {
         .await
         .unwrap();
     assert_eq!(response.status(), 200);
-    let seen = upstream.last();
+    let seen = upstream.last_to("/api/noauth/info");
     assert_eq!(seen.headers["x-forwarded-prefix"], "/edge");
     assert_eq!(seen.headers["x-real-ip"], "203.0.113.5");
 }
@@ -530,7 +530,7 @@ async fn separator_spelled_identity_headers_cannot_spoof_a_user() {
             .await
             .unwrap();
         assert_eq!(response.status(), 200);
-        let seen = upstream.last();
+        let seen = upstream.last_to(path);
         assert!(
             seen.headers.values().all(|v| v.as_bytes() != b"evil"
                 && v.as_bytes() != b"SYS_ADMIN"
@@ -828,7 +828,7 @@ async fn a_plain_chunked_request_still_passes_the_framing_check() {
                    Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n";
     let response = raw_http(gw.running.http.unwrap(), request).await;
     assert!(response.starts_with("HTTP/1.1 200"), "{response}");
-    assert_eq!(upstream.last().body_len, 5);
+    assert_eq!(upstream.last_to("/api/noauth/upload").body_len, 5);
 }
 
 /// An upstream on raw TCP that answers `101 Switching Protocols` to any

@@ -13,9 +13,13 @@ at once, until the time is up:
 
 Every answer is classified; anything but the expected one is an error of its
 kind. Resident memory and open file descriptors of keygate are sampled every
-few seconds. It passes when there was no unexpected error and, after warm-up
-(the first fifth of the run, and at least half of it up to 30 s), memory grew by less than 10% (4 MiB allowed at
-least, 16 MiB at most) and file descriptors by fewer than 20. It prints the samples and one summary line.
+few seconds. It passes when there was no unexpected error, no worker ended on
+an exception, every kind of traffic reached its floor (MIN_PER_MINUTE, at
+least once), and, after warm-up (the first fifth of the run, and at least half
+of it up to 30 s), memory (the least of the last three samples against the
+least of the first three) grew by less than 10% (4 MiB allowed at least, 16 MiB
+at most) and file descriptors by fewer than 20. It prints the samples and one
+summary line.
 """
 
 import collections
@@ -27,6 +31,7 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -45,6 +50,24 @@ from conftest import (  # noqa: E402
 
 SAMPLE_EVERY = 5
 
+# The least of each kind of expected answer per minute of soak (and at least
+# one): far below what even a loaded debug build does, so that only a worker
+# that stopped or never got going falls short.
+MIN_PER_MINUTE = {
+    "api_key": 60,
+    "bearer": 60,
+    "login": 6,
+    "logout": 3,
+    "refresh": 3,
+    "current_user": 0,
+    "key_create": 3,
+    "key_use": 3,
+    "key_disable": 3,
+    "revoked_key_refused": 3,
+    "key_delete": 3,
+    "websocket": 3,
+}
+
 
 class Soak:
     def __init__(self, keygate, seconds):
@@ -54,7 +77,29 @@ class Soak:
         self.deadline = time.monotonic() + seconds
         self.outcomes = collections.Counter()
         self.errors = collections.Counter()
+        self.crashes = []
         self.lock = threading.Lock()
+
+    def guarded(self, worker):
+        """`worker`, with an exception that ends it recorded as a crash."""
+
+        def run():
+            try:
+                worker()
+            except Exception:  # noqa: BLE001 - any crash fails the soak
+                with self.lock:
+                    self.crashes.append(f"{worker.__name__}: {traceback.format_exc()}")
+
+        return run
+
+    def short_of_floor(self, seconds):
+        """The kinds of traffic below their floor: (kind, seen, floor)."""
+        short = []
+        for kind, per_minute in MIN_PER_MINUTE.items():
+            floor = max(1, per_minute * seconds // 60)
+            if self.outcomes[kind] < floor:
+                short.append((kind, self.outcomes[kind], floor))
+        return short
 
     def running(self):
         return time.monotonic() < self.deadline
@@ -204,7 +249,7 @@ def main():
         keygate.start()
         soak = Soak(keygate, seconds)
         workers = [soak.api_keys, soak.api_keys, soak.bearer, soak.logins, soak.revocations, soak.websockets]
-        threads = [threading.Thread(target=w, daemon=True) for w in workers]
+        threads = [threading.Thread(target=soak.guarded(w), daemon=True) for w in workers]
         for thread in threads:
             thread.start()
         started = time.monotonic()
@@ -214,6 +259,7 @@ def main():
             time.sleep(SAMPLE_EVERY)
         for thread in threads:
             thread.join(timeout=30)
+        stuck = [w.__name__ for w, t in zip(workers, threads) if t.is_alive()]
         samples.append((round(time.monotonic() - started), *sample(keygate.process.pid)))
     finally:
         if keygate is not None and getattr(keygate, "process", None):
@@ -227,16 +273,30 @@ def main():
     print("  outcomes:", dict(sorted(soak.outcomes.items())))
     for kind, n in sorted(soak.errors.items()):
         print(f"  ERROR {kind} x{n}")
+    for crash in soak.crashes:
+        print(f"  CRASH {crash}")
+    for name in stuck:
+        print(f"  STUCK {name}: still running 30 s after the end")
+    short = soak.short_of_floor(seconds)
+    for kind, seen, floor in short:
+        print(f"  SHORT {kind}: {seen} expected answers, at least {floor} required")
     warm_up = max(seconds / 5, min(30, seconds / 2))
     warm = [s for s in samples if s[0] >= warm_up] or samples
-    rss_growth = warm[-1][1] - warm[0][1]
-    fd_growth = warm[-1][2] - warm[0][2]
-    flat = rss_growth < min(16 * 1024, max(warm[0][1] // 10, 4096)) and fd_growth < 20
-    ok = not soak.errors and flat and sum(soak.outcomes.values()) > 0
+    # The least of the first three samples after warm-up against the least of
+    # the last three: a password hash holds its memory (Argon2id, 19 MiB) while
+    # it runs, and logins never stop, so a single sample may catch one or two;
+    # a leak raises the least sample too.
+    start = [min(s[i] for s in warm[:3]) for i in (1, 2)]
+    end = [min(s[i] for s in warm[-3:]) for i in (1, 2)]
+    rss_growth = int(end[0] - start[0])
+    fd_growth = int(end[1] - start[1])
+    flat = rss_growth < min(16 * 1024, max(int(start[0]) // 10, 4096)) and fd_growth < 20
+    ok = not soak.errors and not soak.crashes and not stuck and not short and flat
     print(
         f"soak: {'pass' if ok else 'FAIL'}: {seconds}s, {sum(soak.outcomes.values())} expected answers, "
-        f"{sum(soak.errors.values())} unexpected; after warm-up RSS {warm[0][1]} -> {warm[-1][1]} KiB "
-        f"({rss_growth:+d}), open fds {warm[0][2]} -> {warm[-1][2]} ({fd_growth:+d})"
+        f"{sum(soak.errors.values())} unexpected; after warm-up (least of three samples) RSS "
+        f"{int(start[0])} -> {int(end[0])} KiB ({rss_growth:+d}), open fds {int(start[1])} -> {int(end[1])} "
+        f"({fd_growth:+d})"
     )
     sys.exit(0 if ok else 1)
 

@@ -6,11 +6,13 @@
 
 mod common;
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::shared_redis::Prefix;
 use common::{Gateway, PASSWORD};
 use futures_util::{SinkExt, StreamExt};
+use keygate::dev::ReferenceCounters as Counters;
 use keygate::identity::Authority;
 use keygate::store::{SessionRecord, UserRecord};
 use serde_json::{Value, json};
@@ -21,10 +23,15 @@ use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::{self, Message};
 use uuid::Uuid;
 
-/// A close that came from the revocation itself: far under `cache.ttl`
-/// (30 s), after which a cached credential state would have gone anyway.
-/// (The time each took is printed; alone it is a few milliseconds.)
-const AT_ONCE: Duration = Duration::from_secs(2);
+/// A close that came from the revocation itself: an order of magnitude under
+/// the `cache.ttl` of [`REVOCATION`], after which a cached credential state
+/// would have gone anyway. (The time each took is printed; alone it is a few
+/// milliseconds.)
+const AT_ONCE: Duration = Duration::from_secs(30);
+
+/// The config of the tests that time a revocation: a cached credential state
+/// lives 300 s, so a close within [`AT_ONCE`] was the revocation's doing.
+const REVOCATION: &str = "[cache]\nttl = \"300s\"\n";
 
 /// A bound for timings on a loaded machine (every test of this file runs
 /// its own server at once): the printed times show the real values.
@@ -35,20 +42,39 @@ impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
 
 type Socket = WebSocketStream<Box<dyn Io>>;
 
+/// How long [`close_of`] waits: a guard against a test hanging, above every
+/// bound the tests assert.
+const CLOSE_WAIT: Duration = Duration::from_secs(90);
+
 /// The reference entity service on a free port; its URL.
 async fn reference() -> String {
+    reference_counted().await.0
+}
+
+/// The reference entity service on a free port; its URL, and what it counts
+/// (the sockets it accepted).
+async fn reference_counted() -> (String, Arc<Counters>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    tokio::spawn(keygate::dev::serve_reference_upstream(
+    let counters = Arc::new(Counters::default());
+    let serving = keygate::dev::serve_reference_upstream_counted(
         listener,
         std::future::pending(),
-    ));
-    format!("http://{addr}")
+        counters.clone(),
+    );
+    tokio::spawn(serving);
+    (format!("http://{addr}"), counters)
 }
 
 /// keygate in front of the reference entity service, with `extra` config.
 async fn setup(extra: &str) -> Gateway {
     Gateway::start(&reference().await, extra).await
+}
+
+/// [`setup`], with the counters of the reference service behind it.
+async fn setup_counted(extra: &str) -> (Gateway, Arc<Counters>) {
+    let (upstream, counters) = reference_counted().await;
+    (Gateway::start(&upstream, extra).await, counters)
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -154,9 +180,9 @@ async fn close_of(socket: &mut Socket) -> (u16, String) {
             }
         }
     };
-    tokio::time::timeout(Duration::from_secs(15), read)
+    tokio::time::timeout(CLOSE_WAIT, read)
         .await
-        .expect("a close frame within 15 s")
+        .expect("a close frame in time")
 }
 
 /// Sends `text` and returns what the reference service says it received.
@@ -327,16 +353,21 @@ async fn spoofed_identity_headers_on_the_upgrade_never_reach_the_upstream() {
 
 #[tokio::test]
 async fn a_first_frame_without_auth_cmd_closes_1008() {
-    let gw = setup("").await;
+    let (gw, upstream) = setup_counted("").await;
     let mut socket = open(&gw, "/api/ws").await;
     send(&mut socket, r#"{"cmds":[{"cmdId":1}]}"#).await;
     let (code, _) = close_of(&mut socket).await;
     assert_eq!(code, 1008);
+    assert_eq!(
+        upstream.sockets(),
+        0,
+        "a refused socket reached the upstream"
+    );
 }
 
 #[tokio::test]
 async fn a_client_that_never_authenticates_is_closed_1008_at_the_deadline() {
-    let gw = setup("[websocket]\nauth_timeout = \"300ms\"\n").await;
+    let (gw, upstream) = setup_counted("[websocket]\nauth_timeout = \"300ms\"\n").await;
     let started = Instant::now();
     let mut socket = open(&gw, "/api/ws").await;
     let (code, _) = close_of(&mut socket).await;
@@ -344,11 +375,16 @@ async fn a_client_that_never_authenticates_is_closed_1008_at_the_deadline() {
     println!("closed for the deadline after {took:?}");
     assert_eq!(code, 1008);
     assert!(took >= Duration::from_millis(300) && took < LOADED);
+    assert_eq!(
+        upstream.sockets(),
+        0,
+        "a refused socket reached the upstream"
+    );
 }
 
 #[tokio::test]
 async fn a_bad_credential_closes_1007_with_the_contract_message() {
-    let gw = setup("").await;
+    let (gw, upstream) = setup_counted("").await;
     let mut socket = open(&gw, "/api/ws").await;
     send(&mut socket, &auth_cmd_token("not.a.token", json!([]))).await;
     assert_eq!(
@@ -362,11 +398,16 @@ async fn a_bad_credential_closes_1007_with_the_contract_message() {
         close_of(&mut socket).await,
         (1007, "Invalid username or password".into())
     );
+    assert_eq!(
+        upstream.sockets(),
+        0,
+        "a refused socket reached the upstream"
+    );
 }
 
 #[tokio::test]
 async fn an_expired_jwt_in_the_query_closes_1011_and_in_auth_cmd_1007() {
-    let gw = setup("").await;
+    let (gw, upstream) = setup_counted("").await;
     let user = gw
         .user("ws-expired@example.com", Authority::TenantAdmin)
         .await;
@@ -382,11 +423,16 @@ async fn an_expired_jwt_in_the_query_closes_1011_and_in_auth_cmd_1007() {
         close_of(&mut socket).await,
         (1007, "Token has expired".into())
     );
+    assert_eq!(
+        upstream.sockets(),
+        0,
+        "a refused socket reached the upstream"
+    );
 }
 
 #[tokio::test]
 async fn an_api_key_sent_over_plain_ws_is_refused_and_disabled() {
-    let gw = setup("[api_keys]\ndisable_on_plaintext = true\n").await;
+    let (gw, upstream) = setup_counted("[api_keys]\ndisable_on_plaintext = true\n").await;
     let user = gw
         .user("ws-clear@example.com", Authority::TenantAdmin)
         .await;
@@ -402,6 +448,11 @@ async fn an_api_key_sent_over_plain_ws_is_refused_and_disabled() {
     send(&mut socket, &auth_cmd_key(&key)).await;
     let (code, _) = close_of(&mut socket).await;
     assert_eq!(code, 1007);
+    assert_eq!(
+        upstream.sockets(),
+        0,
+        "a refused socket reached the upstream"
+    );
 }
 
 #[tokio::test]
@@ -422,7 +473,7 @@ async fn closed_after(socket: &mut Socket, since: Instant, what: &str) -> (u16, 
 
 #[tokio::test]
 async fn disabling_the_key_closes_its_open_socket_with_1008() {
-    let gw = setup("").await;
+    let gw = setup(REVOCATION).await;
     let user = gw
         .user("ws-disable@example.com", Authority::TenantAdmin)
         .await;
@@ -440,7 +491,7 @@ async fn disabling_the_key_closes_its_open_socket_with_1008() {
 
 #[tokio::test]
 async fn logout_closes_the_sessions_socket_with_1008() {
-    let gw = setup("").await;
+    let gw = setup(REVOCATION).await;
     let user = gw
         .user("ws-logout@example.com", Authority::TenantAdmin)
         .await;
@@ -476,7 +527,7 @@ async fn logout_closes_the_sessions_socket_with_1008() {
 async fn a_jwt_reaching_exp_closes_its_socket_with_1008() {
     let gw = setup("").await;
     let user = gw.user("ws-exp@example.com", Authority::TenantAdmin).await;
-    let token = token_expiring_in(&gw, &user, 2).await;
+    let token = token_expiring_in(&gw, &user, 5).await;
     let mut socket = open(&gw, "/api/ws").await;
     round_trip(&mut socket, &auth_cmd_token(&token, json!([{"cmdId": 1}]))).await;
     let started = Instant::now();
@@ -487,7 +538,7 @@ async fn a_jwt_reaching_exp_closes_its_socket_with_1008() {
 
 #[tokio::test]
 async fn sockets_over_the_per_user_limit_are_closed_with_the_platforms_wording() {
-    let gw = setup("[websocket]\nmax_per_user = 20\n").await;
+    let (gw, upstream) = setup_counted("[websocket]\nmax_per_user = 20\n").await;
     let user = gw.user("ws-many@example.com", Authority::TenantAdmin).await;
     let (_, key) = gw.api_key(&user, 0).await;
     let mut open_sockets = Vec::new();
@@ -504,6 +555,11 @@ async fn sockets_over_the_per_user_limit_are_closed_with_the_platforms_wording()
         close_of(&mut extra).await,
         (1008, "Max regular user sessions limit reached!".into())
     );
+    assert_eq!(
+        upstream.sockets(),
+        20,
+        "the refused socket reached the upstream"
+    );
     // Another user is not limited by this one's sockets.
     let other = gw
         .user("ws-other@example.com", Authority::TenantAdmin)
@@ -512,9 +568,15 @@ async fn sockets_over_the_per_user_limit_are_closed_with_the_platforms_wording()
     let mut socket = open(&gw, "/api/ws").await;
     send(&mut socket, &auth_cmd_key(&other_key)).await;
     round_trip(&mut socket, "other").await;
-    // A closed socket frees its place.
+    // A closed socket frees its place (its seat goes before it stops
+    // counting as open: 20 of this user's and the other's make 21).
     open_sockets.pop().unwrap().close(None).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    common::wait_until("the closed socket is gone", LOADED, async || {
+        gw.metrics()
+            .await
+            .contains("keygate_websocket_open{route=\"/api/ws\"} 20\n")
+    })
+    .await;
     let mut again = open(&gw, "/api/ws").await;
     send(&mut again, &auth_cmd_key(&key)).await;
     round_trip(&mut again, "again").await;
@@ -581,10 +643,9 @@ async fn a_user_over_the_socket_limit_at_one_replica_is_refused_at_the_other() {
     };
     let (url, schema) = common::fresh_schema(&base).await;
     let prefix = Prefix::new();
-    let redis_addr: std::net::SocketAddr = "127.0.0.1:6379".parse().unwrap();
-    let relay = common::Relay::start(redis_addr).await;
+    let relay = common::Relay::start(common::shared_redis::redis_addr()).await;
     let config = shared_seats(&format!("redis://{}/", relay.addr), &prefix);
-    let upstream = reference().await;
+    let (upstream, counters) = reference_counted().await;
     let a = Gateway::start_on(&upstream, &config, Some(&url)).await;
     let b = Gateway::start_on(&upstream, &config, Some(&url)).await;
     for gw in [&a, &b] {
@@ -603,6 +664,11 @@ async fn a_user_over_the_socket_limit_at_one_replica_is_refused_at_the_other() {
         .await
         .expect("the first socket is admitted");
     assert_eq!(admitted(&b, &key).await.err(), Some(full.clone()));
+    assert_eq!(
+        counters.sockets(),
+        1,
+        "the refused socket reached the upstream"
+    );
     // Closing it frees the seat for the other replica at once (a client
     // reconnecting through another replica is not refused).
     drop(at_a);
@@ -675,12 +741,17 @@ async fn shutdown_closes_open_sockets_with_1001() {
 
 #[tokio::test]
 async fn an_upgrade_on_another_route_is_checked_like_any_request() {
-    let gw = setup("[websocket]\nroutes = [\"/api/ws/plugins/\"]\n").await;
+    let (gw, upstream) = setup_counted("[websocket]\nroutes = [\"/api/ws/plugins/\"]\n").await;
     let refused = try_open(&gw, Scheme::Wss, "/api/ws", &[]).await;
     match refused {
         Err(tungstenite::Error::Http(response)) => assert_eq!(response.status(), 401),
         other => panic!("expected a 401, got {:?}", other.map(|_| ())),
     }
+    assert_eq!(
+        upstream.sockets(),
+        0,
+        "a refused upgrade reached the upstream"
+    );
     let user = gw
         .user("ws-plain@example.com", Authority::TenantAdmin)
         .await;
@@ -793,8 +864,8 @@ async fn a_key_disabled_through_one_replica_closes_its_socket_on_the_other() {
     };
     let (url, schema) = common::fresh_schema(&base).await;
     let upstream = reference().await;
-    let a = Gateway::start_on(&upstream, "", Some(&url)).await;
-    let b = Gateway::start_on(&upstream, "", Some(&url)).await;
+    let a = Gateway::start_on(&upstream, REVOCATION, Some(&url)).await;
+    let b = Gateway::start_on(&upstream, REVOCATION, Some(&url)).await;
     let deadline = Instant::now() + Duration::from_secs(10);
     while !b
         .metrics()
@@ -844,7 +915,7 @@ async fn open_with(gw: &Gateway, frame: &str) -> Socket {
 
 #[tokio::test]
 async fn disabling_the_user_closes_every_socket_of_theirs_with_1008() {
-    let gw = setup("").await;
+    let gw = setup(REVOCATION).await;
     let admin = gw
         .user("ws-sysadmin@example.com", Authority::SysAdmin)
         .await;
@@ -882,7 +953,7 @@ async fn an_api_key_reaching_its_expiration_time_closes_its_socket_with_1008() {
     let user = gw
         .user("ws-key-exp@example.com", Authority::TenantAdmin)
         .await;
-    let (_, key) = gw.api_key(&user, keygate::clock::now_ms() + 1500).await;
+    let (_, key) = gw.api_key(&user, keygate::clock::now_ms() + 5000).await;
     let mut socket = open_with(&gw, &auth_cmd_key(&key)).await;
     let started = Instant::now();
     let close = closed_after(&mut socket, started, "API key expiration").await;
@@ -929,7 +1000,7 @@ async fn a_password_change_closes_the_users_older_token_sockets_but_not_their_ke
 
 #[tokio::test]
 async fn sockets_over_the_per_tenant_limit_are_closed_with_the_platforms_wording() {
-    let gw = setup("[websocket]\nmax_per_tenant = 2\n").await;
+    let (gw, upstream) = setup_counted("[websocket]\nmax_per_tenant = 2\n").await;
     let first = gw
         .user("ws-tenant-a@example.com", Authority::TenantAdmin)
         .await;
@@ -955,6 +1026,11 @@ async fn sockets_over_the_per_tenant_limit_are_closed_with_the_platforms_wording
     assert_eq!(
         close_of(&mut over).await,
         (1008, "Max tenant sessions limit reached!".into())
+    );
+    assert_eq!(
+        upstream.sockets(),
+        2,
+        "the refused socket reached the upstream"
     );
     // Another tenant is not limited by this one's sockets.
     let other = gw
@@ -989,24 +1065,36 @@ async fn a_socket_that_never_reads_is_held_back_not_buffered() {
     let before = own_rss_kib();
 
     // Each message makes the reference upstream answer with at least as much.
+    // Writing stops when one message stays unsent for a while: keygate no
+    // longer reads from us.
     let message = json!({"cmds": [{"cmdId": 1, "pad": "x".repeat(16 * 1024)}]}).to_string();
     let mut written = 0usize;
+    let mut held_back = false;
     let started = Instant::now();
-    while written < 256 << 20 && started.elapsed() < Duration::from_secs(10) {
+    while written < 256 << 20 && started.elapsed() < LOADED * 4 {
         match tokio::time::timeout(
-            Duration::from_millis(500),
+            Duration::from_secs(2),
             socket.send(Message::text(message.clone())),
         )
         .await
         {
             Ok(Ok(())) => written += message.len(),
             Ok(Err(error)) => panic!("the socket failed instead of pushing back: {error}"),
-            Err(_) => break, // held back: nothing more is read from us
+            Err(_) => {
+                held_back = true;
+                break;
+            }
         }
     }
     let during = own_rss_kib();
     println!(
-        "a socket that never reads: {} KiB written before keygate stopped reading; RSS {before} -> {during} KiB",
+        "a socket that never reads: {} KiB written in {:?} before keygate stopped reading; RSS {before} -> {during} KiB",
+        written / 1024,
+        started.elapsed()
+    );
+    assert!(
+        held_back,
+        "keygate never pushed back: {} KiB written",
         written / 1024
     );
     assert!(
@@ -1023,9 +1111,9 @@ async fn a_socket_that_never_reads_is_held_back_not_buffered() {
     let mut other = open(&gw, "/api/ws").await;
     send(&mut other, &auth_cmd_key(&key)).await;
     send(&mut other, &json!({"cmds": [{"cmdId": 2}]}).to_string()).await;
-    let reply = tokio::time::timeout(AT_ONCE, next_json(&mut other))
+    let reply = tokio::time::timeout(LOADED, next_json(&mut other))
         .await
-        .expect("another socket answered at once");
+        .expect("another socket answered meanwhile");
     assert_eq!(reply["received"]["cmds"][0]["cmdId"], 2);
 }
 

@@ -3,8 +3,15 @@
 
 use toml::Value;
 
-/// `KEYGATE_` variables that are not config keys.
-const NON_CONFIG_ENV: &[&str] = &["KEYGATE_CONFIG", "KEYGATE_BOOTSTRAP_PASSWORD"];
+/// `KEYGATE_` variables that are not config keys: the config file's path,
+/// the first administrator's password, and the binary the test, soak, scan
+/// and benchmark scripts run (they start keygate with their own environment,
+/// so it sees the name too).
+const NON_CONFIG_ENV: &[&str] = &[
+    "KEYGATE_CONFIG",
+    "KEYGATE_BOOTSTRAP_PASSWORD",
+    "KEYGATE_BIN",
+];
 
 /// Variables of the test suites (`KEYGATE_TEST_DATABASE_URL` and the like):
 /// there is no `[test]` section, so they are never config keys.

@@ -139,6 +139,19 @@ fn environment_overrides_file_and_platform_names_apply() {
 }
 
 #[test]
+fn the_scripts_own_variables_are_not_settings() {
+    let settings = load_text(
+        "",
+        &[
+            ("KEYGATE_BIN", "target/release/keygate"),
+            ("KEYGATE_TEST_DATABASE_URL", "postgres://127.0.0.1/test"),
+            ("KEYGATE_BOOTSTRAP_PASSWORD", "not-a-setting"),
+        ],
+    );
+    assert!(settings.is_ok(), "{:?}", settings.err().map(|e| e.0));
+}
+
+#[test]
 fn unknown_environment_setting_is_an_error() {
     let errors = load_text(
         "",

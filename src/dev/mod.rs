@@ -15,6 +15,11 @@ mod reference;
 /// `shutdown`. Used by `serve --dev`, the `entity_service` example and the
 /// tests; it is a demonstration upstream, not part of the gateway.
 pub use reference::serve as serve_reference_upstream;
+/// [`serve_reference_upstream`], counting what tests must show never
+/// reached it.
+pub use reference::{
+    Counters as ReferenceCounters, serve_counted as serve_reference_upstream_counted,
+};
 
 use std::net::SocketAddr;
 use std::path::Path;

@@ -20,6 +20,7 @@
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::io::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -49,7 +50,33 @@ type Entities = HashMap<Uuid, Entity>;
 
 /// Serves the reference service on `listener` until `shutdown` completes.
 pub async fn serve(listener: TcpListener, shutdown: impl std::future::Future<Output = ()>) {
-    let store = Arc::new(EntityStore::default());
+    serve_counted(listener, shutdown, Arc::default()).await;
+}
+
+/// What the service counts, for tests that must show something never
+/// reached it.
+#[derive(Debug, Default)]
+pub struct Counters {
+    sockets: AtomicU64,
+}
+
+impl Counters {
+    /// WebSocket upgrades accepted (answered 101) so far.
+    pub fn sockets(&self) -> u64 {
+        self.sockets.load(Ordering::SeqCst)
+    }
+}
+
+/// [`serve`], counting into `counters`.
+pub async fn serve_counted(
+    listener: TcpListener,
+    shutdown: impl std::future::Future<Output = ()>,
+    counters: Arc<Counters>,
+) {
+    let store = Arc::new(EntityStore {
+        counters,
+        ..EntityStore::default()
+    });
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
@@ -110,7 +137,7 @@ async fn route(req: Request<Incoming>, store: &EntityStore) -> ApiResult {
         return echo(req).await;
     }
     if is_under(&path, "/api/ws") {
-        return websocket(req);
+        return websocket(req, &store.counters);
     }
     let query = parse_query(req.uri().query());
     if method == Method::GET && path == "/api/slow" {
@@ -249,6 +276,7 @@ impl Entity {
 #[derive(Default)]
 struct EntityStore {
     entities: Mutex<HashMap<(Uuid, Kind), Entities>>,
+    counters: Arc<Counters>,
 }
 
 impl EntityStore {
@@ -382,7 +410,7 @@ fn list(store: &EntityStore, identity: &Caller, kind: Kind, query: &Query) -> Ap
 // Diagnostic handlers
 
 /// Answers a WebSocket upgrade; the socket runs on its own task.
-fn websocket(mut req: Request<Incoming>) -> ApiResult {
+fn websocket(mut req: Request<Incoming>, counters: &Counters) -> ApiResult {
     use http::header::{CONNECTION, SEC_WEBSOCKET_ACCEPT, SEC_WEBSOCKET_KEY, UPGRADE};
     let key = req
         .headers()
@@ -406,6 +434,7 @@ fn websocket(mut req: Request<Incoming>) -> ApiResult {
             answer_socket(socket, opened).await;
         }
     });
+    counters.sockets.fetch_add(1, Ordering::SeqCst);
     let mut response = response(StatusCode::SWITCHING_PROTOCOLS, "text/plain", Bytes::new());
     let headers = response.headers_mut();
     headers.remove(CONTENT_TYPE);

@@ -34,11 +34,15 @@ pub struct Recorded {
     pub body_len: usize,
 }
 
-/// A loopback upstream that records every request it receives. `/api/slow`
-/// answers after two seconds; everything else at once with the body length.
+/// A loopback upstream that records every request it receives. A path with
+/// `/slow` answers after two seconds (`?ms=N`: after N ms); everything else
+/// at once with the body length.
 pub struct Upstream {
     pub addr: SocketAddr,
     pub seen: Arc<Mutex<Vec<Recorded>>>,
+    /// Requests whose head arrived, counted before any is answered (a slow
+    /// one is recorded in `seen` only once answered).
+    pub arrived: Arc<std::sync::atomic::AtomicUsize>,
     stop: tokio::sync::watch::Sender<bool>,
 }
 
@@ -56,6 +60,8 @@ impl Upstream {
         let addr = listener.local_addr().unwrap();
         let seen: Arc<Mutex<Vec<Recorded>>> = Arc::default();
         let record = seen.clone();
+        let arrived: Arc<std::sync::atomic::AtomicUsize> = Arc::default();
+        let arriving = arrived.clone();
         let (stop, stopped) = tokio::sync::watch::channel(false);
         let mut accepting = stopped.clone();
         tokio::spawn(async move {
@@ -68,10 +74,12 @@ impl Upstream {
                     },
                 };
                 let record = record.clone();
+                let arriving = arriving.clone();
                 let mut stopped = stopped.clone();
                 tokio::spawn(async move {
                     let service = service_fn(move |req: Request<Incoming>| {
                         let record = record.clone();
+                        arriving.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                         async move { Ok::<_, std::convert::Infallible>(answer(req, record).await) }
                     });
                     let builder = auto::Builder::new(TokioExecutor::new());
@@ -83,7 +91,12 @@ impl Upstream {
                 });
             }
         });
-        Upstream { addr, seen, stop }
+        Upstream {
+            addr,
+            seen,
+            arrived,
+            stop,
+        }
     }
 
     /// Stops at once, as a killed process would: the listener closes and every
@@ -102,6 +115,30 @@ impl Upstream {
 
     pub fn last(&self) -> Recorded {
         self.requests().pop().expect("the upstream saw a request")
+    }
+
+    /// The last request, which must be the one to `path_and_query` (not an
+    /// earlier one, when the latest was never forwarded).
+    pub fn last_to(&self, path_and_query: &str) -> Recorded {
+        let last = self.last();
+        assert_eq!(
+            last.path_and_query, path_and_query,
+            "the upstream's last request"
+        );
+        last
+    }
+
+    /// How many requests have arrived so far, answered or not.
+    pub fn arrived(&self) -> usize {
+        self.arrived.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// How many requests for a 1 MiB answer (`/big`) it has received.
+    pub fn big_answers(&self) -> usize {
+        self.requests()
+            .iter()
+            .filter(|r| r.path_and_query.contains("/big"))
+            .count()
     }
 }
 
@@ -123,11 +160,13 @@ async fn answer(
         .map(|p| p.to_string())
         .unwrap_or_default();
     if path_and_query.contains("/slow") {
-        tokio::time::sleep(Duration::from_secs(2)).await;
-    }
-    if path_and_query.contains("/big") {
-        // 1 MiB, for clients that never read what they asked for.
-        return Response::new(Full::new(Bytes::from(vec![b'x'; 1 << 20])));
+        let ms = parts
+            .uri
+            .query()
+            .and_then(|q| q.split('&').find_map(|kv| kv.strip_prefix("ms=")))
+            .and_then(|ms| ms.parse().ok())
+            .unwrap_or(2000);
+        tokio::time::sleep(Duration::from_millis(ms)).await;
     }
     record.lock().unwrap().push(Recorded {
         method: parts.method.to_string(),
@@ -135,6 +174,10 @@ async fn answer(
         headers: parts.headers,
         body_len,
     });
+    if path_and_query.contains("/big") {
+        // 1 MiB, for clients that never read what they asked for.
+        return Response::new(Full::new(Bytes::from(vec![b'x'; 1 << 20])));
+    }
     let body = serde_json::json!({ "path": path_and_query, "bodyLength": body_len }).to_string();
     Response::builder()
         .header("content-type", "application/json")
@@ -599,6 +642,22 @@ pub fn tls_connector(ca: &[u8]) -> tokio_rustls::TlsConnector {
 
 /// Polls `done` every 10 ms until it holds; panics after `limit`. Returns how
 /// long it took.
+/// A check that cannot run here because `tool` is not installed. Where every
+/// tool is required (`.ci/run` sets `KEYGATE_TEST_REQUIRE_TOOLS=1`; so does
+/// any CI that sets `CI`), that fails the test; elsewhere a `SKIPPED:` line
+/// goes to the terminal (past the test harness's capture), so a skip never
+/// reads as a pass.
+pub fn skipped_without(tool: &str, check: &str) {
+    use std::io::Write;
+    let required = std::env::var_os("KEYGATE_TEST_REQUIRE_TOOLS").is_some()
+        || std::env::var_os("CI").is_some();
+    assert!(!required, "{check} needs {tool}, which is not installed");
+    let _ = writeln!(
+        std::io::stderr(),
+        "SKIPPED: {check}: {tool} is not installed"
+    );
+}
+
 pub async fn wait_until(
     what: &str,
     limit: Duration,

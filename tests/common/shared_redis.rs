@@ -9,6 +9,15 @@ pub fn redis_url() -> String {
     std::env::var("KEYGATE_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/".into())
 }
 
+/// The address of [`redis_url`], for tests that relay to it.
+pub fn redis_addr() -> std::net::SocketAddr {
+    redis_url()
+        .trim_start_matches("redis://")
+        .trim_end_matches('/')
+        .parse()
+        .expect("KEYGATE_TEST_REDIS_URL is redis://host:port/")
+}
+
 /// A key prefix of this test's own; its keys are deleted on drop.
 pub struct Prefix(pub String);
 
