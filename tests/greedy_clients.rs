@@ -62,20 +62,26 @@ async fn polite_request(port: u16) -> (u16, Duration) {
 /// The HTTP/2 stream limit keygate announces.
 const STREAM_LIMIT: usize = 128;
 
-async fn start() -> (Process, tempfile::TempDir, Upstream) {
+/// keygate with `extra` TOML after its route, and the upstream.
+async fn start(extra: &str) -> (Process, tempfile::TempDir, Upstream) {
     let upstream = Upstream::start().await;
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     std::fs::create_dir_all(&data).unwrap();
     common::certificate_into(&dir.path().join("ca"), &data);
     let config = dir.path().join("keygate.toml");
-    write_config(&config, &data, &upstream.url(), "");
+    write_config(&config, &data, &upstream.url(), extra);
     (Process::spawn(&config, "info"), dir, upstream)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http2_streams_opened_and_never_read_cannot_starve_others_or_grow_memory() {
-    let (mut process, _dir, upstream) = start().await;
+    // In-flight bounds that let every stream through, so that flow control
+    // alone holds them (the bounds have tests of their own, in
+    // `tests/held_requests.rs`).
+    let (mut process, _dir, upstream) =
+        start("[limits]\nmax_in_flight_per_connection = 128\nmax_in_flight_per_address = 1024\n")
+            .await;
     let port = process.http;
     let pid = process.child.id();
     assert_eq!(polite_request(port).await.0, 200);
@@ -142,7 +148,7 @@ async fn http2_streams_opened_and_never_read_cannot_starve_others_or_grow_memory
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http2_reset_flood_is_cut_off_while_others_are_served() {
-    let (mut process, _dir, _upstream) = start().await;
+    let (mut process, _dir, _upstream) = start("").await;
     let port = process.http;
     let pid = process.child.id();
     let before = rss_kib(pid);

@@ -550,7 +550,8 @@ async fn a_storm_of_parallel_logins_does_not_block_a_proxied_request() {
     for _ in 0..3 {
         idle = idle.max(proxied(&gw, &key).await);
     }
-    let client = gw.client();
+    // The last login waits for every hash before it: the whole queue.
+    let client = gw.client_waiting(Duration::from_secs(300));
     let url = gw.https("/api/auth/login");
     // Correct passwords: every login hashes, none is refused for guessing.
     let storm = Instant::now();

@@ -365,10 +365,16 @@ request_timeout = "300ms"
 
     /// A client that trusts the development CA.
     pub fn client(&self) -> reqwest::Client {
+        self.client_waiting(Duration::from_secs(10))
+    }
+
+    /// A client that trusts the development CA and waits up to `timeout`
+    /// for each answer (a queue of work the test builds on purpose).
+    pub fn client_waiting(&self, timeout: Duration) -> reqwest::Client {
         reqwest::Client::builder()
             .add_root_certificate(reqwest::Certificate::from_pem(&self.ca_pem).unwrap())
             .resolve("localhost", SocketAddr::from(([127, 0, 0, 1], 0)))
-            .timeout(Duration::from_secs(10))
+            .timeout(timeout)
             .build()
             .unwrap()
     }
