@@ -11,12 +11,10 @@ use keygate::config::{self, LogFormat, Source};
 
 /// mimalloc rather than the system allocator, measured with `benches/run`
 /// (BENCHMARKS.md). glibc kept the 19 MiB blocks of Argon2 hashes in its
-/// per-thread arenas: under a stream of logins keygate's resident memory grew
-/// to 374-563 MiB and stayed there; with mimalloc it stays near 120-140 MiB.
-/// malloc and free also fell from about 6% to under 5% of keygate's CPU under
-/// the API-key load. It kept the start-up hash's memory for reuse (49 MiB
-/// resident idle against glibc's 37 MiB) until [`give_back_start_up_memory`]:
-/// 29 MiB idle since.
+/// per-thread arenas, so that under a stream of logins keygate's resident
+/// memory grew and stayed there; mimalloc gives it back, and malloc and free
+/// cost less under the API-key load. It kept the start-up hash's memory for
+/// reuse until [`give_back_start_up_memory`] (BENCHMARKS.md, "Choices in the code").
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
@@ -29,7 +27,7 @@ unsafe extern "C" {
 /// Gives back what start-up freed. mimalloc purges freed pages lazily, on a
 /// later allocation, and an idle server allocates nothing: the 19 MiB of the
 /// Argon2 hash made at start (the dummy hash for unknown users) stayed
-/// resident (49 MiB idle in `benches/run`, 29 MiB with this call). Called
+/// resident (BENCHMARKS.md, "Choices in the code"). Called
 /// once, after start, it costs nothing under load and leaves mimalloc's
 /// behaviour under a login storm as it was.
 pub(crate) fn give_back_start_up_memory() {

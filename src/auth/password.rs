@@ -85,7 +85,7 @@ pub struct HashThreads {
     count: usize,
     nice: i32,
     /// Started at the first hash: an idle server keeps no threads (nor
-    /// their allocator heaps: 3-4 MiB resident) for logins that never come.
+    /// their allocator heaps) for logins that never come.
     jobs: std::sync::OnceLock<std::io::Result<std::sync::mpsc::Sender<Job>>>,
 }
 

@@ -224,8 +224,7 @@ struct InFlight(Arc<Activity>);
 /// later, and then sleeps on to the end of the idle period). The first
 /// request does wake it, to end the wait for the head deadline. Waking it at
 /// the end of every request cost a poll of the whole connection and a timer
-/// registered and cancelled per request (under `benches/run`, the connection
-/// task fell from 1.02% to 0.47% of keygate's samples without it).
+/// registered and cancelled per request (BENCHMARKS.md, "Choices in the code").
 impl Drop for InFlight {
     fn drop(&mut self) {
         let mut state = self.0.lock();

@@ -7,10 +7,9 @@
 //! (whose pool is per thread, `proxy::client`). Nothing of a request moves
 //! between threads, so no request pays for waking a task on another core.
 //! On the work-stealing runtime that served connections before, the request
-//! and its upstream exchange often ran on different cores: under
-//! `benches/run` the kernel's task switching was 8.6% of keygate's samples
-//! (`finish_task_switch`, on the way out of `writev`), and the scheduler's
-//! own wakes of parked workers came on top.
+//! and its upstream exchange often ran on different cores, and the kernel's
+//! task switching and the scheduler's wakes of parked workers showed high in
+//! the profile (BENCHMARKS.md, "Choices in the code").
 //!
 //! The runtime keygate starts on (the home runtime) keeps everything else:
 //! the accept loops, background tasks, and the store, whose PostgreSQL

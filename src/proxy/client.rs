@@ -4,10 +4,8 @@
 //! hyper's legacy client (`hyper_util::client::legacy`) runs each connection in
 //! a task of its own: every request is checked out of a shared pool, handed to
 //! that task over a channel, and its response handed back, a wake of another
-//! task (often on the other worker thread) each way. In the profile of the
-//! API-key case that was about 3.5% of keygate's samples (`send_request`,
-//! `Checkout::poll`, `mpsc::Rx::pop`, a second `Dispatcher`), and on one
-//! connection the hop showed twice in the latency added. Here the request's
+//! task (often on the other worker thread) each way, which showed in the
+//! profile and in the latency added on one connection (BENCHMARKS.md, "Choices in the code"). Here the request's
 //! own task polls the connection (`hyper::client::conn::http1`): while waiting
 //! for the response head in [`UpstreamClient::send`], then from the response
 //! body ([`Pooled`]) until the body ends, when the connection goes back to the
@@ -16,8 +14,8 @@
 //! Each worker thread (`listener::workers`) has a pool of its own and takes
 //! connections from it alone: a connection's socket is registered with the
 //! reactor of the thread that opened it, and used from another thread every
-//! readiness event would cost a wake across threads (an `eventfd` write;
-//! one per four requests under `benches/run` when workers shared their pools).
+//! readiness event would cost a wake across threads (an `eventfd` write)
+//! (BENCHMARKS.md, "Choices in the code").
 //! Threads that are not workers (tests, tools) share the pools by turns.
 //!
 //! An idle connection is polled by no one: a connection the upstream closed

@@ -38,10 +38,8 @@ static HOP_BY_HOP: [&HeaderName; 9] = [
 /// Is a name a `Connection` header lists one [`is_hop_by_hop`] already
 /// picks? Those are gathered by the pass over the headers present, so a
 /// second removal by text (a parse, a hash and a probe) is skipped: most
-/// clients send `Connection: keep-alive`. With the first-byte filter of
-/// [`is_forwarding`], three interleaved criterion runs went from 1.04-1.09
-/// to 0.93-1.07 µs (`headers/to_upstream`) and 86-100 to 71-81 ns
-/// (`headers/to_client`).
+/// clients send `Connection: keep-alive` (criterion `headers/to_upstream`,
+/// `headers/to_client`; BENCHMARKS.md, "Choices in the code").
 fn listed_is_hop_by_hop(listed: &str) -> bool {
     HOP_BY_HOP
         .iter()
@@ -53,9 +51,7 @@ fn listed_is_hop_by_hop(listed: &str) -> bool {
 /// anything, so a client cannot name an identity header away. One pass over
 /// the headers present, and a removal only for a header present: a remove
 /// costs a hash and a probe whether or not the header is there, and most
-/// requests carry none of the nine hop-by-hop headers (criterion
-/// `headers/to_upstream` 1.52 to 1.17 µs, `headers/to_client` 0.29 to
-/// 0.17 µs). The names a `Connection` header lists are removed by their
+/// requests carry none of the nine hop-by-hop headers (BENCHMARKS.md, "Choices in the code"). The names a `Connection` header lists are removed by their
 /// text, which looks them up without building (and allocating) a name.
 ///
 /// What is removed is gathered on the stack (it spills to the heap past
@@ -104,8 +100,7 @@ pub fn request_id(headers: &HeaderMap, trusted: bool) -> HeaderValue {
 
 /// A version 4 UUID without a system call. `Uuid::new_v4` asks the kernel
 /// (`getrandom`) on every call: one of the five system calls of a proxied
-/// request, and 0.5 µs of the request path (criterion `headers/request_id`:
-/// 0.49 µs, 0.06 µs with this generator).
+/// request (criterion `headers/request_id`, BENCHMARKS.md, "Choices in the code").
 /// Here each thread seeds a SipHash key once (std's `RandomState`, from the
 /// system's random source) and hashes a counter: distinct per thread and
 /// counter, and without the key not predictable from earlier ids. Request

@@ -4,9 +4,8 @@
 //! Written for the credential checks' hit path, which runs on every request:
 //! one keyed hash, one read lock on one shard, one probe, a clock read, a
 //! copy of the value. No recording of the read in a queue and no
-//! bookkeeping per entry beyond a "used" bit: measured against the general
-//! cache it replaced (criterion `verify/api_key_hit` 0.62 µs before), and
-//! about a third of the memory per cached key (`benches/run --million`).
+//! bookkeeping per entry beyond a "used" bit: faster on a hit and smaller
+//! per cached key than the general cache it replaced (BENCHMARKS.md, "Choices in the code").
 //!
 //! - **Lifetimes**: each entry has its own deadline, checked on read; an
 //!   expired entry is a miss and is dropped by the next eviction pass.
