@@ -33,14 +33,14 @@ use crate::body::Body;
 use crate::config::Settings;
 use crate::error::ApiError;
 use crate::identity::Identity;
-use crate::limits::Shared;
-use crate::limits::quota::{Grant, Quotas, Refusal};
-use crate::limits::seats::Seats;
 use crate::listener::framing::AmbiguousFraming;
 use crate::listener::peer::{Client, Crowded, InFlight, Peer};
 use crate::path;
 use crate::proxy::headers::{self, X_REQUEST_ID};
 use crate::proxy::{Proxy, Route, RouteTable, Routes};
+use crate::shared_limits::SharedLimits;
+use crate::shared_limits::quota::{Grant, Quotas, Refusal};
+use crate::shared_limits::seats::Seats;
 use crate::telemetry::access::AccessLine;
 use crate::telemetry::{Metrics, RouteSeries};
 use crate::websocket::{self, Start, Upgrade, WebSockets};
@@ -127,7 +127,7 @@ impl App {
         auth: Arc<Authenticator>,
         metrics: Arc<Metrics>,
         listener_base_url: String,
-        limits: Shared,
+        limits: SharedLimits,
     ) -> App {
         let proxy = Proxy::new(&settings.proxy, &settings.limits, settings.worker_count());
         let websockets = Arc::new(WebSockets::new(

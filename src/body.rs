@@ -92,7 +92,7 @@ pub fn discard_rest_if_http2<B>(
     version: http::Version,
     body: B,
     already_read: u64,
-    limits: &crate::config::Limits,
+    limits: &crate::config::HttpLimits,
 ) where
     B: http_body::Body + Send + 'static,
     B::Data: Send,

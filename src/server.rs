@@ -18,16 +18,16 @@ use crate::auth::cache::Caches;
 use crate::auth::jwt::TokenKeys;
 use crate::auth::limiter::LoginLimiter;
 use crate::config::Settings;
-use crate::limits::Shared;
-use crate::limits::link::RedisLink;
-use crate::limits::login::SharedLogins;
-use crate::limits::quota::Quotas;
-use crate::limits::seats::{SeatLimits, Seats};
 use crate::listener::address_cap::AddressCap;
 use crate::listener::workers::Workers;
 use crate::listener::{self, Listener};
 use crate::probes::Probes;
 use crate::proxy::Routes;
+use crate::shared_limits::SharedLimits;
+use crate::shared_limits::link::RedisLink;
+use crate::shared_limits::login::SharedLogins;
+use crate::shared_limits::quota::Quotas;
+use crate::shared_limits::seats::{SeatLimits, Seats};
 use crate::store::Store;
 use crate::telemetry::Metrics;
 use crate::tls;
@@ -53,7 +53,7 @@ pub enum StartError {
     #[error("preparing password verification failed")]
     DummyHash,
     #[error("cannot use [redis] url")]
-    Redis(#[from] crate::limits::link::LinkError),
+    Redis(#[from] crate::shared_limits::link::LinkError),
     #[error("starting the worker threads")]
     Workers(#[source] std::io::Error),
 }
@@ -273,7 +273,7 @@ pub async fn start(mut settings: Settings, options: StartOptions) -> Result<Runn
         None => None,
     };
     let api = api(&settings, &store, &auth, &metrics, &secret, link.clone()).await?;
-    let limits = Shared {
+    let limits = SharedLimits {
         seats: link.clone().and_then(|link| {
             let limits = SeatLimits {
                 per_user: settings.websocket.max_per_user,
@@ -423,7 +423,7 @@ async fn api(
         dummy_hash: dummy_hash().await?,
         log_digest: crate::telemetry::LogDigest::new(secret),
         writes: settings.limits.management_writes_per_user.map(|rate| {
-            crate::limits::budget::Budgets::new(
+            crate::shared_limits::budget::Budgets::new(
                 "management_writes",
                 rate,
                 settings.login.limiter.capacity,
@@ -442,9 +442,9 @@ struct Bound {
     admin_addr: Option<SocketAddr>,
     connections: Arc<Semaphore>,
     admin_connections: Arc<Semaphore>,
-    shared: Arc<listener::Shared>,
+    shared: Arc<listener::Setup>,
     /// The admin listener's: its own address cap and head deadline.
-    admin_shared: Arc<listener::Shared>,
+    admin_shared: Arc<listener::Setup>,
     /// Where the HTTPS and HTTP connections are served.
     workers: Arc<Workers>,
 }
@@ -497,8 +497,8 @@ fn shared(
     settings: &Settings,
     metrics: &Arc<Metrics>,
     per_address: Arc<AddressCap>,
-) -> listener::Shared {
-    listener::Shared::new(
+) -> listener::Setup {
+    listener::Setup::new(
         &settings.limits,
         per_address,
         metrics.clone(),

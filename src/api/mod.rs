@@ -25,10 +25,10 @@ use crate::address::AddressKey;
 use crate::auth::Authenticator;
 use crate::auth::limiter::LoginLimiter;
 use crate::body::{self, Body};
-use crate::config::{Limits, Settings};
+use crate::config::{HttpLimits, Settings};
 use crate::error::ApiError;
 use crate::identity::Identity;
-use crate::limits::budget::Budgets;
+use crate::shared_limits::budget::Budgets;
 use crate::store::{Published, Store};
 use crate::telemetry::Metrics;
 
@@ -66,7 +66,7 @@ pub enum Endpoint {
 
 /// One owned route: `{name}` segments match any one path segment.
 #[derive(Debug)]
-pub struct RouteDef {
+pub struct EndpointRoute {
     pub method: Method,
     pub pattern: &'static str,
     pub access: Access,
@@ -74,104 +74,104 @@ pub struct RouteDef {
 }
 
 /// Every endpoint keygate answers itself.
-pub static ROUTES: &[RouteDef] = &[
-    RouteDef {
+pub static ROUTES: &[EndpointRoute] = &[
+    EndpointRoute {
         method: Method::POST,
         pattern: "/api/auth/login",
         access: Access::Public,
         endpoint: Endpoint::Login,
     },
-    RouteDef {
+    EndpointRoute {
         method: Method::POST,
         pattern: "/api/auth/token",
         access: Access::Public,
         endpoint: Endpoint::Refresh,
     },
-    RouteDef {
+    EndpointRoute {
         method: Method::POST,
         pattern: "/api/auth/logout",
         access: Access::Authenticated,
         endpoint: Endpoint::Logout,
     },
-    RouteDef {
+    EndpointRoute {
         method: Method::GET,
         pattern: "/api/auth/user",
         access: Access::Authenticated,
         endpoint: Endpoint::CurrentUser,
     },
-    RouteDef {
+    EndpointRoute {
         method: Method::POST,
         pattern: "/api/auth/changePassword",
         access: Access::Authenticated,
         endpoint: Endpoint::ChangePassword,
     },
-    RouteDef {
+    EndpointRoute {
         method: Method::POST,
         pattern: "/api/apiKey",
         access: Access::Authenticated,
         endpoint: Endpoint::CreateApiKey,
     },
-    RouteDef {
+    EndpointRoute {
         method: Method::GET,
         pattern: "/api/apiKeys/{userId}",
         access: Access::Authenticated,
         endpoint: Endpoint::ListApiKeys,
     },
-    RouteDef {
+    EndpointRoute {
         method: Method::PUT,
         pattern: "/api/apiKey/{id}/description",
         access: Access::Authenticated,
         endpoint: Endpoint::DescribeApiKey,
     },
-    RouteDef {
+    EndpointRoute {
         method: Method::PUT,
         pattern: "/api/apiKey/{id}/enabled/{enabled}",
         access: Access::Authenticated,
         endpoint: Endpoint::EnableApiKey,
     },
-    RouteDef {
+    EndpointRoute {
         method: Method::DELETE,
         pattern: "/api/apiKey/{id}",
         access: Access::Authenticated,
         endpoint: Endpoint::DeleteApiKey,
     },
-    RouteDef {
+    EndpointRoute {
         method: Method::POST,
         pattern: "/api/user",
         access: Access::Authenticated,
         endpoint: Endpoint::SaveUser,
     },
-    RouteDef {
+    EndpointRoute {
         method: Method::GET,
         pattern: "/api/user/{id}",
         access: Access::Authenticated,
         endpoint: Endpoint::GetUser,
     },
-    RouteDef {
+    EndpointRoute {
         method: Method::DELETE,
         pattern: "/api/user/{id}",
         access: Access::Authenticated,
         endpoint: Endpoint::DeleteUser,
     },
-    RouteDef {
+    EndpointRoute {
         method: Method::GET,
         pattern: "/api/users",
         access: Access::Authenticated,
         endpoint: Endpoint::ListUsers,
     },
-    RouteDef {
+    EndpointRoute {
         method: Method::POST,
         pattern: "/api/user/{id}/userCredentialsEnabled",
         access: Access::Authenticated,
         endpoint: Endpoint::EnableUser,
     },
-    RouteDef {
+    EndpointRoute {
         method: Method::GET,
         pattern: "/api/user/{id}/activationLink",
         access: Access::Authenticated,
         endpoint: Endpoint::ActivationLink,
     },
-    RouteDef {
+    EndpointRoute {
         method: Method::POST,
         pattern: "/api/noauth/activate",
         access: Access::Public,
@@ -182,7 +182,7 @@ pub static ROUTES: &[RouteDef] = &[
 /// A matched owned route and its path parameters.
 #[derive(Debug)]
 pub struct Matched {
-    pub route: &'static RouteDef,
+    pub route: &'static EndpointRoute,
     pub params: Vec<String>,
 }
 
@@ -191,9 +191,8 @@ pub struct Matched {
 pub fn find(method: &Method, path: &str) -> Result<Option<Matched>, ApiError> {
     let mut path_owned = false;
     // Every proxied request asks this table first: the literal start of each
-    // pattern rules most patterns out before any segment is split (0.79 µs
-    // down to 0.24 µs for a proxied path, criterion
-    // `routing/own_endpoints_proxied_path`).
+    // pattern rules most patterns out before any segment is split (criterion
+    // `routing/own_endpoints_proxied_path`, BENCHMARKS.md).
     let candidates = ROUTES.iter().filter(|route| {
         let literal = route.pattern.split('{').next().unwrap_or_default();
         path.starts_with(literal)
@@ -274,7 +273,7 @@ impl EndpointRequest {
 /// body must not hold a connection and a handler open). What is left of a
 /// refused body over HTTP/2 is discarded after the answer
 /// ([`crate::body::discard_rest`]), so a client still uploading reads its 413.
-pub async fn read_body<B>(req: http::Request<B>, limits: &Limits) -> Result<Bytes, ApiError>
+pub async fn read_body<B>(req: http::Request<B>, limits: &HttpLimits) -> Result<Bytes, ApiError>
 where
     B: http_body::Body<Data = Bytes> + Send + 'static,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
@@ -530,13 +529,13 @@ mod tests {
         }
     }
 
-    fn limits(body_read_timeout: std::time::Duration) -> Limits {
+    fn limits(body_read_timeout: std::time::Duration) -> HttpLimits {
         let settings = crate::config::load(&crate::config::Source {
             file: None,
             env: vec![],
         })
         .unwrap();
-        Limits {
+        HttpLimits {
             body_read_timeout,
             ..settings.limits
         }

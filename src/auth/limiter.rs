@@ -22,7 +22,7 @@
 //! attempts; it never blocks anyone wrongly).
 //!
 //! With Redis configured, the same windows are also counted there
-//! ([`crate::limits::login`]), so every replica counts every attempt. The
+//! ([`crate::shared_limits::login`]), so every replica counts every attempt. The
 //! local windows are always counted first: when Redis does not answer within
 //! its timeout the attempt is decided by them alone (never admitted
 //! unchecked), the fallback is counted and a warning logged.
@@ -35,8 +35,8 @@ use moka::future::Cache;
 
 use crate::address::AddressKey;
 
-use crate::limits::link::Fallback;
-use crate::limits::login::{SharedLogins, SharedSlots};
+use crate::shared_limits::link::Fallback;
+use crate::shared_limits::login::{SharedLogins, SharedSlots};
 
 /// Longest account name kept as a counter key; longer names are cut, so a
 /// huge username cannot inflate memory.
@@ -80,7 +80,7 @@ impl Window {
     }
 }
 
-pub use crate::limits::login::Limited;
+pub use crate::shared_limits::login::Limited;
 
 /// The slots one attempt holds. Dropping it counts the attempt as a failure;
 /// [`LoginLimiter::succeeded`] gives the slots back.

@@ -24,7 +24,7 @@ use crate::address::AddressKey;
 use crate::config::rate::Rate;
 use crate::error::ApiError;
 use crate::identity::{AuthMethod, Identity, Principal, id_header_value};
-use crate::limits::budget::{Budgets, Taken};
+use crate::shared_limits::budget::{Budgets, Taken};
 use crate::store::{Revocation, Store, StoreError, UserRecord};
 use crate::telemetry::Metrics;
 

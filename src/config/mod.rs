@@ -98,7 +98,7 @@ pub struct Settings {
     pub unknown_key_lookups_per_address: Option<rate::Rate>,
     pub cache: CacheSettings,
     pub proxy: ProxySettings,
-    pub limits: Limits,
+    pub limits: HttpLimits,
     pub login: LoginSettings,
     /// Where limits are shared between replicas; `None` keeps them local.
     pub redis: Option<RedisSettings>,
@@ -301,7 +301,7 @@ pub struct ProxySettings {
 }
 
 #[derive(Debug, Clone)]
-pub struct Limits {
+pub struct HttpLimits {
     pub max_header_bytes: usize,
     pub max_body_bytes: u64,
     pub header_read_timeout: Duration,

@@ -465,7 +465,7 @@ fn parse_cidr(text: &str) -> Option<IpNet> {
 }
 
 impl LimitsSection {
-    fn validate(&self, errors: &mut Vec<String>) -> Limits {
+    fn validate(&self, errors: &mut Vec<String>) -> HttpLimits {
         let mut duration = |name: &str, text: &str| nonzero_duration(name, text, errors);
         let header_read_timeout = duration("limits.header_read_timeout", &self.header_read_timeout);
         let tls_handshake_timeout =
@@ -515,7 +515,7 @@ impl LimitsSection {
                 ));
                 crate::address::DEFAULT_IPV6_PREFIX_LEN
             });
-        Limits {
+        HttpLimits {
             max_header_bytes,
             max_body_bytes,
             header_read_timeout,

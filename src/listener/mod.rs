@@ -24,7 +24,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio_rustls::TlsAcceptor;
 
 use crate::body::Body;
-use crate::config::Limits;
+use crate::config::HttpLimits;
 use crate::telemetry::Metrics;
 use address_cap::{AddressCap, Slot};
 use peer::Peer;
@@ -58,7 +58,7 @@ pub struct Listener<H> {
 }
 
 /// What every listener shares.
-pub struct Shared {
+pub struct Setup {
     builder: auto::Builder<TokioExecutor>,
     per_address: Arc<AddressCap>,
     metrics: Arc<Metrics>,
@@ -70,14 +70,14 @@ pub struct Shared {
     grace: Duration,
 }
 
-impl Shared {
+impl Setup {
     pub fn new(
-        limits: &Limits,
+        limits: &HttpLimits,
         per_address: Arc<AddressCap>,
         metrics: Arc<Metrics>,
         trusted_proxies: Vec<IpNet>,
         grace: Duration,
-    ) -> Shared {
+    ) -> Setup {
         let mut builder = auto::Builder::new(TokioExecutor::new());
         builder
             .http1()
@@ -96,7 +96,7 @@ impl Shared {
             .max_pending_accept_reset_streams(Some(20))
             .keep_alive_interval(Some(limits.http2_keep_alive_interval))
             .keep_alive_timeout(limits.http2_keep_alive_timeout);
-        Shared {
+        Setup {
             builder,
             per_address,
             metrics,
@@ -113,7 +113,7 @@ impl Shared {
 
     /// The same limits with a head deadline of `head` (the admin listener's,
     /// shorter: a silent connection must not hold a probe's place).
-    pub fn with_head_deadline(mut self, head: Duration) -> Shared {
+    pub fn with_head_deadline(mut self, head: Duration) -> Setup {
         self.deadlines.head = self.deadlines.head.min(head);
         self
     }
@@ -124,14 +124,14 @@ impl Shared {
 /// series exist (at 0) as soon as this is called, before the first poll.
 pub fn serve<H: Handler>(
     listener: Listener<H>,
-    shared: Arc<Shared>,
+    shared: Arc<Setup>,
 ) -> impl Future<Output = ()> + Send {
     let reasons = Reason::ALL.map(Reason::label);
     shared.metrics.init_connections(listener.name, &reasons);
     accept_loop(listener, shared)
 }
 
-async fn accept_loop<H: Handler>(listener: Listener<H>, shared: Arc<Shared>) {
+async fn accept_loop<H: Handler>(listener: Listener<H>, shared: Arc<Setup>) {
     let Listener {
         name,
         tcp,
@@ -200,7 +200,7 @@ async fn accept_loop<H: Handler>(listener: Listener<H>, shared: Arc<Shared>) {
 /// A connection from `peer` under the per-address cap, with its context and
 /// what it holds; `None` (and the connection closed) over the cap.
 fn admit(
-    shared: &Shared,
+    shared: &Setup,
     name: &'static str,
     tls: bool,
     peer: std::net::SocketAddr,
@@ -235,7 +235,7 @@ struct Accepted<H> {
     tls: Option<TlsAcceptor>,
     handler: Arc<H>,
     conn: Arc<Peer>,
-    shared: Arc<Shared>,
+    shared: Arc<Setup>,
     hold: Hold,
 }
 
@@ -318,7 +318,7 @@ async fn run_connection<H: Handler>(
     tls: Option<TlsAcceptor>,
     handler: Arc<H>,
     conn: Arc<Peer>,
-    shared: Arc<Shared>,
+    shared: Arc<Setup>,
     hold: Hold,
 ) {
     let (name, peer) = (conn.listener, conn.peer);
@@ -335,7 +335,7 @@ async fn handshake_and_serve<H: Handler>(
     tls: Option<TlsAcceptor>,
     handler: Arc<H>,
     conn: Arc<Peer>,
-    shared: &Shared,
+    shared: &Setup,
     hold: Hold,
 ) -> Option<Reason> {
     let Some(acceptor) = tls else {

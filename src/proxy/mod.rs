@@ -21,10 +21,10 @@ use http_body_util::BodyExt as _;
 use pacing::{Pace, Paced};
 
 use crate::body::{self, Body};
-use crate::config::{Limits, ProxySettings, RouteSpec, UpstreamUrl};
+use crate::config::{HttpLimits, ProxySettings, RouteSpec, UpstreamUrl};
 use crate::error::ApiError;
-use crate::limits::quota::RouteQuota;
 use crate::listener::peer::InFlight;
+use crate::shared_limits::quota::RouteQuota;
 use crate::telemetry::{ClientAbort, Metrics, RouteSeries, UpstreamSeries};
 
 /// One upstream base URL and its health.
@@ -187,7 +187,7 @@ pub struct Proxy {
     connect_timeout: Duration,
     epoch: Instant,
     retry_after: Duration,
-    limits: Limits,
+    limits: HttpLimits,
 }
 
 /// How a request to an upstream failed, as counted against that upstream.
@@ -251,7 +251,7 @@ enum Failure {
 
 impl Proxy {
     /// `pools`: one per worker thread.
-    pub fn new(settings: &ProxySettings, limits: &Limits, pools: usize) -> Proxy {
+    pub fn new(settings: &ProxySettings, limits: &HttpLimits, pools: usize) -> Proxy {
         let client = UpstreamClient::new(
             settings.connect_timeout,
             settings.pool_idle_timeout,
@@ -515,7 +515,7 @@ struct Capped {
     inner: Option<Paced>,
     read: u64,
     version: Version,
-    limits: Limits,
+    limits: HttpLimits,
 }
 
 impl http_body::Body for Capped {

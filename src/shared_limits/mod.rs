@@ -32,7 +32,7 @@ use std::sync::Arc;
 
 /// The limits a replica shares with the others through Redis, or keeps
 /// alone without it.
-pub struct Shared {
+pub struct SharedLimits {
     pub quotas: Arc<quota::Quotas>,
     /// Open WebSockets per user and tenant across replicas; `None` without
     /// Redis (each replica's own counts are then the limit).

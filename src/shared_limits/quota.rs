@@ -226,7 +226,7 @@ impl Quotas {
 mod tests {
     use super::*;
     use crate::identity::{AuthMethod, Authority, NULL_UUID, Principal, id_header_value};
-    use crate::limits::headers::{RATELIMIT, RATELIMIT_POLICY, write_headers};
+    use crate::shared_limits::headers::{RATELIMIT, RATELIMIT_POLICY, write_headers};
     use http::{HeaderMap, HeaderName};
 
     fn quotas(rates: [Option<&str>; 3]) -> Quotas {

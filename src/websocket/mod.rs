@@ -43,10 +43,10 @@ use crate::body::Body;
 use crate::config::{Settings, WebSocketSettings};
 use crate::error::ApiError;
 use crate::identity::Identity;
-use crate::limits::quota::{Quotas, RouteQuota};
-use crate::limits::seats::Seats;
 use crate::listener::peer::Client;
 use crate::proxy::{Proxy, Route};
+use crate::shared_limits::quota::{Quotas, RouteQuota};
+use crate::shared_limits::seats::Seats;
 use crate::telemetry::Metrics;
 
 pub use handshake::is_upgrade;

@@ -1,6 +1,6 @@
 //! A socket's seat among its user's and tenant's open sockets: held in this
 //! replica's credential registry ([`crate::auth::live`]) and, with Redis,
-//! counted with the other replicas' ([`crate::limits::seats`]).
+//! counted with the other replicas' ([`crate::shared_limits::seats`]).
 
 use std::sync::Arc;
 
@@ -8,16 +8,18 @@ use uuid::Uuid;
 
 use crate::auth::live::{Held, HoldLimits, LiveCredentials, OverLimit};
 use crate::identity::{Identity, NULL_UUID};
-use crate::limits::seats::{Full, Owner, Seats};
+use crate::shared_limits::seats::{Full, Owner, Seats};
 
 /// An open socket's seat; dropping it frees the seat here and, with Redis,
 /// publishes the new counts for the other replicas.
 pub struct Seat {
     held: Held,
-    shared: Option<Shared>,
+    shared: Option<Across>,
 }
 
-struct Shared {
+/// What a seat holds across replicas (with Redis): its place in the shared
+/// counts, and what the counts are kept for.
+struct Across {
     seats: Arc<Seats>,
     live: Arc<LiveCredentials>,
     user: Uuid,
@@ -49,7 +51,7 @@ impl Seat {
         // (and publishes it) like any close.
         let seat = Seat {
             held,
-            shared: Some(Shared {
+            shared: Some(Across {
                 seats: seats.clone(),
                 live: live.clone(),
                 user,
