@@ -165,7 +165,7 @@ async fn cli_created_key_works_and_cli_disable_applies_within_the_cache_bound() 
     let call = || {
         client
             .get(gw.https("/api/devices"))
-            .header("X-Authorization", format!("ApiKey {key}"))
+            .header("X-Authorization", common::api_key_header(&key))
             .send()
     };
     assert_eq!(call().await.unwrap().status(), 200);

@@ -46,7 +46,7 @@ impl Load {
                 (
                     "api_key",
                     gw.https("/api/devices"),
-                    Some(format!("ApiKey {key}")),
+                    Some(common::api_key_header(&key)),
                 ),
                 (
                     "jwt",
@@ -142,15 +142,6 @@ async fn status(gw: &Gateway, path: &str, auth: &str) -> u16 {
         .as_u16()
 }
 
-async fn login(gw: &Gateway, username: &str) -> reqwest::Response {
-    gw.client()
-        .post(gw.https("/api/auth/login"))
-        .json(&serde_json::json!({ "username": username, "password": PASSWORD }))
-        .send()
-        .await
-        .unwrap()
-}
-
 #[tokio::test]
 async fn killed_upstream_gives_only_502_or_503_and_200_soon_after_its_return() {
     let upstream = Upstream::start().await;
@@ -179,7 +170,7 @@ async fn killed_upstream_gives_only_502_or_503_and_200_soon_after_its_return() {
     let back = wait_until(
         "200 after the upstream returns",
         Duration::from_secs(3),
-        async || status(&gw, "/api/devices", &format!("ApiKey {key}")).await == 200,
+        async || status(&gw, "/api/devices", &common::api_key_header(&key)).await == 200,
     )
     .await;
     load.runs_on(2).await;
@@ -221,7 +212,7 @@ async fn hanging_upstream_gets_504_at_the_route_timeout_while_other_routes_keep_
     let gw = Gateway::start(&upstream.url(), "").await;
     let user = gw.user("hang@example.com", Authority::TenantAdmin).await;
     let (_, key) = gw.api_key(&user, 0).await;
-    let auth = format!("ApiKey {key}");
+    let auth = common::api_key_header(&key);
 
     // The upstream answers these after 30 s. 16 requests on the route with a
     // 300 ms timeout get their 504 at that timeout; 16 more on the main route
@@ -305,7 +296,7 @@ async fn postgres_gone_keeps_cached_credentials_working_fails_logins_fast_and_re
     let user = gw.user("pgfault@example.com", Authority::TenantAdmin).await;
     let (key_id, key) = gw.api_key(&user, 0).await;
     let (_, token) = gw.access_token(&user).await;
-    let key_auth = format!("ApiKey {key}");
+    let key_auth = common::api_key_header(&key);
     let bearer = format!("Bearer {token}");
     assert_eq!(
         describe_key(&gw, key_id, &bearer, "before the cut").await,
@@ -315,7 +306,10 @@ async fn postgres_gone_keeps_cached_credentials_working_fails_logins_fast_and_re
     assert_eq!(events_before.len(), 1, "{events_before:?}");
     assert_eq!(status(&gw, "/api/devices", &key_auth).await, 200);
     assert_eq!(status(&gw, "/api/devices", &bearer).await, 200);
-    assert_eq!(login(&gw, "pgfault@example.com").await.status(), 200);
+    assert_eq!(
+        gw.login("pgfault@example.com", PASSWORD).await.status(),
+        200
+    );
 
     let load = Load::start(&gw, &key, &token);
     load.runs_on(2).await;
@@ -324,7 +318,7 @@ async fn postgres_gone_keeps_cached_credentials_working_fails_logins_fast_and_re
 
     // Logins need the store: a clear 503, quickly.
     let started = Instant::now();
-    let (code, json) = error_body(login(&gw, "pgfault@example.com").await).await;
+    let (code, json) = error_body(gw.login("pgfault@example.com", PASSWORD).await).await;
     let took = started.elapsed();
     assert_eq!((code, json["errorCode"].as_u64()), (503, Some(2)), "{json}");
     assert!(took < Duration::from_secs(5), "login took {took:?} to fail");
@@ -344,7 +338,7 @@ async fn postgres_gone_keeps_cached_credentials_working_fails_logins_fast_and_re
     })
     .await;
     wait_until("logins again", Duration::from_secs(15), async || {
-        login(&gw, "pgfault@example.com").await.status() == 200
+        gw.login("pgfault@example.com", PASSWORD).await.status() == 200
     })
     .await;
     let seen = load.stop().await;
@@ -471,7 +465,7 @@ async fn full_disk_under_the_sqlite_store_fails_writes_with_503_while_cached_key
     let (_, admin_token) = gw.access_token(&admin).await;
     let user = gw.user("disk@example.com", Authority::TenantAdmin).await;
     let (key_id, key) = gw.api_key(&user, 0).await;
-    let key_auth = format!("ApiKey {key}");
+    let key_auth = common::api_key_header(&key);
     assert_eq!(status(&gw, "/api/devices", &key_auth).await, 200);
 
     let (_, token) = gw.access_token(&user).await;
@@ -555,7 +549,7 @@ async fn full_disk_under_the_sqlite_store_fails_writes_with_503_while_cached_key
         200,
         "the session survived"
     );
-    assert_eq!(login(&gw, "disk@example.com").await.status(), 200);
+    assert_eq!(gw.login("disk@example.com", PASSWORD).await.status(), 200);
     gw.running.shutdown();
 }
 

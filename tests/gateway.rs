@@ -19,7 +19,7 @@ async fn api_key_over_https_reaches_upstream_with_verified_identity_and_without_
     let response = gw
         .client()
         .get(gw.https("/api/tenant/devices?pageSize=10&page=0"))
-        .header("X-Authorization", format!("ApiKey {key}"))
+        .header("X-Authorization", common::api_key_header(&key))
         .send()
         .await
         .unwrap();
@@ -74,7 +74,7 @@ async fn api_key_over_plain_http_is_refused_and_not_forwarded() {
     let (_, key) = gw.api_key(&user, 0).await;
     let response = reqwest::Client::new()
         .get(gw.http("/api/tenant/devices"))
-        .header("X-Authorization", format!("ApiKey {key}"))
+        .header("X-Authorization", common::api_key_header(&key))
         .send()
         .await
         .unwrap();
@@ -107,7 +107,7 @@ async fn spoofed_identity_headers_never_reach_upstream() {
     for path in ["/api/devices", "/api/noauth/echo"] {
         let response = client
             .get(gw.https(path))
-            .header("X-Authorization", format!("ApiKey {key}"))
+            .header("X-Authorization", common::api_key_header(&key))
             .header("X-Auth-User-Id", "00000000-0000-0000-0000-000000000001")
             .header("x_auth_user_id", "00000000-0000-0000-0000-000000000002")
             .header("X-AUTH-EMAIL", "root@evil.example")
@@ -173,7 +173,7 @@ async fn disabled_deleted_and_expired_keys_are_refused() {
     ] {
         let response = client
             .get(gw.https("/api/devices"))
-            .header("X-Authorization", format!("ApiKey {key}"))
+            .header("X-Authorization", common::api_key_header(&key))
             .send()
             .await
             .unwrap();
@@ -197,7 +197,7 @@ async fn key_of_a_disabled_user_is_refused_at_once_on_this_replica() {
     let send = || {
         client
             .get(gw.https("/api/devices"))
-            .header("X-Authorization", format!("ApiKey {key}"))
+            .header("X-Authorization", common::api_key_header(&key))
             .send()
     };
     assert_eq!(send().await.unwrap().status(), 200);
@@ -405,7 +405,7 @@ async fn slow_upstream_is_a_504_json() {
     let response = gw
         .client()
         .get(gw.https("/api/slow"))
-        .header("X-Authorization", format!("ApiKey {key}"))
+        .header("X-Authorization", common::api_key_header(&key))
         .send()
         .await
         .unwrap();
@@ -423,7 +423,7 @@ async fn one_mebibyte_body_streams_through() {
     let response = gw
         .client()
         .post(gw.https("/api/device"))
-        .header("X-Authorization", format!("ApiKey {key}"))
+        .header("X-Authorization", common::api_key_header(&key))
         .body(reqwest::Body::wrap_stream(futures_stream(chunks)))
         .send()
         .await
@@ -490,7 +490,7 @@ async fn http2_over_tls_works() {
         .client()
         .get(gw.https("/api/devices"))
         .version(http::Version::HTTP_2)
-        .header("X-Authorization", format!("ApiKey {key}"))
+        .header("X-Authorization", common::api_key_header(&key))
         .send()
         .await
         .unwrap();
@@ -591,7 +591,7 @@ async fn sidecar_behind_a_trusted_proxy_accepts_keys_only_from_that_proxy() {
     let send = |client: reqwest::Client| {
         client
             .get(gw.http("/api/devices"))
-            .header("X-Authorization", format!("ApiKey {key}"))
+            .header("X-Authorization", common::api_key_header(&key))
             .header("X-Forwarded-Proto", "https")
             .header("X-Forwarded-For", "203.0.113.7")
             .header("X-Request-Id", "ingress-req-1")
@@ -641,7 +641,7 @@ async fn metrics_pass_promtool_check() {
     let (_, key) = gw.api_key(&user, 0).await;
     let client = gw.client();
     for header in [
-        format!("ApiKey {key}"),
+        common::api_key_header(&key),
         "ApiKey tb_unknown".into(),
         "Bogus x".into(),
     ] {

@@ -49,7 +49,7 @@ async fn create_key(gw: &Gateway, who: &Actor, owner: Uuid) -> reqwest::Response
 async fn use_key(gw: &Gateway, value: &str) -> reqwest::Response {
     gw.client()
         .get(gw.https("/api/devices"))
-        .header("X-Authorization", format!("ApiKey {value}"))
+        .header("X-Authorization", common::api_key_header(&value))
         .send()
         .await
         .unwrap()
@@ -686,7 +686,7 @@ async fn key_sent_over_plain_http_is_disabled_when_configured() {
     assert_eq!(use_key(&gw, &key).await.status(), 200);
     let leaked = reqwest::Client::new()
         .get(gw.http("/api/devices"))
-        .header("X-Authorization", format!("ApiKey {key}"))
+        .header("X-Authorization", common::api_key_header(&key))
         .send()
         .await
         .unwrap();

@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Gateway, PASSWORD, Upstream, error_body, raw_http};
+use common::{Gateway, PASSWORD, Upstream, counter, error_body, raw_http};
 use keygate::accounts::{self, NewUser};
 use keygate::identity::Authority;
 use keygate::store::UserRecord;
@@ -39,25 +39,6 @@ async fn get(gw: &Gateway, path: &str, credential: &str) -> reqwest::Response {
         .send()
         .await
         .unwrap()
-}
-
-async fn login(gw: &Gateway, url: String, username: &str, password: &str) -> reqwest::Response {
-    gw.client()
-        .post(url)
-        .json(&json!({"username": username, "password": password}))
-        .send()
-        .await
-        .unwrap()
-}
-
-/// The value of a counter line in the metrics exposition, 0 when absent.
-fn counter(metrics: &str, series: &str) -> u64 {
-    metrics
-        .lines()
-        .find(|line| line.starts_with(series))
-        .and_then(|line| line.rsplit(' ').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0)
 }
 
 #[tokio::test]
@@ -101,7 +82,7 @@ async fn activation_link_cannot_reset_an_active_account() {
         ),
         (
             format!("/api/user/{}/activationLink", customer.id),
-            format!("ApiKey {customer_key}"),
+            common::api_key_header(&customer_key),
         ),
     ] {
         let (code, json) = error_body(get(&gw, &path, &credential).await).await;
@@ -114,14 +95,9 @@ async fn activation_link_cannot_reset_an_active_account() {
     }
     // The owner is not locked out and keeps working.
     assert_eq!(
-        login(
-            &gw,
-            gw.https("/api/auth/login"),
-            "victim@example.com",
-            PASSWORD
-        )
-        .await
-        .status(),
+        gw.login_at(gw.https("/api/auth/login"), "victim@example.com", PASSWORD)
+            .await
+            .status(),
         200
     );
     assert_eq!(
@@ -191,15 +167,13 @@ async fn activation_token_raced_twice_sets_one_password() {
     statuses.sort();
     assert_eq!(statuses, [200, 400]);
     let winners = [
-        login(
-            &gw,
+        gw.login_at(
             gw.https("/api/auth/login"),
             "pending@example.com",
             "first-password-a",
         )
         .await,
-        login(
-            &gw,
+        gw.login_at(
             gw.https("/api/auth/login"),
             "pending@example.com",
             "first-password-b",
@@ -231,8 +205,7 @@ async fn activation_flood_with_bogus_tokens_never_hashes_and_is_limited_per_addr
     );
     // The limit is the flooder's address: its logins are limited too.
     assert_eq!(
-        login(
-            &gw,
+        gw.login_at(
             gw.https("/api/auth/login"),
             "sysadmin@keygate.local",
             PASSWORD
@@ -254,8 +227,7 @@ async fn activation_with_a_valid_token_sets_the_password_once() {
     let (code, _) = error_body(activate(&gw, &token, "attacker-password").await).await;
     assert_eq!(code, 400);
     assert_eq!(
-        login(
-            &gw,
+        gw.login_at(
             gw.https("/api/auth/login"),
             "pending@example.com",
             "chosen-password"
@@ -276,13 +248,8 @@ async fn parallel_wrong_passwords_never_exceed_the_login_limit() {
         let gw = &gw;
         async move {
             let guess = format!("wrong-guess-{i}");
-            login(
-                gw,
-                gw.https("/api/auth/login"),
-                "target@example.com",
-                &guess,
-            )
-            .await
+            gw.login_at(gw.https("/api/auth/login"), "target@example.com", &guess)
+                .await
         }
     });
     let responses = futures_util::future::join_all(guesses).await;
@@ -438,7 +405,7 @@ async fn change_password_cannot_be_used_to_brute_force_the_account_password() {
     let attempt = |current: &'static str| {
         gw.client()
             .post(gw.https("/api/auth/changePassword"))
-            .header("X-Authorization", format!("ApiKey {key}"))
+            .header("X-Authorization", common::api_key_header(&key))
             .json(&json!({"currentPassword": current, "newPassword": "brand-new-password"}))
             .send()
     };
@@ -476,7 +443,7 @@ async fn forwarding_headers_from_an_untrusted_client_never_reach_the_upstream() 
         let mut request = gw
             .client()
             .get(gw.https(path))
-            .header("X-Authorization", format!("ApiKey {key}"));
+            .header("X-Authorization", common::api_key_header(&key));
         for name in spoofed {
             request = request.header(name, "spoofed");
         }
@@ -522,7 +489,7 @@ async fn separator_spelled_identity_headers_cannot_spoof_a_user() {
         let response = gw
             .client()
             .get(gw.https(path))
-            .header("X-Authorization", format!("ApiKey {key}"))
+            .header("X-Authorization", common::api_key_header(&key))
             .header("X.Auth.User-Id", "evil")
             .header("X~Auth~Authority", "SYS_ADMIN")
             .header("x_auth_email", "evil@example.com")
@@ -611,14 +578,15 @@ async fn api_key_sent_in_clear_to_a_public_route_is_refused_and_disabled() {
     let response = gw
         .client()
         .get(gw.http("/api/noauth/info"))
-        .header("X-Authorization", format!("ApiKey {key}"))
+        .header("X-Authorization", common::api_key_header(&key))
         .send()
         .await
         .unwrap();
     let (code, json) = error_body(response).await;
     assert_eq!((code, json["errorCode"].as_u64()), (403, Some(20)));
     assert!(upstream.requests().is_empty());
-    let (code, json) = error_body(get(&gw, "/api/devices", &format!("ApiKey {key}")).await).await;
+    let (code, json) =
+        error_body(get(&gw, "/api/devices", &common::api_key_header(&key)).await).await;
     assert_eq!(
         (code, json["message"].as_str()),
         (401, Some("User account is not active")),
@@ -709,7 +677,7 @@ async fn customer_user_cannot_learn_that_another_user_exists() {
     )
     .await;
     let (_, key) = gw.api_key(&customer, 0).await;
-    let credential = format!("ApiKey {key}");
+    let credential = common::api_key_header(&key);
     let existing =
         error_body(get(&gw, &format!("/api/user/{}", admin.id), &credential).await).await;
     let unknown =
@@ -927,7 +895,7 @@ async fn sprayed_random_api_keys_stop_reaching_the_store_at_the_address_budget()
     .await;
     let user = gw.user("cached@example.com", Authority::TenantAdmin).await;
     let (_, valid) = gw.api_key(&user, 0).await;
-    let valid = format!("ApiKey {valid}");
+    let valid = common::api_key_header(&valid);
     assert_eq!(get(&gw, "/api/devices", &valid).await.status(), 200);
     let lookups = r#"keygate_auth_store_lookups_total{kind="api_key"}"#;
     let before = counter(&gw.metrics().await, lookups);

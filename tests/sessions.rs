@@ -6,7 +6,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use base64::Engine;
-use common::{Gateway, PASSWORD, Upstream, error_body};
+use common::{Gateway, PASSWORD, Upstream, counter, error_body};
 use keygate::identity::Authority;
 use serde_json::{Value, json};
 
@@ -24,17 +24,8 @@ fn claims(token: &str) -> Value {
     serde_json::from_slice(&bytes).unwrap()
 }
 
-async fn login(gw: &Gateway, username: &str, password: &str) -> reqwest::Response {
-    gw.client()
-        .post(gw.https("/api/auth/login"))
-        .json(&json!({ "username": username, "password": password }))
-        .send()
-        .await
-        .unwrap()
-}
-
 async fn login_pair(gw: &Gateway, username: &str, password: &str) -> (String, String) {
-    let response = login(gw, username, password).await;
+    let response = gw.login(username, password).await;
     assert_eq!(response.status(), 200);
     let body: Value = response.json().await.unwrap();
     (
@@ -94,7 +85,7 @@ async fn current_user_answers_with_a_jwt_and_with_an_api_key() {
     let user = gw.user("me@example.com", Authority::CustomerUser).await;
     let (token, _) = login_pair(&gw, "me@example.com", PASSWORD).await;
     let (_, key) = gw.api_key(&user, 0).await;
-    for header in [format!("Bearer {token}"), format!("ApiKey {key}")] {
+    for header in [format!("Bearer {token}"), common::api_key_header(&key)] {
         let response = get_user(&gw, &header).await;
         assert_eq!(response.status(), 200);
         let record: Value = response.json().await.unwrap();
@@ -126,9 +117,8 @@ async fn current_user_answers_with_a_jwt_and_with_an_api_key() {
 async fn wrong_password_and_unknown_user_get_the_same_answer() {
     let (_up, gw) = setup("").await;
     gw.user("known@example.com", Authority::TenantAdmin).await;
-    let (s1, wrong) = error_body(login(&gw, "known@example.com", "not-the-password").await).await;
-    let (s2, unknown) =
-        error_body(login(&gw, "nobody@example.com", "not-the-password").await).await;
+    let (s1, wrong) = error_body(gw.login("known@example.com", "not-the-password").await).await;
+    let (s2, unknown) = error_body(gw.login("nobody@example.com", "not-the-password").await).await;
     assert_eq!((s1, s2), (401, 401));
     assert_eq!(wrong["message"], "Invalid username or password");
     assert_eq!(wrong["message"], unknown["message"]);
@@ -150,7 +140,7 @@ async fn disabled_user_cannot_log_in_or_refresh() {
         .set_user_enabled(user.id, false, keygate::clock::now_secs())
         .await
         .unwrap();
-    let (status, json) = error_body(login(&gw, "off@example.com", PASSWORD).await).await;
+    let (status, json) = error_body(gw.login("off@example.com", PASSWORD).await).await;
     assert_eq!(status, 401);
     assert_eq!(json["message"], "User account is not active");
     let (status, _) = error_body(refresh(&gw, &refresh_token).await).await;
@@ -268,14 +258,6 @@ async fn logout_ends_the_session_at_once() {
     );
 }
 
-/// The value of a counter line `name` in a metrics exposition, 0 if absent.
-fn counter(metrics: &str, name: &str) -> u64 {
-    metrics
-        .lines()
-        .find_map(|line| line.strip_prefix(name)?.trim().parse().ok())
-        .unwrap_or(0)
-}
-
 #[tokio::test]
 async fn pruned_session_cannot_be_refreshed() {
     let (_up, gw) = setup("[retention]\ninterval = \"100ms\"\nsessions = \"0s\"\n").await;
@@ -384,16 +366,13 @@ async fn password_change_outdates_every_older_token_of_the_user() {
     assert_eq!((status, json["errorCode"].as_u64()), (401, Some(11)));
     assert_eq!(refresh(&gw, &old_refresh).await.status(), 401);
     assert_eq!(
-        get_user(&gw, &format!("ApiKey {key}")).await.status(),
+        get_user(&gw, &common::api_key_header(&key)).await.status(),
         200,
         "API keys are not passwords"
     );
+    assert_eq!(gw.login("change@example.com", PASSWORD).await.status(), 401);
     assert_eq!(
-        login(&gw, "change@example.com", PASSWORD).await.status(),
-        401
-    );
-    assert_eq!(
-        login(&gw, "change@example.com", "a-brand-new-password")
+        gw.login("change@example.com", "a-brand-new-password")
             .await
             .status(),
         200
@@ -406,13 +385,11 @@ async fn failed_logins_are_limited_with_retry_after_and_reset_after_the_window()
     gw.user("target@example.com", Authority::TenantAdmin).await;
     for _ in 0..3 {
         assert_eq!(
-            login(&gw, "target@example.com", "guess-guess")
-                .await
-                .status(),
+            gw.login("target@example.com", "guess-guess").await.status(),
             401
         );
     }
-    let response = login(&gw, "target@example.com", PASSWORD).await;
+    let response = gw.login("target@example.com", PASSWORD).await;
     let retry_after: u64 = response.headers()["retry-after"]
         .to_str()
         .unwrap()
@@ -423,10 +400,7 @@ async fn failed_logins_are_limited_with_retry_after_and_reset_after_the_window()
     assert_eq!((status, json["errorCode"].as_u64()), (429, Some(33)));
     assert_eq!(json["message"], "Too many requests");
     tokio::time::sleep(Duration::from_millis(2100)).await;
-    assert_eq!(
-        login(&gw, "target@example.com", PASSWORD).await.status(),
-        200
-    );
+    assert_eq!(gw.login("target@example.com", PASSWORD).await.status(), 200);
     let metrics = gw.metrics().await;
     assert!(
         metrics.contains(r#"keygate_rate_limited_total{limiter="account"} 1"#),
@@ -439,23 +413,26 @@ async fn consecutive_failures_lock_the_account_when_lockout_is_on() {
     let (_up, gw) = setup("[login]\nlockout_after = 3\n").await;
     let user = gw.user("locked@example.com", Authority::TenantAdmin).await;
     let (_, key) = gw.api_key(&user, 0).await;
-    assert_eq!(get_user(&gw, &format!("ApiKey {key}")).await.status(), 200);
+    assert_eq!(
+        get_user(&gw, &common::api_key_header(&key)).await.status(),
+        200
+    );
     for _ in 0..2 {
-        let (_, json) = error_body(login(&gw, "locked@example.com", "guess-guess").await).await;
+        let (_, json) = error_body(gw.login("locked@example.com", "guess-guess").await).await;
         assert_eq!(json["message"], "Invalid username or password");
     }
-    let (status, json) = error_body(login(&gw, "locked@example.com", "guess-guess").await).await;
+    let (status, json) = error_body(gw.login("locked@example.com", "guess-guess").await).await;
     assert_eq!(status, 401);
     assert_eq!(
         json["message"],
         "User account is locked due to security policy"
     );
-    let (_, json) = error_body(login(&gw, "locked@example.com", PASSWORD).await).await;
+    let (_, json) = error_body(gw.login("locked@example.com", PASSWORD).await).await;
     assert_eq!(
         json["message"],
         "User account is locked due to security policy"
     );
-    let (_, json) = error_body(get_user(&gw, &format!("ApiKey {key}")).await).await;
+    let (_, json) = error_body(get_user(&gw, &common::api_key_header(&key)).await).await;
     assert_eq!(
         json["message"], "User account is not active",
         "a locked account's keys stop at once"
@@ -465,10 +442,7 @@ async fn consecutive_failures_lock_the_account_when_lockout_is_on() {
         .set_user_enabled(user.id, true, keygate::clock::now_secs())
         .await
         .unwrap();
-    assert_eq!(
-        login(&gw, "locked@example.com", PASSWORD).await.status(),
-        200
-    );
+    assert_eq!(gw.login("locked@example.com", PASSWORD).await.status(), 200);
 }
 
 #[tokio::test]
@@ -484,13 +458,13 @@ async fn imported_bcrypt_user_logs_in_and_is_rehashed_with_argon2id() {
         .replacen("$2b$", "$2a$", 1);
     gw.running.store.insert_user(&user).await.unwrap();
     assert_eq!(
-        login(&gw, "legacy@example.com", "wrong-password")
+        gw.login("legacy@example.com", "wrong-password")
             .await
             .status(),
         401
     );
     assert_eq!(
-        login(&gw, "legacy@example.com", "legacy-password")
+        gw.login("legacy@example.com", "legacy-password")
             .await
             .status(),
         200
@@ -508,7 +482,7 @@ async fn imported_bcrypt_user_logs_in_and_is_rehashed_with_argon2id() {
         stored.password_hash
     );
     assert_eq!(
-        login(&gw, "legacy@example.com", "legacy-password")
+        gw.login("legacy@example.com", "legacy-password")
             .await
             .status(),
         200
@@ -521,7 +495,7 @@ async fn proxied(gw: &Gateway, key: &str) -> Duration {
     let response = gw
         .client()
         .get(gw.https("/api/devices"))
-        .header("X-Authorization", format!("ApiKey {key}"))
+        .header("X-Authorization", common::api_key_header(&key))
         .send()
         .await
         .unwrap();
@@ -611,7 +585,7 @@ async fn a_storm_of_parallel_logins_does_not_block_a_proxied_request() {
 async fn a_login_that_finds_no_turn_to_hash_in_time_is_answered_503() {
     let (_upstream, gw) = setup("[login]\nmax_concurrent_hashes = 1\nhash_wait = \"1ms\"\n").await;
     gw.user("queued@example.com", Authority::TenantAdmin).await;
-    let logins = (0..4).map(|_| login(&gw, "queued@example.com", PASSWORD));
+    let logins = (0..4).map(|_| gw.login("queued@example.com", PASSWORD));
     let mut statuses = Vec::new();
     for response in futures_util::future::join_all(logins).await {
         if response.status() == 503 {

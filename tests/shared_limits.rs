@@ -117,19 +117,10 @@ async fn wait_for(gw: &Gateway, line: &str) {
     }
 }
 
-async fn login(gw: &Gateway, username: &str, password: &str) -> reqwest::Response {
-    gw.client()
-        .post(gw.https("/api/auth/login"))
-        .json(&serde_json::json!({ "username": username, "password": password }))
-        .send()
-        .await
-        .unwrap()
-}
-
 async fn get(gw: &Gateway, path: &str, key: &str) -> reqwest::Response {
     gw.client()
         .get(gw.https(path))
-        .header("X-Authorization", format!("ApiKey {key}"))
+        .header("X-Authorization", common::api_key_header(&key))
         .send()
         .await
         .unwrap()
@@ -185,12 +176,12 @@ async fn a_failed_login_at_one_replica_counts_at_the_other() {
     wait_for(&b, "keygate_redis_up 1").await;
 
     for gw in [&a, &b, &a] {
-        let (status, _) = error_body(login(gw, "victim@example.com", "guess").await).await;
+        let (status, _) = error_body(gw.login("victim@example.com", "guess").await).await;
         assert_eq!(status, 401);
     }
     // Each replica saw at most two failures: only a shared count refuses now.
     for gw in [&b, &a] {
-        let response = login(gw, "victim@example.com", "guess").await;
+        let response = gw.login("victim@example.com", "guess").await;
         let retry_after: u64 = header(&response, "retry-after").unwrap().parse().unwrap();
         assert!((1..=900).contains(&retry_after), "{retry_after}");
         let (status, json) = error_body(response).await;
@@ -201,7 +192,7 @@ async fn a_failed_login_at_one_replica_counts_at_the_other() {
         );
     }
     // Another account from the same address is not affected.
-    let (status, _) = error_body(login(&b, "other@example.com", "guess").await).await;
+    let (status, _) = error_body(b.login("other@example.com", "guess").await).await;
     assert_eq!(status, 401);
     // Redis holds account names only as keyed digests: people type passwords there.
     let keys = prefix.keys().await;
@@ -313,10 +304,10 @@ async fn limits_fall_back_to_local_counters_while_redis_is_cut_and_share_again_w
     wait_for(&a, "keygate_redis_up 0").await;
     // Password guesses are still limited, by this replica's own windows.
     for _ in 0..3 {
-        let (status, _) = error_body(login(&a, "cut-victim@example.com", "guess").await).await;
+        let (status, _) = error_body(a.login("cut-victim@example.com", "guess").await).await;
         assert_eq!(status, 401);
     }
-    let (status, _) = error_body(login(&a, "cut-victim@example.com", "guess").await).await;
+    let (status, _) = error_body(a.login("cut-victim@example.com", "guess").await).await;
     assert_eq!(status, 429, "never unchecked while Redis is away");
     assert!(!metric(&a, r#"keygate_redis_fallbacks_total{limits="login"} 0"#).await);
     // The quota keeps working from local state: this replica's share of 4.
@@ -332,10 +323,10 @@ async fn limits_fall_back_to_local_counters_while_redis_is_cut_and_share_again_w
     wait_for(&b, "keygate_redis_up 1").await;
     // Shared again: failures at A count at B.
     for gw in [&a, &b, &a] {
-        let (status, _) = error_body(login(gw, "back@example.com", "guess").await).await;
+        let (status, _) = error_body(gw.login("back@example.com", "guess").await).await;
         assert_eq!(status, 401);
     }
-    let (status, _) = error_body(login(&b, "back@example.com", "guess").await).await;
+    let (status, _) = error_body(b.login("back@example.com", "guess").await).await;
     assert_eq!(status, 429);
 }
 
@@ -439,10 +430,10 @@ async fn a_stalled_redis_delays_a_password_attempt_by_the_command_timeout_at_mos
     );
     let gw = Gateway::start(&upstream.url(), &config).await;
     wait_for(&gw, "keygate_redis_up 1").await;
-    let (status, _) = error_body(login(&gw, "slow@example.com", "guess").await).await;
+    let (status, _) = error_body(gw.login("slow@example.com", "guess").await).await;
     assert_eq!(status, 401);
     let started = Instant::now();
-    let (status, _) = error_body(login(&gw, "warm@example.com", "guess").await).await;
+    let (status, _) = error_body(gw.login("warm@example.com", "guess").await).await;
     let with_redis = started.elapsed();
     assert_eq!(status, 401);
 
@@ -450,14 +441,14 @@ async fn a_stalled_redis_delays_a_password_attempt_by_the_command_timeout_at_mos
     // The first attempt waits out the command timeout (200 ms), then its
     // replica decides: the second failure of the pair window still counts.
     let started = Instant::now();
-    let (status, _) = error_body(login(&gw, "slow@example.com", "guess").await).await;
+    let (status, _) = error_body(gw.login("slow@example.com", "guess").await).await;
     let stalled = started.elapsed();
     assert_eq!(status, 401);
     assert!(
         stalled < with_redis + Duration::from_millis(1500),
         "{stalled:?} against {with_redis:?} with Redis answering"
     );
-    let (status, _) = error_body(login(&gw, "slow@example.com", "guess").await).await;
+    let (status, _) = error_body(gw.login("slow@example.com", "guess").await).await;
     assert_eq!(status, 429, "decided by the local windows, never unchecked");
     println!("a login took {with_redis:?} with Redis answering, {stalled:?} with Redis stalled");
     assert!(metric(&gw, "keygate_redis_up 0").await);

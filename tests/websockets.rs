@@ -308,7 +308,7 @@ async fn x_authorization_on_the_upgrade_authenticates_a_non_browser_client() {
         .user("ws-header@example.com", Authority::TenantAdmin)
         .await;
     let (_, key) = gw.api_key(&user, 0).await;
-    let credential = format!("ApiKey {key}");
+    let credential = common::api_key_header(&key);
     let mut socket = try_open(
         &gw,
         Scheme::Wss,
@@ -756,7 +756,7 @@ async fn an_upgrade_on_another_route_is_checked_like_any_request() {
         .user("ws-plain@example.com", Authority::TenantAdmin)
         .await;
     let (_, key) = gw.api_key(&user, 0).await;
-    let credential = format!("ApiKey {key}");
+    let credential = common::api_key_header(&key);
     let mut socket = try_open(
         &gw,
         Scheme::Wss,
@@ -1150,7 +1150,7 @@ async fn websocket_upgrades_with_one_key_reach_the_upstream_only_within_the_quot
         .user("ws-quota@example.com", Authority::TenantAdmin)
         .await;
     let (_, key) = gw.api_key(&user, 0).await;
-    let credential = format!("ApiKey {key}");
+    let credential = common::api_key_header(&key);
     // `/api/stream` is a proxied route, not a WebSocket route. The first of
     // the hundred, read byte for byte: an admitted 101 tells the quota.
     let first = raw_upgrade(&gw, "/api/stream", &credential).await;
@@ -1217,7 +1217,7 @@ async fn platform_sockets_with_one_key_reach_the_upstream_only_within_the_quota(
         .user("ws-quota@example.com", Authority::TenantAdmin)
         .await;
     let (_, key) = gw.api_key(&user, 0).await;
-    let credential = format!("ApiKey {key}");
+    let credential = common::api_key_header(&key);
     let (mut admitted, mut refused) = (0, 0);
     for _ in 0..100 {
         let headers = [("X-Authorization", credential.as_str())];

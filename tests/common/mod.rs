@@ -363,6 +363,22 @@ request_timeout = "300ms"
         )
     }
 
+    /// `POST /api/auth/login` over HTTPS.
+    pub async fn login(&self, username: &str, password: &str) -> reqwest::Response {
+        self.login_at(self.https("/api/auth/login"), username, password)
+            .await
+    }
+
+    /// `POST` of a login body to `url` (another listener, another endpoint).
+    pub async fn login_at(&self, url: String, username: &str, password: &str) -> reqwest::Response {
+        self.client()
+            .post(url)
+            .json(&serde_json::json!({ "username": username, "password": password }))
+            .send()
+            .await
+            .unwrap()
+    }
+
     /// A client that trusts the development CA.
     pub fn client(&self) -> reqwest::Client {
         self.client_waiting(Duration::from_secs(10))
@@ -542,6 +558,22 @@ fn merge_toml(base: &str, extra: &str) -> String {
     let mut table: toml::Table = base.parse().unwrap();
     merge(&mut table, extra.parse().unwrap());
     toml::to_string(&table).unwrap()
+}
+
+/// The `X-Authorization` value of an API key.
+pub fn api_key_header(key: &str) -> String {
+    format!("ApiKey {key}")
+}
+
+/// The value of a counter line in the metrics exposition (a series given
+/// whole, or the start of one), 0 when absent.
+pub fn counter(metrics: &str, series: &str) -> u64 {
+    metrics
+        .lines()
+        .find(|line| line.starts_with(series))
+        .and_then(|line| line.rsplit(' ').next())
+        .and_then(|n| n.parse::<f64>().ok())
+        .map_or(0, |n| n as u64)
 }
 
 /// Reads a contract error body and checks its shape.
