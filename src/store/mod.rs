@@ -13,6 +13,8 @@ mod migrate;
 mod prune;
 pub mod retention;
 pub use prune::PruneKind;
+mod revocation;
+pub use revocation::{Published, REVOCATION_CHANNEL, Revocation};
 mod sessions;
 
 use std::path::Path;
@@ -115,58 +117,6 @@ impl SessionRecord {
             refresh_jti,
             refreshed_time: now_ms,
             ended_time: 0,
-        }
-    }
-}
-
-/// A change that can end a credential. Published on PostgreSQL with
-/// `NOTIFY` in the transaction that makes the change, so every replica drops
-/// the affected cache entries when (and only when) it commits.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Revocation {
-    Key(Uuid),
-    User(Uuid),
-    Session(Uuid),
-}
-
-/// What a change that can end credentials did, and the revocation it
-/// published, if any: other replicas get it by notification, this one applies
-/// it to its own caches (`auth::revocation::apply`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Published<T> {
-    pub outcome: T,
-    pub revocation: Option<Revocation>,
-}
-
-impl<T> Published<T> {
-    fn revoking(outcome: T, revocation: Revocation) -> Published<T> {
-        Published {
-            outcome,
-            revocation: Some(revocation),
-        }
-    }
-}
-
-/// The `LISTEN` / `NOTIFY` channel of revocations.
-pub const REVOCATION_CHANNEL: &str = "keygate_revocations";
-
-impl Revocation {
-    pub fn payload(&self) -> String {
-        match self {
-            Revocation::Key(id) => format!("key:{id}"),
-            Revocation::User(id) => format!("user:{id}"),
-            Revocation::Session(id) => format!("session:{id}"),
-        }
-    }
-
-    pub fn parse(payload: &str) -> Option<Revocation> {
-        let (kind, id) = payload.split_once(':')?;
-        let id = Uuid::parse_str(id).ok()?;
-        match kind {
-            "key" => Some(Revocation::Key(id)),
-            "user" => Some(Revocation::User(id)),
-            "session" => Some(Revocation::Session(id)),
-            _ => None,
         }
     }
 }
@@ -292,24 +242,6 @@ impl Store {
             Err(error) if error.is_panic() => std::panic::resume_unwind(error.into_panic()),
             Err(_) => Err(StoreError::Setup("the server is stopping".into())),
         }
-    }
-
-    /// Publishes a revocation inside a transaction (PostgreSQL only: an
-    /// SQLite store serves one replica, which invalidates its own caches) and
-    /// returns it, for the caller to apply here.
-    async fn publish(
-        &self,
-        conn: &mut sqlx::AnyConnection,
-        revocation: Revocation,
-    ) -> Result<Revocation, StoreError> {
-        if self.dialect == Dialect::Postgres {
-            sqlx::query("SELECT pg_notify($1, $2)")
-                .bind(REVOCATION_CHANNEL)
-                .bind(revocation.payload())
-                .execute(conn)
-                .await?;
-        }
-        Ok(revocation)
     }
 
     /// Closes every connection; later queries fail. For shutdown and tests.
