@@ -6,8 +6,8 @@ use uuid::Uuid;
 
 use super::audit::Target;
 use super::{
-    ApiKeyRecord, KEY_COLUMNS, Published, Revocation, Store, StoreError, USER_COLUMNS, UserRecord,
-    key_from_row, user_from_row,
+    ApiKeyRecord, Change, KEY_COLUMNS, Published, Revocation, Store, StoreError, USER_COLUMNS,
+    UserRecord, key_from_row, user_from_row,
 };
 
 /// Which slice of a listing to return.
@@ -210,54 +210,46 @@ impl Store {
         now_ms: i64,
         now_secs: i64,
     ) -> Result<Published<Option<Uuid>>, StoreError> {
-        let mut tx = self.pool.begin().await?;
-        let row = sqlx::query(
-            "DELETE FROM activation_tokens WHERE digest = $1 AND expires_at > $2 RETURNING user_id",
-        )
-        .bind(digest)
-        .bind(now_ms)
-        .fetch_optional(&mut *tx)
-        .await?;
-        let Some(row) = row else {
-            return Ok(Published {
-                outcome: None,
-                revocation: None,
-            });
-        };
-        let user_id: String = row.try_get(0)?;
-        sqlx::query("DELETE FROM activation_tokens WHERE user_id = $1")
+        self.revoking_write(|mut tx| async move {
+            let row = sqlx::query(
+                "DELETE FROM activation_tokens WHERE digest = $1 AND expires_at > $2 RETURNING user_id",
+            )
+            .bind(digest)
+            .bind(now_ms)
+            .fetch_optional(&mut *tx)
+            .await?;
+            let Some(row) = row else {
+                return Change::new(tx, None, None, None);
+            };
+            let user_id: String = row.try_get(0)?;
+            sqlx::query("DELETE FROM activation_tokens WHERE user_id = $1")
+                .bind(&user_id)
+                .execute(&mut *tx)
+                .await?;
+            let updated = sqlx::query(
+                "UPDATE users SET password_hash = $1, tokens_valid_after = $2, version = version + 1 \
+                 WHERE id = $3 AND password_hash = ''",
+            )
+            .bind(password_hash)
+            .bind(now_secs)
             .bind(&user_id)
             .execute(&mut *tx)
             .await?;
-        let updated = sqlx::query(
-            "UPDATE users SET password_hash = $1, tokens_valid_after = $2, version = version + 1 \
-             WHERE id = $3 AND password_hash = ''",
-        )
-        .bind(password_hash)
-        .bind(now_secs)
-        .bind(&user_id)
-        .execute(&mut *tx)
-        .await?;
-        let user_id = parse_uuid(user_id)?;
-        let activated = updated.rows_affected() == 1;
-        let mut revocation = None;
-        if activated {
-            sqlx::query(super::END_SESSIONS_OF_USER)
-                .bind(now_secs.saturating_mul(1000))
-                .bind(user_id.to_string())
-                .execute(&mut *tx)
-                .await?;
-            revocation = Some(self.publish(&mut tx, Revocation::User(user_id)).await?);
-        }
-        let event = self
-            .record_if(&mut tx, activated, Target::User(user_id))
-            .await?;
-        // Consumed either way: a token of an account that has a password is void.
-        event.commit(tx).await?;
-        Ok(Published {
-            outcome: activated.then_some(user_id),
-            revocation,
+            let user_id = parse_uuid(user_id)?;
+            let activated = updated.rows_affected() == 1;
+            if activated {
+                sqlx::query(super::END_SESSIONS_OF_USER)
+                    .bind(now_secs.saturating_mul(1000))
+                    .bind(user_id.to_string())
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            // Consumed either way: a token of an account that has a password is void.
+            let revocation = activated.then_some(Revocation::User(user_id));
+            let audit = activated.then_some(Target::User(user_id));
+            Change::new(tx, activated.then_some(user_id), revocation, audit)
         })
+        .await
     }
 }
 

@@ -14,6 +14,7 @@ mod prune;
 pub mod retention;
 pub use prune::PruneKind;
 mod revocation;
+use revocation::Change;
 pub use revocation::{Published, REVOCATION_CHANNEL, Revocation};
 mod sessions;
 
@@ -353,67 +354,63 @@ impl Store {
         enabled: bool,
         now_secs: i64,
     ) -> Result<Published<bool>, StoreError> {
-        let mut tx = self.pool.begin().await?;
-        let updated = if enabled {
-            sqlx::query("UPDATE users SET enabled = $1, version = version + 1 WHERE id = $2")
-                .bind(1_i64)
+        self.revoking_write(|mut tx| async move {
+            let updated = if enabled {
+                sqlx::query("UPDATE users SET enabled = $1, version = version + 1 WHERE id = $2")
+                    .bind(1_i64)
+                    .bind(id.to_string())
+                    .execute(&mut *tx)
+                    .await?
+            } else {
+                sqlx::query(
+                    "UPDATE users SET enabled = $1, version = version + 1, tokens_valid_after = $2 WHERE id = $3",
+                )
+                .bind(0_i64)
+                .bind(now_secs)
                 .bind(id.to_string())
                 .execute(&mut *tx)
                 .await?
-        } else {
-            sqlx::query(
-                "UPDATE users SET enabled = $1, version = version + 1, tokens_valid_after = $2 WHERE id = $3",
-            )
-            .bind(0_i64)
-            .bind(now_secs)
-            .bind(id.to_string())
-            .execute(&mut *tx)
-            .await?
-        };
-        if enabled {
-            // An administrator enabling an account also lifts a lockout.
-            sqlx::query("DELETE FROM login_lockouts WHERE user_id = $1")
-                .bind(id.to_string())
-                .execute(&mut *tx)
-                .await?;
-        } else {
-            sqlx::query(END_SESSIONS_OF_USER)
-                .bind(now_secs.saturating_mul(1000))
-                .bind(id.to_string())
-                .execute(&mut *tx)
-                .await?;
-        }
-        let revocation = self.publish(&mut tx, Revocation::User(id)).await?;
-        let event = self
-            .record_if(&mut tx, updated.rows_affected() > 0, Target::User(id))
-            .await?;
-        event.commit(tx).await?;
-        Ok(Published::revoking(updated.rows_affected() > 0, revocation))
+            };
+            if enabled {
+                // An administrator enabling an account also lifts a lockout.
+                sqlx::query("DELETE FROM login_lockouts WHERE user_id = $1")
+                    .bind(id.to_string())
+                    .execute(&mut *tx)
+                    .await?;
+            } else {
+                sqlx::query(END_SESSIONS_OF_USER)
+                    .bind(now_secs.saturating_mul(1000))
+                    .bind(id.to_string())
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            let changed = updated.rows_affected() > 0;
+            Change::audited(tx, changed, Revocation::User(id), Target::User(id))
+        })
+        .await
     }
 
     /// Deletes a user with their keys and sessions. The outcome is false when no such user.
     pub async fn delete_user(&self, id: Uuid) -> Result<Published<bool>, StoreError> {
-        let mut tx = self.pool.begin().await?;
-        for sql in [
-            "DELETE FROM api_keys WHERE user_id = $1",
-            "DELETE FROM sessions WHERE user_id = $1",
-            "DELETE FROM login_lockouts WHERE user_id = $1",
-        ] {
-            sqlx::query(sql)
+        self.revoking_write(|mut tx| async move {
+            for sql in [
+                "DELETE FROM api_keys WHERE user_id = $1",
+                "DELETE FROM sessions WHERE user_id = $1",
+                "DELETE FROM login_lockouts WHERE user_id = $1",
+            ] {
+                sqlx::query(sql)
+                    .bind(id.to_string())
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            let deleted = sqlx::query("DELETE FROM users WHERE id = $1")
                 .bind(id.to_string())
                 .execute(&mut *tx)
                 .await?;
-        }
-        let deleted = sqlx::query("DELETE FROM users WHERE id = $1")
-            .bind(id.to_string())
-            .execute(&mut *tx)
-            .await?;
-        let revocation = self.publish(&mut tx, Revocation::User(id)).await?;
-        let event = self
-            .record_if(&mut tx, deleted.rows_affected() > 0, Target::User(id))
-            .await?;
-        event.commit(tx).await?;
-        Ok(Published::revoking(deleted.rows_affected() > 0, revocation))
+            let changed = deleted.rows_affected() > 0;
+            Change::audited(tx, changed, Revocation::User(id), Target::User(id))
+        })
+        .await
     }
 
     // --- API keys -------------------------------------------------------------
@@ -502,33 +499,29 @@ impl Store {
         id: Uuid,
         enabled: bool,
     ) -> Result<Published<bool>, StoreError> {
-        let mut tx = self.pool.begin().await?;
-        let result = sqlx::query("UPDATE api_keys SET enabled = $1 WHERE id = $2")
-            .bind(i64::from(enabled))
-            .bind(id.to_string())
-            .execute(&mut *tx)
-            .await?;
-        let revocation = self.publish(&mut tx, Revocation::Key(id)).await?;
-        let event = self
-            .record_if(&mut tx, result.rows_affected() > 0, Target::ApiKey(id))
-            .await?;
-        event.commit(tx).await?;
-        Ok(Published::revoking(result.rows_affected() > 0, revocation))
+        self.revoking_write(|mut tx| async move {
+            let result = sqlx::query("UPDATE api_keys SET enabled = $1 WHERE id = $2")
+                .bind(i64::from(enabled))
+                .bind(id.to_string())
+                .execute(&mut *tx)
+                .await?;
+            let changed = result.rows_affected() > 0;
+            Change::audited(tx, changed, Revocation::Key(id), Target::ApiKey(id))
+        })
+        .await
     }
 
     /// The outcome is false when no such key.
     pub async fn delete_api_key(&self, id: Uuid) -> Result<Published<bool>, StoreError> {
-        let mut tx = self.pool.begin().await?;
-        let result = sqlx::query("DELETE FROM api_keys WHERE id = $1")
-            .bind(id.to_string())
-            .execute(&mut *tx)
-            .await?;
-        let revocation = self.publish(&mut tx, Revocation::Key(id)).await?;
-        let event = self
-            .record_if(&mut tx, result.rows_affected() > 0, Target::ApiKey(id))
-            .await?;
-        event.commit(tx).await?;
-        Ok(Published::revoking(result.rows_affected() > 0, revocation))
+        self.revoking_write(|mut tx| async move {
+            let result = sqlx::query("DELETE FROM api_keys WHERE id = $1")
+                .bind(id.to_string())
+                .execute(&mut *tx)
+                .await?;
+            let changed = result.rows_affected() > 0;
+            Change::audited(tx, changed, Revocation::Key(id), Target::ApiKey(id))
+        })
+        .await
     }
 
     // --- sessions -------------------------------------------------------------
@@ -574,18 +567,18 @@ impl Store {
     /// Ends a session at `now_ms`: every token of it stops working. A session
     /// that had ended already keeps its first end time.
     pub async fn end_session(&self, id: Uuid, now_ms: i64) -> Result<Published<bool>, StoreError> {
-        let mut tx = self.pool.begin().await?;
-        let result = sqlx::query(
-            "UPDATE sessions SET ended = 1, \
-             ended_time = CASE WHEN ended = 1 THEN ended_time ELSE $1 END WHERE id = $2",
-        )
-        .bind(now_ms)
-        .bind(id.to_string())
-        .execute(&mut *tx)
-        .await?;
-        let revocation = self.publish(&mut tx, Revocation::Session(id)).await?;
-        tx.commit().await?;
-        Ok(Published::revoking(result.rows_affected() > 0, revocation))
+        self.revoking_write(|mut tx| async move {
+            let result = sqlx::query(
+                "UPDATE sessions SET ended = 1, \
+                 ended_time = CASE WHEN ended = 1 THEN ended_time ELSE $1 END WHERE id = $2",
+            )
+            .bind(now_ms)
+            .bind(id.to_string())
+            .execute(&mut *tx)
+            .await?;
+            Change::unaudited(tx, result.rows_affected() > 0, Revocation::Session(id))
+        })
+        .await
     }
 }
 

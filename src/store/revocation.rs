@@ -1,8 +1,11 @@
-//! Revocations: the payload published when a change can end credentials, and
-//! what such a change returns.
+//! Revocations: the payload published when a change can end credentials, what
+//! such a change returns, and the one way to make it (a revoking write).
+
+use std::future::Future;
 
 use uuid::Uuid;
 
+use super::audit::Target;
 use super::{Dialect, Store, StoreError};
 
 /// A change that can end a credential. Published on PostgreSQL with
@@ -48,24 +51,94 @@ impl Revocation {
     }
 }
 
-impl<T> Published<T> {
-    pub(super) fn revoking(outcome: T, revocation: Revocation) -> Published<T> {
-        Published {
+/// The transaction of a write.
+pub(super) type Tx = sqlx::Transaction<'static, sqlx::Any>;
+
+/// What the work of a revoking write did, with its transaction: the
+/// outcome, the revocation to publish (if any) and the target whose audit
+/// event to record (if any: when a row changed).
+pub(super) struct Change<T> {
+    tx: Tx,
+    outcome: T,
+    revocation: Option<Revocation>,
+    audit: Option<Target>,
+}
+
+impl<T> Change<T> {
+    /// The work's result, as it returns it.
+    pub fn new(
+        tx: Tx,
+        outcome: T,
+        revocation: Option<Revocation>,
+        audit: Option<Target>,
+    ) -> Result<Change<T>, StoreError> {
+        Ok(Change {
+            tx,
             outcome,
-            revocation: Some(revocation),
-        }
+            revocation,
+            audit,
+        })
+    }
+}
+
+impl Change<bool> {
+    /// `changed` (a row was affected) is the outcome; `revocation` is
+    /// published either way, the event of `target` recorded only if changed.
+    pub fn audited(
+        tx: Tx,
+        changed: bool,
+        revocation: Revocation,
+        target: Target,
+    ) -> Result<Change<bool>, StoreError> {
+        Change::new(tx, changed, Some(revocation), changed.then_some(target))
+    }
+
+    /// Like [`Change::audited`], for a change that records no audit event.
+    pub fn unaudited(
+        tx: Tx,
+        changed: bool,
+        revocation: Revocation,
+    ) -> Result<Change<bool>, StoreError> {
+        Change::new(tx, changed, Some(revocation), None)
     }
 }
 
 impl Store {
-    /// Publishes a revocation inside a transaction (PostgreSQL only: an
-    /// SQLite store serves one replica, which invalidates its own caches) and
-    /// returns it, for the caller to apply here.
-    pub(super) async fn publish(
+    /// Makes a change that can end credentials, in one transaction: `work`
+    /// runs its statements and says what it did, then the revocation is
+    /// published (PostgreSQL only: an SQLite store serves one replica, which
+    /// invalidates its own caches), the audit event recorded, and all of it
+    /// committed together. An error anywhere rolls everything back. Returns
+    /// the revocation for the caller to apply here.
+    pub(super) async fn revoking_write<T, F, Fut>(
+        &self,
+        work: F,
+    ) -> Result<Published<T>, StoreError>
+    where
+        F: FnOnce(Tx) -> Fut,
+        Fut: Future<Output = Result<Change<T>, StoreError>>,
+    {
+        let change = work(self.pool.begin().await?).await?;
+        let mut tx = change.tx;
+        if let Some(revocation) = change.revocation {
+            self.publish(&mut tx, revocation).await?;
+        }
+        match change.audit {
+            Some(target) => self.record(&mut tx, target).await?.commit(tx).await?,
+            None => tx.commit().await?,
+        }
+        Ok(Published {
+            outcome: change.outcome,
+            revocation: change.revocation,
+        })
+    }
+
+    /// Publishes a revocation inside a transaction (PostgreSQL only).
+    async fn publish(
         &self,
         conn: &mut sqlx::AnyConnection,
         revocation: Revocation,
-    ) -> Result<Revocation, StoreError> {
+    ) -> Result<(), StoreError> {
         if self.dialect == Dialect::Postgres {
             sqlx::query("SELECT pg_notify($1, $2)")
                 .bind(REVOCATION_CHANNEL)
@@ -73,6 +146,6 @@ impl Store {
                 .execute(conn)
                 .await?;
         }
-        Ok(revocation)
+        Ok(())
     }
 }

@@ -5,7 +5,7 @@ use sqlx::Row;
 use uuid::Uuid;
 
 use super::audit::Target;
-use super::{Published, Revocation, Store, StoreError};
+use super::{Change, Published, Revocation, Store, StoreError};
 
 impl Store {
     /// Moves a live session from refresh token `old_jti` to `new_jti`, issued
@@ -41,44 +41,38 @@ impl Store {
         hash: &str,
         outdate_at: Option<i64>,
     ) -> Result<Published<bool>, StoreError> {
-        let mut tx = self.pool.begin().await?;
-        let updated = match outdate_at {
-            Some(now_secs) => {
-                sqlx::query(
-                    "UPDATE users SET password_hash = $1, tokens_valid_after = $2, version = version + 1 WHERE id = $3",
-                )
-                .bind(hash)
-                .bind(now_secs)
-                .bind(user_id.to_string())
-                .execute(&mut *tx)
-                .await?
-            }
-            None => {
-                sqlx::query("UPDATE users SET password_hash = $1 WHERE id = $2")
+        self.revoking_write(|mut tx| async move {
+            let updated = match outdate_at {
+                Some(now_secs) => {
+                    sqlx::query(
+                        "UPDATE users SET password_hash = $1, tokens_valid_after = $2, version = version + 1 WHERE id = $3",
+                    )
                     .bind(hash)
+                    .bind(now_secs)
                     .bind(user_id.to_string())
                     .execute(&mut *tx)
                     .await?
+                }
+                None => {
+                    sqlx::query("UPDATE users SET password_hash = $1 WHERE id = $2")
+                        .bind(hash)
+                        .bind(user_id.to_string())
+                        .execute(&mut *tx)
+                        .await?
+                }
+            };
+            if let Some(now_secs) = outdate_at {
+                sqlx::query(super::END_SESSIONS_OF_USER)
+                    .bind(now_secs.saturating_mul(1000))
+                    .bind(user_id.to_string())
+                    .execute(&mut *tx)
+                    .await?;
             }
-        };
-        let mut revocation = None;
-        if let Some(now_secs) = outdate_at {
-            sqlx::query(super::END_SESSIONS_OF_USER)
-                .bind(now_secs.saturating_mul(1000))
-                .bind(user_id.to_string())
-                .execute(&mut *tx)
-                .await?;
-            revocation = Some(self.publish(&mut tx, Revocation::User(user_id)).await?);
-        }
-        let changed = updated.rows_affected() > 0;
-        let event = self
-            .record_if(&mut tx, changed, Target::User(user_id))
-            .await?;
-        event.commit(tx).await?;
-        Ok(Published {
-            outcome: changed,
-            revocation,
+            let changed = updated.rows_affected() > 0;
+            let revocation = outdate_at.map(|_| Revocation::User(user_id));
+            Change::new(tx, changed, revocation, changed.then_some(Target::User(user_id)))
         })
+        .await
     }
 
     /// Counts one more consecutive failed login; returns the count.
@@ -110,29 +104,29 @@ impl Store {
         user_id: Uuid,
         now_secs: i64,
     ) -> Result<Published<bool>, StoreError> {
-        let mut tx = self.pool.begin().await?;
-        let updated = sqlx::query(
-            "UPDATE users SET enabled = 0, tokens_valid_after = $1, version = version + 1 WHERE id = $2",
-        )
-        .bind(now_secs)
-        .bind(user_id.to_string())
-        .execute(&mut *tx)
-        .await?;
-        sqlx::query(super::END_SESSIONS_OF_USER)
-            .bind(now_secs.saturating_mul(1000))
+        self.revoking_write(|mut tx| async move {
+            let updated = sqlx::query(
+                "UPDATE users SET enabled = 0, tokens_valid_after = $1, version = version + 1 WHERE id = $2",
+            )
+            .bind(now_secs)
             .bind(user_id.to_string())
             .execute(&mut *tx)
             .await?;
-        sqlx::query(
-            "INSERT INTO login_lockouts (user_id, failures, locked) VALUES ($1, 0, 1) \
-             ON CONFLICT (user_id) DO UPDATE SET locked = 1",
-        )
-        .bind(user_id.to_string())
-        .execute(&mut *tx)
-        .await?;
-        let revocation = self.publish(&mut tx, Revocation::User(user_id)).await?;
-        tx.commit().await?;
-        Ok(Published::revoking(updated.rows_affected() > 0, revocation))
+            sqlx::query(super::END_SESSIONS_OF_USER)
+                .bind(now_secs.saturating_mul(1000))
+                .bind(user_id.to_string())
+                .execute(&mut *tx)
+                .await?;
+            sqlx::query(
+                "INSERT INTO login_lockouts (user_id, failures, locked) VALUES ($1, 0, 1) \
+                 ON CONFLICT (user_id) DO UPDATE SET locked = 1",
+            )
+            .bind(user_id.to_string())
+            .execute(&mut *tx)
+            .await?;
+            Change::unaudited(tx, updated.rows_affected() > 0, Revocation::User(user_id))
+        })
+        .await
     }
 
     pub async fn is_locked(&self, user_id: Uuid) -> Result<bool, StoreError> {
