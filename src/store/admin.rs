@@ -1,44 +1,15 @@
 //! Store operations of the management endpoints: paged listings, profile and
 //! description edits, and one-time activation tokens.
 
-use sqlx::{AssertSqlSafe, Row};
+use sqlx::Row;
 use uuid::Uuid;
 
 use super::audit::Target;
+use super::paging::{Listing, like_pattern};
 use super::{
-    ApiKeyRecord, Change, KEY_COLUMNS, Published, Revocation, Store, StoreError, USER_COLUMNS,
-    UserRecord, key_from_row, user_from_row,
+    ApiKeyRecord, Change, KEY_COLUMNS, Page, PageRequest, Published, Revocation, Store, StoreError,
+    USER_COLUMNS, UserRecord, key_from_row, user_from_row,
 };
-
-/// Which slice of a listing to return.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PageRequest {
-    pub page_size: i64,
-    pub page: i64,
-    /// Case-insensitive substring filter.
-    pub text_search: Option<String>,
-}
-
-/// One page of a listing and the total count of matching items.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Page<T> {
-    pub data: Vec<T>,
-    pub total: i64,
-}
-
-/// `%text%` for `LIKE ... ESCAPE '\'`, with the pattern characters escaped.
-fn like_pattern(text: &str) -> String {
-    let mut out = String::with_capacity(text.len() + 2);
-    out.push('%');
-    for c in text.to_lowercase().chars() {
-        if matches!(c, '%' | '_' | '\\') {
-            out.push('\\');
-        }
-        out.push(c);
-    }
-    out.push('%');
-    out
-}
 
 impl Store {
     /// Users, optionally of one tenant, by creation time.
@@ -60,19 +31,14 @@ impl Store {
                 " AND (LOWER(email) LIKE ${n} ESCAPE '\\' OR LOWER(first_name) LIKE ${n} ESCAPE '\\' OR LOWER(last_name) LIKE ${n} ESCAPE '\\')"
             ));
         }
-        let total = self.count("users", &filter, &binds).await?;
-        let sql = format!(
-            "SELECT {USER_COLUMNS} FROM users{filter} ORDER BY created_time, email LIMIT {} OFFSET {}",
-            page.page_size,
-            page.page_size.saturating_mul(page.page)
-        );
-        let mut query = sqlx::query(AssertSqlSafe(sql));
-        for bind in &binds {
-            query = query.bind(bind.clone());
-        }
-        let rows = query.fetch_all(&self.pool).await?;
-        let data = rows.iter().map(user_from_row).collect::<Result<_, _>>()?;
-        Ok(Page { data, total })
+        let listing = Listing {
+            table: "users",
+            columns: USER_COLUMNS,
+            filter,
+            binds,
+            order: "created_time, email",
+        };
+        self.page(listing, page, user_from_row).await
     }
 
     /// A user's API keys by creation time.
@@ -87,33 +53,14 @@ impl Store {
             binds.push(like_pattern(text));
             filter.push_str(" AND LOWER(description) LIKE $2 ESCAPE '\\'");
         }
-        let total = self.count("api_keys", &filter, &binds).await?;
-        let sql = format!(
-            "SELECT {KEY_COLUMNS} FROM api_keys{filter} ORDER BY created_time, id LIMIT {} OFFSET {}",
-            page.page_size,
-            page.page_size.saturating_mul(page.page)
-        );
-        let mut query = sqlx::query(AssertSqlSafe(sql));
-        for bind in &binds {
-            query = query.bind(bind.clone());
-        }
-        let rows = query.fetch_all(&self.pool).await?;
-        let data = rows.iter().map(key_from_row).collect::<Result<_, _>>()?;
-        Ok(Page { data, total })
-    }
-
-    async fn count(
-        &self,
-        table: &'static str,
-        filter: &str,
-        binds: &[String],
-    ) -> Result<i64, StoreError> {
-        let sql = format!("SELECT COUNT(*) FROM {table}{filter}");
-        let mut query = sqlx::query(AssertSqlSafe(sql));
-        for bind in binds {
-            query = query.bind(bind.clone());
-        }
-        Ok(query.fetch_one(&self.pool).await?.try_get::<i64, _>(0)?)
+        let listing = Listing {
+            table: "api_keys",
+            columns: KEY_COLUMNS,
+            filter,
+            binds,
+            order: "created_time, id",
+        };
+        self.page(listing, page, key_from_row).await
     }
 
     /// Updates the editable profile fields. Returns false when no such user.
@@ -255,15 +202,4 @@ impl Store {
 
 fn parse_uuid(text: String) -> Result<Uuid, StoreError> {
     Uuid::parse_str(&text).map_err(|_| StoreError::Corrupt(format!("bad uuid {text:?}")))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::like_pattern;
-
-    #[test]
-    fn like_patterns_escape_wildcards() {
-        assert_eq!(like_pattern("Ab"), "%ab%");
-        assert_eq!(like_pattern("50%_x\\"), "%50\\%\\_x\\\\%");
-    }
 }

@@ -5,11 +5,12 @@
 //! each dialect has its own migrations. Multi-row changes run in transactions.
 
 mod admin;
-pub use admin::{Page, PageRequest};
 mod audit;
 use audit::Target;
 pub use audit::{Actor, Audit, AuditEvent};
 mod migrate;
+mod paging;
+pub use paging::{Page, PageRequest};
 mod prune;
 pub mod retention;
 pub use prune::PruneKind;
