@@ -185,7 +185,7 @@ impl Store {
             let user_id = parse_uuid(user_id)?;
             let activated = updated.rows_affected() == 1;
             if activated {
-                sqlx::query(super::END_SESSIONS_OF_USER)
+                sqlx::query(super::sessions::END_SESSIONS_OF_USER)
                     .bind(now_secs.saturating_mul(1000))
                     .bind(user_id.to_string())
                     .execute(&mut *tx)

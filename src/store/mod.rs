@@ -17,7 +17,10 @@ pub use prune::PruneKind;
 mod revocation;
 use revocation::Change;
 pub use revocation::{Published, REVOCATION_CHANNEL, Revocation};
+mod logins;
 mod sessions;
+use sessions::END_SESSIONS_OF_USER;
+pub use sessions::SessionRecord;
 
 use std::path::Path;
 use std::time::Duration;
@@ -93,36 +96,6 @@ pub struct ApiKeyRecord {
     pub expiration_time: i64,
 }
 
-/// A login session. Times are epoch ms.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SessionRecord {
-    pub id: Uuid,
-    pub user_id: Uuid,
-    pub created_time: i64,
-    pub ended: bool,
-    pub refresh_jti: String,
-    /// When the refresh token last rotated (at first, the creation time): the
-    /// current refresh token expires one refresh lifetime after it.
-    pub refreshed_time: i64,
-    /// When the session ended; 0 while it is live.
-    pub ended_time: i64,
-}
-
-impl SessionRecord {
-    /// A new live session of `user_id`, opened at `now_ms`.
-    pub fn open(user_id: Uuid, now_ms: i64, refresh_jti: String) -> SessionRecord {
-        SessionRecord {
-            id: Uuid::new_v4(),
-            user_id,
-            created_time: now_ms,
-            ended: false,
-            refresh_jti,
-            refreshed_time: now_ms,
-            ended_time: 0,
-        }
-    }
-}
-
 #[derive(Clone)]
 pub struct Store {
     pool: AnyPool,
@@ -145,12 +118,6 @@ const USER_COLUMNS: &str = "id, created_time, tenant_id, customer_id, email, aut
      last_name, phone, additional_info, version, enabled, password_hash, tokens_valid_after";
 const KEY_COLUMNS: &str =
     "id, created_time, tenant_id, user_id, digest, description, enabled, expiration_time";
-const SESSION_COLUMNS: &str =
-    "id, user_id, created_time, ended, refresh_jti, refreshed_time, ended_time";
-/// Ends every live session of user `$2` at `$1` (epoch ms). Sessions that
-/// ended before keep their own end time.
-const END_SESSIONS_OF_USER: &str =
-    "UPDATE sessions SET ended = 1, ended_time = $1 WHERE user_id = $2 AND ended = 0";
 
 impl Store {
     /// Connects, creating the SQLite file and its directory when needed, and
@@ -521,63 +488,6 @@ impl Store {
                 .await?;
             let changed = result.rows_affected() > 0;
             Change::audited(tx, changed, Revocation::Key(id), Target::ApiKey(id))
-        })
-        .await
-    }
-
-    // --- sessions -------------------------------------------------------------
-
-    pub async fn insert_session(&self, session: &SessionRecord) -> Result<(), StoreError> {
-        let sql =
-            format!("INSERT INTO sessions ({SESSION_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7)");
-        sqlx::query(AssertSqlSafe(sql))
-            .bind(session.id.to_string())
-            .bind(session.user_id.to_string())
-            .bind(session.created_time)
-            .bind(i64::from(session.ended))
-            .bind(&session.refresh_jti)
-            .bind(session.refreshed_time)
-            .bind(session.ended_time)
-            .execute(&self.pool)
-            .await?;
-        Ok(())
-    }
-
-    /// `None` for a session that never existed and for one that was pruned:
-    /// callers must treat both exactly like an ended session.
-    pub async fn session_by_id(&self, id: Uuid) -> Result<Option<SessionRecord>, StoreError> {
-        let sql = format!("SELECT {SESSION_COLUMNS} FROM sessions WHERE id = $1");
-        let row = sqlx::query(AssertSqlSafe(sql))
-            .bind(id.to_string())
-            .fetch_optional(&self.pool)
-            .await?;
-        row.map(|r| {
-            Ok(SessionRecord {
-                id: uuid_col(&r, 0)?,
-                user_id: uuid_col(&r, 1)?,
-                created_time: r.try_get(2)?,
-                ended: flag(&r, 3)?,
-                refresh_jti: r.try_get(4)?,
-                refreshed_time: r.try_get(5)?,
-                ended_time: r.try_get(6)?,
-            })
-        })
-        .transpose()
-    }
-
-    /// Ends a session at `now_ms`: every token of it stops working. A session
-    /// that had ended already keeps its first end time.
-    pub async fn end_session(&self, id: Uuid, now_ms: i64) -> Result<Published<bool>, StoreError> {
-        self.revoking_write(|mut tx| async move {
-            let result = sqlx::query(
-                "UPDATE sessions SET ended = 1, \
-                 ended_time = CASE WHEN ended = 1 THEN ended_time ELSE $1 END WHERE id = $2",
-            )
-            .bind(now_ms)
-            .bind(id.to_string())
-            .execute(&mut *tx)
-            .await?;
-            Change::unaudited(tx, result.rows_affected() > 0, Revocation::Session(id))
         })
         .await
     }
