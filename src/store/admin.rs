@@ -8,39 +8,10 @@ use super::audit::Target;
 use super::paging::{Listing, like_pattern};
 use super::{
     ApiKeyRecord, Change, KEY_COLUMNS, Page, PageRequest, Published, Revocation, Store, StoreError,
-    USER_COLUMNS, UserRecord, key_from_row, user_from_row,
+    key_from_row,
 };
 
 impl Store {
-    /// Users, optionally of one tenant, by creation time.
-    pub async fn users_page(
-        &self,
-        tenant_id: Option<Uuid>,
-        page: &PageRequest,
-    ) -> Result<Page<UserRecord>, StoreError> {
-        let mut filter = String::from(" WHERE 1 = 1");
-        let mut binds: Vec<String> = Vec::new();
-        if let Some(tenant) = tenant_id {
-            binds.push(tenant.to_string());
-            filter.push_str(&format!(" AND tenant_id = ${}", binds.len()));
-        }
-        if let Some(text) = page.text_search.as_deref().filter(|t| !t.is_empty()) {
-            binds.push(like_pattern(text));
-            let n = binds.len();
-            filter.push_str(&format!(
-                " AND (LOWER(email) LIKE ${n} ESCAPE '\\' OR LOWER(first_name) LIKE ${n} ESCAPE '\\' OR LOWER(last_name) LIKE ${n} ESCAPE '\\')"
-            ));
-        }
-        let listing = Listing {
-            table: "users",
-            columns: USER_COLUMNS,
-            filter,
-            binds,
-            order: "created_time, email",
-        };
-        self.page(listing, page, user_from_row).await
-    }
-
     /// A user's API keys by creation time.
     pub async fn api_keys_page(
         &self,
@@ -61,28 +32,6 @@ impl Store {
             order: "created_time, id",
         };
         self.page(listing, page, key_from_row).await
-    }
-
-    /// Updates the editable profile fields. Returns false when no such user.
-    pub async fn update_user_profile(&self, user: &UserRecord) -> Result<bool, StoreError> {
-        let mut tx = self.pool.begin().await?;
-        let result = sqlx::query(
-            "UPDATE users SET first_name = $1, last_name = $2, phone = $3, additional_info = $4, \
-             version = version + 1 WHERE id = $5",
-        )
-        .bind(&user.first_name)
-        .bind(&user.last_name)
-        .bind(&user.phone)
-        .bind(user.additional_info.clone())
-        .bind(user.id.to_string())
-        .execute(&mut *tx)
-        .await?;
-        let changed = result.rows_affected() > 0;
-        let event = self
-            .record_if(&mut tx, changed, Target::User(user.id))
-            .await?;
-        event.commit(tx).await?;
-        Ok(changed)
     }
 
     /// Returns false when no such key.

@@ -14,7 +14,7 @@ use uuid::Uuid;
 
 use super::*;
 use crate::config::RetentionSettings;
-use crate::identity::NULL_UUID;
+use crate::identity::{Authority, NULL_UUID};
 use crate::store::retention::{CLOCK_SLACK, Pruned, Pruner};
 use crate::telemetry::Metrics;
 
