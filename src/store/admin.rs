@@ -5,53 +5,10 @@ use sqlx::Row;
 use uuid::Uuid;
 
 use super::audit::Target;
-use super::paging::{Listing, like_pattern};
-use super::{
-    ApiKeyRecord, Change, KEY_COLUMNS, Page, PageRequest, Published, Revocation, Store, StoreError,
-    key_from_row,
-};
+use super::revocation::Change;
+use super::{Published, Revocation, Store, StoreError};
 
 impl Store {
-    /// A user's API keys by creation time.
-    pub async fn api_keys_page(
-        &self,
-        user_id: Uuid,
-        page: &PageRequest,
-    ) -> Result<Page<ApiKeyRecord>, StoreError> {
-        let mut filter = String::from(" WHERE user_id = $1");
-        let mut binds = vec![user_id.to_string()];
-        if let Some(text) = page.text_search.as_deref().filter(|t| !t.is_empty()) {
-            binds.push(like_pattern(text));
-            filter.push_str(" AND LOWER(description) LIKE $2 ESCAPE '\\'");
-        }
-        let listing = Listing {
-            table: "api_keys",
-            columns: KEY_COLUMNS,
-            filter,
-            binds,
-            order: "created_time, id",
-        };
-        self.page(listing, page, key_from_row).await
-    }
-
-    /// Returns false when no such key.
-    pub async fn set_api_key_description(
-        &self,
-        id: Uuid,
-        description: &str,
-    ) -> Result<bool, StoreError> {
-        let mut tx = self.pool.begin().await?;
-        let result = sqlx::query("UPDATE api_keys SET description = $1 WHERE id = $2")
-            .bind(description)
-            .bind(id.to_string())
-            .execute(&mut *tx)
-            .await?;
-        let changed = result.rows_affected() > 0;
-        let event = self.record_if(&mut tx, changed, Target::ApiKey(id)).await?;
-        event.commit(tx).await?;
-        Ok(changed)
-    }
-
     /// Stores a new activation token digest for a user, replacing older ones.
     pub async fn replace_activation(
         &self,

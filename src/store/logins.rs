@@ -5,8 +5,9 @@ use sqlx::Row;
 use uuid::Uuid;
 
 use super::audit::Target;
+use super::revocation::Change;
 use super::sessions::END_SESSIONS_OF_USER;
-use super::{Change, Published, Revocation, Store, StoreError};
+use super::{Published, Revocation, Store, StoreError};
 
 impl Store {
     /// Replaces a user's password hash. With `outdate_at` (a password change),

@@ -6,7 +6,6 @@
 
 mod admin;
 mod audit;
-use audit::Target;
 pub use audit::{Actor, Audit, AuditEvent};
 mod migrate;
 mod paging;
@@ -15,8 +14,9 @@ mod prune;
 pub mod retention;
 pub use prune::PruneKind;
 mod revocation;
-use revocation::Change;
 pub use revocation::{Published, REVOCATION_CHANNEL, Revocation};
+mod keys;
+pub use keys::ApiKeyRecord;
 mod logins;
 mod sessions;
 mod users;
@@ -27,7 +27,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use sqlx::any::{AnyPoolOptions, AnyRow};
-use sqlx::{AnyPool, AssertSqlSafe, Row};
+use sqlx::{AnyPool, Row};
 use uuid::Uuid;
 
 #[derive(Debug, thiserror::Error)]
@@ -50,20 +50,6 @@ pub enum Dialect {
     Postgres,
 }
 
-/// An API key as stored: never the value, only its digest.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ApiKeyRecord {
-    pub id: Uuid,
-    pub created_time: i64,
-    pub tenant_id: Uuid,
-    pub user_id: Uuid,
-    pub digest: String,
-    pub description: String,
-    pub enabled: bool,
-    /// Epoch ms; 0 means never.
-    pub expiration_time: i64,
-}
-
 #[derive(Clone)]
 pub struct Store {
     pool: AnyPool,
@@ -81,9 +67,6 @@ impl std::fmt::Debug for Store {
             .finish()
     }
 }
-
-const KEY_COLUMNS: &str =
-    "id, created_time, tenant_id, user_id, digest, description, enabled, expiration_time";
 
 impl Store {
     /// Connects, creating the SQLite file and its directory when needed, and
@@ -212,117 +195,6 @@ impl Store {
             .await?;
         Ok(row.try_get::<String, _>(0)?)
     }
-
-    // --- API keys -------------------------------------------------------------
-
-    pub async fn insert_api_key(&self, key: &ApiKeyRecord) -> Result<(), StoreError> {
-        self.insert_api_key_capped(key, i64::MAX).await.map(|_| ())
-    }
-
-    /// Inserts `key` unless its user already holds `cap` keys: `Ok(false)`,
-    /// nothing written. Counting and inserting are one statement; on
-    /// PostgreSQL the owner's row is locked first, so concurrent creations
-    /// for one user are counted one after another (SQLite writes one at a
-    /// time anyway).
-    pub async fn insert_api_key_capped(
-        &self,
-        key: &ApiKeyRecord,
-        cap: i64,
-    ) -> Result<bool, StoreError> {
-        let sql = format!(
-            "INSERT INTO api_keys ({KEY_COLUMNS}) SELECT $1, $2, $3, $4, $5, $6, $7, $8 \
-             WHERE (SELECT COUNT(*) FROM api_keys WHERE user_id = $9) < $10"
-        );
-        let mut tx = self.pool.begin().await?;
-        if self.dialect == Dialect::Postgres && cap < i64::MAX {
-            sqlx::query("SELECT id FROM users WHERE id = $1 FOR UPDATE")
-                .bind(key.user_id.to_string())
-                .execute(&mut *tx)
-                .await?;
-        }
-        let result = sqlx::query(AssertSqlSafe(sql))
-            .bind(key.id.to_string())
-            .bind(key.created_time)
-            .bind(key.tenant_id.to_string())
-            .bind(key.user_id.to_string())
-            .bind(&key.digest)
-            .bind(&key.description)
-            .bind(i64::from(key.enabled))
-            .bind(key.expiration_time)
-            .bind(key.user_id.to_string())
-            .bind(cap)
-            .execute(&mut *tx)
-            .await;
-        if result.map_err(conflict_on("digest"))?.rows_affected() == 0 {
-            return Ok(false);
-        }
-        let event = self.record(&mut tx, Target::ApiKey(key.id)).await?;
-        event.commit(tx).await?;
-        Ok(true)
-    }
-
-    pub async fn api_key_by_digest(
-        &self,
-        digest: &str,
-    ) -> Result<Option<ApiKeyRecord>, StoreError> {
-        let sql = format!("SELECT {KEY_COLUMNS} FROM api_keys WHERE digest = $1");
-        let row = sqlx::query(AssertSqlSafe(sql))
-            .bind(digest)
-            .fetch_optional(&self.pool)
-            .await?;
-        row.map(|r| key_from_row(&r)).transpose()
-    }
-
-    pub async fn api_key_by_id(&self, id: Uuid) -> Result<Option<ApiKeyRecord>, StoreError> {
-        let sql = format!("SELECT {KEY_COLUMNS} FROM api_keys WHERE id = $1");
-        let row = sqlx::query(AssertSqlSafe(sql))
-            .bind(id.to_string())
-            .fetch_optional(&self.pool)
-            .await?;
-        row.map(|r| key_from_row(&r)).transpose()
-    }
-
-    pub async fn list_api_keys(&self, user_id: Uuid) -> Result<Vec<ApiKeyRecord>, StoreError> {
-        let sql = format!(
-            "SELECT {KEY_COLUMNS} FROM api_keys WHERE user_id = $1 ORDER BY created_time, id"
-        );
-        let rows = sqlx::query(AssertSqlSafe(sql))
-            .bind(user_id.to_string())
-            .fetch_all(&self.pool)
-            .await?;
-        rows.iter().map(key_from_row).collect()
-    }
-
-    /// The outcome is false when no such key.
-    pub async fn set_api_key_enabled(
-        &self,
-        id: Uuid,
-        enabled: bool,
-    ) -> Result<Published<bool>, StoreError> {
-        self.revoking_write(|mut tx| async move {
-            let result = sqlx::query("UPDATE api_keys SET enabled = $1 WHERE id = $2")
-                .bind(i64::from(enabled))
-                .bind(id.to_string())
-                .execute(&mut *tx)
-                .await?;
-            let changed = result.rows_affected() > 0;
-            Change::audited(tx, changed, Revocation::Key(id), Target::ApiKey(id))
-        })
-        .await
-    }
-
-    /// The outcome is false when no such key.
-    pub async fn delete_api_key(&self, id: Uuid) -> Result<Published<bool>, StoreError> {
-        self.revoking_write(|mut tx| async move {
-            let result = sqlx::query("DELETE FROM api_keys WHERE id = $1")
-                .bind(id.to_string())
-                .execute(&mut *tx)
-                .await?;
-            let changed = result.rows_affected() > 0;
-            Change::audited(tx, changed, Revocation::Key(id), Target::ApiKey(id))
-        })
-        .await
-    }
 }
 
 /// Flags are stored as 0/1 integers in both dialects.
@@ -342,19 +214,6 @@ fn conflict_on(what: &'static str) -> impl Fn(sqlx::Error) -> StoreError {
 fn uuid_col(row: &AnyRow, index: usize) -> Result<Uuid, StoreError> {
     let text: String = row.try_get(index)?;
     Uuid::parse_str(&text).map_err(|_| StoreError::Corrupt(format!("bad uuid {text:?}")))
-}
-
-fn key_from_row(row: &AnyRow) -> Result<ApiKeyRecord, StoreError> {
-    Ok(ApiKeyRecord {
-        id: uuid_col(row, 0)?,
-        created_time: row.try_get(1)?,
-        tenant_id: uuid_col(row, 2)?,
-        user_id: uuid_col(row, 3)?,
-        digest: row.try_get(4)?,
-        description: row.try_get(5)?,
-        enabled: flag(row, 6)?,
-        expiration_time: row.try_get(7)?,
-    })
 }
 
 #[cfg(test)]

@@ -8,8 +8,8 @@ use std::ops::Deref;
 use std::sync::Arc;
 use std::time::Duration;
 
-use sqlx::Connection;
 use sqlx::postgres::PgConnection;
+use sqlx::{AssertSqlSafe, Connection};
 use uuid::Uuid;
 
 use super::*;
