@@ -3,23 +3,40 @@
 //! One implementation over sqlx's `Any` driver serves both SQLite (the embedded
 //! default) and PostgreSQL; the SQL is written once in the common dialect, and
 //! each dialect has its own migrations. Multi-row changes run in transactions.
+//!
+//! This file holds the [`Store`] itself (connecting, the runtime it lives on,
+//! closing, health), its errors and the `settings` table. Each other table
+//! has a home of its own:
+//!
+//! - `users.rs`: users, and the customer id each tenant claims;
+//! - `keys.rs`: API keys;
+//! - `sessions.rs`: login sessions and their refresh tokens;
+//! - `logins.rs`: password changes and the lockouts of failed logins;
+//! - `activation.rs`: one-time activation tokens;
+//! - `audit.rs`: audit events, written in the transaction of their change;
+//! - `revocation.rs`: what a change that ends credentials publishes, and the
+//!   one helper every such change goes through;
+//! - `paging.rs`: paged listings;
+//! - `migrate.rs`, `prune.rs` and `retention.rs`: the schema, and deleting
+//!   dead rows.
 
-mod admin;
+mod activation;
 mod audit;
-pub use audit::{Actor, Audit, AuditEvent};
+mod keys;
+mod logins;
 mod migrate;
 mod paging;
-pub use paging::{Page, PageRequest};
 mod prune;
 pub mod retention;
-pub use prune::PruneKind;
 mod revocation;
-pub use revocation::{Published, REVOCATION_CHANNEL, Revocation};
-mod keys;
-pub use keys::ApiKeyRecord;
-mod logins;
 mod sessions;
 mod users;
+
+pub use audit::{Actor, Audit, AuditEvent};
+pub use keys::ApiKeyRecord;
+pub use paging::{Page, PageRequest};
+pub use prune::PruneKind;
+pub use revocation::{Published, REVOCATION_CHANNEL, Revocation};
 pub use sessions::SessionRecord;
 pub use users::UserRecord;
 

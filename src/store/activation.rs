@@ -1,5 +1,5 @@
-//! Store operations of the management endpoints: paged listings, profile and
-//! description edits, and one-time activation tokens.
+//! The `activation_tokens` table: one-time tokens with which a new user sets
+//! their first password.
 
 use sqlx::Row;
 use uuid::Uuid;
