@@ -65,7 +65,8 @@ pub(super) struct Change<T> {
 }
 
 impl<T> Change<T> {
-    /// The work's result, as it returns it.
+    /// The work's result. Returned as a `Result` so that the work's async
+    /// block, which uses `?` on its statements, has its error type.
     pub fn new(
         tx: Tx,
         outcome: T,
