@@ -3,26 +3,49 @@
 //! One implementation over sqlx's `Any` driver serves both SQLite (the embedded
 //! default) and PostgreSQL; the SQL is written once in the common dialect, and
 //! each dialect has its own migrations. Multi-row changes run in transactions.
+//!
+//! This file holds the [`Store`] itself (connecting, the runtime it lives on,
+//! closing, health), its errors and the `settings` table. Each other table
+//! has a home of its own:
+//!
+//! - `users.rs`: users, and the customer id each tenant claims;
+//! - `keys.rs`: API keys;
+//! - `sessions.rs`: login sessions and their refresh tokens;
+//! - `logins.rs`: password changes and the lockouts of failed logins;
+//! - `activation.rs`: one-time activation tokens;
+//! - `audit.rs`: audit events, written in the transaction of their change;
+//! - `revocation.rs`: what a change that ends credentials publishes, and the
+//!   one helper every such change goes through;
+//! - `paging.rs`: paged listings;
+//! - `migrate.rs`, `prune.rs` and `retention.rs`: the schema, and deleting
+//!   dead rows.
 
-mod admin;
-pub use admin::{Page, PageRequest};
+mod activation;
 mod audit;
-use audit::Target;
-pub use audit::{Actor, Audit, AuditEvent};
+mod keys;
+mod logins;
 mod migrate;
+mod paging;
 mod prune;
 pub mod retention;
-pub use prune::PruneKind;
+mod revocation;
 mod sessions;
+mod users;
+
+pub use audit::{Actor, Audit, AuditEvent};
+pub use keys::ApiKeyRecord;
+pub use paging::{Page, PageRequest};
+pub use prune::PruneKind;
+pub use revocation::{Published, REVOCATION_CHANNEL, Revocation};
+pub use sessions::SessionRecord;
+pub use users::UserRecord;
 
 use std::path::Path;
 use std::time::Duration;
 
 use sqlx::any::{AnyPoolOptions, AnyRow};
-use sqlx::{AnyPool, AssertSqlSafe, Row};
+use sqlx::{AnyPool, Row};
 use uuid::Uuid;
-
-use crate::identity::Authority;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -44,133 +67,6 @@ pub enum Dialect {
     Postgres,
 }
 
-/// A user as stored.
-#[derive(Clone, PartialEq, Eq)]
-pub struct UserRecord {
-    pub id: Uuid,
-    pub created_time: i64,
-    pub tenant_id: Uuid,
-    pub customer_id: Uuid,
-    pub email: String,
-    pub authority: Authority,
-    pub first_name: String,
-    pub last_name: String,
-    pub phone: String,
-    pub additional_info: Option<String>,
-    pub version: i64,
-    pub enabled: bool,
-    pub password_hash: String,
-    /// Tokens issued (in whole seconds) before this are outdated.
-    pub tokens_valid_after: i64,
-}
-
-impl std::fmt::Debug for UserRecord {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("UserRecord")
-            .field("id", &self.id)
-            .field("email", &self.email)
-            .field("authority", &self.authority)
-            .field("enabled", &self.enabled)
-            .finish_non_exhaustive()
-    }
-}
-
-/// An API key as stored: never the value, only its digest.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ApiKeyRecord {
-    pub id: Uuid,
-    pub created_time: i64,
-    pub tenant_id: Uuid,
-    pub user_id: Uuid,
-    pub digest: String,
-    pub description: String,
-    pub enabled: bool,
-    /// Epoch ms; 0 means never.
-    pub expiration_time: i64,
-}
-
-/// A login session. Times are epoch ms.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SessionRecord {
-    pub id: Uuid,
-    pub user_id: Uuid,
-    pub created_time: i64,
-    pub ended: bool,
-    pub refresh_jti: String,
-    /// When the refresh token last rotated (at first, the creation time): the
-    /// current refresh token expires one refresh lifetime after it.
-    pub refreshed_time: i64,
-    /// When the session ended; 0 while it is live.
-    pub ended_time: i64,
-}
-
-impl SessionRecord {
-    /// A new live session of `user_id`, opened at `now_ms`.
-    pub fn open(user_id: Uuid, now_ms: i64, refresh_jti: String) -> SessionRecord {
-        SessionRecord {
-            id: Uuid::new_v4(),
-            user_id,
-            created_time: now_ms,
-            ended: false,
-            refresh_jti,
-            refreshed_time: now_ms,
-            ended_time: 0,
-        }
-    }
-}
-
-/// A change that can end a credential. Published on PostgreSQL with
-/// `NOTIFY` in the transaction that makes the change, so every replica drops
-/// the affected cache entries when (and only when) it commits.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Revocation {
-    Key(Uuid),
-    User(Uuid),
-    Session(Uuid),
-}
-
-/// What a change that can end credentials did, and the revocation it
-/// published, if any: other replicas get it by notification, this one applies
-/// it to its own caches (`auth::revocation::apply`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Published<T> {
-    pub outcome: T,
-    pub revocation: Option<Revocation>,
-}
-
-impl<T> Published<T> {
-    fn revoking(outcome: T, revocation: Revocation) -> Published<T> {
-        Published {
-            outcome,
-            revocation: Some(revocation),
-        }
-    }
-}
-
-/// The `LISTEN` / `NOTIFY` channel of revocations.
-pub const REVOCATION_CHANNEL: &str = "keygate_revocations";
-
-impl Revocation {
-    pub fn payload(&self) -> String {
-        match self {
-            Revocation::Key(id) => format!("key:{id}"),
-            Revocation::User(id) => format!("user:{id}"),
-            Revocation::Session(id) => format!("session:{id}"),
-        }
-    }
-
-    pub fn parse(payload: &str) -> Option<Revocation> {
-        let (kind, id) = payload.split_once(':')?;
-        let id = Uuid::parse_str(id).ok()?;
-        match kind {
-            "key" => Some(Revocation::Key(id)),
-            "user" => Some(Revocation::User(id)),
-            "session" => Some(Revocation::Session(id)),
-            _ => None,
-        }
-    }
-}
-
 #[derive(Clone)]
 pub struct Store {
     pool: AnyPool,
@@ -188,17 +84,6 @@ impl std::fmt::Debug for Store {
             .finish()
     }
 }
-
-const USER_COLUMNS: &str = "id, created_time, tenant_id, customer_id, email, authority, first_name, \
-     last_name, phone, additional_info, version, enabled, password_hash, tokens_valid_after";
-const KEY_COLUMNS: &str =
-    "id, created_time, tenant_id, user_id, digest, description, enabled, expiration_time";
-const SESSION_COLUMNS: &str =
-    "id, user_id, created_time, ended, refresh_jti, refreshed_time, ended_time";
-/// Ends every live session of user `$2` at `$1` (epoch ms). Sessions that
-/// ended before keep their own end time.
-const END_SESSIONS_OF_USER: &str =
-    "UPDATE sessions SET ended = 1, ended_time = $1 WHERE user_id = $2 AND ended = 0";
 
 impl Store {
     /// Connects, creating the SQLite file and its directory when needed, and
@@ -294,24 +179,6 @@ impl Store {
         }
     }
 
-    /// Publishes a revocation inside a transaction (PostgreSQL only: an
-    /// SQLite store serves one replica, which invalidates its own caches) and
-    /// returns it, for the caller to apply here.
-    async fn publish(
-        &self,
-        conn: &mut sqlx::AnyConnection,
-        revocation: Revocation,
-    ) -> Result<Revocation, StoreError> {
-        if self.dialect == Dialect::Postgres {
-            sqlx::query("SELECT pg_notify($1, $2)")
-                .bind(REVOCATION_CHANNEL)
-                .bind(revocation.payload())
-                .execute(conn)
-                .await?;
-        }
-        Ok(revocation)
-    }
-
     /// Closes every connection; later queries fail. For shutdown and tests.
     pub async fn close(&self) {
         self.pool.close().await;
@@ -345,351 +212,11 @@ impl Store {
             .await?;
         Ok(row.try_get::<String, _>(0)?)
     }
-
-    // --- users ----------------------------------------------------------------
-
-    pub async fn user_count(&self) -> Result<i64, StoreError> {
-        let row = sqlx::query("SELECT COUNT(*) FROM users")
-            .fetch_one(&self.pool)
-            .await?;
-        Ok(row.try_get::<i64, _>(0)?)
-    }
-
-    pub async fn insert_user(&self, user: &UserRecord) -> Result<(), StoreError> {
-        let sql = format!(
-            "INSERT INTO users ({USER_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)"
-        );
-        let mut tx = self.pool.begin().await?;
-        let result = sqlx::query(AssertSqlSafe(sql))
-            .bind(user.id.to_string())
-            .bind(user.created_time)
-            .bind(user.tenant_id.to_string())
-            .bind(user.customer_id.to_string())
-            .bind(user.email.trim().to_lowercase())
-            .bind(user.authority.as_str())
-            .bind(&user.first_name)
-            .bind(&user.last_name)
-            .bind(&user.phone)
-            .bind(user.additional_info.clone())
-            .bind(user.version)
-            .bind(i64::from(user.enabled))
-            .bind(&user.password_hash)
-            .bind(user.tokens_valid_after)
-            .execute(&mut *tx)
-            .await;
-        result.map_err(conflict_on("email"))?;
-        if user.customer_id != crate::identity::NULL_UUID {
-            claim_customer(&mut tx, user).await?;
-        }
-        let event = self.record(&mut tx, Target::User(user.id)).await?;
-        event.commit(tx).await?;
-        Ok(())
-    }
-
-    pub async fn user_by_id(&self, id: Uuid) -> Result<Option<UserRecord>, StoreError> {
-        let sql = format!("SELECT {USER_COLUMNS} FROM users WHERE id = $1");
-        let row = sqlx::query(AssertSqlSafe(sql))
-            .bind(id.to_string())
-            .fetch_optional(&self.pool)
-            .await?;
-        row.map(|r| user_from_row(&r)).transpose()
-    }
-
-    /// Emails are stored lower-cased; the lookup is case-insensitive.
-    pub async fn user_by_email(&self, email: &str) -> Result<Option<UserRecord>, StoreError> {
-        let sql = format!("SELECT {USER_COLUMNS} FROM users WHERE email = $1");
-        let row = sqlx::query(AssertSqlSafe(sql))
-            .bind(email.trim().to_lowercase())
-            .fetch_optional(&self.pool)
-            .await?;
-        row.map(|r| user_from_row(&r)).transpose()
-    }
-
-    pub async fn list_users(&self) -> Result<Vec<UserRecord>, StoreError> {
-        let sql = format!("SELECT {USER_COLUMNS} FROM users ORDER BY created_time, email");
-        let rows = sqlx::query(AssertSqlSafe(sql))
-            .fetch_all(&self.pool)
-            .await?;
-        rows.iter().map(user_from_row).collect()
-    }
-
-    /// Enables or disables a user. Disabling outdates every token of the user
-    /// and ends their sessions, in one transaction. The outcome is false when no such user.
-    pub async fn set_user_enabled(
-        &self,
-        id: Uuid,
-        enabled: bool,
-        now_secs: i64,
-    ) -> Result<Published<bool>, StoreError> {
-        let mut tx = self.pool.begin().await?;
-        let updated = if enabled {
-            sqlx::query("UPDATE users SET enabled = $1, version = version + 1 WHERE id = $2")
-                .bind(1_i64)
-                .bind(id.to_string())
-                .execute(&mut *tx)
-                .await?
-        } else {
-            sqlx::query(
-                "UPDATE users SET enabled = $1, version = version + 1, tokens_valid_after = $2 WHERE id = $3",
-            )
-            .bind(0_i64)
-            .bind(now_secs)
-            .bind(id.to_string())
-            .execute(&mut *tx)
-            .await?
-        };
-        if enabled {
-            // An administrator enabling an account also lifts a lockout.
-            sqlx::query("DELETE FROM login_lockouts WHERE user_id = $1")
-                .bind(id.to_string())
-                .execute(&mut *tx)
-                .await?;
-        } else {
-            sqlx::query(END_SESSIONS_OF_USER)
-                .bind(now_secs.saturating_mul(1000))
-                .bind(id.to_string())
-                .execute(&mut *tx)
-                .await?;
-        }
-        let revocation = self.publish(&mut tx, Revocation::User(id)).await?;
-        let event = self
-            .record_if(&mut tx, updated.rows_affected() > 0, Target::User(id))
-            .await?;
-        event.commit(tx).await?;
-        Ok(Published::revoking(updated.rows_affected() > 0, revocation))
-    }
-
-    /// Deletes a user with their keys and sessions. The outcome is false when no such user.
-    pub async fn delete_user(&self, id: Uuid) -> Result<Published<bool>, StoreError> {
-        let mut tx = self.pool.begin().await?;
-        for sql in [
-            "DELETE FROM api_keys WHERE user_id = $1",
-            "DELETE FROM sessions WHERE user_id = $1",
-            "DELETE FROM login_lockouts WHERE user_id = $1",
-        ] {
-            sqlx::query(sql)
-                .bind(id.to_string())
-                .execute(&mut *tx)
-                .await?;
-        }
-        let deleted = sqlx::query("DELETE FROM users WHERE id = $1")
-            .bind(id.to_string())
-            .execute(&mut *tx)
-            .await?;
-        let revocation = self.publish(&mut tx, Revocation::User(id)).await?;
-        let event = self
-            .record_if(&mut tx, deleted.rows_affected() > 0, Target::User(id))
-            .await?;
-        event.commit(tx).await?;
-        Ok(Published::revoking(deleted.rows_affected() > 0, revocation))
-    }
-
-    // --- API keys -------------------------------------------------------------
-
-    pub async fn insert_api_key(&self, key: &ApiKeyRecord) -> Result<(), StoreError> {
-        self.insert_api_key_capped(key, i64::MAX).await.map(|_| ())
-    }
-
-    /// Inserts `key` unless its user already holds `cap` keys: `Ok(false)`,
-    /// nothing written. Counting and inserting are one statement; on
-    /// PostgreSQL the owner's row is locked first, so concurrent creations
-    /// for one user are counted one after another (SQLite writes one at a
-    /// time anyway).
-    pub async fn insert_api_key_capped(
-        &self,
-        key: &ApiKeyRecord,
-        cap: i64,
-    ) -> Result<bool, StoreError> {
-        let sql = format!(
-            "INSERT INTO api_keys ({KEY_COLUMNS}) SELECT $1, $2, $3, $4, $5, $6, $7, $8 \
-             WHERE (SELECT COUNT(*) FROM api_keys WHERE user_id = $9) < $10"
-        );
-        let mut tx = self.pool.begin().await?;
-        if self.dialect == Dialect::Postgres && cap < i64::MAX {
-            sqlx::query("SELECT id FROM users WHERE id = $1 FOR UPDATE")
-                .bind(key.user_id.to_string())
-                .execute(&mut *tx)
-                .await?;
-        }
-        let result = sqlx::query(AssertSqlSafe(sql))
-            .bind(key.id.to_string())
-            .bind(key.created_time)
-            .bind(key.tenant_id.to_string())
-            .bind(key.user_id.to_string())
-            .bind(&key.digest)
-            .bind(&key.description)
-            .bind(i64::from(key.enabled))
-            .bind(key.expiration_time)
-            .bind(key.user_id.to_string())
-            .bind(cap)
-            .execute(&mut *tx)
-            .await;
-        if result.map_err(conflict_on("digest"))?.rows_affected() == 0 {
-            return Ok(false);
-        }
-        let event = self.record(&mut tx, Target::ApiKey(key.id)).await?;
-        event.commit(tx).await?;
-        Ok(true)
-    }
-
-    pub async fn api_key_by_digest(
-        &self,
-        digest: &str,
-    ) -> Result<Option<ApiKeyRecord>, StoreError> {
-        let sql = format!("SELECT {KEY_COLUMNS} FROM api_keys WHERE digest = $1");
-        let row = sqlx::query(AssertSqlSafe(sql))
-            .bind(digest)
-            .fetch_optional(&self.pool)
-            .await?;
-        row.map(|r| key_from_row(&r)).transpose()
-    }
-
-    pub async fn api_key_by_id(&self, id: Uuid) -> Result<Option<ApiKeyRecord>, StoreError> {
-        let sql = format!("SELECT {KEY_COLUMNS} FROM api_keys WHERE id = $1");
-        let row = sqlx::query(AssertSqlSafe(sql))
-            .bind(id.to_string())
-            .fetch_optional(&self.pool)
-            .await?;
-        row.map(|r| key_from_row(&r)).transpose()
-    }
-
-    pub async fn list_api_keys(&self, user_id: Uuid) -> Result<Vec<ApiKeyRecord>, StoreError> {
-        let sql = format!(
-            "SELECT {KEY_COLUMNS} FROM api_keys WHERE user_id = $1 ORDER BY created_time, id"
-        );
-        let rows = sqlx::query(AssertSqlSafe(sql))
-            .bind(user_id.to_string())
-            .fetch_all(&self.pool)
-            .await?;
-        rows.iter().map(key_from_row).collect()
-    }
-
-    /// The outcome is false when no such key.
-    pub async fn set_api_key_enabled(
-        &self,
-        id: Uuid,
-        enabled: bool,
-    ) -> Result<Published<bool>, StoreError> {
-        let mut tx = self.pool.begin().await?;
-        let result = sqlx::query("UPDATE api_keys SET enabled = $1 WHERE id = $2")
-            .bind(i64::from(enabled))
-            .bind(id.to_string())
-            .execute(&mut *tx)
-            .await?;
-        let revocation = self.publish(&mut tx, Revocation::Key(id)).await?;
-        let event = self
-            .record_if(&mut tx, result.rows_affected() > 0, Target::ApiKey(id))
-            .await?;
-        event.commit(tx).await?;
-        Ok(Published::revoking(result.rows_affected() > 0, revocation))
-    }
-
-    /// The outcome is false when no such key.
-    pub async fn delete_api_key(&self, id: Uuid) -> Result<Published<bool>, StoreError> {
-        let mut tx = self.pool.begin().await?;
-        let result = sqlx::query("DELETE FROM api_keys WHERE id = $1")
-            .bind(id.to_string())
-            .execute(&mut *tx)
-            .await?;
-        let revocation = self.publish(&mut tx, Revocation::Key(id)).await?;
-        let event = self
-            .record_if(&mut tx, result.rows_affected() > 0, Target::ApiKey(id))
-            .await?;
-        event.commit(tx).await?;
-        Ok(Published::revoking(result.rows_affected() > 0, revocation))
-    }
-
-    // --- sessions -------------------------------------------------------------
-
-    pub async fn insert_session(&self, session: &SessionRecord) -> Result<(), StoreError> {
-        let sql =
-            format!("INSERT INTO sessions ({SESSION_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7)");
-        sqlx::query(AssertSqlSafe(sql))
-            .bind(session.id.to_string())
-            .bind(session.user_id.to_string())
-            .bind(session.created_time)
-            .bind(i64::from(session.ended))
-            .bind(&session.refresh_jti)
-            .bind(session.refreshed_time)
-            .bind(session.ended_time)
-            .execute(&self.pool)
-            .await?;
-        Ok(())
-    }
-
-    /// `None` for a session that never existed and for one that was pruned:
-    /// callers must treat both exactly like an ended session.
-    pub async fn session_by_id(&self, id: Uuid) -> Result<Option<SessionRecord>, StoreError> {
-        let sql = format!("SELECT {SESSION_COLUMNS} FROM sessions WHERE id = $1");
-        let row = sqlx::query(AssertSqlSafe(sql))
-            .bind(id.to_string())
-            .fetch_optional(&self.pool)
-            .await?;
-        row.map(|r| {
-            Ok(SessionRecord {
-                id: uuid_col(&r, 0)?,
-                user_id: uuid_col(&r, 1)?,
-                created_time: r.try_get(2)?,
-                ended: flag(&r, 3)?,
-                refresh_jti: r.try_get(4)?,
-                refreshed_time: r.try_get(5)?,
-                ended_time: r.try_get(6)?,
-            })
-        })
-        .transpose()
-    }
-
-    /// Ends a session at `now_ms`: every token of it stops working. A session
-    /// that had ended already keeps its first end time.
-    pub async fn end_session(&self, id: Uuid, now_ms: i64) -> Result<Published<bool>, StoreError> {
-        let mut tx = self.pool.begin().await?;
-        let result = sqlx::query(
-            "UPDATE sessions SET ended = 1, \
-             ended_time = CASE WHEN ended = 1 THEN ended_time ELSE $1 END WHERE id = $2",
-        )
-        .bind(now_ms)
-        .bind(id.to_string())
-        .execute(&mut *tx)
-        .await?;
-        let revocation = self.publish(&mut tx, Revocation::Session(id)).await?;
-        tx.commit().await?;
-        Ok(Published::revoking(result.rows_affected() > 0, revocation))
-    }
 }
 
 /// Flags are stored as 0/1 integers in both dialects.
 fn flag(row: &AnyRow, index: usize) -> Result<bool, StoreError> {
     Ok(row.try_get::<i64, _>(index)? != 0)
-}
-
-/// Binds `user`'s customer id to their tenant when no tenant used it before;
-/// refuses it ([`StoreError::ForeignCustomer`]) when another tenant did. Two
-/// tenants racing for a new id: the second insert waits on the first's row
-/// (PostgreSQL) or its write lock (SQLite), then reads the first's tenant.
-async fn claim_customer(
-    conn: &mut sqlx::AnyConnection,
-    user: &UserRecord,
-) -> Result<(), StoreError> {
-    let customer = user.customer_id.to_string();
-    let tenant = user.tenant_id.to_string();
-    sqlx::query(
-        "INSERT INTO customer_tenants (customer_id, tenant_id, created_time) \
-         VALUES ($1, $2, $3) ON CONFLICT (customer_id) DO NOTHING",
-    )
-    .bind(&customer)
-    .bind(&tenant)
-    .bind(user.created_time)
-    .execute(&mut *conn)
-    .await?;
-    let owner: String =
-        sqlx::query_scalar("SELECT tenant_id FROM customer_tenants WHERE customer_id = $1")
-            .bind(&customer)
-            .fetch_one(&mut *conn)
-            .await?;
-    if owner != tenant {
-        return Err(StoreError::ForeignCustomer);
-    }
-    Ok(())
 }
 
 /// A unique-constraint violation as a conflict on `what`; any other error
@@ -704,40 +231,6 @@ fn conflict_on(what: &'static str) -> impl Fn(sqlx::Error) -> StoreError {
 fn uuid_col(row: &AnyRow, index: usize) -> Result<Uuid, StoreError> {
     let text: String = row.try_get(index)?;
     Uuid::parse_str(&text).map_err(|_| StoreError::Corrupt(format!("bad uuid {text:?}")))
-}
-
-fn user_from_row(row: &AnyRow) -> Result<UserRecord, StoreError> {
-    let authority: String = row.try_get(5)?;
-    Ok(UserRecord {
-        id: uuid_col(row, 0)?,
-        created_time: row.try_get(1)?,
-        tenant_id: uuid_col(row, 2)?,
-        customer_id: uuid_col(row, 3)?,
-        email: row.try_get(4)?,
-        authority: Authority::parse(&authority)
-            .ok_or_else(|| StoreError::Corrupt(format!("bad authority {authority:?}")))?,
-        first_name: row.try_get(6)?,
-        last_name: row.try_get(7)?,
-        phone: row.try_get(8)?,
-        additional_info: row.try_get(9)?,
-        version: row.try_get(10)?,
-        enabled: flag(row, 11)?,
-        password_hash: row.try_get(12)?,
-        tokens_valid_after: row.try_get(13)?,
-    })
-}
-
-fn key_from_row(row: &AnyRow) -> Result<ApiKeyRecord, StoreError> {
-    Ok(ApiKeyRecord {
-        id: uuid_col(row, 0)?,
-        created_time: row.try_get(1)?,
-        tenant_id: uuid_col(row, 2)?,
-        user_id: uuid_col(row, 3)?,
-        digest: row.try_get(4)?,
-        description: row.try_get(5)?,
-        enabled: flag(row, 6)?,
-        expiration_time: row.try_get(7)?,
-    })
 }
 
 #[cfg(test)]

@@ -1,13 +1,105 @@
-//! Store operations of the session endpoints: refresh-token rotation, password
-//! changes and the login lockout counters.
+//! The `sessions` table: login sessions, their refresh-token rotation, and
+//! ending them.
 
-use sqlx::Row;
+use sqlx::{AssertSqlSafe, Row};
 use uuid::Uuid;
 
-use super::audit::Target;
-use super::{Published, Revocation, Store, StoreError};
+use super::revocation::Change;
+use super::{Published, Revocation, Store, StoreError, flag, uuid_col};
+
+/// A login session. Times are epoch ms.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionRecord {
+    pub id: Uuid,
+    pub user_id: Uuid,
+    pub created_time: i64,
+    pub ended: bool,
+    pub refresh_jti: String,
+    /// When the refresh token last rotated (at first, the creation time): the
+    /// current refresh token expires one refresh lifetime after it.
+    pub refreshed_time: i64,
+    /// When the session ended; 0 while it is live.
+    pub ended_time: i64,
+}
+
+impl SessionRecord {
+    /// A new live session of `user_id`, opened at `now_ms`.
+    pub fn open(user_id: Uuid, now_ms: i64, refresh_jti: String) -> SessionRecord {
+        SessionRecord {
+            id: Uuid::new_v4(),
+            user_id,
+            created_time: now_ms,
+            ended: false,
+            refresh_jti,
+            refreshed_time: now_ms,
+            ended_time: 0,
+        }
+    }
+}
+
+const SESSION_COLUMNS: &str =
+    "id, user_id, created_time, ended, refresh_jti, refreshed_time, ended_time";
+/// Ends every live session of user `$2` at `$1` (epoch ms). Sessions that
+/// ended before keep their own end time.
+pub(super) const END_SESSIONS_OF_USER: &str =
+    "UPDATE sessions SET ended = 1, ended_time = $1 WHERE user_id = $2 AND ended = 0";
 
 impl Store {
+    pub async fn insert_session(&self, session: &SessionRecord) -> Result<(), StoreError> {
+        let sql =
+            format!("INSERT INTO sessions ({SESSION_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7)");
+        sqlx::query(AssertSqlSafe(sql))
+            .bind(session.id.to_string())
+            .bind(session.user_id.to_string())
+            .bind(session.created_time)
+            .bind(i64::from(session.ended))
+            .bind(&session.refresh_jti)
+            .bind(session.refreshed_time)
+            .bind(session.ended_time)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    /// `None` for a session that never existed and for one that was pruned:
+    /// callers must treat both exactly like an ended session.
+    pub async fn session_by_id(&self, id: Uuid) -> Result<Option<SessionRecord>, StoreError> {
+        let sql = format!("SELECT {SESSION_COLUMNS} FROM sessions WHERE id = $1");
+        let row = sqlx::query(AssertSqlSafe(sql))
+            .bind(id.to_string())
+            .fetch_optional(&self.pool)
+            .await?;
+        row.map(|r| {
+            Ok(SessionRecord {
+                id: uuid_col(&r, 0)?,
+                user_id: uuid_col(&r, 1)?,
+                created_time: r.try_get(2)?,
+                ended: flag(&r, 3)?,
+                refresh_jti: r.try_get(4)?,
+                refreshed_time: r.try_get(5)?,
+                ended_time: r.try_get(6)?,
+            })
+        })
+        .transpose()
+    }
+
+    /// Ends a session at `now_ms`: every token of it stops working. A session
+    /// that had ended already keeps its first end time.
+    pub async fn end_session(&self, id: Uuid, now_ms: i64) -> Result<Published<bool>, StoreError> {
+        self.revoking_write(|mut tx| async move {
+            let result = sqlx::query(
+                "UPDATE sessions SET ended = 1, \
+                 ended_time = CASE WHEN ended = 1 THEN ended_time ELSE $1 END WHERE id = $2",
+            )
+            .bind(now_ms)
+            .bind(id.to_string())
+            .execute(&mut *tx)
+            .await?;
+            Change::unaudited(tx, result.rows_affected() > 0, Revocation::Session(id))
+        })
+        .await
+    }
+
     /// Moves a live session from refresh token `old_jti` to `new_jti`, issued
     /// at `now_ms`. False when the session is ended or gone, or `old_jti` is no
     /// longer current (a retired refresh token came back, or a concurrent
@@ -30,117 +122,5 @@ impl Store {
         .execute(&self.pool)
         .await?;
         Ok(result.rows_affected() == 1)
-    }
-
-    /// Replaces a user's password hash. With `outdate_at` (a password change),
-    /// every older token of the user is outdated and their sessions end, in the
-    /// same transaction; without it (a re-hash) nothing else changes.
-    pub async fn update_password(
-        &self,
-        user_id: Uuid,
-        hash: &str,
-        outdate_at: Option<i64>,
-    ) -> Result<Published<bool>, StoreError> {
-        let mut tx = self.pool.begin().await?;
-        let updated = match outdate_at {
-            Some(now_secs) => {
-                sqlx::query(
-                    "UPDATE users SET password_hash = $1, tokens_valid_after = $2, version = version + 1 WHERE id = $3",
-                )
-                .bind(hash)
-                .bind(now_secs)
-                .bind(user_id.to_string())
-                .execute(&mut *tx)
-                .await?
-            }
-            None => {
-                sqlx::query("UPDATE users SET password_hash = $1 WHERE id = $2")
-                    .bind(hash)
-                    .bind(user_id.to_string())
-                    .execute(&mut *tx)
-                    .await?
-            }
-        };
-        let mut revocation = None;
-        if let Some(now_secs) = outdate_at {
-            sqlx::query(super::END_SESSIONS_OF_USER)
-                .bind(now_secs.saturating_mul(1000))
-                .bind(user_id.to_string())
-                .execute(&mut *tx)
-                .await?;
-            revocation = Some(self.publish(&mut tx, Revocation::User(user_id)).await?);
-        }
-        let changed = updated.rows_affected() > 0;
-        let event = self
-            .record_if(&mut tx, changed, Target::User(user_id))
-            .await?;
-        event.commit(tx).await?;
-        Ok(Published {
-            outcome: changed,
-            revocation,
-        })
-    }
-
-    /// Counts one more consecutive failed login; returns the count.
-    pub async fn record_login_failure(&self, user_id: Uuid) -> Result<i64, StoreError> {
-        let row = sqlx::query(
-            "INSERT INTO login_lockouts (user_id, failures, locked) VALUES ($1, 1, 0) \
-             ON CONFLICT (user_id) DO UPDATE SET failures = login_lockouts.failures + 1 \
-             RETURNING failures",
-        )
-        .bind(user_id.to_string())
-        .fetch_one(&self.pool)
-        .await?;
-        Ok(row.try_get::<i64, _>(0)?)
-    }
-
-    /// A successful login resets the consecutive-failure count.
-    pub async fn clear_login_failures(&self, user_id: Uuid) -> Result<(), StoreError> {
-        sqlx::query("DELETE FROM login_lockouts WHERE user_id = $1 AND locked = 0")
-            .bind(user_id.to_string())
-            .execute(&self.pool)
-            .await?;
-        Ok(())
-    }
-
-    /// Locks an account: disabled, its tokens outdated and sessions ended, and
-    /// marked as locked so logins say why. Enabling the user lifts it.
-    pub async fn lock_user(
-        &self,
-        user_id: Uuid,
-        now_secs: i64,
-    ) -> Result<Published<bool>, StoreError> {
-        let mut tx = self.pool.begin().await?;
-        let updated = sqlx::query(
-            "UPDATE users SET enabled = 0, tokens_valid_after = $1, version = version + 1 WHERE id = $2",
-        )
-        .bind(now_secs)
-        .bind(user_id.to_string())
-        .execute(&mut *tx)
-        .await?;
-        sqlx::query(super::END_SESSIONS_OF_USER)
-            .bind(now_secs.saturating_mul(1000))
-            .bind(user_id.to_string())
-            .execute(&mut *tx)
-            .await?;
-        sqlx::query(
-            "INSERT INTO login_lockouts (user_id, failures, locked) VALUES ($1, 0, 1) \
-             ON CONFLICT (user_id) DO UPDATE SET locked = 1",
-        )
-        .bind(user_id.to_string())
-        .execute(&mut *tx)
-        .await?;
-        let revocation = self.publish(&mut tx, Revocation::User(user_id)).await?;
-        tx.commit().await?;
-        Ok(Published::revoking(updated.rows_affected() > 0, revocation))
-    }
-
-    pub async fn is_locked(&self, user_id: Uuid) -> Result<bool, StoreError> {
-        let row =
-            sqlx::query("SELECT COUNT(*) FROM login_lockouts WHERE user_id = $1 AND locked = 1")
-                .bind(user_id.to_string())
-                .fetch_one(&self.pool)
-                .await?;
-        Ok(row.try_get::<i64, _>(0)? > 0)
     }
 }

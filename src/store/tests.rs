@@ -8,13 +8,13 @@ use std::ops::Deref;
 use std::sync::Arc;
 use std::time::Duration;
 
-use sqlx::Connection;
 use sqlx::postgres::PgConnection;
+use sqlx::{AssertSqlSafe, Connection};
 use uuid::Uuid;
 
 use super::*;
 use crate::config::RetentionSettings;
-use crate::identity::NULL_UUID;
+use crate::identity::{Authority, NULL_UUID};
 use crate::store::retention::{CLOCK_SLACK, Pruned, Pruner};
 use crate::telemetry::Metrics;
 

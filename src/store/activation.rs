@@ -1,0 +1,111 @@
+//! The `activation_tokens` table: one-time tokens with which a new user sets
+//! their first password.
+
+use sqlx::Row;
+use uuid::Uuid;
+
+use super::audit::Target;
+use super::revocation::Change;
+use super::{Published, Revocation, Store, StoreError};
+
+impl Store {
+    /// Stores a new activation token digest for a user, replacing older ones.
+    pub async fn replace_activation(
+        &self,
+        user_id: Uuid,
+        digest: &str,
+        expires_at: i64,
+    ) -> Result<(), StoreError> {
+        let mut tx = self.pool.begin().await?;
+        sqlx::query("DELETE FROM activation_tokens WHERE user_id = $1")
+            .bind(user_id.to_string())
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query(
+            "INSERT INTO activation_tokens (digest, user_id, expires_at) VALUES ($1, $2, $3)",
+        )
+        .bind(digest)
+        .bind(user_id.to_string())
+        .bind(expires_at)
+        .execute(&mut *tx)
+        .await?;
+        let event = self.record(&mut tx, Target::User(user_id)).await?;
+        event.commit(tx).await?;
+        Ok(())
+    }
+
+    /// The user an unexpired activation token belongs to, without using it.
+    pub async fn activation_user(
+        &self,
+        digest: &str,
+        now_ms: i64,
+    ) -> Result<Option<Uuid>, StoreError> {
+        let row = sqlx::query(
+            "SELECT user_id FROM activation_tokens WHERE digest = $1 AND expires_at > $2",
+        )
+        .bind(digest)
+        .bind(now_ms)
+        .fetch_optional(&self.pool)
+        .await?;
+        row.map(|row| parse_uuid(row.try_get(0)?)).transpose()
+    }
+
+    /// Uses an activation token once, atomically: the token is consumed by a
+    /// single `DELETE ... RETURNING` (of two concurrent uses, one wins), and the
+    /// password is set only when the account has none yet. Every earlier
+    /// session and token of the user ends, as with any password set. The
+    /// outcome is the user id, or `None` for an unknown, expired or already used token or
+    /// an account that already has a password.
+    pub async fn activate(
+        &self,
+        digest: &str,
+        password_hash: &str,
+        now_ms: i64,
+        now_secs: i64,
+    ) -> Result<Published<Option<Uuid>>, StoreError> {
+        self.revoking_write(|mut tx| async move {
+            let row = sqlx::query(
+                "DELETE FROM activation_tokens WHERE digest = $1 AND expires_at > $2 RETURNING user_id",
+            )
+            .bind(digest)
+            .bind(now_ms)
+            .fetch_optional(&mut *tx)
+            .await?;
+            let Some(row) = row else {
+                return Change::new(tx, None, None, None);
+            };
+            let user_id: String = row.try_get(0)?;
+            sqlx::query("DELETE FROM activation_tokens WHERE user_id = $1")
+                .bind(&user_id)
+                .execute(&mut *tx)
+                .await?;
+            let updated = sqlx::query(
+                "UPDATE users SET password_hash = $1, tokens_valid_after = $2, version = version + 1 \
+                 WHERE id = $3 AND password_hash = ''",
+            )
+            .bind(password_hash)
+            .bind(now_secs)
+            .bind(&user_id)
+            .execute(&mut *tx)
+            .await?;
+            let user_id = parse_uuid(user_id)?;
+            let activated = updated.rows_affected() == 1;
+            if activated {
+                sqlx::query(super::sessions::END_SESSIONS_OF_USER)
+                    .bind(now_secs.saturating_mul(1000))
+                    .bind(user_id.to_string())
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            // Consumed either way: a token of an account that has a password is void.
+            let revocation = activated.then_some(Revocation::User(user_id));
+            let audit = activated.then_some(Target::User(user_id));
+            Change::new(tx, activated.then_some(user_id), revocation, audit)
+        })
+        .await
+    }
+}
+
+fn parse_uuid(text: String) -> Result<Uuid, StoreError> {
+    Uuid::parse_str(&text).map_err(|_| StoreError::Corrupt(format!("bad uuid {text:?}")))
+}

@@ -1,0 +1,195 @@
+//! The `api_keys` table: the key record (a digest, never the value), its
+//! reads, writes and listing, and the per-user cap on creation.
+
+use sqlx::any::AnyRow;
+use sqlx::{AssertSqlSafe, Row};
+use uuid::Uuid;
+
+use super::audit::Target;
+use super::paging::{Listing, like_pattern};
+use super::revocation::Change;
+use super::{
+    Dialect, Page, PageRequest, Published, Revocation, Store, StoreError, conflict_on, flag,
+    uuid_col,
+};
+
+/// An API key as stored: never the value, only its digest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiKeyRecord {
+    pub id: Uuid,
+    pub created_time: i64,
+    pub tenant_id: Uuid,
+    pub user_id: Uuid,
+    pub digest: String,
+    pub description: String,
+    pub enabled: bool,
+    /// Epoch ms; 0 means never.
+    pub expiration_time: i64,
+}
+
+const KEY_COLUMNS: &str =
+    "id, created_time, tenant_id, user_id, digest, description, enabled, expiration_time";
+
+impl Store {
+    pub async fn insert_api_key(&self, key: &ApiKeyRecord) -> Result<(), StoreError> {
+        self.insert_api_key_capped(key, i64::MAX).await.map(|_| ())
+    }
+
+    /// Inserts `key` unless its user already holds `cap` keys: `Ok(false)`,
+    /// nothing written. Counting and inserting are one statement; on
+    /// PostgreSQL the owner's row is locked first, so concurrent creations
+    /// for one user are counted one after another (SQLite writes one at a
+    /// time anyway).
+    pub async fn insert_api_key_capped(
+        &self,
+        key: &ApiKeyRecord,
+        cap: i64,
+    ) -> Result<bool, StoreError> {
+        let sql = format!(
+            "INSERT INTO api_keys ({KEY_COLUMNS}) SELECT $1, $2, $3, $4, $5, $6, $7, $8 \
+             WHERE (SELECT COUNT(*) FROM api_keys WHERE user_id = $9) < $10"
+        );
+        let mut tx = self.pool.begin().await?;
+        if self.dialect == Dialect::Postgres && cap < i64::MAX {
+            sqlx::query("SELECT id FROM users WHERE id = $1 FOR UPDATE")
+                .bind(key.user_id.to_string())
+                .execute(&mut *tx)
+                .await?;
+        }
+        let result = sqlx::query(AssertSqlSafe(sql))
+            .bind(key.id.to_string())
+            .bind(key.created_time)
+            .bind(key.tenant_id.to_string())
+            .bind(key.user_id.to_string())
+            .bind(&key.digest)
+            .bind(&key.description)
+            .bind(i64::from(key.enabled))
+            .bind(key.expiration_time)
+            .bind(key.user_id.to_string())
+            .bind(cap)
+            .execute(&mut *tx)
+            .await;
+        if result.map_err(conflict_on("digest"))?.rows_affected() == 0 {
+            return Ok(false);
+        }
+        let event = self.record(&mut tx, Target::ApiKey(key.id)).await?;
+        event.commit(tx).await?;
+        Ok(true)
+    }
+
+    pub async fn api_key_by_digest(
+        &self,
+        digest: &str,
+    ) -> Result<Option<ApiKeyRecord>, StoreError> {
+        let sql = format!("SELECT {KEY_COLUMNS} FROM api_keys WHERE digest = $1");
+        let row = sqlx::query(AssertSqlSafe(sql))
+            .bind(digest)
+            .fetch_optional(&self.pool)
+            .await?;
+        row.map(|r| key_from_row(&r)).transpose()
+    }
+
+    pub async fn api_key_by_id(&self, id: Uuid) -> Result<Option<ApiKeyRecord>, StoreError> {
+        let sql = format!("SELECT {KEY_COLUMNS} FROM api_keys WHERE id = $1");
+        let row = sqlx::query(AssertSqlSafe(sql))
+            .bind(id.to_string())
+            .fetch_optional(&self.pool)
+            .await?;
+        row.map(|r| key_from_row(&r)).transpose()
+    }
+
+    pub async fn list_api_keys(&self, user_id: Uuid) -> Result<Vec<ApiKeyRecord>, StoreError> {
+        let sql = format!(
+            "SELECT {KEY_COLUMNS} FROM api_keys WHERE user_id = $1 ORDER BY created_time, id"
+        );
+        let rows = sqlx::query(AssertSqlSafe(sql))
+            .bind(user_id.to_string())
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(key_from_row).collect()
+    }
+
+    /// The outcome is false when no such key.
+    pub async fn set_api_key_enabled(
+        &self,
+        id: Uuid,
+        enabled: bool,
+    ) -> Result<Published<bool>, StoreError> {
+        self.revoking_write(|mut tx| async move {
+            let result = sqlx::query("UPDATE api_keys SET enabled = $1 WHERE id = $2")
+                .bind(i64::from(enabled))
+                .bind(id.to_string())
+                .execute(&mut *tx)
+                .await?;
+            let changed = result.rows_affected() > 0;
+            Change::audited(tx, changed, Revocation::Key(id), Target::ApiKey(id))
+        })
+        .await
+    }
+
+    /// The outcome is false when no such key.
+    pub async fn delete_api_key(&self, id: Uuid) -> Result<Published<bool>, StoreError> {
+        self.revoking_write(|mut tx| async move {
+            let result = sqlx::query("DELETE FROM api_keys WHERE id = $1")
+                .bind(id.to_string())
+                .execute(&mut *tx)
+                .await?;
+            let changed = result.rows_affected() > 0;
+            Change::audited(tx, changed, Revocation::Key(id), Target::ApiKey(id))
+        })
+        .await
+    }
+
+    /// A user's API keys by creation time.
+    pub async fn api_keys_page(
+        &self,
+        user_id: Uuid,
+        page: &PageRequest,
+    ) -> Result<Page<ApiKeyRecord>, StoreError> {
+        let mut filter = String::from(" WHERE user_id = $1");
+        let mut binds = vec![user_id.to_string()];
+        if let Some(text) = page.text_search.as_deref().filter(|t| !t.is_empty()) {
+            binds.push(like_pattern(text));
+            filter.push_str(" AND LOWER(description) LIKE $2 ESCAPE '\\'");
+        }
+        let listing = Listing {
+            table: "api_keys",
+            columns: KEY_COLUMNS,
+            filter,
+            binds,
+            order: "created_time, id",
+        };
+        self.page(listing, page, key_from_row).await
+    }
+
+    /// Returns false when no such key.
+    pub async fn set_api_key_description(
+        &self,
+        id: Uuid,
+        description: &str,
+    ) -> Result<bool, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let result = sqlx::query("UPDATE api_keys SET description = $1 WHERE id = $2")
+            .bind(description)
+            .bind(id.to_string())
+            .execute(&mut *tx)
+            .await?;
+        let changed = result.rows_affected() > 0;
+        let event = self.record_if(&mut tx, changed, Target::ApiKey(id)).await?;
+        event.commit(tx).await?;
+        Ok(changed)
+    }
+}
+
+fn key_from_row(row: &AnyRow) -> Result<ApiKeyRecord, StoreError> {
+    Ok(ApiKeyRecord {
+        id: uuid_col(row, 0)?,
+        created_time: row.try_get(1)?,
+        tenant_id: uuid_col(row, 2)?,
+        user_id: uuid_col(row, 3)?,
+        digest: row.try_get(4)?,
+        description: row.try_get(5)?,
+        enabled: flag(row, 6)?,
+        expiration_time: row.try_get(7)?,
+    })
+}

@@ -1,0 +1,285 @@
+//! The `users` table: the user record, its reads, writes and listing, and
+//! the binding of a customer id to the tenant that first used it.
+
+use sqlx::any::AnyRow;
+use sqlx::{AssertSqlSafe, Row};
+use uuid::Uuid;
+
+use super::audit::Target;
+use super::paging::{Listing, like_pattern};
+use super::revocation::Change;
+use super::sessions::END_SESSIONS_OF_USER;
+use super::{
+    Page, PageRequest, Published, Revocation, Store, StoreError, conflict_on, flag, uuid_col,
+};
+use crate::identity::Authority;
+
+/// A user as stored.
+#[derive(Clone, PartialEq, Eq)]
+pub struct UserRecord {
+    pub id: Uuid,
+    pub created_time: i64,
+    pub tenant_id: Uuid,
+    pub customer_id: Uuid,
+    pub email: String,
+    pub authority: Authority,
+    pub first_name: String,
+    pub last_name: String,
+    pub phone: String,
+    pub additional_info: Option<String>,
+    pub version: i64,
+    pub enabled: bool,
+    pub password_hash: String,
+    /// Tokens issued (in whole seconds) before this are outdated.
+    pub tokens_valid_after: i64,
+}
+
+impl std::fmt::Debug for UserRecord {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UserRecord")
+            .field("id", &self.id)
+            .field("email", &self.email)
+            .field("authority", &self.authority)
+            .field("enabled", &self.enabled)
+            .finish_non_exhaustive()
+    }
+}
+
+pub(super) const USER_COLUMNS: &str = "id, created_time, tenant_id, customer_id, email, authority, first_name, \
+     last_name, phone, additional_info, version, enabled, password_hash, tokens_valid_after";
+
+impl Store {
+    pub async fn user_count(&self) -> Result<i64, StoreError> {
+        let row = sqlx::query("SELECT COUNT(*) FROM users")
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(row.try_get::<i64, _>(0)?)
+    }
+
+    pub async fn insert_user(&self, user: &UserRecord) -> Result<(), StoreError> {
+        let sql = format!(
+            "INSERT INTO users ({USER_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)"
+        );
+        let mut tx = self.pool.begin().await?;
+        let result = sqlx::query(AssertSqlSafe(sql))
+            .bind(user.id.to_string())
+            .bind(user.created_time)
+            .bind(user.tenant_id.to_string())
+            .bind(user.customer_id.to_string())
+            .bind(user.email.trim().to_lowercase())
+            .bind(user.authority.as_str())
+            .bind(&user.first_name)
+            .bind(&user.last_name)
+            .bind(&user.phone)
+            .bind(user.additional_info.clone())
+            .bind(user.version)
+            .bind(i64::from(user.enabled))
+            .bind(&user.password_hash)
+            .bind(user.tokens_valid_after)
+            .execute(&mut *tx)
+            .await;
+        result.map_err(conflict_on("email"))?;
+        if user.customer_id != crate::identity::NULL_UUID {
+            claim_customer(&mut tx, user).await?;
+        }
+        let event = self.record(&mut tx, Target::User(user.id)).await?;
+        event.commit(tx).await?;
+        Ok(())
+    }
+
+    pub async fn user_by_id(&self, id: Uuid) -> Result<Option<UserRecord>, StoreError> {
+        let sql = format!("SELECT {USER_COLUMNS} FROM users WHERE id = $1");
+        let row = sqlx::query(AssertSqlSafe(sql))
+            .bind(id.to_string())
+            .fetch_optional(&self.pool)
+            .await?;
+        row.map(|r| user_from_row(&r)).transpose()
+    }
+
+    /// Emails are stored lower-cased; the lookup is case-insensitive.
+    pub async fn user_by_email(&self, email: &str) -> Result<Option<UserRecord>, StoreError> {
+        let sql = format!("SELECT {USER_COLUMNS} FROM users WHERE email = $1");
+        let row = sqlx::query(AssertSqlSafe(sql))
+            .bind(email.trim().to_lowercase())
+            .fetch_optional(&self.pool)
+            .await?;
+        row.map(|r| user_from_row(&r)).transpose()
+    }
+
+    pub async fn list_users(&self) -> Result<Vec<UserRecord>, StoreError> {
+        let sql = format!("SELECT {USER_COLUMNS} FROM users ORDER BY created_time, email");
+        let rows = sqlx::query(AssertSqlSafe(sql))
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(user_from_row).collect()
+    }
+
+    /// Enables or disables a user. Disabling outdates every token of the user
+    /// and ends their sessions, in one transaction. The outcome is false when no such user.
+    pub async fn set_user_enabled(
+        &self,
+        id: Uuid,
+        enabled: bool,
+        now_secs: i64,
+    ) -> Result<Published<bool>, StoreError> {
+        self.revoking_write(|mut tx| async move {
+            let updated = if enabled {
+                sqlx::query("UPDATE users SET enabled = $1, version = version + 1 WHERE id = $2")
+                    .bind(1_i64)
+                    .bind(id.to_string())
+                    .execute(&mut *tx)
+                    .await?
+            } else {
+                sqlx::query(
+                    "UPDATE users SET enabled = $1, version = version + 1, tokens_valid_after = $2 WHERE id = $3",
+                )
+                .bind(0_i64)
+                .bind(now_secs)
+                .bind(id.to_string())
+                .execute(&mut *tx)
+                .await?
+            };
+            if enabled {
+                // An administrator enabling an account also lifts a lockout.
+                sqlx::query("DELETE FROM login_lockouts WHERE user_id = $1")
+                    .bind(id.to_string())
+                    .execute(&mut *tx)
+                    .await?;
+            } else {
+                sqlx::query(END_SESSIONS_OF_USER)
+                    .bind(now_secs.saturating_mul(1000))
+                    .bind(id.to_string())
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            let changed = updated.rows_affected() > 0;
+            Change::audited(tx, changed, Revocation::User(id), Target::User(id))
+        })
+        .await
+    }
+
+    /// Deletes a user with their keys and sessions. The outcome is false when no such user.
+    pub async fn delete_user(&self, id: Uuid) -> Result<Published<bool>, StoreError> {
+        self.revoking_write(|mut tx| async move {
+            for sql in [
+                "DELETE FROM api_keys WHERE user_id = $1",
+                "DELETE FROM sessions WHERE user_id = $1",
+                "DELETE FROM login_lockouts WHERE user_id = $1",
+            ] {
+                sqlx::query(sql)
+                    .bind(id.to_string())
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            let deleted = sqlx::query("DELETE FROM users WHERE id = $1")
+                .bind(id.to_string())
+                .execute(&mut *tx)
+                .await?;
+            let changed = deleted.rows_affected() > 0;
+            Change::audited(tx, changed, Revocation::User(id), Target::User(id))
+        })
+        .await
+    }
+
+    /// Users, optionally of one tenant, by creation time.
+    pub async fn users_page(
+        &self,
+        tenant_id: Option<Uuid>,
+        page: &PageRequest,
+    ) -> Result<Page<UserRecord>, StoreError> {
+        let mut filter = String::from(" WHERE 1 = 1");
+        let mut binds: Vec<String> = Vec::new();
+        if let Some(tenant) = tenant_id {
+            binds.push(tenant.to_string());
+            filter.push_str(&format!(" AND tenant_id = ${}", binds.len()));
+        }
+        if let Some(text) = page.text_search.as_deref().filter(|t| !t.is_empty()) {
+            binds.push(like_pattern(text));
+            let n = binds.len();
+            filter.push_str(&format!(
+                " AND (LOWER(email) LIKE ${n} ESCAPE '\\' OR LOWER(first_name) LIKE ${n} ESCAPE '\\' OR LOWER(last_name) LIKE ${n} ESCAPE '\\')"
+            ));
+        }
+        let listing = Listing {
+            table: "users",
+            columns: USER_COLUMNS,
+            filter,
+            binds,
+            order: "created_time, email",
+        };
+        self.page(listing, page, user_from_row).await
+    }
+
+    /// Updates the editable profile fields. Returns false when no such user.
+    pub async fn update_user_profile(&self, user: &UserRecord) -> Result<bool, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let result = sqlx::query(
+            "UPDATE users SET first_name = $1, last_name = $2, phone = $3, additional_info = $4, \
+             version = version + 1 WHERE id = $5",
+        )
+        .bind(&user.first_name)
+        .bind(&user.last_name)
+        .bind(&user.phone)
+        .bind(user.additional_info.clone())
+        .bind(user.id.to_string())
+        .execute(&mut *tx)
+        .await?;
+        let changed = result.rows_affected() > 0;
+        let event = self
+            .record_if(&mut tx, changed, Target::User(user.id))
+            .await?;
+        event.commit(tx).await?;
+        Ok(changed)
+    }
+}
+
+/// Binds `user`'s customer id to their tenant when no tenant used it before;
+/// refuses it ([`StoreError::ForeignCustomer`]) when another tenant did. Two
+/// tenants racing for a new id: the second insert waits on the first's row
+/// (PostgreSQL) or its write lock (SQLite), then reads the first's tenant.
+async fn claim_customer(
+    conn: &mut sqlx::AnyConnection,
+    user: &UserRecord,
+) -> Result<(), StoreError> {
+    let customer = user.customer_id.to_string();
+    let tenant = user.tenant_id.to_string();
+    sqlx::query(
+        "INSERT INTO customer_tenants (customer_id, tenant_id, created_time) \
+         VALUES ($1, $2, $3) ON CONFLICT (customer_id) DO NOTHING",
+    )
+    .bind(&customer)
+    .bind(&tenant)
+    .bind(user.created_time)
+    .execute(&mut *conn)
+    .await?;
+    let owner: String =
+        sqlx::query_scalar("SELECT tenant_id FROM customer_tenants WHERE customer_id = $1")
+            .bind(&customer)
+            .fetch_one(&mut *conn)
+            .await?;
+    if owner != tenant {
+        return Err(StoreError::ForeignCustomer);
+    }
+    Ok(())
+}
+
+pub(super) fn user_from_row(row: &AnyRow) -> Result<UserRecord, StoreError> {
+    let authority: String = row.try_get(5)?;
+    Ok(UserRecord {
+        id: uuid_col(row, 0)?,
+        created_time: row.try_get(1)?,
+        tenant_id: uuid_col(row, 2)?,
+        customer_id: uuid_col(row, 3)?,
+        email: row.try_get(4)?,
+        authority: Authority::parse(&authority)
+            .ok_or_else(|| StoreError::Corrupt(format!("bad authority {authority:?}")))?,
+        first_name: row.try_get(6)?,
+        last_name: row.try_get(7)?,
+        phone: row.try_get(8)?,
+        additional_info: row.try_get(9)?,
+        version: row.try_get(10)?,
+        enabled: flag(row, 11)?,
+        password_hash: row.try_get(12)?,
+        tokens_valid_after: row.try_get(13)?,
+    })
+}
