@@ -46,7 +46,7 @@ impl Load {
                 (
                     "api_key",
                     gw.https("/api/devices"),
-                    Some(common::api_key_header(&key)),
+                    Some(common::api_key_header(key)),
                 ),
                 (
                     "jwt",

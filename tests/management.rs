@@ -49,7 +49,7 @@ async fn create_key(gw: &Gateway, who: &Actor, owner: Uuid) -> reqwest::Response
 async fn use_key(gw: &Gateway, value: &str) -> reqwest::Response {
     gw.client()
         .get(gw.https("/api/devices"))
-        .header("X-Authorization", common::api_key_header(&value))
+        .header("X-Authorization", common::api_key_header(value))
         .send()
         .await
         .unwrap()

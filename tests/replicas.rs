@@ -27,7 +27,7 @@ async fn wait_for(what: &str, limit: Duration, mut done: impl AsyncFnMut() -> bo
 async fn status_with_key(gw: &Gateway, key: &str) -> u16 {
     gw.client()
         .get(gw.https("/api/devices"))
-        .header("X-Authorization", common::api_key_header(&key))
+        .header("X-Authorization", common::api_key_header(key))
         .send()
         .await
         .unwrap()
@@ -187,7 +187,7 @@ async fn the_store_keeps_working_after_the_worker_threads_of_its_server_stop() {
         async move {
             let response = client
                 .get(url)
-                .header("X-Authorization", common::api_key_header(&key))
+                .header("X-Authorization", common::api_key_header(key))
                 .send()
                 .await
                 .unwrap();

@@ -495,7 +495,7 @@ async fn proxied(gw: &Gateway, key: &str) -> Duration {
     let response = gw
         .client()
         .get(gw.https("/api/devices"))
-        .header("X-Authorization", common::api_key_header(&key))
+        .header("X-Authorization", common::api_key_header(key))
         .send()
         .await
         .unwrap();

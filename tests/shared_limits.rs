@@ -120,7 +120,7 @@ async fn wait_for(gw: &Gateway, line: &str) {
 async fn get(gw: &Gateway, path: &str, key: &str) -> reqwest::Response {
     gw.client()
         .get(gw.https(path))
-        .header("X-Authorization", common::api_key_header(&key))
+        .header("X-Authorization", common::api_key_header(key))
         .send()
         .await
         .unwrap()

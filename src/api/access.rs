@@ -150,23 +150,13 @@ mod tests {
     fn user(id: u128, tenant: u128, authority: Authority) -> UserRecord {
         UserRecord {
             id: Uuid::from_u128(id),
-            created_time: 0,
             tenant_id: if tenant == 0 {
                 NULL_UUID
             } else {
                 Uuid::from_u128(tenant)
             },
-            customer_id: NULL_UUID,
-            email: format!("{id}@example.com"),
             authority,
-            first_name: String::new(),
-            last_name: String::new(),
-            phone: String::new(),
-            additional_info: None,
-            version: 1,
-            enabled: true,
-            password_hash: String::new(),
-            tokens_valid_after: 0,
+            ..UserRecord::test_user(&format!("{id}@example.com"))
         }
     }
 

@@ -196,7 +196,7 @@ pub type PageDataUser = PageData<User>;
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::identity::{Authority, NULL_UUID};
+    use crate::identity::NULL_UUID;
     use serde_json::json;
 
     #[test]
@@ -205,17 +205,11 @@ mod tests {
             id: Uuid::from_u128(1),
             created_time: 1_700_000_000_000,
             tenant_id: Uuid::from_u128(2),
-            customer_id: NULL_UUID,
-            email: "t@example.com".into(),
-            authority: Authority::TenantAdmin,
             first_name: "Tess".into(),
-            last_name: String::new(),
-            phone: String::new(),
             additional_info: Some(r#"{"lang":"en"}"#.into()),
             version: 3,
-            enabled: true,
             password_hash: "$argon2id$secret".into(),
-            tokens_valid_after: 0,
+            ..UserRecord::test_user("t@example.com")
         };
         let json = serde_json::to_value(User::from(&record)).unwrap();
         assert_eq!(

@@ -280,19 +280,9 @@ mod tests {
     fn user() -> UserRecord {
         UserRecord {
             id: Uuid::from_u128(10),
-            created_time: 0,
             tenant_id: Uuid::from_u128(20),
-            customer_id: NULL_UUID,
-            email: "tenant@example.com".into(),
-            authority: Authority::TenantAdmin,
             first_name: "Ten".into(),
-            last_name: String::new(),
-            phone: String::new(),
-            additional_info: None,
-            version: 1,
-            enabled: true,
-            password_hash: String::new(),
-            tokens_valid_after: 0,
+            ..UserRecord::test_user("tenant@example.com")
         }
     }
 

@@ -308,20 +308,12 @@ async fn check_changes_return_the_revocation_they_publish(store: &Store) {
 
 fn user(email: &str, created_time: i64) -> UserRecord {
     UserRecord {
-        id: Uuid::new_v4(),
         created_time,
-        tenant_id: Uuid::new_v4(),
-        customer_id: NULL_UUID,
-        email: email.into(),
-        authority: Authority::TenantAdmin,
         first_name: "First".into(),
-        last_name: String::new(),
         phone: "+1 555".into(),
         additional_info: Some(r#"{"description":"x"}"#.into()),
-        version: 1,
-        enabled: true,
         password_hash: "$argon2id$fake".into(),
-        tokens_valid_after: 0,
+        ..UserRecord::test_user(email)
     }
 }
 

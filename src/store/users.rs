@@ -34,6 +34,30 @@ pub struct UserRecord {
     pub tokens_valid_after: i64,
 }
 
+#[cfg(test)]
+impl UserRecord {
+    /// A TENANT_ADMIN of a tenant of its own, enabled, without a password:
+    /// tests change what they need with `..UserRecord::test_user(email)`.
+    pub(crate) fn test_user(email: &str) -> UserRecord {
+        UserRecord {
+            id: Uuid::new_v4(),
+            created_time: 0,
+            tenant_id: Uuid::new_v4(),
+            customer_id: crate::identity::NULL_UUID,
+            email: email.into(),
+            authority: Authority::TenantAdmin,
+            first_name: String::new(),
+            last_name: String::new(),
+            phone: String::new(),
+            additional_info: None,
+            version: 1,
+            enabled: true,
+            password_hash: String::new(),
+            tokens_valid_after: 0,
+        }
+    }
+}
+
 impl std::fmt::Debug for UserRecord {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("UserRecord")
