@@ -166,8 +166,7 @@ async fn hostile_upstream_servers_never_reach_the_joined_document() {
 
 #[tokio::test]
 async fn api_browser_page_assets_and_document_refuse_framing_sniffing_and_foreign_origins() {
-    let upstream = Upstream::start().await;
-    let gw = Gateway::start(&upstream.url(), "").await;
+    let (_upstream, gw) = common::gateway("").await;
     let client = gw.client();
     let page = client
         .get(gw.https("/swagger-ui.html"))
@@ -231,8 +230,7 @@ async fn api_browser_page_assets_and_document_refuse_framing_sniffing_and_foreig
 /// `Authorization: Basic`) is never served: keygate's page answers instead.
 #[tokio::test]
 async fn stock_swagger_ui_addresses_lead_to_keygates_page() {
-    let upstream = Upstream::start().await;
-    let gw = Gateway::start(&upstream.url(), "").await;
+    let (_upstream, gw) = common::gateway("").await;
     let not_following = reqwest::Client::builder()
         .add_root_certificate(reqwest::Certificate::from_pem(&gw.ca_pem).unwrap())
         .redirect(reqwest::redirect::Policy::none())

@@ -256,8 +256,7 @@ async fn first_start_creates_the_bootstrap_admin_once() {
 
 #[tokio::test]
 async fn cli_refuses_a_tenant_admin_with_the_no_tenant_id() {
-    let upstream = Upstream::start().await;
-    let gw = Gateway::start(&upstream.url(), "").await;
+    let (_upstream, gw) = common::gateway("").await;
     let config = gw.dir.path().join("keygate.toml");
     let out = keygate(
         &config,
@@ -290,8 +289,7 @@ async fn cli_refuses_a_tenant_admin_with_the_no_tenant_id() {
 
 #[tokio::test]
 async fn admin_password_reset_from_the_cli_ends_every_earlier_session() {
-    let upstream = Upstream::start().await;
-    let gw = Gateway::start(&upstream.url(), "[cache]\nttl = \"1s\"\n").await;
+    let (_upstream, gw) = common::gateway("[cache]\nttl = \"1s\"\n").await;
     let config = gw.dir.path().join("keygate.toml");
     let user = gw
         .user(

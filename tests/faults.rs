@@ -208,8 +208,7 @@ async fn killed_upstream_gives_only_502_or_503_and_200_soon_after_its_return() {
 
 #[tokio::test]
 async fn hanging_upstream_gets_504_at_the_route_timeout_while_other_routes_keep_their_latency() {
-    let upstream = Upstream::start().await;
-    let gw = Gateway::start(&upstream.url(), "").await;
+    let (upstream, gw) = common::gateway("").await;
     let user = gw.user("hang@example.com", Authority::TenantAdmin).await;
     let (_, key) = gw.api_key(&user, 0).await;
     let auth = common::api_key_header(&key);

@@ -5,15 +5,9 @@ mod common;
 use common::{Gateway, Upstream, error_body, raw_http};
 use keygate::identity::Authority;
 
-async fn setup() -> (Upstream, Gateway) {
-    let upstream = Upstream::start().await;
-    let gateway = Gateway::start(&upstream.url(), "").await;
-    (upstream, gateway)
-}
-
 #[tokio::test]
 async fn api_key_over_https_reaches_upstream_with_verified_identity_and_without_the_key() {
-    let (upstream, gw) = setup().await;
+    let (upstream, gw) = common::gateway("").await;
     let user = gw.user("tenant@example.com", Authority::TenantAdmin).await;
     let (key_id, key) = gw.api_key(&user, 0).await;
     let response = gw
@@ -69,7 +63,7 @@ async fn api_key_over_https_reaches_upstream_with_verified_identity_and_without_
 
 #[tokio::test]
 async fn api_key_over_plain_http_is_refused_and_not_forwarded() {
-    let (upstream, gw) = setup().await;
+    let (upstream, gw) = common::gateway("").await;
     let user = gw.user("plain@example.com", Authority::TenantAdmin).await;
     let (_, key) = gw.api_key(&user, 0).await;
     let response = reqwest::Client::new()
@@ -100,7 +94,7 @@ async fn api_key_over_plain_http_is_refused_and_not_forwarded() {
 
 #[tokio::test]
 async fn spoofed_identity_headers_never_reach_upstream() {
-    let (upstream, gw) = setup().await;
+    let (upstream, gw) = common::gateway("").await;
     let user = gw.user("spoof@example.com", Authority::CustomerUser).await;
     let (_, key) = gw.api_key(&user, 0).await;
     let client = gw.client();
@@ -138,7 +132,7 @@ async fn spoofed_identity_headers_never_reach_upstream() {
 
 #[tokio::test]
 async fn connection_header_cannot_drop_the_injected_identity() {
-    let (upstream, gw) = setup().await;
+    let (upstream, gw) = common::gateway("").await;
     let user = gw.user("conn@example.com", Authority::TenantAdmin).await;
     let (session_id, token) = gw.access_token(&user).await;
     let request = format!(
@@ -157,7 +151,7 @@ async fn connection_header_cannot_drop_the_injected_identity() {
 
 #[tokio::test]
 async fn disabled_deleted_and_expired_keys_are_refused() {
-    let (upstream, gw) = setup().await;
+    let (upstream, gw) = common::gateway("").await;
     let user = gw.user("keys@example.com", Authority::TenantAdmin).await;
     let store = &gw.running.store;
     let (disabled_id, disabled) = gw.api_key(&user, 0).await;
@@ -190,7 +184,7 @@ async fn disabled_deleted_and_expired_keys_are_refused() {
 
 #[tokio::test]
 async fn key_of_a_disabled_user_is_refused_at_once_on_this_replica() {
-    let (_upstream, gw) = setup().await;
+    let (_upstream, gw) = common::gateway("").await;
     let user = gw.user("gone@example.com", Authority::TenantAdmin).await;
     let (_, key) = gw.api_key(&user, 0).await;
     let client = gw.client();
@@ -220,7 +214,7 @@ async fn key_of_a_disabled_user_is_refused_at_once_on_this_replica() {
 async fn forged_expired_and_refresh_tokens_are_refused_with_contract_codes() {
     use base64::Engine;
     let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
-    let (upstream, gw) = setup().await;
+    let (upstream, gw) = common::gateway("").await;
     let user = gw.user("jwt@example.com", Authority::TenantAdmin).await;
     let (session_id, good) = gw.access_token(&user).await;
     let keys = gw.running.app.authenticator().token_keys();
@@ -275,7 +269,7 @@ async fn forged_expired_and_refresh_tokens_are_refused_with_contract_codes() {
 
 #[tokio::test]
 async fn logged_out_session_token_is_refused() {
-    let (_upstream, gw) = setup().await;
+    let (_upstream, gw) = common::gateway("").await;
     let user = gw.user("logout@example.com", Authority::TenantAdmin).await;
     let (session_id, token) = gw.access_token(&user).await;
     let client = gw.client();
@@ -302,7 +296,7 @@ async fn logged_out_session_token_is_refused() {
 
 #[tokio::test]
 async fn missing_and_malformed_credentials_are_authentication_failures() {
-    let (upstream, gw) = setup().await;
+    let (upstream, gw) = common::gateway("").await;
     let client = gw.client();
     for header in [
         None,
@@ -327,7 +321,7 @@ async fn missing_and_malformed_credentials_are_authentication_failures() {
 
 #[tokio::test]
 async fn dot_segments_cannot_reach_an_authenticated_route_through_a_public_prefix() {
-    let (upstream, gw) = setup().await;
+    let (upstream, gw) = common::gateway("").await;
     let request =
         "GET /api/noauth/../tenant/devices HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n\r\n";
     let response = raw_http(gw.running.http.unwrap(), request).await;
@@ -341,7 +335,7 @@ async fn dot_segments_cannot_reach_an_authenticated_route_through_a_public_prefi
 
 #[tokio::test]
 async fn unmatched_path_is_a_404_in_the_contract_shape() {
-    let (_upstream, gw) = setup().await;
+    let (_upstream, gw) = common::gateway("").await;
     let (status, json) = error_body(
         gw.client()
             .get(gw.https("/nothing/here"))
@@ -399,7 +393,7 @@ async fn round_robin_skips_an_upstream_that_refuses_connections() {
 
 #[tokio::test]
 async fn slow_upstream_is_a_504_json() {
-    let (_upstream, gw) = setup().await;
+    let (_upstream, gw) = common::gateway("").await;
     let user = gw.user("slow@example.com", Authority::TenantAdmin).await;
     let (_, key) = gw.api_key(&user, 0).await;
     let response = gw
@@ -415,7 +409,7 @@ async fn slow_upstream_is_a_504_json() {
 
 #[tokio::test]
 async fn one_mebibyte_body_streams_through() {
-    let (upstream, gw) = setup().await;
+    let (upstream, gw) = common::gateway("").await;
     let user = gw.user("big@example.com", Authority::TenantAdmin).await;
     let (_, key) = gw.api_key(&user, 0).await;
     let chunks: Vec<Result<Vec<u8>, std::io::Error>> =
@@ -442,7 +436,7 @@ fn futures_stream(
 
 #[tokio::test]
 async fn oversized_body_and_headers_are_refused_with_413_and_431() {
-    let (upstream, gw) = setup().await;
+    let (upstream, gw) = common::gateway("").await;
     let client = gw.client();
     let response = client
         .post(gw.https("/api/noauth/upload"))
@@ -483,7 +477,7 @@ async fn oversized_body_and_headers_are_refused_with_413_and_431() {
 
 #[tokio::test]
 async fn http2_over_tls_works() {
-    let (upstream, gw) = setup().await;
+    let (upstream, gw) = common::gateway("").await;
     let user = gw.user("h2@example.com", Authority::TenantAdmin).await;
     let (_, key) = gw.api_key(&user, 0).await;
     let response = gw
@@ -504,7 +498,7 @@ async fn http2_over_tls_works() {
 
 #[tokio::test]
 async fn admin_listener_serves_health_readiness_and_metrics() {
-    let (_upstream, gw) = setup().await;
+    let (_upstream, gw) = common::gateway("").await;
     assert_eq!(
         reqwest::get(gw.admin("/healthz")).await.unwrap().status(),
         200
@@ -532,7 +526,7 @@ async fn admin_listener_serves_health_readiness_and_metrics() {
 
 #[tokio::test]
 async fn api_browser_loads_without_credentials_and_can_be_turned_off() {
-    let (upstream, gw) = setup().await;
+    let (upstream, gw) = common::gateway("").await;
     let client = gw.client();
     let page = client
         .get(gw.https("/swagger-ui.html"))
@@ -616,7 +610,7 @@ async fn sidecar_behind_a_trusted_proxy_accepts_keys_only_from_that_proxy() {
 
 #[tokio::test]
 async fn trace_context_passes_through_unchanged() {
-    let (upstream, gw) = setup().await;
+    let (upstream, gw) = common::gateway("").await;
     let traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
     let response = gw
         .client()
@@ -636,7 +630,7 @@ async fn trace_context_passes_through_unchanged() {
 /// promtool; elsewhere the check says it was skipped when it is missing.
 #[tokio::test]
 async fn metrics_pass_promtool_check() {
-    let (_upstream, gw) = setup().await;
+    let (_upstream, gw) = common::gateway("").await;
     let user = gw.user("metrics@example.com", Authority::TenantAdmin).await;
     let (_, key) = gw.api_key(&user, 0).await;
     let client = gw.client();
@@ -726,7 +720,7 @@ async fn http2_oversized_body_gets_a_413_json_answer() {
     use futures_util::StreamExt as _;
     use std::sync::Arc;
     use std::sync::atomic::{AtomicUsize, Ordering};
-    let (upstream, gw) = setup().await;
+    let (upstream, gw) = common::gateway("").await;
     let h2c = reqwest::Client::builder()
         .http2_prior_knowledge()
         .timeout(std::time::Duration::from_secs(10))

@@ -57,8 +57,7 @@ async fn use_key(gw: &Gateway, value: &str) -> reqwest::Response {
 
 #[tokio::test]
 async fn api_key_lifecycle_create_use_disable_enable_delete() {
-    let upstream = Upstream::start().await;
-    let gw = Gateway::start(&upstream.url(), "").await;
+    let (_upstream, gw) = common::gateway("").await;
     let me = actor(
         &gw,
         gw.user("owner@example.com", Authority::TenantAdmin).await,
@@ -168,8 +167,7 @@ async fn api_key_lifecycle_create_use_disable_enable_delete() {
 
 #[tokio::test]
 async fn every_change_over_rest_is_stored_as_an_audit_event_naming_its_actor() {
-    let upstream = Upstream::start().await;
-    let gw = Gateway::start(&upstream.url(), "").await;
+    let (_upstream, gw) = common::gateway("").await;
     let me = actor(
         &gw,
         gw.user("auditor@example.com", Authority::TenantAdmin).await,
@@ -229,8 +227,7 @@ async fn every_change_over_rest_is_stored_as_an_audit_event_naming_its_actor() {
 
 #[tokio::test]
 async fn api_key_authority_matrix_own_same_tenant_other_tenant_sys_admin() {
-    let upstream = Upstream::start().await;
-    let gw = Gateway::start(&upstream.url(), "").await;
+    let (_upstream, gw) = common::gateway("").await;
     let sys = actor(
         &gw,
         gw.running
@@ -326,8 +323,7 @@ async fn api_key_authority_matrix_own_same_tenant_other_tenant_sys_admin() {
 
 #[tokio::test]
 async fn bad_key_requests_are_400_naming_the_field_and_expired_keys_are_refused() {
-    let upstream = Upstream::start().await;
-    let gw = Gateway::start(&upstream.url(), "").await;
+    let (_upstream, gw) = common::gateway("").await;
     let me = actor(
         &gw,
         gw.user("bad@example.com", Authority::TenantAdmin).await,
@@ -415,8 +411,7 @@ async fn bad_key_requests_are_400_naming_the_field_and_expired_keys_are_refused(
 
 #[tokio::test]
 async fn users_are_provisioned_over_rest_and_activate_into_a_working_login() {
-    let upstream = Upstream::start().await;
-    let gw = Gateway::start(&upstream.url(), "").await;
+    let (_upstream, gw) = common::gateway("").await;
     let sys = actor(
         &gw,
         gw.running
@@ -598,8 +593,7 @@ async fn users_are_provisioned_over_rest_and_activate_into_a_working_login() {
 
 #[tokio::test]
 async fn disabling_or_deleting_a_user_ends_their_keys_and_tokens_at_once() {
-    let upstream = Upstream::start().await;
-    let gw = Gateway::start(&upstream.url(), "").await;
+    let (_upstream, gw) = common::gateway("").await;
     let admin = actor(
         &gw,
         gw.user("boss@example.com", Authority::TenantAdmin).await,
@@ -679,8 +673,7 @@ async fn disabling_or_deleting_a_user_ends_their_keys_and_tokens_at_once() {
 
 #[tokio::test]
 async fn key_sent_over_plain_http_is_disabled_when_configured() {
-    let upstream = Upstream::start().await;
-    let gw = Gateway::start(&upstream.url(), "[api_keys]\ndisable_on_plaintext = true\n").await;
+    let (_upstream, gw) = common::gateway("[api_keys]\ndisable_on_plaintext = true\n").await;
     let user = gw.user("leaky@example.com", Authority::TenantAdmin).await;
     let (_, key) = gw.api_key(&user, 0).await;
     assert_eq!(use_key(&gw, &key).await.status(), 200);
@@ -893,8 +886,7 @@ async fn another_tenants_customer_id_is_refused(gw: &Gateway) {
 
 #[tokio::test]
 async fn a_tenant_admin_cannot_create_a_customer_user_with_another_tenants_customer_id() {
-    let upstream = Upstream::start().await;
-    let gw = Gateway::start(&upstream.url(), "").await;
+    let (_upstream, gw) = common::gateway("").await;
     another_tenants_customer_id_is_refused(&gw).await;
 }
 

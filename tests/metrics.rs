@@ -3,8 +3,6 @@
 
 mod common;
 
-use common::{Gateway, Upstream};
-
 /// The value of the exact series `series` (name and labels), if exported.
 fn value(metrics: &str, series: &str) -> Option<f64> {
     metrics.lines().find_map(|line| {
@@ -15,8 +13,7 @@ fn value(metrics: &str, series: &str) -> Option<f64> {
 
 #[tokio::test]
 async fn process_metrics_are_exported_and_plausible() {
-    let upstream = Upstream::start().await;
-    let gw = Gateway::start(&upstream.url(), "").await;
+    let (_upstream, gw) = common::gateway("").await;
     let metrics = gw.metrics().await;
     let get = |name: &str| value(&metrics, name).unwrap_or_else(|| panic!("{name}:\n{metrics}"));
     let rss = get("process_resident_memory_bytes");
@@ -43,8 +40,7 @@ async fn process_metrics_are_exported_and_plausible() {
 
 #[tokio::test]
 async fn known_outcome_series_are_zero_before_any_traffic() {
-    let upstream = Upstream::start().await;
-    let gw = Gateway::start(&upstream.url(), "").await;
+    let (upstream, gw) = common::gateway("").await;
     let metrics = gw.metrics().await;
     let upstream_label = upstream.url();
     let mut expected: Vec<String> = [
@@ -93,8 +89,7 @@ async fn known_outcome_series_are_zero_before_any_traffic() {
 
 #[tokio::test]
 async fn revocation_listener_up_is_not_exported_on_sqlite() {
-    let upstream = Upstream::start().await;
-    let gw = Gateway::start(&upstream.url(), "").await;
+    let (_upstream, gw) = common::gateway("").await;
     let metrics = gw.metrics().await;
     assert!(
         !metrics.contains("keygate_revocation_listener_up"),
@@ -104,8 +99,7 @@ async fn revocation_listener_up_is_not_exported_on_sqlite() {
 
 #[tokio::test]
 async fn store_pruning_series_exist_only_where_pruning_runs() {
-    let upstream = Upstream::start().await;
-    let gw = Gateway::start(&upstream.url(), "[retention]\ninterval = \"0s\"\n").await;
+    let (_upstream, gw) = common::gateway("[retention]\ninterval = \"0s\"\n").await;
     let metrics = gw.metrics().await;
     assert!(
         !metrics.contains("keygate_store_prune_runs_total{"),

@@ -40,8 +40,7 @@ const PROBER: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(127, 0, 0, 3));
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sixty_four_silent_admin_connections_from_one_address_do_not_delay_a_probe() {
-    let upstream = Upstream::start().await;
-    let gateway = Gateway::start(&upstream.url(), "").await;
+    let (_upstream, gateway) = common::gateway("").await;
     let admin = gateway.running.admin.unwrap();
     let mut held = Vec::new();
     for _ in 0..64 {

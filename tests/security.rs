@@ -43,8 +43,7 @@ async fn get(gw: &Gateway, path: &str, credential: &str) -> reqwest::Response {
 
 #[tokio::test]
 async fn activation_link_cannot_reset_an_active_account() {
-    let upstream = Upstream::start().await;
-    let gw = Gateway::start(&upstream.url(), "").await;
+    let (_upstream, gw) = common::gateway("").await;
     let tenant = Uuid::new_v4();
     let victim = user_in(
         &gw,
@@ -156,8 +155,7 @@ async fn activate(gw: &Gateway, token: &str, password: &str) -> reqwest::Respons
 
 #[tokio::test]
 async fn activation_token_raced_twice_sets_one_password() {
-    let upstream = Upstream::start().await;
-    let gw = Gateway::start(&upstream.url(), "").await;
+    let (_upstream, gw) = common::gateway("").await;
     let (_, token) = pending_user_with_token(&gw).await;
     let (a, b) = tokio::join!(
         activate(&gw, &token, "first-password-a"),
@@ -186,8 +184,7 @@ async fn activation_token_raced_twice_sets_one_password() {
 
 #[tokio::test]
 async fn activation_flood_with_bogus_tokens_never_hashes_and_is_limited_per_address() {
-    let upstream = Upstream::start().await;
-    let gw = Gateway::start(&upstream.url(), "[login]\naddress_max_failures = 20\n").await;
+    let (_upstream, gw) = common::gateway("[login]\naddress_max_failures = 20\n").await;
     let before = gw.metrics().await;
     let mut statuses = Vec::new();
     for i in 0..30 {
@@ -219,8 +216,7 @@ async fn activation_flood_with_bogus_tokens_never_hashes_and_is_limited_per_addr
 
 #[tokio::test]
 async fn activation_with_a_valid_token_sets_the_password_once() {
-    let upstream = Upstream::start().await;
-    let gw = Gateway::start(&upstream.url(), "").await;
+    let (_upstream, gw) = common::gateway("").await;
     let (_, token) = pending_user_with_token(&gw).await;
     let response = activate(&gw, &token, "chosen-password").await;
     assert_eq!(response.status(), 200);
@@ -240,8 +236,7 @@ async fn activation_with_a_valid_token_sets_the_password_once() {
 
 #[tokio::test]
 async fn parallel_wrong_passwords_never_exceed_the_login_limit() {
-    let upstream = Upstream::start().await;
-    let gw = Gateway::start(&upstream.url(), "").await;
+    let (_upstream, gw) = common::gateway("").await;
     gw.user("target@example.com", Authority::TenantAdmin).await;
     let before = gw.metrics().await;
     let guesses = (0..40).map(|i| {
@@ -277,8 +272,7 @@ async fn login_from(gw: &Gateway, client_ip: &str, password: &str) -> u16 {
 
 #[tokio::test]
 async fn password_guesses_from_one_address_do_not_lock_the_owner_out() {
-    let upstream = Upstream::start().await;
-    let gw = Gateway::start(&upstream.url(), TRUSTING_LOOPBACK).await;
+    let (_upstream, gw) = common::gateway(TRUSTING_LOOPBACK).await;
     gw.user("owner@example.com", Authority::TenantAdmin).await;
     for _ in 0..10 {
         assert_eq!(login_from(&gw, "198.51.100.7", "guess").await, 401);
@@ -396,8 +390,7 @@ async fn unknown_name_spray_from_one_64_stops_at_the_per_address_limit() {
 
 #[tokio::test]
 async fn change_password_cannot_be_used_to_brute_force_the_account_password() {
-    let upstream = Upstream::start().await;
-    let gw = Gateway::start(&upstream.url(), "").await;
+    let (_upstream, gw) = common::gateway("").await;
     let user = gw
         .user("keyholder@example.com", Authority::TenantAdmin)
         .await;
@@ -418,8 +411,7 @@ async fn change_password_cannot_be_used_to_brute_force_the_account_password() {
 
 #[tokio::test]
 async fn forwarding_headers_from_an_untrusted_client_never_reach_the_upstream() {
-    let upstream = Upstream::start().await;
-    let gw = Gateway::start(&upstream.url(), "").await;
+    let (upstream, gw) = common::gateway("").await;
     let user = gw.user("fwd@example.com", Authority::TenantAdmin).await;
     let (_, key) = gw.api_key(&user, 0).await;
     let spoofed = [
@@ -463,8 +455,7 @@ async fn forwarding_headers_from_an_untrusted_client_never_reach_the_upstream() 
 
 #[tokio::test]
 async fn forwarding_headers_from_a_trusted_proxy_pass() {
-    let upstream = Upstream::start().await;
-    let gw = Gateway::start(&upstream.url(), TRUSTING_LOOPBACK).await;
+    let (upstream, gw) = common::gateway(TRUSTING_LOOPBACK).await;
     let response = gw
         .client()
         .get(gw.https("/api/noauth/info"))
@@ -481,8 +472,7 @@ async fn forwarding_headers_from_a_trusted_proxy_pass() {
 
 #[tokio::test]
 async fn separator_spelled_identity_headers_cannot_spoof_a_user() {
-    let upstream = Upstream::start().await;
-    let gw = Gateway::start(&upstream.url(), "").await;
+    let (upstream, gw) = common::gateway("").await;
     let user = gw.user("spoof@example.com", Authority::CustomerUser).await;
     let (_, key) = gw.api_key(&user, 0).await;
     for path in ["/api/devices", "/api/noauth/info"] {
@@ -510,8 +500,7 @@ async fn separator_spelled_identity_headers_cannot_spoof_a_user() {
 
 #[tokio::test]
 async fn semicolon_and_double_encoded_paths_cannot_reach_a_protected_route_as_public() {
-    let upstream = Upstream::start().await;
-    let gw = Gateway::start(&upstream.url(), "").await;
+    let (upstream, gw) = common::gateway("").await;
     for path in [
         "/api/noauth/..;/tenant/devices",
         "/api/noauth/..;jsessionid=x/tenant/devices",
@@ -540,8 +529,7 @@ async fn semicolon_and_double_encoded_paths_cannot_reach_a_protected_route_as_pu
 /// Unicode look-alike dots, and `;` encoded in both cases.
 #[tokio::test]
 async fn raw_unicode_dots_and_encoded_semicolons_cannot_reach_a_protected_route_as_public() {
-    let upstream = Upstream::start().await;
-    let gw = Gateway::start(&upstream.url(), "").await;
+    let (upstream, gw) = common::gateway("").await;
     for path in [
         "/api/noauth/\u{FF0E}\u{FF0E}/tenant/devices",
         "/api/noauth/\u{2024}\u{2024}/tenant/devices",
@@ -571,8 +559,7 @@ async fn raw_unicode_dots_and_encoded_semicolons_cannot_reach_a_protected_route_
 
 #[tokio::test]
 async fn api_key_sent_in_clear_to_a_public_route_is_refused_and_disabled() {
-    let upstream = Upstream::start().await;
-    let gw = Gateway::start(&upstream.url(), "[api_keys]\ndisable_on_plaintext = true\n").await;
+    let (upstream, gw) = common::gateway("[api_keys]\ndisable_on_plaintext = true\n").await;
     let user = gw.user("clear@example.com", Authority::TenantAdmin).await;
     let (_, key) = gw.api_key(&user, 0).await;
     let response = gw
@@ -596,8 +583,7 @@ async fn api_key_sent_in_clear_to_a_public_route_is_refused_and_disabled() {
 
 #[tokio::test]
 async fn passwords_and_tokens_in_clear_are_refused_when_a_proxy_saw_them_cross_in_clear() {
-    let upstream = Upstream::start().await;
-    let gw = Gateway::start(&upstream.url(), TRUSTING_LOOPBACK).await;
+    let (upstream, gw) = common::gateway(TRUSTING_LOOPBACK).await;
     let user = gw.user("clear@example.com", Authority::TenantAdmin).await;
     let (_, token) = gw.access_token(&user).await;
     let over = |proto: &'static str, path: &str| {
@@ -657,8 +643,7 @@ async fn passwords_and_tokens_in_clear_are_refused_when_a_proxy_saw_them_cross_i
 
 #[tokio::test]
 async fn customer_user_cannot_learn_that_another_user_exists() {
-    let upstream = Upstream::start().await;
-    let gw = Gateway::start(&upstream.url(), "").await;
+    let (_upstream, gw) = common::gateway("").await;
     let tenant = Uuid::new_v4();
     let admin = user_in(
         &gw,
@@ -697,8 +682,7 @@ async fn customer_user_cannot_learn_that_another_user_exists() {
 
 #[tokio::test]
 async fn malformed_chunked_body_is_the_clients_400_not_the_upstreams_502() {
-    let upstream = Upstream::start().await;
-    let gw = Gateway::start(&upstream.url(), "").await;
+    let (_upstream, gw) = common::gateway("").await;
     let request = "POST /api/noauth/upload HTTP/1.1\r\nHost: localhost\r\n\
                    Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\nzz\r\nbroken\r\n0\r\n\r\n";
     let response = raw_http(gw.running.http.unwrap(), request).await;
@@ -714,8 +698,7 @@ async fn malformed_chunked_body_is_the_clients_400_not_the_upstreams_502() {
 
 #[tokio::test]
 async fn activation_link_ignores_a_spoofed_host_header() {
-    let upstream = Upstream::start().await;
-    let gw = Gateway::start(&upstream.url(), "").await;
+    let (_upstream, gw) = common::gateway("").await;
     let (id, _) = pending_user_with_token(&gw).await;
     let token = sys_admin_token(&gw).await;
     let link_for = |gw: &Gateway, host: Option<&'static str>| {
@@ -770,8 +753,7 @@ async fn activation_links_use_the_configured_public_base_url() {
 
 #[tokio::test]
 async fn content_length_with_transfer_encoding_is_refused_and_the_connection_closed() {
-    let upstream = Upstream::start().await;
-    let gw = Gateway::start(&upstream.url(), "").await;
+    let (upstream, gw) = common::gateway("").await;
     // The smuggled second request must never be read.
     let request = "POST /api/noauth/upload HTTP/1.1\r\nHost: localhost\r\n\
                    Content-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n\
@@ -790,8 +772,7 @@ async fn content_length_with_transfer_encoding_is_refused_and_the_connection_clo
 
 #[tokio::test]
 async fn a_plain_chunked_request_still_passes_the_framing_check() {
-    let upstream = Upstream::start().await;
-    let gw = Gateway::start(&upstream.url(), "").await;
+    let (upstream, gw) = common::gateway("").await;
     let request = "POST /api/noauth/upload HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\
                    Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n";
     let response = raw_http(gw.running.http.unwrap(), request).await;

@@ -6,15 +6,9 @@ mod common;
 use std::time::{Duration, Instant};
 
 use base64::Engine;
-use common::{Gateway, PASSWORD, Upstream, counter, error_body};
+use common::{Gateway, PASSWORD, counter, error_body};
 use keygate::identity::Authority;
 use serde_json::{Value, json};
-
-async fn setup(extra: &str) -> (Upstream, Gateway) {
-    let upstream = Upstream::start().await;
-    let gateway = Gateway::start(&upstream.url(), extra).await;
-    (upstream, gateway)
-}
 
 fn claims(token: &str) -> Value {
     let part = token.split('.').nth(1).unwrap();
@@ -54,7 +48,7 @@ async fn refresh(gw: &Gateway, refresh_token: &str) -> reqwest::Response {
 
 #[tokio::test]
 async fn login_returns_tokens_with_the_claims_clients_decode() {
-    let (_up, gw) = setup("").await;
+    let (_up, gw) = common::gateway("").await;
     let user = gw.user("Login@Example.com", Authority::TenantAdmin).await;
     let (token, refresh_token) = login_pair(&gw, "login@example.com", PASSWORD).await;
     let access = claims(&token);
@@ -81,7 +75,7 @@ async fn login_returns_tokens_with_the_claims_clients_decode() {
 
 #[tokio::test]
 async fn current_user_answers_with_a_jwt_and_with_an_api_key() {
-    let (upstream, gw) = setup("").await;
+    let (upstream, gw) = common::gateway("").await;
     let user = gw.user("me@example.com", Authority::CustomerUser).await;
     let (token, _) = login_pair(&gw, "me@example.com", PASSWORD).await;
     let (_, key) = gw.api_key(&user, 0).await;
@@ -115,7 +109,7 @@ async fn current_user_answers_with_a_jwt_and_with_an_api_key() {
 
 #[tokio::test]
 async fn wrong_password_and_unknown_user_get_the_same_answer() {
-    let (_up, gw) = setup("").await;
+    let (_up, gw) = common::gateway("").await;
     gw.user("known@example.com", Authority::TenantAdmin).await;
     let (s1, wrong) = error_body(gw.login("known@example.com", "not-the-password").await).await;
     let (s2, unknown) = error_body(gw.login("nobody@example.com", "not-the-password").await).await;
@@ -132,7 +126,7 @@ async fn wrong_password_and_unknown_user_get_the_same_answer() {
 
 #[tokio::test]
 async fn disabled_user_cannot_log_in_or_refresh() {
-    let (_up, gw) = setup("").await;
+    let (_up, gw) = common::gateway("").await;
     let user = gw.user("off@example.com", Authority::TenantAdmin).await;
     let (_, refresh_token) = login_pair(&gw, "off@example.com", PASSWORD).await;
     gw.running
@@ -149,7 +143,7 @@ async fn disabled_user_cannot_log_in_or_refresh() {
 
 #[tokio::test]
 async fn bad_login_bodies_are_400_naming_the_problem() {
-    let (_up, gw) = setup("").await;
+    let (_up, gw) = common::gateway("").await;
     let client = gw.client();
     for body in [
         "{\"username\":\"a@b.co\"}",
@@ -189,7 +183,7 @@ async fn bad_login_bodies_are_400_naming_the_problem() {
 
 #[tokio::test]
 async fn refresh_rotates_and_a_reused_refresh_token_ends_the_session() {
-    let (_up, gw) = setup("").await;
+    let (_up, gw) = common::gateway("").await;
     gw.user("rotate@example.com", Authority::TenantAdmin).await;
     let (first_access, first_refresh) = login_pair(&gw, "rotate@example.com", PASSWORD).await;
     let response = refresh(&gw, &first_refresh).await;
@@ -227,7 +221,7 @@ async fn refresh_rotates_and_a_reused_refresh_token_ends_the_session() {
 
 #[tokio::test]
 async fn logout_ends_the_session_at_once() {
-    let (_up, gw) = setup("").await;
+    let (_up, gw) = common::gateway("").await;
     gw.user("bye@example.com", Authority::TenantAdmin).await;
     let (access, refresh_token) = login_pair(&gw, "bye@example.com", PASSWORD).await;
     let (other_access, _) = login_pair(&gw, "bye@example.com", PASSWORD).await;
@@ -260,7 +254,7 @@ async fn logout_ends_the_session_at_once() {
 
 #[tokio::test]
 async fn pruned_session_cannot_be_refreshed() {
-    let (_up, gw) = setup("[retention]\ninterval = \"100ms\"\nsessions = \"0s\"\n").await;
+    let (_up, gw) = common::gateway("[retention]\ninterval = \"100ms\"\nsessions = \"0s\"\n").await;
     gw.user("pruned@example.com", Authority::TenantAdmin).await;
     let (access, retired_refresh) = login_pair(&gw, "pruned@example.com", PASSWORD).await;
     let (live_access, live_refresh) = login_pair(&gw, "pruned@example.com", PASSWORD).await;
@@ -328,7 +322,7 @@ async fn pruned_session_cannot_be_refreshed() {
 
 #[tokio::test]
 async fn password_change_outdates_every_older_token_of_the_user() {
-    let (_up, gw) = setup("").await;
+    let (_up, gw) = common::gateway("").await;
     let user = gw.user("change@example.com", Authority::TenantAdmin).await;
     let (old_access, old_refresh) = login_pair(&gw, "change@example.com", PASSWORD).await;
     let (_, key) = gw.api_key(&user, 0).await;
@@ -381,7 +375,8 @@ async fn password_change_outdates_every_older_token_of_the_user() {
 
 #[tokio::test]
 async fn failed_logins_are_limited_with_retry_after_and_reset_after_the_window() {
-    let (_up, gw) = setup("[login]\naccount_max_failures = 3\naccount_window = \"2s\"\n").await;
+    let (_up, gw) =
+        common::gateway("[login]\naccount_max_failures = 3\naccount_window = \"2s\"\n").await;
     gw.user("target@example.com", Authority::TenantAdmin).await;
     for _ in 0..3 {
         assert_eq!(
@@ -410,7 +405,7 @@ async fn failed_logins_are_limited_with_retry_after_and_reset_after_the_window()
 
 #[tokio::test]
 async fn consecutive_failures_lock_the_account_when_lockout_is_on() {
-    let (_up, gw) = setup("[login]\nlockout_after = 3\n").await;
+    let (_up, gw) = common::gateway("[login]\nlockout_after = 3\n").await;
     let user = gw.user("locked@example.com", Authority::TenantAdmin).await;
     let (_, key) = gw.api_key(&user, 0).await;
     assert_eq!(
@@ -447,7 +442,7 @@ async fn consecutive_failures_lock_the_account_when_lockout_is_on() {
 
 #[tokio::test]
 async fn imported_bcrypt_user_logs_in_and_is_rehashed_with_argon2id() {
-    let (_up, gw) = setup("").await;
+    let (_up, gw) = common::gateway("").await;
     let mut user = gw
         .user("imported@example.com", Authority::TenantAdmin)
         .await;
@@ -513,7 +508,7 @@ async fn a_storm_of_parallel_logins_does_not_block_a_proxied_request() {
     // on a loaded machine; this test is about proxying, not that wait.
     // Attempts under way count against the attempt limits: raised above the
     // storm, which is about proxying, not those limits.
-    let (upstream, gw) = setup(
+    let (upstream, gw) = common::gateway(
         "[login]\nmax_concurrent_hashes = 1\nhash_wait = \"300s\"\naccount_max_failures = 1000\n\
          account_address_max_failures = 1000\naddress_max_failures = 1000\n",
     )
@@ -583,7 +578,8 @@ async fn a_storm_of_parallel_logins_does_not_block_a_proxied_request() {
 /// contract's shape, and counted.
 #[tokio::test]
 async fn a_login_that_finds_no_turn_to_hash_in_time_is_answered_503() {
-    let (_upstream, gw) = setup("[login]\nmax_concurrent_hashes = 1\nhash_wait = \"1ms\"\n").await;
+    let (_upstream, gw) =
+        common::gateway("[login]\nmax_concurrent_hashes = 1\nhash_wait = \"1ms\"\n").await;
     gw.user("queued@example.com", Authority::TenantAdmin).await;
     let logins = (0..4).map(|_| gw.login("queued@example.com", PASSWORD));
     let mut statuses = Vec::new();

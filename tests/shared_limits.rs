@@ -404,8 +404,7 @@ async fn a_route_with_its_own_quota_counts_apart_from_the_global_one() {
 
 #[tokio::test]
 async fn quotas_without_redis_are_kept_by_each_replica() {
-    let upstream = Upstream::start().await;
-    let gw = Gateway::start(&upstream.url(), "[quota]\nper_user = \"2/h\"\n").await;
+    let (_upstream, gw) = common::gateway("[quota]\nper_user = \"2/h\"\n").await;
     assert!(!gw.metrics().await.contains("keygate_redis_up"));
     let user = gw.user("local@example.com", Authority::TenantAdmin).await;
     let (_, key) = gw.api_key(&user, 0).await;

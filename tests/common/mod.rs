@@ -560,6 +560,13 @@ fn merge_toml(base: &str, extra: &str) -> String {
     toml::to_string(&table).unwrap()
 }
 
+/// keygate in front of a fresh recording upstream, with `extra` config.
+pub async fn gateway(extra: &str) -> (Upstream, Gateway) {
+    let upstream = Upstream::start().await;
+    let gateway = Gateway::start(&upstream.url(), extra).await;
+    (upstream, gateway)
+}
+
 /// The `X-Authorization` value of an API key.
 pub fn api_key_header(key: &str) -> String {
     format!("ApiKey {key}")
