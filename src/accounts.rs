@@ -104,7 +104,7 @@ pub async fn set_password(
 
 /// Creates a user without a password: they set one through an activation
 /// link, and no password logs them in before that.
-pub async fn create_pending_user(
+pub(crate) async fn create_pending_user(
     store: &Store,
     new: NewUser,
     profile: NewProfile,
@@ -252,7 +252,7 @@ pub async fn create_api_key(
 
 /// Creates a key for `user` unless they already hold `cap` keys
 /// ([`AccountError::TooManyKeys`]); `None`: no cap.
-pub async fn create_api_key_within(
+pub(crate) async fn create_api_key_within(
     store: &Store,
     user: &UserRecord,
     request: KeyRequest<'_>,

@@ -19,7 +19,7 @@ pub fn now_secs() -> i64 {
 /// and scales it: in the credential check on a cache hit that read was 15%
 /// of the time (criterion `verify/api_key_hit`, perf).
 #[cfg(target_os = "linux")]
-pub fn coarse_monotonic_ms() -> u64 {
+pub(crate) fn coarse_monotonic_ms() -> u64 {
     use rustix::time::{ClockId, clock_gettime};
     let now = clock_gettime(ClockId::MonotonicCoarse);
     now.tv_sec as u64 * 1000 + now.tv_nsec as u64 / 1_000_000
@@ -27,7 +27,7 @@ pub fn coarse_monotonic_ms() -> u64 {
 
 /// Elsewhere, the precise clock, from the first read.
 #[cfg(not(target_os = "linux"))]
-pub fn coarse_monotonic_ms() -> u64 {
+pub(crate) fn coarse_monotonic_ms() -> u64 {
     static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
     START
         .get_or_init(std::time::Instant::now)

@@ -17,9 +17,7 @@ pub mod code {
     pub const GENERAL: u16 = 2;
     pub const AUTHENTICATION: u16 = 10;
     pub const TOKEN_EXPIRED: u16 = 11;
-    pub const CREDENTIALS_EXPIRED: u16 = 15;
     pub const PERMISSION_DENIED: u16 = 20;
-    pub const INVALID_ARGUMENTS: u16 = 30;
     pub const BAD_REQUEST_PARAMS: u16 = 31;
     pub const ITEM_NOT_FOUND: u16 = 32;
     pub const TOO_MANY_REQUESTS: u16 = 33;

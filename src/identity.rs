@@ -118,7 +118,7 @@ impl Identity {
         }
     }
 
-    pub fn api_key_id(&self) -> Option<Uuid> {
+    pub(crate) fn api_key_id(&self) -> Option<Uuid> {
         match self.method {
             AuthMethod::ApiKey { key_id } => Some(key_id),
             AuthMethod::Jwt { .. } => None,
@@ -149,12 +149,12 @@ const RESERVED_PREFIX: &[u8] = b"x-auth-";
 
 /// True when a header name is in the reserved `X-Auth-` space, folded as
 /// [`folded_eq`] folds: `X.Auth.User-Id` and `x_auth_user_id` are reserved too.
-pub fn is_reserved(name: &HeaderName) -> bool {
+pub(crate) fn is_reserved(name: &HeaderName) -> bool {
     folded_starts_with(name.as_str().as_bytes(), RESERVED_PREFIX)
 }
 
 /// True for the credential headers, in any folded spelling.
-pub fn is_credential(name: &HeaderName) -> bool {
+pub(crate) fn is_credential(name: &HeaderName) -> bool {
     let bytes = name.as_str().as_bytes();
     folded_eq(bytes, b"x-authorization") || folded_eq(bytes, b"authorization")
 }
@@ -170,12 +170,12 @@ fn fold(b: u8) -> u8 {
 }
 
 /// Does `name`, folded, start with `prefix` (lower case, `-` separated)?
-pub fn folded_starts_with(name: &[u8], prefix: &[u8]) -> bool {
+pub(crate) fn folded_starts_with(name: &[u8], prefix: &[u8]) -> bool {
     name.len() >= prefix.len() && name.iter().zip(prefix).all(|(a, b)| fold(*a) == *b)
 }
 
 /// Is `name`, folded, equal to `other` (lower case, `-` separated)?
-pub fn folded_eq(name: &[u8], other: &[u8]) -> bool {
+pub(crate) fn folded_eq(name: &[u8], other: &[u8]) -> bool {
     name.len() == other.len() && folded_starts_with(name, other)
 }
 
@@ -183,7 +183,7 @@ pub fn folded_eq(name: &[u8], other: &[u8]) -> bool {
 /// `proxy::headers::to_upstream` after hop-by-hop processing and after the
 /// client's own identity headers are removed, so nothing a client sent can
 /// remove or shadow them.
-pub fn inject(headers: &mut HeaderMap, identity: &Identity) {
+pub(crate) fn inject(headers: &mut HeaderMap, identity: &Identity) {
     let p = &identity.principal;
     let [user, tenant, customer, authority, email] = &p.headers;
     headers.insert(X_AUTH_USER_ID.clone(), user.clone());

@@ -12,24 +12,24 @@
 #![forbid(unsafe_code)]
 
 pub mod accounts;
-pub mod address;
+pub(crate) mod address;
 pub mod api;
-pub mod api_browser;
-pub mod app;
+pub(crate) mod api_browser;
+pub(crate) mod app;
 pub mod auth;
-pub mod body;
+pub(crate) mod body;
 pub mod clock;
 pub mod config;
 pub mod dev;
-pub mod error;
+pub(crate) mod error;
 pub mod identity;
 pub mod listener;
-pub mod path;
-pub mod probes;
+pub(crate) mod path;
+pub(crate) mod probes;
 pub mod proxy;
 pub mod server;
-pub mod shared_limits;
+pub(crate) mod shared_limits;
 pub mod store;
 pub mod telemetry;
 pub mod tls;
-pub mod websocket;
+pub(crate) mod websocket;

@@ -103,7 +103,10 @@ impl Running {
 
     /// Loads the configured certificate files again; a broken file keeps the
     /// certificate being served.
-    pub fn reload_certificate(&self, files: Option<&(std::path::PathBuf, std::path::PathBuf)>) {
+    pub(crate) fn reload_certificate(
+        &self,
+        files: Option<&(std::path::PathBuf, std::path::PathBuf)>,
+    ) {
         let (Some(resolver), Some((cert, key))) = (&self.resolver, files) else {
             return;
         };

@@ -60,7 +60,7 @@ impl ResolvesServerCert for CertResolver {
 }
 
 /// The rustls server configuration shared by every TLS connection.
-pub fn server_config(resolver: Arc<CertResolver>) -> Result<Arc<ServerConfig>, TlsError> {
+pub(crate) fn server_config(resolver: Arc<CertResolver>) -> Result<Arc<ServerConfig>, TlsError> {
     let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
     let mut config = ServerConfig::builder_with_provider(provider)
         .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
@@ -75,7 +75,7 @@ pub fn server_config(resolver: Arc<CertResolver>) -> Result<Arc<ServerConfig>, T
 }
 
 /// Loads a PEM certificate chain and private key.
-pub fn load_files(cert_path: &Path, key_path: &Path) -> Result<LoadedCert, TlsError> {
+pub(crate) fn load_files(cert_path: &Path, key_path: &Path) -> Result<LoadedCert, TlsError> {
     let read_err = |path: &Path, e: &dyn std::fmt::Display| TlsError::Read {
         path: path.to_path_buf(),
         message: e.to_string(),
@@ -223,7 +223,7 @@ fn der_element(input: &[u8]) -> Option<(u8, &[u8], &[u8])> {
 }
 
 /// The `notAfter` of a certificate as Unix time.
-pub fn not_after(cert_der: &[u8]) -> Option<i64> {
+pub(crate) fn not_after(cert_der: &[u8]) -> Option<i64> {
     let (_, cert, _) = der_element(cert_der)?;
     let (_, tbs, _) = der_element(cert)?;
     let mut rest = tbs;

@@ -2,13 +2,13 @@
 //! the small request and response helpers they share. Every rejection, including
 //! a bad body or a wrong method, is a contract error.
 
-pub mod access;
-pub mod keys;
-pub mod openapi;
-pub mod records;
-pub mod session;
-pub mod users;
-pub mod wire;
+pub(crate) mod access;
+pub(crate) mod keys;
+pub(crate) mod openapi;
+pub(crate) mod records;
+pub(crate) mod session;
+pub(crate) mod users;
+pub(crate) mod wire;
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -273,7 +273,10 @@ impl EndpointRequest {
 /// body must not hold a connection and a handler open). What is left of a
 /// refused body over HTTP/2 is discarded after the answer
 /// ([`crate::body::discard_rest`]), so a client still uploading reads its 413.
-pub async fn read_body<B>(req: http::Request<B>, limits: &HttpLimits) -> Result<Bytes, ApiError>
+pub(crate) async fn read_body<B>(
+    req: http::Request<B>,
+    limits: &HttpLimits,
+) -> Result<Bytes, ApiError>
 where
     B: http_body::Body<Data = Bytes> + Send + 'static,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
@@ -315,7 +318,7 @@ where
 
 /// A 200 JSON response. The body goes through a `Value`, whose keys are
 /// sorted: the bytes clients have always seen.
-pub fn json_response(value: &impl serde::Serialize) -> Response<Body> {
+pub(crate) fn json_response(value: &impl serde::Serialize) -> Response<Body> {
     let text = serde_json::to_value(value)
         .map(|value| value.to_string())
         .unwrap_or_default();
@@ -331,7 +334,7 @@ pub fn json_response(value: &impl serde::Serialize) -> Response<Body> {
 }
 
 /// A 200 response with an empty body.
-pub fn empty_response() -> Response<Body> {
+pub(crate) fn empty_response() -> Response<Body> {
     let mut response = Response::new(body::empty());
     *response.status_mut() = StatusCode::OK;
     response

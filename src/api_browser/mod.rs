@@ -30,7 +30,7 @@ use tokio::sync::watch;
 
 mod merge;
 
-pub use merge::{Clash, Merged, merge, strip_external_refs, strip_servers};
+use merge::{Clash, merge};
 
 use crate::api::openapi;
 use crate::body::{self, Body};

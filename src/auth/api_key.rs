@@ -23,7 +23,7 @@ impl KeyDigest {
     }
 
     /// Lower-case hex, as stored.
-    pub fn to_hex(&self) -> String {
+    pub fn to_hex(self) -> String {
         use std::fmt::Write;
         self.0.iter().fold(String::with_capacity(64), |mut s, b| {
             let _ = write!(s, "{b:02x}");

@@ -80,7 +80,7 @@ fn is_blank(value: &[u8]) -> bool {
 }
 
 /// Parses one header value: `Bearer <v>` or `ApiKey <v>`.
-pub fn parse_value(value: &[u8]) -> Result<Credential, CredentialError> {
+pub(crate) fn parse_value(value: &[u8]) -> Result<Credential, CredentialError> {
     let (scheme, rest) = match value.iter().position(|b| *b == b' ') {
         Some(i) => (&value[..i], &value[i + 1..]),
         None => return Err(CredentialError::Malformed),

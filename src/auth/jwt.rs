@@ -23,7 +23,7 @@ pub const REFRESH_SCOPE: &str = "REFRESH_TOKEN";
 
 /// Installs the crypto backend once per process; jsonwebtoken panics at first
 /// use without one. Safe to call repeatedly.
-pub fn install_crypto_provider() {
+pub(crate) fn install_crypto_provider() {
     let _ = jsonwebtoken::crypto::aws_lc::DEFAULT_PROVIDER.install_default();
 }
 
@@ -197,7 +197,7 @@ impl TokenKeys {
 
     /// Verifies an access token: signature, algorithm, `exp`, `iss`, and an
     /// authority scope (a refresh token is refused here).
-    pub fn verify_access(&self, token: &str) -> Result<AccessClaims, TokenError> {
+    pub(crate) fn verify_access(&self, token: &str) -> Result<AccessClaims, TokenError> {
         let claims: AccessClaims = self.decode(token)?;
         if claims.authority().is_none() {
             return Err(if claims.scopes.iter().any(|s| s == REFRESH_SCOPE) {
@@ -213,7 +213,7 @@ impl TokenKeys {
     }
 
     /// Verifies a refresh token; an access token is refused here.
-    pub fn verify_refresh(&self, token: &str) -> Result<RefreshClaims, TokenError> {
+    pub(crate) fn verify_refresh(&self, token: &str) -> Result<RefreshClaims, TokenError> {
         let claims: RefreshClaims = self.decode(token)?;
         if claims.scopes.as_slice() != [REFRESH_SCOPE] {
             return Err(TokenError::WrongScope);
@@ -241,7 +241,7 @@ const REFUSED_HEADER_MEMBERS: [&str; 5] = ["crit", "jku", "x5u", "x5c", "jwk"];
 /// Refuses, before any signature is checked, a token whose header carries a
 /// member of [`REFUSED_HEADER_MEMBERS`], a `typ` other than `JWT`, or any
 /// `cty` (a nested token). keygate's own tokens carry `alg` and `typ` only.
-pub fn check_header(token: &str) -> Result<(), TokenError> {
+pub(crate) fn check_header(token: &str) -> Result<(), TokenError> {
     use base64::Engine;
     let encoded = token.split_once('.').ok_or(TokenError::Malformed)?.0;
     let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD

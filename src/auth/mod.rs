@@ -1,13 +1,13 @@
 //! Authentication: from a parsed [`Credential`] to a verified [`Identity`].
 
-pub mod api_key;
+pub(crate) mod api_key;
 pub mod cache;
 pub mod credential;
-pub mod in_clear;
+pub(crate) mod in_clear;
 pub mod jwt;
-pub mod limiter;
-pub mod live;
-pub mod outcomes;
+pub(crate) mod limiter;
+pub(crate) mod live;
+pub(crate) mod outcomes;
 pub mod password;
 pub mod revocation;
 
@@ -65,7 +65,7 @@ impl AuthFailure {
     ];
 
     /// No credential could be read, so it is counted under method `none`.
-    pub fn is_parse_failure(self) -> bool {
+    pub(crate) fn is_parse_failure(self) -> bool {
         matches!(self, AuthFailure::Missing | AuthFailure::Malformed)
     }
 
@@ -85,7 +85,7 @@ impl AuthFailure {
         }
     }
 
-    pub fn to_api_error(self) -> ApiError {
+    pub(crate) fn to_api_error(self) -> ApiError {
         match self {
             AuthFailure::Missing | AuthFailure::Malformed => ApiError::authentication_failed(),
             AuthFailure::Unknown | AuthFailure::WrongScope => ApiError::invalid_credentials(),
@@ -168,14 +168,14 @@ impl Authenticator {
     /// Gives each client address key `rate` store lookups of API keys that
     /// turn out unknown; past it, a key not already cached is answered 429
     /// without asking the store. At most `capacity` addresses are tracked.
-    pub fn with_unknown_key_budget(mut self, rate: Rate, capacity: u64) -> Authenticator {
+    pub(crate) fn with_unknown_key_budget(mut self, rate: Rate, capacity: u64) -> Authenticator {
         self.unknown_keys = Some(Budgets::new("unknown_api_keys", rate, capacity));
         self
     }
 
     /// The client error of `failure`: a spent lookup budget carries its
     /// window as `Retry-After`.
-    pub fn to_api_error(&self, failure: AuthFailure) -> ApiError {
+    pub(crate) fn to_api_error(&self, failure: AuthFailure) -> ApiError {
         match (&self.unknown_keys, failure) {
             (Some(budget), AuthFailure::LookupsSpent) => {
                 ApiError::too_many_requests(budget.rate().window.as_secs())
@@ -206,7 +206,7 @@ impl Authenticator {
     /// random keys sent in clear cannot hammer the store, and the lookup of a
     /// key that turns out unknown is paid from `client`'s budget. The key is
     /// dropped here as a disable from the API or another replica drops it.
-    pub async fn disable_exposed_key(&self, value: &Secret, client: Option<AddressKey>) {
+    pub(crate) async fn disable_exposed_key(&self, value: &Secret, client: Option<AddressKey>) {
         let Some(revocation) = self.disabled_exposed_key(value, client).await else {
             return;
         };
@@ -250,7 +250,7 @@ impl Authenticator {
 
     /// [`Authenticator::verify`] for a request from `client`, whose unknown
     /// API keys are paid from its budget.
-    pub async fn verify_from(
+    pub(crate) async fn verify_from(
         &self,
         credential: &Credential,
         client: AddressKey,
@@ -485,7 +485,7 @@ fn token_key(token: &str) -> [u8; 32] {
 }
 
 /// What verification needs of a stored user.
-pub fn user_state(user: &UserRecord) -> UserState {
+pub(crate) fn user_state(user: &UserRecord) -> UserState {
     UserState {
         principal: Arc::new(Principal::new(
             user.id,

@@ -28,7 +28,7 @@ fn hasher() -> Argon2<'static> {
 }
 
 /// Hashes a password with Argon2id, synchronously. Prefer [`hash`] on async paths.
-pub fn hash_blocking(password: &str) -> Result<String, PasswordError> {
+pub(crate) fn hash_blocking(password: &str) -> Result<String, PasswordError> {
     hasher()
         .hash_password(password.as_bytes())
         .map(|h| h.to_string())
@@ -54,7 +54,7 @@ fn is_bcrypt(stored: &str) -> bool {
 
 /// True when a stored hash is not in the current scheme and should be
 /// replaced after the next successful login.
-pub fn needs_rehash(stored: &str) -> bool {
+pub(crate) fn needs_rehash(stored: &str) -> bool {
     !stored.starts_with("$argon2id$v=19$m=19456,t=2,p=1$")
 }
 

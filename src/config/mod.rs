@@ -117,7 +117,7 @@ impl Settings {
     /// How many worker threads serve connections: `server.workers`, where 0
     /// means one per core the process may use (a container's CPU limit
     /// included).
-    pub fn worker_count(&self) -> usize {
+    pub(crate) fn worker_count(&self) -> usize {
         if self.workers > 0 {
             self.workers
         } else {

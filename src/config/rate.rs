@@ -35,7 +35,7 @@ impl Rate {
         })
     }
 
-    pub fn window_ms(&self) -> u64 {
+    pub(crate) fn window_ms(&self) -> u64 {
         self.window.as_millis() as u64
     }
 }

@@ -150,7 +150,7 @@ impl UpstreamUrl {
 
     /// The path request paths are appended to, without a trailing slash;
     /// empty when the upstream has none.
-    pub fn base_path(&self) -> &str {
+    pub(crate) fn base_path(&self) -> &str {
         &self.base_path
     }
 }

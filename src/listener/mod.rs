@@ -3,12 +3,12 @@
 //! address), the connection deadlines ([`serve`]), and a graceful drain
 //! on shutdown. What a listener serves is its [`Handler`].
 
-pub mod address_cap;
-pub mod descriptors;
-pub mod framing;
+pub(crate) mod address_cap;
+pub(crate) mod descriptors;
+pub(crate) mod framing;
 pub mod peer;
-pub mod serve;
-pub mod workers;
+pub(crate) mod serve;
+pub(crate) mod workers;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -113,7 +113,7 @@ impl Setup {
 
     /// The same limits with a head deadline of `head` (the admin listener's,
     /// shorter: a silent connection must not hold a probe's place).
-    pub fn with_head_deadline(mut self, head: Duration) -> Setup {
+    pub(crate) fn with_head_deadline(mut self, head: Duration) -> Setup {
         self.deadlines.head = self.deadlines.head.min(head);
         self
     }

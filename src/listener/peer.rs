@@ -79,7 +79,7 @@ impl Peer {
 
     /// Counts this connection's proxied requests also in `address`, the
     /// in-flight counter of its client address.
-    pub fn sharing_address_load(mut self, address: Arc<AtomicUsize>) -> Peer {
+    pub(crate) fn sharing_address_load(mut self, address: Arc<AtomicUsize>) -> Peer {
         self.load = Arc::new(Load {
             connection: AtomicUsize::new(0),
             address,
@@ -89,7 +89,7 @@ impl Peer {
 
     /// Counts one more proxied request in flight, unless this connection
     /// already has `per_connection` or its address `per_address`.
-    pub fn start_proxied(
+    pub(crate) fn start_proxied(
         &self,
         per_connection: usize,
         per_address: usize,
@@ -113,7 +113,7 @@ impl Peer {
     }
 
     /// The peer's address as an `X-Forwarded-For` value.
-    pub fn peer_header(&self) -> &HeaderValue {
+    pub(crate) fn peer_header(&self) -> &HeaderValue {
         &self.peer_header
     }
 
@@ -148,7 +148,7 @@ impl Client<'_> {
     /// neighbour: the secret never left the machine), or when allowed. A
     /// trusted proxy that reports plain HTTP saw the secret cross the network
     /// in clear, wherever the proxy itself runs.
-    pub fn may_send_secrets(&self, allow_plaintext: bool) -> bool {
+    pub(crate) fn may_send_secrets(&self, allow_plaintext: bool) -> bool {
         self.secure || (!self.conn.trusted && self.conn.peer.ip().is_loopback()) || allow_plaintext
     }
 

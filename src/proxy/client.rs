@@ -190,7 +190,7 @@ thread_local! {
 
 /// Makes the calling thread (a worker) use pool `index` of every client,
 /// and that pool alone.
-pub fn pin_thread_to_pool(index: usize) {
+pub(crate) fn pin_thread_to_pool(index: usize) {
     PINNED.with(|pinned| pinned.set(Some(index)));
 }
 

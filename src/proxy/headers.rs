@@ -162,7 +162,7 @@ pub const FORWARDING: &[&str] = &[
 /// letter none of them does. The first byte of a `HeaderName` is lower case,
 /// and a separator folds to `-`, which starts no forwarding name, so the
 /// filter agrees with the folded comparison.
-pub fn is_forwarding(name: &HeaderName) -> bool {
+pub(crate) fn is_forwarding(name: &HeaderName) -> bool {
     let bytes = name.as_str().as_bytes();
     let Some(&first) = bytes.first() else {
         return false;
@@ -191,7 +191,7 @@ static FORWARDING_FIRST_BYTES: [bool; 256] = {
 /// [`to_upstream`] for a WebSocket upgrade. The handshake keygate makes
 /// sets the upstream's `Host` (from its URI) and its own `Sec-WebSocket-*`,
 /// so the client's are removed as well.
-pub fn to_websocket_upstream(
+pub(crate) fn to_websocket_upstream(
     parts: &mut http::request::Parts,
     client: &Client<'_>,
     request_id: HeaderValue,

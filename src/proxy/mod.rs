@@ -2,7 +2,7 @@
 //! request leaves for an upstream.
 
 mod client;
-pub use client::pin_thread_to_pool;
+pub(crate) use client::pin_thread_to_pool;
 pub mod headers;
 mod pacing;
 
@@ -281,7 +281,7 @@ impl Proxy {
     /// Where a WebSocket on `route` goes: one of its upstreams (round-robin,
     /// as for requests), as a `ws://` URI for `path` and `query`, with the
     /// upstream's label.
-    pub fn websocket_upstream<'r>(
+    pub(crate) fn websocket_upstream<'r>(
         &self,
         route: &'r Route,
         path: &str,

@@ -10,7 +10,7 @@ use super::{Published, Revocation, Store, StoreError};
 
 impl Store {
     /// Stores a new activation token digest for a user, replacing older ones.
-    pub async fn replace_activation(
+    pub(crate) async fn replace_activation(
         &self,
         user_id: Uuid,
         digest: &str,
@@ -35,7 +35,7 @@ impl Store {
     }
 
     /// The user an unexpired activation token belongs to, without using it.
-    pub async fn activation_user(
+    pub(crate) async fn activation_user(
         &self,
         digest: &str,
         now_ms: i64,

@@ -52,7 +52,7 @@ impl Audit {
 
     /// A user makes the change without a verified identity of their own yet
     /// (activating their account with its token).
-    pub fn by_user(id: Uuid, tenant_id: Uuid, email: &str, action: &'static str) -> Audit {
+    pub(crate) fn by_user(id: Uuid, tenant_id: Uuid, email: &str, action: &'static str) -> Audit {
         Audit {
             actor: Actor::User {
                 id,

@@ -31,7 +31,9 @@ const KEY_COLUMNS: &str =
     "id, created_time, tenant_id, user_id, digest, description, enabled, expiration_time";
 
 impl Store {
-    pub async fn insert_api_key(&self, key: &ApiKeyRecord) -> Result<(), StoreError> {
+    /// Inserts `key` with no cap on its user's keys (tests set up with it).
+    #[cfg(test)]
+    pub(crate) async fn insert_api_key(&self, key: &ApiKeyRecord) -> Result<(), StoreError> {
         self.insert_api_key_capped(key, i64::MAX).await.map(|_| ())
     }
 
@@ -40,7 +42,7 @@ impl Store {
     /// PostgreSQL the owner's row is locked first, so concurrent creations
     /// for one user are counted one after another (SQLite writes one at a
     /// time anyway).
-    pub async fn insert_api_key_capped(
+    pub(crate) async fn insert_api_key_capped(
         &self,
         key: &ApiKeyRecord,
         cap: i64,
@@ -77,7 +79,7 @@ impl Store {
         Ok(true)
     }
 
-    pub async fn api_key_by_digest(
+    pub(crate) async fn api_key_by_digest(
         &self,
         digest: &str,
     ) -> Result<Option<ApiKeyRecord>, StoreError> {
@@ -141,7 +143,7 @@ impl Store {
     }
 
     /// A user's API keys by creation time.
-    pub async fn api_keys_page(
+    pub(crate) async fn api_keys_page(
         &self,
         user_id: Uuid,
         page: &PageRequest,
@@ -163,7 +165,7 @@ impl Store {
     }
 
     /// Returns false when no such key.
-    pub async fn set_api_key_description(
+    pub(crate) async fn set_api_key_description(
         &self,
         id: Uuid,
         description: &str,

@@ -13,7 +13,7 @@ impl Store {
     /// Replaces a user's password hash. With `outdate_at` (a password change),
     /// every older token of the user is outdated and their sessions end, in the
     /// same transaction; without it (a re-hash) nothing else changes.
-    pub async fn update_password(
+    pub(crate) async fn update_password(
         &self,
         user_id: Uuid,
         hash: &str,
@@ -54,7 +54,7 @@ impl Store {
     }
 
     /// Counts one more consecutive failed login; returns the count.
-    pub async fn record_login_failure(&self, user_id: Uuid) -> Result<i64, StoreError> {
+    pub(crate) async fn record_login_failure(&self, user_id: Uuid) -> Result<i64, StoreError> {
         let row = sqlx::query(
             "INSERT INTO login_lockouts (user_id, failures, locked) VALUES ($1, 1, 0) \
              ON CONFLICT (user_id) DO UPDATE SET failures = login_lockouts.failures + 1 \
@@ -67,7 +67,7 @@ impl Store {
     }
 
     /// A successful login resets the consecutive-failure count.
-    pub async fn clear_login_failures(&self, user_id: Uuid) -> Result<(), StoreError> {
+    pub(crate) async fn clear_login_failures(&self, user_id: Uuid) -> Result<(), StoreError> {
         sqlx::query("DELETE FROM login_lockouts WHERE user_id = $1 AND locked = 0")
             .bind(user_id.to_string())
             .execute(&self.pool)
@@ -77,7 +77,7 @@ impl Store {
 
     /// Locks an account: disabled, its tokens outdated and sessions ended, and
     /// marked as locked so logins say why. Enabling the user lifts it.
-    pub async fn lock_user(
+    pub(crate) async fn lock_user(
         &self,
         user_id: Uuid,
         now_secs: i64,
@@ -107,7 +107,7 @@ impl Store {
         .await
     }
 
-    pub async fn is_locked(&self, user_id: Uuid) -> Result<bool, StoreError> {
+    pub(crate) async fn is_locked(&self, user_id: Uuid) -> Result<bool, StoreError> {
         let row =
             sqlx::query("SELECT COUNT(*) FROM login_lockouts WHERE user_id = $1 AND locked = 1")
                 .bind(user_id.to_string())

@@ -92,7 +92,11 @@ const ADVISORY_LOCK: i64 = 7302154627;
 /// both may find no table and one fails on the catalog's unique index);
 /// SQLite takes the write lock up front (a deferred transaction could not
 /// upgrade its read lock and would fail).
-pub async fn run_through(pool: &AnyPool, dialect: Dialect, last: i64) -> Result<(), StoreError> {
+pub(crate) async fn run_through(
+    pool: &AnyPool,
+    dialect: Dialect,
+    last: i64,
+) -> Result<(), StoreError> {
     let migrations = match dialect {
         Dialect::Sqlite => SQLITE,
         Dialect::Postgres => POSTGRES,

@@ -152,7 +152,7 @@ impl Store {
         Ok(store)
     }
 
-    pub fn dialect(&self) -> Dialect {
+    pub(crate) fn dialect(&self) -> Dialect {
         self.dialect
     }
 
@@ -164,7 +164,7 @@ impl Store {
     /// pool still holds it. Work runs to its end even when its caller goes
     /// away (a client hanging up), so a change is never cut off halfway.
     /// Costs one task per call, against a store round trip.
-    pub async fn at_home<T, F>(&self, work: F) -> Result<T, StoreError>
+    pub(crate) async fn at_home<T, F>(&self, work: F) -> Result<T, StoreError>
     where
         F: std::future::Future<Output = T> + Send + 'static,
         T: Send + 'static,
@@ -194,7 +194,7 @@ impl Store {
 
     /// Returns the stored value, or stores `generated` when none exists yet.
     /// Safe when several replicas race: the first insert wins and all read it.
-    pub async fn get_or_create_setting(
+    pub(crate) async fn get_or_create_setting(
         &self,
         name: &str,
         generated: &str,

@@ -60,7 +60,7 @@ impl PruneKind {
 impl Store {
     /// Deletes at most `limit` rows of `kind` that died before `cutoff_ms`;
     /// returns how many were deleted.
-    pub async fn prune(
+    pub(crate) async fn prune(
         &self,
         kind: PruneKind,
         cutoff_ms: i64,

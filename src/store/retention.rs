@@ -44,7 +44,7 @@ impl Pruned {
         }
     }
 
-    pub fn total(&self) -> u64 {
+    pub(crate) fn total(&self) -> u64 {
         self.ended_sessions + self.expired_sessions + self.activation_tokens + self.audit_events
     }
 }
@@ -55,7 +55,7 @@ fn millis(d: Duration) -> i64 {
 
 /// Rows of `kind` that died before the returned time (epoch ms) have been
 /// dead for their whole retention at `now_ms`.
-pub fn cutoff(
+pub(crate) fn cutoff(
     kind: PruneKind,
     settings: &RetentionSettings,
     refresh_ttl: Duration,
@@ -84,7 +84,7 @@ pub struct Pruner {
 impl Pruner {
     /// One run at `now_ms`: every kind in batches, within the per-run bound.
     /// Deleted rows are counted as they go, also when a later batch fails.
-    pub async fn run_once(
+    pub(crate) async fn run_once(
         &self,
         now_ms: i64,
         shutdown: &watch::Receiver<bool>,

@@ -95,7 +95,7 @@ impl Change<bool> {
     }
 
     /// Like [`Change::audited`], for a change that records no audit event.
-    pub fn unaudited(
+    pub(crate) fn unaudited(
         tx: Tx,
         changed: bool,
         revocation: Revocation,

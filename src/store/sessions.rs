@@ -104,7 +104,7 @@ impl Store {
     /// at `now_ms`. False when the session is ended or gone, or `old_jti` is no
     /// longer current (a retired refresh token came back, or a concurrent
     /// refresh won).
-    pub async fn rotate_refresh(
+    pub(crate) async fn rotate_refresh(
         &self,
         session_id: Uuid,
         old_jti: &str,

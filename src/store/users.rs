@@ -73,7 +73,7 @@ pub(super) const USER_COLUMNS: &str = "id, created_time, tenant_id, customer_id,
      last_name, phone, additional_info, version, enabled, password_hash, tokens_valid_after";
 
 impl Store {
-    pub async fn user_count(&self) -> Result<i64, StoreError> {
+    pub(crate) async fn user_count(&self) -> Result<i64, StoreError> {
         let row = sqlx::query("SELECT COUNT(*) FROM users")
             .fetch_one(&self.pool)
             .await?;
@@ -111,7 +111,7 @@ impl Store {
         Ok(())
     }
 
-    pub async fn user_by_id(&self, id: Uuid) -> Result<Option<UserRecord>, StoreError> {
+    pub(crate) async fn user_by_id(&self, id: Uuid) -> Result<Option<UserRecord>, StoreError> {
         let sql = format!("SELECT {USER_COLUMNS} FROM users WHERE id = $1");
         let row = sqlx::query(AssertSqlSafe(sql))
             .bind(id.to_string())
@@ -206,7 +206,7 @@ impl Store {
     }
 
     /// Users, optionally of one tenant, by creation time.
-    pub async fn users_page(
+    pub(crate) async fn users_page(
         &self,
         tenant_id: Option<Uuid>,
         page: &PageRequest,
@@ -235,7 +235,7 @@ impl Store {
     }
 
     /// Updates the editable profile fields. Returns false when no such user.
-    pub async fn update_user_profile(&self, user: &UserRecord) -> Result<bool, StoreError> {
+    pub(crate) async fn update_user_profile(&self, user: &UserRecord) -> Result<bool, StoreError> {
         let mut tx = self.pool.begin().await?;
         let result = sqlx::query(
             "UPDATE users SET first_name = $1, last_name = $2, phone = $3, additional_info = $4, \

@@ -37,7 +37,7 @@ pub struct SocketEnd<'a> {
 
 impl AccessLine<'_> {
     /// Writes the line.
-    pub fn emit(&self) {
+    pub(crate) fn emit(&self) {
         let identity = self.identity;
         let socket = self.socket.as_ref();
         tracing::info!(

@@ -54,7 +54,7 @@ impl LimitMetrics {
     }
 
     /// Exports the Redis series (at 0) once a link to Redis exists.
-    pub fn init_redis(&self) {
+    pub(crate) fn init_redis(&self) {
         // Already registered is the only possible error, and the same metrics.
         let _ = self.registry.register(Box::new(self.redis_up.clone()));
         let _ = self.registry.register(Box::new(self.replicas.clone()));
@@ -64,7 +64,7 @@ impl LimitMetrics {
         }
     }
 
-    pub fn redis_up(&self, up: bool) {
+    pub(crate) fn redis_up(&self, up: bool) {
         self.redis_up.set(i64::from(up));
     }
 
@@ -76,7 +76,7 @@ impl LimitMetrics {
         self.fallbacks.with_label_values(&[kind]).inc();
     }
 
-    pub fn quota_rejected(&self, dimension: &str) {
+    pub(crate) fn quota_rejected(&self, dimension: &str) {
         self.quota_rejected.with_label_values(&[dimension]).inc();
     }
 }

@@ -11,7 +11,7 @@
 //! pre-created: that product is large and a histogram without observations
 //! says nothing.
 
-pub mod access;
+pub(crate) mod access;
 mod limits;
 #[cfg(target_os = "linux")]
 mod process;
@@ -19,10 +19,8 @@ mod series;
 
 pub use access::duration_ms;
 pub use limits::LimitMetrics;
-pub use series::{
-    AUTH_METHODS, AuthSeries, CacheSeries, ClientAbort, RouteSeries, UpstreamSeries, method_class,
-    status_class,
-};
+pub use series::{AUTH_METHODS, AuthSeries, CacheSeries, ClientAbort, RouteSeries, UpstreamSeries};
+pub(crate) use series::{method_class, status_class};
 
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -357,7 +355,7 @@ impl Metrics {
 
     /// Creates a listener's connection series with 0: its open connections
     /// and each reason it may close one (`reasons`).
-    pub fn init_connections(&self, listener: &str, reasons: &[&str]) {
+    pub(crate) fn init_connections(&self, listener: &str, reasons: &[&str]) {
         self.traffic.open_connections.with_label_values(&[listener]);
         for reason in reasons {
             self.traffic
@@ -367,7 +365,7 @@ impl Metrics {
     }
 
     /// Creates a credential cache's series with 0, and returns its counters.
-    pub fn init_cache(&self, cache: &str) -> CacheSeries {
+    pub(crate) fn init_cache(&self, cache: &str) -> CacheSeries {
         self.traffic.cache_entries.with_label_values(&[cache]);
         CacheSeries {
             hit: self.traffic.cache.with_label_values(&[cache, "hit"]),
@@ -377,7 +375,7 @@ impl Metrics {
     }
 
     /// The request series of a route label ([`RouteSeries`]).
-    pub fn route_series(&self, label: &str) -> RouteSeries {
+    pub(crate) fn route_series(&self, label: &str) -> RouteSeries {
         RouteSeries {
             label: label.into(),
             requests: self.traffic.requests.clone(),
@@ -391,7 +389,7 @@ impl Metrics {
 
     /// Counts a proxied request refused for the in-flight `bound` it would
     /// pass ("connection" or "address").
-    pub fn in_flight_refused(&self, bound: &str) {
+    pub(crate) fn in_flight_refused(&self, bound: &str) {
         self.traffic
             .in_flight_refused
             .with_label_values(&[bound])
@@ -400,7 +398,7 @@ impl Metrics {
 
     /// The authentication outcome counters of the request path
     /// ([`AuthSeries`]), over the given result labels.
-    pub fn auth_series(&self, results: &'static [&'static str]) -> AuthSeries {
+    pub(crate) fn auth_series(&self, results: &'static [&'static str]) -> AuthSeries {
         AuthSeries {
             auth: self.traffic.auth.clone(),
             results,
@@ -412,13 +410,13 @@ impl Metrics {
 
     /// Creates an authentication outcome at 0, so it is exported before it
     /// first happens.
-    pub fn init_auth(&self, method: &str, result: &str) {
+    pub(crate) fn init_auth(&self, method: &str, result: &str) {
         self.traffic.auth.with_label_values(&[method, result]);
     }
 
     /// An upstream's series; its error series exist (at 0) from here on, one
     /// per kind (`kinds`).
-    pub fn upstream_series(&self, upstream: &str, kinds: &[&str]) -> UpstreamSeries {
+    pub(crate) fn upstream_series(&self, upstream: &str, kinds: &[&str]) -> UpstreamSeries {
         UpstreamSeries {
             durations: self.traffic.upstream_duration.clone(),
             label: upstream.into(),
@@ -436,7 +434,7 @@ impl Metrics {
 
     /// Creates the store pruning series with 0, where pruning runs: the rows
     /// of each kind (`kinds`) and the runs by outcome.
-    pub fn init_pruning(&self, kinds: &[&str]) {
+    pub(crate) fn init_pruning(&self, kinds: &[&str]) {
         for kind in kinds {
             self.operations.pruned_rows.with_label_values(&[kind]);
         }
@@ -448,7 +446,7 @@ impl Metrics {
     /// Exports `keygate_revocation_listener_up`, as 0 until the listener
     /// connects. Only a replica that runs a revocation listener calls this;
     /// calling it again is harmless.
-    pub fn init_revocation_listener(&self) {
+    pub(crate) fn init_revocation_listener(&self) {
         // Already registered is the only possible error, and the same metric.
         let _ = self
             .registry
@@ -487,25 +485,25 @@ impl Metrics {
             .inc();
     }
 
-    pub fn password_hash_refused(&self, purpose: &str) {
+    pub(crate) fn password_hash_refused(&self, purpose: &str) {
         self.operations
             .password_hashes_refused
             .with_label_values(&[purpose])
             .inc();
     }
 
-    pub fn rate_limited(&self, limiter: &str) {
+    pub(crate) fn rate_limited(&self, limiter: &str) {
         self.operations
             .rate_limited
             .with_label_values(&[limiter])
             .inc();
     }
 
-    pub fn refresh_reuse(&self) {
+    pub(crate) fn refresh_reuse(&self) {
         self.operations.refresh_reuse.inc();
     }
 
-    pub fn key_disabled_on_plaintext(&self) {
+    pub(crate) fn key_disabled_on_plaintext(&self) {
         self.operations.keys_disabled_on_plaintext.inc();
     }
 
@@ -526,29 +524,29 @@ impl Metrics {
             .inc_by(rows);
     }
 
-    pub fn prune_run(&self, ok: bool) {
+    pub(crate) fn prune_run(&self, ok: bool) {
         self.operations
             .prune_runs
             .with_label_values(&[outcome(ok)])
             .inc();
     }
 
-    pub fn revocation_received(&self) {
+    pub(crate) fn revocation_received(&self) {
         self.operations.revocations.inc();
     }
 
-    pub fn revocation_listener(&self, up: bool) {
+    pub(crate) fn revocation_listener(&self, up: bool) {
         self.operations.revocation_listener_up.set(i64::from(up));
     }
 
-    pub fn connection_opened(&self, listener: &str) {
+    pub(crate) fn connection_opened(&self, listener: &str) {
         self.traffic
             .open_connections
             .with_label_values(&[listener])
             .inc();
     }
 
-    pub fn connection_closed(&self, listener: &str) {
+    pub(crate) fn connection_closed(&self, listener: &str) {
         self.traffic
             .open_connections
             .with_label_values(&[listener])
@@ -556,14 +554,14 @@ impl Metrics {
     }
 
     /// Counts a connection closed by a limit; `reason` is one fixed word.
-    pub fn connection_closed_by(&self, listener: &str, reason: &str) {
+    pub(crate) fn connection_closed_by(&self, listener: &str, reason: &str) {
         self.traffic
             .connections_closed
             .with_label_values(&[listener, reason])
             .inc();
     }
 
-    pub fn set_cache_entries(&self, sizes: &[(&str, u64)]) {
+    pub(crate) fn set_cache_entries(&self, sizes: &[(&str, u64)]) {
         for (name, size) in sizes {
             self.traffic
                 .cache_entries
@@ -574,22 +572,27 @@ impl Metrics {
 
     /// `keygate_auth_store_lookups_total`: credential lookups that reached
     /// the store, by kind; its series belong to the authenticator.
-    pub fn store_lookups(&self) -> IntCounterVec {
+    pub(crate) fn store_lookups(&self) -> IntCounterVec {
         self.traffic.store_lookups.clone()
     }
 
     /// Registers a counter family whose series a stage owns (and bounds).
-    pub fn register_counter(&self, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+    pub(crate) fn register_counter(
+        &self,
+        name: &str,
+        help: &str,
+        labels: &[&str],
+    ) -> IntCounterVec {
         Registrar(&self.registry).counter(name, help, labels)
     }
 
     /// Registers a gauge family whose series a stage owns (and bounds).
-    pub fn register_gauge(&self, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
+    pub(crate) fn register_gauge(&self, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
         Registrar(&self.registry).gauge(name, help, labels)
     }
 
     /// The registry in Prometheus text format.
-    pub fn render(&self) -> String {
+    pub(crate) fn render(&self) -> String {
         let mut out = Vec::new();
         let _ = TextEncoder::new().encode(&self.registry.gather(), &mut out);
         String::from_utf8(out).unwrap_or_default()

@@ -98,7 +98,7 @@ fn parse_auxv(bytes: &[u8]) -> (Option<u64>, Option<u64>) {
 }
 
 /// Reads this process's numbers now.
-pub fn sample(page_size: u64, ticks_per_second: u64, boot_time: Option<u64>) -> Sample {
+pub(crate) fn sample(page_size: u64, ticks_per_second: u64, boot_time: Option<u64>) -> Sample {
     let mut sample = Sample::default();
     let ticks = ticks_per_second.max(1) as f64;
     if let Some(stat) = std::fs::read_to_string("/proc/self/stat")

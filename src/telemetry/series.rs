@@ -71,7 +71,7 @@ impl RouteSeries {
     }
 
     /// Counts a proxied request its client ended.
-    pub fn client_abort(&self, kind: ClientAbort) {
+    pub(crate) fn client_abort(&self, kind: ClientAbort) {
         self.aborts[kind as usize]
             .get_or_init(|| {
                 self.client_aborts
@@ -146,7 +146,7 @@ impl CacheSeries {
         self.miss.inc();
     }
 
-    pub fn evictions(&self, count: u64) {
+    pub(crate) fn evictions(&self, count: u64) {
         self.eviction.inc_by(count);
     }
 }
@@ -179,10 +179,10 @@ fn status_index(status: http::StatusCode) -> usize {
     }
 }
 
-pub fn method_class(method: &http::Method) -> &'static str {
+pub(crate) fn method_class(method: &http::Method) -> &'static str {
     METHOD_LABELS[method_index(method)]
 }
 
-pub fn status_class(status: http::StatusCode) -> &'static str {
+pub(crate) fn status_class(status: http::StatusCode) -> &'static str {
     STATUS_LABELS[status_index(status)]
 }

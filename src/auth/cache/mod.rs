@@ -103,13 +103,13 @@ impl Caches {
 
     /// How long a verified token is kept: the regular TTL, and never past
     /// its own `exp`.
-    pub fn token_lifetime(&self, claims: &AccessClaims) -> Duration {
+    pub(crate) fn token_lifetime(&self, claims: &AccessClaims) -> Duration {
         let left = (claims.exp - crate::clock::now_secs()).max(0) as u64;
         self.lifetimes.known.min(Duration::from_secs(left))
     }
 
     /// Forget one key, by its id.
-    pub fn invalidate_key_id(&self, id: Uuid) {
+    pub(crate) fn invalidate_key_id(&self, id: Uuid) {
         self.keys
             .invalidate_if(move |_, state| state.as_ref().is_some_and(|s| s.id == id));
     }
@@ -124,7 +124,7 @@ impl Caches {
     }
 
     /// Forget every cached session of a user (password change, lockout).
-    pub fn invalidate_sessions_of(&self, user_id: Uuid) {
+    pub(crate) fn invalidate_sessions_of(&self, user_id: Uuid) {
         self.sessions
             .invalidate_if(move |_, state| state.as_ref().is_some_and(|s| s.user_id == user_id));
     }
@@ -140,7 +140,7 @@ impl Caches {
     }
 
     /// (name, entry count) of each cache, for metrics.
-    pub fn sizes(&self) -> [(&'static str, u64); 4] {
+    pub(crate) fn sizes(&self) -> [(&'static str, u64); 4] {
         [
             ("api_keys", self.keys.len()),
             ("users", self.users.len()),

@@ -181,7 +181,7 @@ where
     /// The value of `key`, else what `fetch` returns, kept for the lifetime
     /// it returns with it (zero: not kept). Concurrent misses of one key
     /// share one fetch; a failed fetch is not shared.
-    pub async fn get_or_fetch<E, F, Fut>(&self, key: &K, fetch: F) -> Result<V, E>
+    pub(crate) async fn get_or_fetch<E, F, Fut>(&self, key: &K, fetch: F) -> Result<V, E>
     where
         F: FnOnce() -> Fut,
         Fut: Future<Output = Result<(V, Duration), E>>,
@@ -297,7 +297,7 @@ where
             .retain(|key, _| !doomed(key));
     }
 
-    pub fn invalidate(&self, key: &K) {
+    pub(crate) fn invalidate(&self, key: &K) {
         self.bump();
         self.detach_inflight(|k| k == key);
         let key = self.hashed(key.clone());
@@ -308,7 +308,7 @@ where
     }
 
     /// Drops every entry `doomed` picks (a pass over the whole table).
-    pub fn invalidate_if(&self, doomed: impl Fn(&K, &V) -> bool) {
+    pub(crate) fn invalidate_if(&self, doomed: impl Fn(&K, &V) -> bool) {
         self.bump();
         // The value a fetch in flight will find is not known yet.
         self.detach_inflight(|_| true);
