@@ -712,35 +712,43 @@ mod tests {
         assert_eq!(accepted.load(Ordering::SeqCst), 3);
     }
 
-    #[tokio::test]
-    async fn at_the_ceiling_a_request_waits_for_a_connection_to_come_back() {
-        let (authority, accepted) = upstream(false).await;
+    /// A client whose upstreams may have one connection open, with a queue
+    /// of `queue` requests waiting up to five seconds.
+    fn one_connection(queue: usize) -> Arc<UpstreamClient> {
         let ceiling = Ceiling {
             per_upstream: 1,
             total: 0,
-            queue: 4,
+            queue,
             queue_timeout: Duration::from_secs(5),
         };
-        let client = UpstreamClient::new(
+        UpstreamClient::new(
             Duration::from_secs(1),
             Duration::from_secs(60),
             8,
             2,
             ceiling,
-        );
-        let request = || {
-            Request::builder()
-                .uri(format!("http://{authority}/x"))
-                .body(body::empty())
-                .unwrap()
-        };
+        )
+    }
+
+    fn request_to(authority: &Authority) -> Request<Body> {
+        Request::builder()
+            .uri(format!("http://{authority}/x"))
+            .body(body::empty())
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn at_the_ceiling_a_request_waits_for_a_connection_to_come_back() {
+        let (authority, accepted) = upstream(false).await;
+        let client = one_connection(4);
         // The first exchange holds the one connection until its body is read.
         let first = client
-            .send(&authority, request(), &mut None::<()>)
+            .send(&authority, request_to(&authority), &mut None::<()>)
             .await
             .unwrap();
         let waiting = {
-            let (client, authority, request) = (client.clone(), authority.clone(), request());
+            let (client, authority) = (client.clone(), authority.clone());
+            let request = request_to(&authority);
             tokio::spawn(async move { client.send(&authority, request, &mut None::<()>).await })
         };
         tokio::task::yield_now().await;
@@ -761,31 +769,15 @@ mod tests {
     #[tokio::test]
     async fn past_the_queue_a_request_at_the_ceiling_is_refused_at_once() {
         let (authority, _accepted) = upstream(false).await;
-        let ceiling = Ceiling {
-            per_upstream: 1,
-            total: 0,
-            queue: 0,
-            queue_timeout: Duration::from_secs(5),
-        };
-        let client = UpstreamClient::new(
-            Duration::from_secs(1),
-            Duration::from_secs(60),
-            8,
-            2,
-            ceiling,
-        );
-        let request = || {
-            Request::builder()
-                .uri(format!("http://{authority}/x"))
-                .body(body::empty())
-                .unwrap()
-        };
+        let client = one_connection(0);
         let _held = client
-            .send(&authority, request(), &mut None::<()>)
+            .send(&authority, request_to(&authority), &mut None::<()>)
             .await
             .unwrap();
         assert!(matches!(
-            client.send(&authority, request(), &mut None::<()>).await,
+            client
+                .send(&authority, request_to(&authority), &mut None::<()>)
+                .await,
             Err(SendError::Saturated)
         ));
     }
