@@ -287,3 +287,48 @@ async fn an_upstream_at_its_connection_ceiling_queues_briefly_then_answers_503()
         5.0
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_that_hang_up_mid_body_are_counted_as_aborts_not_upstream_resets() {
+    let upstream = CountingUpstream::start().await;
+    let gateway = Gateway::start(&upstream.url(), "").await;
+    let http = gateway.running.http.unwrap();
+    // Four streams each start a large body, reach the upstream, and then the
+    // client drops the whole connection.
+    let mut connection = h2c(http).await;
+    let held = trickle(&mut connection, http, 4);
+    assert_eq!(held.len(), 4, "every stream was opened");
+    common::wait_until(
+        "bodies under way upstream",
+        Duration::from_secs(20),
+        async || upstream.open() >= 4,
+    )
+    .await;
+    drop(held);
+    drop(connection);
+    common::wait_until(
+        "upstream connections given back",
+        Duration::from_secs(20),
+        async || upstream.open() == 0,
+    )
+    .await;
+    let metrics = gateway.metrics().await;
+    let aborts: f64 = ["body_broken", "gone"]
+        .iter()
+        .map(|kind| {
+            metric(
+                &metrics,
+                &format!(r#"keygate_client_aborts_total{{kind="{kind}",route="noauth"}}"#),
+            )
+        })
+        .sum();
+    assert!(
+        aborts >= 4.0,
+        "each hang-up counted as the client's: {metrics}"
+    );
+    assert_eq!(
+        metric(&metrics, r#"keygate_upstream_errors_total{kind="reset""#),
+        0.0,
+        "no hang-up counted against the upstream"
+    );
+}
