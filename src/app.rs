@@ -371,6 +371,7 @@ impl App {
             label,
             path,
             client: ex.client,
+            from: self.address_key(&ex.client, &req),
             request_id: ex.request_id.clone(),
             start,
         };

@@ -1448,3 +1448,41 @@ async fn a_user_disabled_deleted_or_given_a_password_by_the_cli_loses_token_sock
         assert_eq!(code, 1008, "{}", command.join(" "));
     }
 }
+
+#[tokio::test]
+async fn random_api_keys_in_first_frames_stop_reaching_the_store_at_the_address_budget() {
+    let (gw, upstream) = setup_counted("[api_keys]\nunknown_lookups_per_address = \"5/m\"\n").await;
+    let lookups = r#"keygate_auth_store_lookups_total{kind="api_key"}"#;
+    let before = common::counter(&gw.metrics().await, lookups);
+    let mut codes = Vec::new();
+    for i in 0..12 {
+        let mut socket = open(&gw, "/api/ws").await;
+        send(
+            &mut socket,
+            &auth_cmd_key(&format!("tb_sprayed-{i}-{}", Uuid::new_v4())),
+        )
+        .await;
+        codes.push(close_of(&mut socket).await);
+    }
+    let after = common::counter(&gw.metrics().await, lookups);
+    assert_eq!(
+        after - before,
+        5,
+        "store lookups stop at the budget: {codes:?}"
+    );
+    assert!(
+        codes[..5].iter().all(|(code, _)| *code == 1007),
+        "{codes:?}"
+    );
+    assert!(
+        codes[5..]
+            .iter()
+            .all(|close| *close == (1008, "Too many requests".to_string())),
+        "{codes:?}"
+    );
+    assert_eq!(
+        upstream.sockets(),
+        0,
+        "a refused socket reached the upstream"
+    );
+}

@@ -36,6 +36,7 @@ use std::time::Instant;
 use http::{HeaderValue, Request, Response};
 use hyper::body::Incoming;
 
+use crate::address::AddressKey;
 use crate::auth::Authenticator;
 use crate::auth::credential::Credential;
 use crate::auth::outcomes::Outcomes;
@@ -97,6 +98,9 @@ pub struct Upgrade<'r> {
     pub label: &'r str,
     pub path: &'r str,
     pub client: Client<'r>,
+    /// The key the client's address counts under: unknown API keys it
+    /// presents are paid from its budget, as on any request.
+    pub from: AddressKey,
     pub request_id: HeaderValue,
     pub start: Start,
 }
@@ -180,6 +184,7 @@ impl WebSockets {
             sockets: self.clone(),
             conn: upgrade.client.conn.clone(),
             secure: upgrade.client.secure,
+            from: upgrade.from,
             parts,
             upstream_uri: uri,
             upstream: upstream.to_owned(),

@@ -21,6 +21,7 @@ use super::handshake::Form;
 use super::metrics::{ACCEPTED, DEADLINE, NO_AUTH_CMD};
 use super::seat::Seat;
 use super::splice::{self, Traffic};
+use crate::address::AddressKey;
 use crate::auth::AuthFailure;
 use crate::auth::credential::Credential;
 use crate::auth::in_clear::InClear;
@@ -45,6 +46,8 @@ pub struct Session {
     pub sockets: Arc<WebSockets>,
     pub conn: Peer,
     pub secure: bool,
+    /// The key the client's address counts under in per-address limits.
+    pub from: AddressKey,
     /// The upgrade's head, without the `token` parameter.
     pub parts: http::request::Parts,
     pub upstream_uri: http::Uri,
@@ -186,7 +189,7 @@ impl Session {
             }
         };
         self.refuse_in_clear(form, &credential).await?;
-        match self.sockets.auth.verify(&credential).await {
+        match self.sockets.auth.verify_from(&credential, self.from).await {
             Ok(identity) => {
                 self.count(form, Some(&credential), Ok(()));
                 Ok(Authenticated {
@@ -223,6 +226,8 @@ impl Session {
         self.count(form, credential, Err(failure));
         match (form, failure) {
             (Form::QueryToken, AuthFailure::TokenExpired) => Ending::QueryTokenExpired,
+            // The address spent its budget of unknown-key lookups.
+            (_, AuthFailure::LookupsSpent) => Ending::RateLimited,
             _ => Ending::BadCredential(failure),
         }
     }
@@ -271,7 +276,7 @@ impl Session {
         };
         let Err(reason) = sockets
             .auth
-            .refuse_in_clear(credential, &client, rule, None, "ws://")
+            .refuse_in_clear(credential, &client, rule, Some(self.from), "ws://")
             .await
         else {
             return Ok(());
