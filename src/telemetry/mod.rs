@@ -116,7 +116,7 @@ impl Traffic {
             ),
             upstream_errors: r.counter(
                 "keygate_upstream_errors_total",
-                "Upstream requests that failed, by upstream and kind (connect, timeout, reset).",
+                "Upstream requests that failed, by upstream and kind (connect, timeout, reset, saturated).",
                 &["upstream", "kind"],
             ),
             cache: r.counter(
