@@ -25,7 +25,11 @@ use tokio::net::TcpListener;
 
 /// An upstream that counts the connections it has open (and the most it
 /// ever had), reads every request body whole before answering, and answers
-/// `/api/noauth/wait` after a second.
+/// `/api/noauth/wait` after [`SLOW_ANSWER`].
+/// Long enough that every request of a burst arrives, even on a loaded
+/// machine, before the first slow answer frees its connection.
+const SLOW_ANSWER: Duration = Duration::from_secs(4);
+
 struct CountingUpstream {
     addr: SocketAddr,
     open: Arc<AtomicUsize>,
@@ -52,7 +56,7 @@ impl CountingUpstream {
                         let slow = req.uri().path() == "/api/noauth/wait";
                         let body = req.into_body().collect().await.map(|b| b.to_bytes());
                         if slow {
-                            tokio::time::sleep(Duration::from_secs(1)).await;
+                            tokio::time::sleep(SLOW_ANSWER).await;
                         }
                         let len = body.map_or(0, |b| b.len());
                         Ok::<_, Infallible>(Response::new(Full::new(Bytes::from(format!(
