@@ -543,6 +543,9 @@ impl App {
         let Ok(credential) = credential else {
             return Ok(());
         };
+        if client.secure {
+            return Ok(());
+        }
         let rule = InClear {
             disable_keys: self.settings.disable_key_on_plaintext,
             allow_plaintext: self.settings.listen.allow_plaintext_credentials,

@@ -1142,15 +1142,20 @@ async fn raw_upgrade(gw: &Gateway, path: &str, credential: &str) -> String {
 /// A day's quota, so no window ends while a test runs.
 const QUOTA_OF_20: &str = "[quota]\nper_key = \"20/d\"\n";
 
-#[tokio::test]
-async fn websocket_upgrades_with_one_key_reach_the_upstream_only_within_the_quota() {
-    let upstream = common::Upstream::start().await;
-    let gw = Gateway::start(&upstream.url(), QUOTA_OF_20).await;
+/// keygate under [`QUOTA_OF_20`] in front of a recording upstream, and the
+/// credential of an API key of a tenant administrator.
+async fn quota_gateway() -> (common::Upstream, Gateway, String) {
+    let (upstream, gw) = common::gateway(QUOTA_OF_20).await;
     let user = gw
         .user("ws-quota@example.com", Authority::TenantAdmin)
         .await;
     let (_, key) = gw.api_key(&user, 0).await;
-    let credential = common::api_key_header(&key);
+    (upstream, gw, common::api_key_header(&key))
+}
+
+#[tokio::test]
+async fn websocket_upgrades_with_one_key_reach_the_upstream_only_within_the_quota() {
+    let (upstream, gw, credential) = quota_gateway().await;
     // `/api/stream` is a proxied route, not a WebSocket route. The first of
     // the hundred, read byte for byte: an admitted 101 tells the quota.
     let first = raw_upgrade(&gw, "/api/stream", &credential).await;
@@ -1211,13 +1216,7 @@ async fn websocket_upgrades_with_one_key_reach_the_upstream_only_within_the_quot
 
 #[tokio::test]
 async fn platform_sockets_with_one_key_reach_the_upstream_only_within_the_quota() {
-    let upstream = common::Upstream::start().await;
-    let gw = Gateway::start(&upstream.url(), QUOTA_OF_20).await;
-    let user = gw
-        .user("ws-quota@example.com", Authority::TenantAdmin)
-        .await;
-    let (_, key) = gw.api_key(&user, 0).await;
-    let credential = common::api_key_header(&key);
+    let (upstream, gw, credential) = quota_gateway().await;
     let (mut admitted, mut refused) = (0, 0);
     for _ in 0..100 {
         let headers = [("X-Authorization", credential.as_str())];

@@ -58,60 +58,47 @@ fn split(settings: &Settings, limit: Option<u64>) -> Split {
         .unwrap_or(usize::MAX)
         .saturating_sub(reserve)
         .max(2);
-    if upstreams == 0 {
+    let (client_connections, upstream_connections) = if upstreams == 0 {
         // Upstream connections take what clients leave, and never less than
         // a quarter: clients are lowered to leave it.
-        let client_connections = clients.min(available - available / 4).max(1);
-        let upstream_connections = available.saturating_sub(client_connections).max(1);
-        if client_connections < clients {
-            tracing::warn!(
-                configured = clients,
-                used = client_connections,
-                descriptor_limit = limit,
-                "listen.max_connections lowered to fit the descriptor limit"
-            );
-        }
-        return Split {
-            limit: Some(limit),
-            client_connections,
-            upstream_connections,
-        };
-    }
-    if clients.saturating_add(upstreams) <= available {
-        return Split {
-            limit: Some(limit),
-            client_connections: clients,
-            upstream_connections: upstreams,
-        };
-    }
-    // Too many: each side gets its share of what is available, in the
-    // proportion configured.
-    let total = (clients + upstreams) as u128;
-    let client_share = ((available as u128 * clients as u128) / total) as usize;
-    let (client_connections, upstream_connections) = (
-        client_share.max(1),
-        available.saturating_sub(client_share).max(1),
+        let clients = clients.min(available - available / 4).max(1);
+        (clients, available.saturating_sub(clients).max(1))
+    } else if clients.saturating_add(upstreams) <= available {
+        (clients, upstreams)
+    } else {
+        // Too many: each side gets its share of what is available, in the
+        // proportion configured.
+        let total = (clients + upstreams) as u128;
+        let client_share = ((available as u128 * clients as u128) / total) as usize;
+        (
+            client_share.max(1),
+            available.saturating_sub(client_share).max(1),
+        )
+    };
+    warn_if_lowered("listen.max_connections", clients, client_connections, limit);
+    warn_if_lowered(
+        "proxy.max_upstream_connections",
+        upstreams,
+        upstream_connections,
+        limit,
     );
-    if client_connections < clients {
-        tracing::warn!(
-            configured = clients,
-            used = client_connections,
-            descriptor_limit = limit,
-            "listen.max_connections lowered to fit the descriptor limit"
-        );
-    }
-    if upstream_connections < upstreams {
-        tracing::warn!(
-            configured = upstreams,
-            used = upstream_connections,
-            descriptor_limit = limit,
-            "proxy.max_upstream_connections lowered to fit the descriptor limit"
-        );
-    }
     Split {
         limit: Some(limit),
         client_connections,
         upstream_connections,
+    }
+}
+
+/// Says that `setting` (0: not configured) was lowered to `used`.
+fn warn_if_lowered(setting: &str, configured: usize, used: usize, descriptor_limit: u64) {
+    if used < configured {
+        tracing::warn!(
+            setting,
+            configured,
+            used,
+            descriptor_limit,
+            "lowered to fit the descriptor limit"
+        );
     }
 }
 

@@ -99,8 +99,10 @@ struct Shard {
     idle: HashMap<Authority, Vec<Idle>>,
 }
 
-/// A connection's places under its upstream's ceiling and the total one.
+/// A connection's places under its upstream's ceiling and the total one,
+/// and the gate its upstream's waiters watch.
 struct Places {
+    gate: Arc<Gate>,
     _upstream: OwnedSemaphorePermit,
     _total: OwnedSemaphorePermit,
 }
@@ -339,7 +341,9 @@ impl UpstreamClient {
         if self.max_idle_per_shard == 0 || !conn.drive(&mut cx) || conn.sender.is_closed() {
             return;
         }
-        let gate = self.gate(&authority);
+        // The gate travels with the connection: no lookup on this path,
+        // which every request with a body takes.
+        let gate = conn.open.gate.clone();
         {
             let mut shard = self.shard();
             let list = shard.idle.entry(authority).or_default();
@@ -357,21 +361,23 @@ impl UpstreamClient {
     }
 
     /// Places for a new connection through `gate`, if both are free now.
-    fn try_places(&self, gate: &Gate) -> Option<Places> {
+    fn try_places(&self, gate: &Arc<Gate>) -> Option<Places> {
         let upstream = gate.open.clone().try_acquire_owned().ok()?;
         let total = self.total.clone().try_acquire_owned().ok()?;
         Some(Places {
+            gate: gate.clone(),
             _upstream: upstream,
             _total: total,
         })
     }
 
     /// Places for a new connection through `gate`, once both come free.
-    async fn places(&self, gate: &Gate) -> Result<Places, SendError> {
+    async fn places(&self, gate: &Arc<Gate>) -> Result<Places, SendError> {
         let upstream = gate.open.clone().acquire_owned().await;
         let total = self.total.clone().acquire_owned().await;
         match (upstream, total) {
             (Ok(upstream), Ok(total)) => Ok(Places {
+                gate: gate.clone(),
                 _upstream: upstream,
                 _total: total,
             }),
