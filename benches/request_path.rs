@@ -14,7 +14,7 @@ use keygate::auth::cache::Caches;
 use keygate::auth::credential::{self, Credential, Secret};
 use keygate::auth::jwt::TokenKeys;
 use keygate::config::{CacheSettings, RouteSpec};
-use keygate::identity::{AuthMethod, Authority, Identity, Principal, id_header_value};
+use keygate::identity::{AuthMethod, Authority, Identity, Passports, Principal, id_header_value};
 use keygate::listener::peer::{Client, Peer};
 use keygate::proxy::RouteTable;
 use keygate::proxy::headers;
@@ -88,7 +88,8 @@ async fn verifier(capacity: u64) -> Verifier {
         ttl: Duration::from_secs(3600),
         negative_ttl: Duration::from_secs(5),
     };
-    let caches = Caches::new(&settings, &metrics);
+    let passports = Arc::new(Passports::new(settings.capacity, &metrics));
+    let caches = Caches::new(&settings, &metrics, passports);
     Verifier {
         auth: Authenticator::new(store, tokens, caches, metrics),
         api_key: Credential::ApiKey(key.value),
@@ -159,7 +160,7 @@ fn header_editing(c: &mut Criterion) {
         b.iter_batched(
             || (head.clone(), headers::request_id(&HeaderMap::new(), false)),
             |(mut parts, id)| {
-                headers::to_upstream(&mut parts, &client, id, Some(&identity));
+                headers::to_upstream(&mut parts, &client, id, Some(&identity), None);
                 parts
             },
             BatchSize::SmallInput,
@@ -206,6 +207,8 @@ fn routing(c: &mut Criterion) {
             request_timeout: Duration::from_secs(60),
             openapi: None,
             quota: Default::default(),
+            identity: Default::default(),
+            audience: format!("service{i}"),
         })
         .collect();
     let table = RouteTable::new(&specs, &Metrics::new());

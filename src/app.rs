@@ -32,7 +32,7 @@ use crate::auth::{AuthFailure, Authenticator};
 use crate::body::Body;
 use crate::config::Settings;
 use crate::error::ApiError;
-use crate::identity::Identity;
+use crate::identity::{Identity, Passport, Passports};
 use crate::listener::framing::AmbiguousFraming;
 use crate::listener::peer::{Client, Crowded, InFlight, Peer};
 use crate::path;
@@ -61,6 +61,8 @@ pub struct App {
     /// Base of the links keygate builds when no public base URL is configured
     /// and no trusted proxy forwarded a host: this machine's own listener.
     listener_base_url: String,
+    /// Issues what `assertion` and `platform` routes carry upstream.
+    passports: Arc<Passports>,
 }
 
 /// The metric series of what the request path counts, resolved once.
@@ -129,6 +131,7 @@ impl App {
         listener_base_url: String,
         limits: SharedLimits,
     ) -> App {
+        let passports = auth.caches().passports.clone();
         let proxy = Proxy::new(&settings.proxy, &settings.limits, settings.worker_count());
         let websockets = Arc::new(WebSockets::new(
             &settings,
@@ -136,6 +139,7 @@ impl App {
             &metrics,
             limits.seats,
             limits.quotas.clone(),
+            passports.clone(),
         ));
         let browser = settings
             .api_browser
@@ -162,6 +166,7 @@ impl App {
             quotas: limits.quotas,
             metrics,
             listener_base_url,
+            passports,
         }
     }
 
@@ -303,7 +308,8 @@ impl App {
                     Err(refusal) => return Ok(refusal.into_response()),
                 };
                 let in_flight = self.admit_in_flight(ex)?;
-                let parts = self.headers_to_upstream(req, ex);
+                let passport = self.passport(route, ex)?;
+                let parts = self.headers_to_upstream(req, ex, passport.as_ref());
                 let mut response = self.forward(route, parts, &path, ex, in_flight).await?;
                 grant.write_headers(response.headers_mut());
                 Ok(response)
@@ -463,6 +469,7 @@ impl App {
         &self,
         req: Request<Incoming>,
         ex: &Exchange<'_>,
+        passport: Option<&Passport>,
     ) -> (http::request::Parts, Incoming) {
         let (mut parts, body) = req.into_parts();
         headers::to_upstream(
@@ -470,8 +477,19 @@ impl App {
             &ex.client,
             ex.request_id.clone(),
             ex.identity.as_ref(),
+            passport,
         );
         (parts, body)
+    }
+
+    /// What the route's identity mode adds for the verified identity (an
+    /// assertion, or the platform's token); nothing on a `headers` route or
+    /// without an identity.
+    fn passport(&self, route: &Route, ex: &Exchange<'_>) -> Result<Option<Passport>, ApiError> {
+        match &ex.identity {
+            Some(identity) => self.passports.issue(&route.destination, identity),
+            None => Ok(None),
+        }
     }
 
     /// Sends the prepared request to the route's upstreams.

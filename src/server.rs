@@ -18,6 +18,7 @@ use crate::auth::cache::Caches;
 use crate::auth::jwt::TokenKeys;
 use crate::auth::limiter::LoginLimiter;
 use crate::config::Settings;
+use crate::identity::Passports;
 use crate::listener::address_cap::AddressCap;
 use crate::listener::workers::Workers;
 use crate::listener::{self, Listener};
@@ -370,7 +371,8 @@ fn authenticator(
         settings.jwt.access_ttl,
         settings.jwt.refresh_ttl,
     ));
-    let caches = Caches::new(&settings.cache, metrics);
+    let passports = Arc::new(Passports::new(settings.cache.capacity, metrics));
+    let caches = Caches::new(&settings.cache, metrics, passports);
     let auth = Authenticator::new(store.clone(), tokens, caches, metrics.clone());
     Arc::new(match settings.unknown_key_lookups_per_address {
         Some(rate) => auth.with_unknown_key_budget(rate, settings.login.limiter.capacity),

@@ -513,6 +513,8 @@ mod tests {
             request_timeout: Duration::from_secs(1),
             openapi: openapi.map(|u| u.parse().unwrap()),
             quota: Default::default(),
+            identity: Default::default(),
+            audience: name.into(),
         }
     }
 

@@ -48,6 +48,7 @@ impl Fixture {
                 negative_ttl: Duration::from_secs(5),
             },
             &metrics,
+            Arc::new(crate::identity::Passports::new(1000, &metrics)),
         );
         let mut auth = Authenticator::new(store.clone(), tokens.clone(), caches, metrics.clone());
         if let Some(rate) = budget {

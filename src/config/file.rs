@@ -274,7 +274,7 @@ impl Default for WebSocketSection {
     }
 }
 
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RouteSection {
     pub name: String,
@@ -284,6 +284,11 @@ pub struct RouteSection {
     pub request_timeout: String,
     pub openapi: String,
     pub quota: RouteQuotaSection,
+    /// How the verified identity reaches the upstream: "headers",
+    /// "assertion" or "platform" ("" reads as "headers").
+    pub identity: String,
+    /// The assertion's `aud`; "" means the route's name.
+    pub audience: String,
 }
 
 impl Default for FileConfig {
@@ -320,6 +325,22 @@ impl Default for FileConfig {
                     ..RouteSection::default()
                 },
             ],
+        }
+    }
+}
+
+impl Default for RouteSection {
+    fn default() -> Self {
+        RouteSection {
+            name: String::new(),
+            prefix: String::new(),
+            upstreams: Vec::new(),
+            public: false,
+            request_timeout: String::new(),
+            openapi: String::new(),
+            quota: RouteQuotaSection::default(),
+            identity: "headers".into(),
+            audience: String::new(),
         }
     }
 }

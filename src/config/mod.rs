@@ -372,6 +372,10 @@ pub struct RouteSpec {
     pub openapi: Option<http::Uri>,
     /// The route's own quotas, per dimension.
     pub quota: RouteQuota,
+    /// How the verified identity travels to the upstream.
+    pub identity: crate::identity::IdentityMode,
+    /// The `aud` of the route's assertions: its `audience`, or its name.
+    pub audience: String,
 }
 
 /// Where configuration comes from.

@@ -857,8 +857,25 @@ impl RouteSection {
         } else {
             self.name.clone()
         };
+        let identity = match crate::identity::IdentityMode::parse(&self.identity) {
+            Some(mode) => mode,
+            None => {
+                errors.push(format!(
+                    "{here}.identity: must be \"headers\", \"assertion\" or \"platform\", got {:?}",
+                    self.identity
+                ));
+                crate::identity::IdentityMode::Headers
+            }
+        };
+        let audience = if self.audience.trim().is_empty() {
+            name.clone()
+        } else {
+            self.audience.clone()
+        };
         RouteSpec {
             openapi: self.openapi(here, errors),
+            identity,
+            audience,
             name,
             prefix: self.prefix.clone(),
             upstreams,

@@ -75,6 +75,8 @@ pub async fn start_reference(settings: &mut Settings) -> Result<SocketAddr, DevE
                 .expect("a socket address makes a URI")
         }),
         quota: Default::default(),
+        identity: Default::default(),
+        audience: name.into(),
     };
     settings.routes = vec![
         route("api", "/api/", false, true),

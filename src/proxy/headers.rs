@@ -6,7 +6,7 @@ use http::header::{CONNECTION, HOST, TE, TRAILER, TRANSFER_ENCODING, UPGRADE};
 use http::{HeaderMap, HeaderName, HeaderValue};
 use smallvec::SmallVec;
 
-use crate::identity::{self, Identity};
+use crate::identity::{self, Identity, Passport};
 use crate::listener::peer::Client;
 
 pub use crate::listener::peer::{X_FORWARDED_FOR, X_FORWARDED_PROTO};
@@ -196,8 +196,9 @@ pub(crate) fn to_websocket_upstream(
     client: &Client<'_>,
     request_id: HeaderValue,
     identity: Option<&Identity>,
+    passport: Option<&Passport>,
 ) {
-    to_upstream(parts, client, request_id, identity);
+    to_upstream(parts, client, request_id, identity, passport);
     parts.headers.remove(http::header::HOST);
     let handshake: Vec<HeaderName> = parts
         .headers
@@ -214,7 +215,8 @@ pub(crate) fn to_websocket_upstream(
 /// headers out (so a `Connection` header can never name away what is set
 /// later); the client's identity, credential and (from an untrusted peer)
 /// forwarding headers out; keygate's forwarding headers and request id in;
-/// the verified identity in. `Host` stays for the caller to replace with the
+/// the verified identity in, and the route's passport (an assertion or the
+/// platform's token), if it has one. `Host` stays for the caller to replace with the
 /// upstream's (one insert over an existing entry, where a removal here and an
 /// insert there cost two lookups): the proxy sets it per upstream tried, the
 /// WebSocket handshake from its URI.
@@ -223,6 +225,7 @@ pub fn to_upstream(
     client: &Client<'_>,
     request_id: HeaderValue,
     identity: Option<&Identity>,
+    passport: Option<&Passport>,
 ) {
     let headers = &mut parts.headers;
     // Room for what is set below at once, rather than growing the map twice.
@@ -243,11 +246,14 @@ pub fn to_upstream(
     if let Some(identity) = identity {
         identity::inject(headers, identity);
     }
+    if let Some(passport) = passport {
+        headers.insert(passport.name.clone(), passport.value.clone());
+    }
 }
 
-/// Headers [`to_upstream`] may add: four forwarding headers and at most
-/// seven identity headers.
-const ADDED_UPSTREAM: usize = 11;
+/// Headers [`to_upstream`] may add: four forwarding headers, at most
+/// seven identity headers and a passport.
+const ADDED_UPSTREAM: usize = 12;
 
 /// Every edit of an upstream response on its way to the client.
 pub fn to_client(headers: &mut HeaderMap) {
@@ -399,7 +405,7 @@ mod tests {
             .insert(HOST, HeaderValue::from_static("gw.example:8080"));
         p.headers.insert("accept", HeaderValue::from_static("*/*"));
         let id = request_id(&p.headers, false);
-        to_upstream(&mut p, &client(&conn(false, false)), id, None);
+        to_upstream(&mut p, &client(&conn(false, false)), id, None, None);
         let left: Vec<&str> = p.headers.keys().map(|k| k.as_str()).collect();
         assert_eq!(
             left.len(),
@@ -464,7 +470,7 @@ mod tests {
         ]);
         let id = request_id(&p.headers, true);
         assert_eq!(id, "req-123");
-        to_upstream(&mut p, &client(&conn(false, true)), id, None);
+        to_upstream(&mut p, &client(&conn(false, true)), id, None, None);
         assert_eq!(p.headers[&X_FORWARDED_FOR], "203.0.113.9, 10.1.2.3");
         assert_eq!(p.headers[&X_FORWARDED_PROTO], "https");
         assert_eq!(p.headers[&X_FORWARDED_HOST], "api.example");
@@ -499,6 +505,7 @@ mod tests {
             &client(&conn(true, false)),
             request_id(&HeaderMap::new(), false),
             Some(&identity),
+            None,
         );
         assert_eq!(
             p.headers["x-auth-user-id"],

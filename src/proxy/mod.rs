@@ -23,6 +23,7 @@ use pacing::{Pace, Paced};
 use crate::body::{self, Body};
 use crate::config::{HttpLimits, ProxySettings, RouteSpec, UpstreamUrl};
 use crate::error::ApiError;
+use crate::identity::passport::Destination;
 use crate::listener::peer::InFlight;
 use crate::shared_limits::quota::RouteQuota;
 use crate::telemetry::{ClientAbort, Metrics, RouteSeries, UpstreamSeries};
@@ -52,6 +53,8 @@ pub struct Route {
     pub quota_scope: Arc<str>,
     /// The route's request series, labelled with its name.
     pub series: RouteSeries,
+    /// How the verified identity travels to its upstream.
+    pub destination: Destination,
     upstreams: Vec<Arc<Upstream>>,
     next: AtomicUsize,
 }
@@ -118,6 +121,7 @@ impl RouteTable {
                 quota: spec.quota,
                 quota_scope: Arc::from(format!("route:{}", spec.name)),
                 series: metrics.route_series(&spec.name),
+                destination: Destination::new(spec.identity, &spec.audience, &spec.name, metrics),
                 upstreams: spec
                     .upstreams
                     .iter()
@@ -590,6 +594,8 @@ mod tests {
             request_timeout: Duration::from_secs(1),
             openapi: None,
             quota: Default::default(),
+            identity: Default::default(),
+            audience: prefix.into(),
         }
     }
 

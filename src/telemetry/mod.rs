@@ -26,8 +26,8 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
-    TextEncoder,
+    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry, TextEncoder,
 };
 
 pub struct Metrics {
@@ -89,6 +89,7 @@ struct Traffic {
     client_aborts: IntCounterVec,
     in_flight_refused: IntCounterVec,
     store_lookups: IntCounterVec,
+    passports: IntCounterVec,
 }
 
 impl Traffic {
@@ -151,6 +152,13 @@ impl Traffic {
                  (body_broken: its body broke off or was malformed; body_too_slow: its body did \
                  not keep the required pace; gone: it went away before the response).",
                 &["route", "kind"],
+            ),
+            passports: r.counter(
+                "keygate_upstream_identity_total",
+                "Assertions and platform tokens carried to upstreams, by route, identity mode \
+                 and outcome (issued: signed for this request; reused: one signed earlier for \
+                 the same credential and route).",
+                &["route", "mode", "outcome"],
             ),
             in_flight_refused: r.counter(
                 "keygate_in_flight_refused_total",
@@ -385,6 +393,15 @@ impl Metrics {
             aborts: std::array::from_fn(|_| OnceLock::new()),
             client_aborts: self.traffic.client_aborts.clone(),
         }
+    }
+
+    /// The issued and reused counters of a route's passports.
+    pub(crate) fn passport_series(&self, route: &str, mode: &str) -> [IntCounter; 2] {
+        ["issued", "reused"].map(|outcome| {
+            self.traffic
+                .passports
+                .with_label_values(&[route, mode, outcome])
+        })
     }
 
     /// Counts a proxied request refused for the in-flight `bound` it would

@@ -43,7 +43,7 @@ use crate::auth::outcomes::Outcomes;
 use crate::body::Body;
 use crate::config::{Settings, WebSocketSettings};
 use crate::error::ApiError;
-use crate::identity::Identity;
+use crate::identity::{Identity, Passports};
 use crate::listener::peer::Client;
 use crate::proxy::{Proxy, Route};
 use crate::shared_limits::quota::{Quotas, RouteQuota};
@@ -73,6 +73,8 @@ pub struct WebSockets {
     /// How often at least an open socket verifies its credential again
     /// unprompted: `cache.ttl`, how stale a cached state may be.
     recheck_every: std::time::Duration,
+    /// Issues what `assertion` and `platform` routes carry upstream.
+    passports: Arc<Passports>,
 }
 
 /// How a socket on a WebSocket route is to be authenticated.
@@ -112,6 +114,7 @@ impl WebSockets {
         metrics: &Metrics,
         seats: Option<Arc<Seats>>,
         quotas: Arc<Quotas>,
+        passports: Arc<Passports>,
     ) -> WebSockets {
         let websocket = settings.websocket.clone();
         let labels: Vec<&str> = websocket.routes.iter().map(String::as_str).collect();
@@ -126,6 +129,7 @@ impl WebSockets {
             seats,
             quotas,
             recheck_every: settings.cache.ttl,
+            passports,
         }
     }
 
@@ -194,6 +198,7 @@ impl WebSockets {
             started: Instant::now(),
             hold,
             quota,
+            destination: upgrade.route.destination.clone(),
         };
         tokio::spawn(session.run(on_upgrade, opening));
         Ok(handshake::switching_protocols(&accept_key))

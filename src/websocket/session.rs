@@ -28,6 +28,7 @@ use crate::auth::in_clear::InClear;
 use crate::auth::live::{HoldLimits, OverLimit};
 use crate::auth::outcomes::{NO_CREDENTIAL, method_of};
 use crate::identity::Identity;
+use crate::identity::passport::Destination;
 use crate::listener::peer::{Client, Peer};
 use crate::proxy::headers;
 use crate::telemetry::access::{AccessLine, SocketEnd};
@@ -62,6 +63,9 @@ pub struct Session {
     /// The quotas the socket counts against once authenticated; `None` when
     /// the request path counted its upgrade already.
     pub quota: Option<super::SocketQuota>,
+    /// How the identity travels to the upstream of the route the socket
+    /// falls under.
+    pub destination: Destination,
 }
 
 /// An authenticated socket, ready for its upstream.
@@ -355,7 +359,21 @@ impl Session {
             conn: &self.conn,
             secure: self.secure,
         };
-        headers::to_websocket_upstream(&mut parts, &client, self.request_id.clone(), identity);
+        let passport = match identity {
+            Some(identity) => self
+                .sockets
+                .passports
+                .issue(&self.destination, identity)
+                .ok()?,
+            None => None,
+        };
+        headers::to_websocket_upstream(
+            &mut parts,
+            &client,
+            self.request_id.clone(),
+            identity,
+            passport.as_ref(),
+        );
         let mut request = self.upstream_uri.clone().into_client_request().ok()?;
         request.headers_mut().extend(parts.headers);
         Some(request)

@@ -17,7 +17,7 @@ use uuid::Uuid;
 use super::api_key::KeyDigest;
 use super::jwt::AccessClaims;
 use crate::config::CacheSettings;
-use crate::identity::Principal;
+use crate::identity::{Passports, Principal};
 use crate::telemetry::Metrics;
 pub use table::Table;
 
@@ -83,12 +83,20 @@ pub struct Caches {
     pub users: Table<Uuid, Lookup<Arc<UserState>>>,
     pub sessions: Table<Uuid, Lookup<SessionState>>,
     pub tokens: Table<[u8; 32], Arc<VerifiedToken>>,
+    /// Assertions and platform tokens kept for reuse: derived from
+    /// credentials, so dropped with them.
+    pub passports: Arc<Passports>,
     pub lifetimes: Lifetimes,
 }
 
 impl Caches {
-    pub fn new(settings: &CacheSettings, metrics: &Arc<Metrics>) -> Caches {
+    pub fn new(
+        settings: &CacheSettings,
+        metrics: &Arc<Metrics>,
+        passports: Arc<Passports>,
+    ) -> Caches {
         Caches {
+            passports,
             live: Arc::default(),
             keys: Table::new(settings.capacity, metrics.init_cache("api_keys")),
             users: Table::new(settings.capacity, metrics.init_cache("users")),
@@ -112,21 +120,25 @@ impl Caches {
     pub(crate) fn invalidate_key_id(&self, id: Uuid) {
         self.keys
             .invalidate_if(move |_, state| state.as_ref().is_some_and(|s| s.id == id));
+        self.passports.forget_credential(id);
     }
 
     /// Forget a user: their keys and tokens are re-checked against the store.
     pub fn invalidate_user(&self, id: Uuid) {
         self.users.invalidate(&id);
+        self.passports.forget_user(id);
     }
 
     pub fn invalidate_session(&self, id: Uuid) {
         self.sessions.invalidate(&id);
+        self.passports.forget_credential(id);
     }
 
     /// Forget every cached session of a user (password change, lockout).
     pub(crate) fn invalidate_sessions_of(&self, user_id: Uuid) {
         self.sessions
             .invalidate_if(move |_, state| state.as_ref().is_some_and(|s| s.user_id == user_id));
+        self.passports.forget_user(user_id);
     }
 
     /// Forget everything (e.g. after a lost notification channel); every
@@ -136,16 +148,18 @@ impl Caches {
         self.users.clear();
         self.sessions.clear();
         self.tokens.clear();
+        self.passports.clear();
         self.live.wake_all();
     }
 
     /// (name, entry count) of each cache, for metrics.
-    pub(crate) fn sizes(&self) -> [(&'static str, u64); 4] {
+    pub(crate) fn sizes(&self) -> [(&'static str, u64); 5] {
         [
             ("api_keys", self.keys.len()),
             ("users", self.users.len()),
             ("sessions", self.sessions.len()),
             ("tokens", self.tokens.len()),
+            ("passports", self.passports.len()),
         ]
     }
 }

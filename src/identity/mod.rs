@@ -4,6 +4,9 @@
 use http::{HeaderMap, HeaderName, HeaderValue};
 use uuid::Uuid;
 
+pub mod passport;
+pub use passport::{IdentityMode, Passport, Passports};
+
 /// The "no tenant" / "no customer" id of the platform.
 pub const NULL_UUID: Uuid = Uuid::from_u128(0x13814000_1dd2_11b2_8080_808080808080);
 
@@ -115,6 +118,14 @@ impl Identity {
             principal,
             method,
             method_id,
+        }
+    }
+
+    /// The id of the credential: the key's or the session's.
+    pub fn credential_id(&self) -> Uuid {
+        match self.method {
+            AuthMethod::ApiKey { key_id } => key_id,
+            AuthMethod::Jwt { session_id } => session_id,
         }
     }
 

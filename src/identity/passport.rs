@@ -1,0 +1,216 @@
+//! How a verified identity travels to an upstream, chosen per route
+//! ([`IdentityMode`]): as the `X-Auth-*` headers alone, with a signed
+//! assertion besides them, or as the platform's own access token. What a
+//! route's mode adds to the request head is its [`Passport`], issued by
+//! [`Passports`].
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{HeaderName, HeaderValue};
+use prometheus::IntCounter;
+use uuid::Uuid;
+
+use super::Identity;
+use crate::auth::cache::Table;
+use crate::error::ApiError;
+use crate::telemetry::Metrics;
+
+/// A route's choice of how the identity reaches its upstream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum IdentityMode {
+    /// The `X-Auth-*` headers, for services that trust keygate's network.
+    #[default]
+    Headers,
+    /// The headers, and `X-Auth-Assertion`: a JWT signed with keygate's
+    /// asymmetric key, verifiable against its JWKS.
+    Assertion,
+    /// `X-Authorization: Bearer <token>` in the platform's own access-token
+    /// format, signed with the platform's key.
+    Platform,
+}
+
+impl IdentityMode {
+    /// The mode a route's `identity` setting names; "" is `headers`.
+    pub fn parse(text: &str) -> Option<IdentityMode> {
+        match text.trim() {
+            "" | "headers" => Some(IdentityMode::Headers),
+            "assertion" => Some(IdentityMode::Assertion),
+            "platform" => Some(IdentityMode::Platform),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            IdentityMode::Headers => "headers",
+            IdentityMode::Assertion => "assertion",
+            IdentityMode::Platform => "platform",
+        }
+    }
+}
+
+pub static X_AUTH_ASSERTION: HeaderName = HeaderName::from_static("x-auth-assertion");
+pub static X_AUTHORIZATION: HeaderName = HeaderName::from_static("x-authorization");
+
+/// The one header a route's mode adds beyond the `X-Auth-*` headers. It is
+/// set by [`crate::proxy::headers::to_upstream`] after every header a client
+/// could have used to claim an identity is removed.
+#[derive(Debug, Clone)]
+pub struct Passport {
+    pub name: &'static HeaderName,
+    pub value: HeaderValue,
+}
+
+/// A route as far as issuing its passports needs it: its mode, its
+/// audience, and its counters of passports issued and reused
+/// (`keygate_upstream_identity_total`).
+#[derive(Clone)]
+pub struct Destination {
+    pub mode: IdentityMode,
+    /// The `aud` of its assertions.
+    pub audience: Arc<str>,
+    /// Issued and reused; none on a `headers` route, which issues none.
+    counters: Option<[IntCounter; 2]>,
+}
+
+impl Destination {
+    pub fn new(mode: IdentityMode, audience: &str, route: &str, metrics: &Metrics) -> Destination {
+        Destination {
+            mode,
+            audience: Arc::from(audience),
+            counters: (mode != IdentityMode::Headers)
+                .then(|| metrics.passport_series(route, mode.as_str())),
+        }
+    }
+}
+
+/// Signs one passport of a mode: an assertion, or a platform token.
+pub trait Minter: Send + Sync {
+    /// A new passport of `identity` for a route whose audience is `audience`.
+    fn mint(&self, audience: &str, identity: &Identity) -> Result<HeaderValue, ApiError>;
+    /// How long a minted passport is valid.
+    fn lifetime(&self) -> Duration;
+}
+
+/// What a passport is reused by: the credential it was issued for, the
+/// mode and the audience. The audience is shared with the route, so
+/// building a key copies no text.
+#[derive(Clone, PartialEq, Eq, Hash)]
+struct Reuse {
+    credential: Uuid,
+    mode: IdentityMode,
+    audience: Arc<str>,
+}
+
+/// A passport kept for reuse, with its owner so a user's revocation finds it.
+#[derive(Clone)]
+struct Issued {
+    user_id: Uuid,
+    value: HeaderValue,
+}
+
+/// Passports are reused until this share of their lifetime is spent, so an
+/// upstream never receives one about to expire in transit.
+const REUSE_SHARE: f64 = 0.9;
+
+/// Issues the passports of every route, reusing each until most of its
+/// lifetime is spent, in a bounded cache that revocation clears like the
+/// credential caches ([`crate::auth::cache::Caches`]).
+pub struct Passports {
+    assertion: Option<Box<dyn Minter>>,
+    platform: Option<Box<dyn Minter>>,
+    reused: Table<Reuse, Issued>,
+}
+
+impl Passports {
+    /// No minters yet: `headers` routes only.
+    pub fn new(capacity: u64, metrics: &Metrics) -> Passports {
+        Passports {
+            assertion: None,
+            platform: None,
+            reused: Table::new(capacity, metrics.init_cache("passports")),
+        }
+    }
+
+    /// The passport `identity` carries to `destination`; `None` on a
+    /// `headers` route.
+    pub fn issue(
+        &self,
+        destination: &Destination,
+        identity: &Identity,
+    ) -> Result<Option<Passport>, ApiError> {
+        let (minter, name) = match destination.mode {
+            IdentityMode::Headers => return Ok(None),
+            IdentityMode::Assertion => (&self.assertion, &X_AUTH_ASSERTION),
+            IdentityMode::Platform => (&self.platform, &X_AUTHORIZATION),
+        };
+        // Validation refuses such a route at start; never forward without.
+        let (Some(minter), Some([issued, reused])) = (minter.as_deref(), &destination.counters)
+        else {
+            return Err(ApiError::internal());
+        };
+        let key = Reuse {
+            credential: identity.credential_id(),
+            mode: destination.mode,
+            audience: destination.audience.clone(),
+        };
+        if let Some(kept) = self.reused.get(&key) {
+            reused.inc();
+            return Ok(Some(Passport {
+                name,
+                value: kept.value,
+            }));
+        }
+        let value = minter.mint(&destination.audience, identity)?;
+        issued.inc();
+        self.reused.insert(
+            key,
+            Issued {
+                user_id: identity.principal.user_id,
+                value: value.clone(),
+            },
+            minter.lifetime().mul_f64(REUSE_SHARE),
+        );
+        Ok(Some(Passport { name, value }))
+    }
+
+    /// Forgets every passport issued for a key or a session.
+    pub(crate) fn forget_credential(&self, id: Uuid) {
+        self.reused
+            .invalidate_if(move |key, _| key.credential == id);
+    }
+
+    /// Forgets every passport of a user.
+    pub(crate) fn forget_user(&self, id: Uuid) {
+        self.reused
+            .invalidate_if(move |_, issued| issued.user_id == id);
+    }
+
+    pub(crate) fn clear(&self) {
+        self.reused.clear();
+    }
+
+    pub(crate) fn len(&self) -> u64 {
+        self.reused.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn identity_modes_parse_from_their_setting() {
+        for mode in [
+            IdentityMode::Headers,
+            IdentityMode::Assertion,
+            IdentityMode::Platform,
+        ] {
+            assert_eq!(IdentityMode::parse(mode.as_str()), Some(mode));
+        }
+        assert_eq!(IdentityMode::parse(""), Some(IdentityMode::Headers));
+        assert_eq!(IdentityMode::parse("Headers"), None);
+        assert_eq!(IdentityMode::parse("bearer"), None);
+    }
+}
