@@ -90,12 +90,23 @@ pub struct Running {
     /// The admin listener outlives the drain, so probes see "not ready".
     admin_shutdown: watch::Sender<bool>,
     admin_task: Option<JoinHandle<()>>,
+    /// Whether `platform.signing_key` was set at start: its minter is built
+    /// then, so `identity = "platform"` routes can only come with it.
+    platform_minter: bool,
 }
 
 impl Running {
     /// Applies a reloaded configuration: the routes (swapped atomically) and
     /// the TLS certificate. Other settings need a restart.
     pub fn reload(&self, settings: &Settings) {
+        let platform = crate::identity::IdentityMode::Platform;
+        if !self.platform_minter && settings.routes.iter().any(|r| r.identity == platform) {
+            tracing::error!(
+                "reload refused: a route has identity = \"platform\", and platform.signing_key takes effect only at start; restart keygate"
+            );
+            self.reload_failed();
+            return;
+        }
         self.app.routes().replace(&settings.routes);
         self.metrics.reload("routes", true);
         tracing::info!(routes = settings.routes.len(), "routes reloaded");
@@ -270,6 +281,7 @@ pub async fn start(mut settings: Settings, options: StartOptions) -> Result<Runn
     if settings.platform.signing_key.as_deref() == Some(secret.as_slice()) {
         return Err(StartError::PlatformKeyIsOwn);
     }
+    let platform_minter = settings.platform.signing_key.is_some();
     let auth = authenticator(&settings, &store, &secret, &metrics);
     let (tls_acceptor, resolver) = tls_acceptor(&settings, &metrics)?.unzip();
     let bound = Bound::bind(&settings, &metrics).await?;
@@ -325,6 +337,7 @@ pub async fn start(mut settings: Settings, options: StartOptions) -> Result<Runn
         tasks: Vec::new(),
         admin_shutdown: watch::channel(false).0,
         admin_task: None,
+        platform_minter,
     };
     Ok(spawn(running, bound, tls_acceptor, auth))
 }

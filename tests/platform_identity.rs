@@ -758,3 +758,51 @@ async fn keygate_refuses_to_start_when_the_platform_key_equals_its_own() {
     );
     assert!(!message.contains(&stored));
 }
+
+#[tokio::test]
+async fn a_reload_that_adds_a_platform_route_without_a_key_at_start_is_refused() {
+    let double = PlatformDouble::start(&platform_key()).await;
+    let gw = Gateway::start(&double.url(), "").await;
+    let user = gw.user("reload@example.com", Authority::TenantAdmin).await;
+    let (_, key) = gw.api_key(&user, 0).await;
+    // The same configuration with the platform's key and routes: valid, but
+    // the key is read only at start.
+    let path = gw.dir.path().join("keygate.toml");
+    let mut text = std::fs::read_to_string(&path).unwrap();
+    text.push_str(&platform_config(&double, "", ""));
+    std::fs::write(&path, text).unwrap();
+    let settings = keygate::config::load(&keygate::config::Source {
+        file: Some(&path),
+        env: vec![],
+    })
+    .unwrap();
+    gw.running.reload(&settings);
+    // The routes stayed as they were: the request went out on the headers
+    // route, with the identity headers and no token, rather than failing.
+    let response = get(
+        &gw,
+        "/api/tb/user",
+        &[("X-Authorization", &api_key_header(&key))],
+    )
+    .await;
+    assert_eq!(
+        response.status(),
+        401,
+        "the platform refuses X-Auth-* alone"
+    );
+    let seen = double.seen().pop().unwrap();
+    assert_eq!(
+        seen.header("x-auth-user-id"),
+        Some(user.id.to_string().as_str())
+    );
+    assert_eq!(seen.header("x-authorization"), None);
+    let metrics = gw.metrics().await;
+    assert!(
+        metrics
+            .lines()
+            .any(|line| line.starts_with("keygate_config_reloads_total")
+                && line.contains("fail")
+                && !line.ends_with(" 0")),
+        "{metrics}"
+    );
+}

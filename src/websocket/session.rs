@@ -369,12 +369,13 @@ impl Session {
             None => None,
         };
         let mut uri = self.upstream_uri.clone();
-        if self.destination.mode == IdentityMode::Platform {
-            // The platform reads a socket's token from `?token=` on every
-            // WebSocket endpoint (`TbWebSocketHandler.toRef`); its first-frame
-            // `authCmd` is read on `/api/ws` only. Whatever `token` the
-            // client's query held is replaced.
-            let token = passport.take()?;
+        // The platform reads a socket's token from `?token=` on every
+        // WebSocket endpoint (`TbWebSocketHandler.toRef`); its first-frame
+        // `authCmd` is read on `/api/ws` only. Whatever `token` the client's
+        // query held is replaced.
+        if self.destination.mode == IdentityMode::Platform
+            && let Some(token) = passport.take()
+        {
             uri = handshake::with_token(uri, token.value.as_bytes().strip_prefix(b"Bearer ")?)?;
         }
         headers::to_websocket_upstream(
