@@ -372,11 +372,17 @@ impl Session {
         // The platform reads a socket's token from `?token=` on every
         // WebSocket endpoint (`TbWebSocketHandler.toRef`); its first-frame
         // `authCmd` is read on `/api/ws` only. Whatever `token` the client's
-        // query held is replaced.
-        if self.destination.mode == IdentityMode::Platform
-            && let Some(token) = passport.take()
-        {
-            uri = handshake::with_token(uri, token.value.as_bytes().strip_prefix(b"Bearer ")?)?;
+        // query held is replaced, or removed on a public route.
+        if self.destination.mode == IdentityMode::Platform {
+            match passport.take() {
+                Some(token) => {
+                    let token = token.value.as_bytes().strip_prefix(b"Bearer ")?;
+                    uri = handshake::with_token(uri, token)?;
+                }
+                None => {
+                    handshake::take_token(&mut uri);
+                }
+            }
         }
         headers::to_websocket_upstream(
             &mut parts,
