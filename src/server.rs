@@ -19,6 +19,7 @@ use crate::auth::jwt::TokenKeys;
 use crate::auth::limiter::LoginLimiter;
 use crate::config::Settings;
 use crate::identity::Passports;
+use crate::identity::platform::PlatformTokens;
 use crate::listener::address_cap::AddressCap;
 use crate::listener::workers::Workers;
 use crate::listener::{self, Listener};
@@ -51,6 +52,10 @@ pub enum StartError {
     Bootstrap(#[from] accounts::AccountError),
     #[error("stored JWT signing key is unusable")]
     SigningKey,
+    #[error(
+        "platform.signing_key is keygate's own JWT signing key: a token signed with the platform's key must never be a credential keygate accepts; give the platform's tokenSigningKey"
+    )]
+    PlatformKeyIsOwn,
     #[error("preparing password verification failed")]
     DummyHash,
     #[error("cannot use [redis] url")]
@@ -85,12 +90,23 @@ pub struct Running {
     /// The admin listener outlives the drain, so probes see "not ready".
     admin_shutdown: watch::Sender<bool>,
     admin_task: Option<JoinHandle<()>>,
+    /// Whether `platform.signing_key` was set at start: its minter is built
+    /// then, so `identity = "platform"` routes can only come with it.
+    platform_minter: bool,
 }
 
 impl Running {
     /// Applies a reloaded configuration: the routes (swapped atomically) and
     /// the TLS certificate. Other settings need a restart.
     pub fn reload(&self, settings: &Settings) {
+        let platform = crate::identity::IdentityMode::Platform;
+        if !self.platform_minter && settings.routes.iter().any(|r| r.identity == platform) {
+            tracing::error!(
+                "reload refused: a route has identity = \"platform\", and platform.signing_key takes effect only at start; restart keygate"
+            );
+            self.reload_failed();
+            return;
+        }
         self.app.routes().replace(&settings.routes);
         self.metrics.reload("routes", true);
         tracing::info!(routes = settings.routes.len(), "routes reloaded");
@@ -261,6 +277,11 @@ pub async fn start(mut settings: Settings, options: StartOptions) -> Result<Runn
     let store = Store::connect(&settings.store_url, settings.store_max_connections).await?;
     let generated_password = bootstrap(&store, options, &settings).await?;
     let secret = signing_key(&settings, &store).await?;
+    // keygate's key may come from the store, which validation never sees.
+    if settings.platform.signing_key.as_deref() == Some(secret.as_slice()) {
+        return Err(StartError::PlatformKeyIsOwn);
+    }
+    let platform_minter = settings.platform.signing_key.is_some();
     let auth = authenticator(&settings, &store, &secret, &metrics);
     let (tls_acceptor, resolver) = tls_acceptor(&settings, &metrics)?.unzip();
     let bound = Bound::bind(&settings, &metrics).await?;
@@ -316,6 +337,7 @@ pub async fn start(mut settings: Settings, options: StartOptions) -> Result<Runn
         tasks: Vec::new(),
         admin_shutdown: watch::channel(false).0,
         admin_task: None,
+        platform_minter,
     };
     Ok(spawn(running, bound, tls_acceptor, auth))
 }
@@ -371,7 +393,15 @@ fn authenticator(
         settings.jwt.access_ttl,
         settings.jwt.refresh_ttl,
     ));
-    let passports = Arc::new(Passports::new(settings.cache.capacity, metrics));
+    let mut passports = Passports::new(settings.cache.capacity, metrics);
+    if let Some(key) = &settings.platform.signing_key {
+        passports = passports.with_platform(Box::new(PlatformTokens::new(
+            key,
+            &settings.platform.issuer,
+            settings.platform.token_lifetime,
+        )));
+    }
+    let passports = Arc::new(passports);
     let caches = Caches::new(&settings.cache, metrics, passports);
     let auth = Authenticator::new(store.clone(), tokens, caches, metrics.clone());
     Arc::new(match settings.unknown_key_lookups_per_address {

@@ -487,13 +487,16 @@ fn token_key(token: &str) -> [u8; 32] {
 /// What verification needs of a stored user.
 pub(crate) fn user_state(user: &UserRecord) -> UserState {
     UserState {
-        principal: Arc::new(Principal::new(
-            user.id,
-            user.tenant_id,
-            user.customer_id,
-            user.authority,
-            user.email.clone(),
-        )),
+        principal: Arc::new(
+            Principal::new(
+                user.id,
+                user.tenant_id,
+                user.customer_id,
+                user.authority,
+                user.email.clone(),
+            )
+            .with_names(&user.first_name, &user.last_name),
+        ),
         enabled: user.enabled,
         tokens_valid_after: user.tokens_valid_after,
     }

@@ -25,6 +25,7 @@ pub struct FileConfig {
     pub api_browser: ApiBrowserSection,
     pub log: LogSection,
     pub websocket: WebSocketSection,
+    pub platform: PlatformSection,
     #[serde(rename = "route")]
     pub routes: Vec<RouteSection>,
 }
@@ -247,6 +248,40 @@ pub struct LogSection {
     pub access_log: bool,
 }
 
+/// The platform's own access tokens, minted for `identity = "platform"`
+/// routes.
+#[derive(Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PlatformSection {
+    /// The Base64 text of the platform's `tokenSigningKey`.
+    pub signing_key: String,
+    pub issuer: String,
+    pub token_lifetime: String,
+}
+
+impl std::fmt::Debug for PlatformSection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PlatformSection")
+            .field(
+                "signing_key",
+                &(!self.signing_key.is_empty()).then_some("<redacted>"),
+            )
+            .field("issuer", &self.issuer)
+            .field("token_lifetime", &self.token_lifetime)
+            .finish()
+    }
+}
+
+impl Default for PlatformSection {
+    fn default() -> Self {
+        PlatformSection {
+            signing_key: String::new(),
+            issuer: "thingsboard.io".into(),
+            token_lifetime: "5m".into(),
+        }
+    }
+}
+
 /// The platform's WebSocket routes and their limits.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -310,6 +345,7 @@ impl Default for FileConfig {
             api_browser: ApiBrowserSection::default(),
             log: LogSection::default(),
             websocket: WebSocketSection::default(),
+            platform: PlatformSection::default(),
             routes: vec![
                 RouteSection {
                     name: "api".into(),

@@ -107,6 +107,8 @@ pub struct Settings {
     pub api_browser: ApiBrowserSettings,
     pub log: LogSettings,
     pub websocket: WebSocketSettings,
+    /// The platform's access tokens, for `identity = "platform"` routes.
+    pub platform: PlatformSettings,
     /// The routes as loaded. A started server moves them into its route
     /// table ([`crate::proxy::Routes`]), the one copy that reload swaps and
     /// everything reads; its settings then hold none.
@@ -269,6 +271,32 @@ impl std::fmt::Debug for JwtSettings {
                 "signing_key",
                 &self.signing_key.as_ref().map(|_| "<redacted>"),
             )
+            .finish()
+    }
+}
+
+/// How keygate mints the platform's own access tokens
+/// ([`crate::identity::platform`]).
+#[derive(Clone)]
+pub struct PlatformSettings {
+    /// The decoded `tokenSigningKey` of the platform; `None` when not set
+    /// (then no route may have `identity = "platform"`).
+    pub signing_key: Option<Vec<u8>>,
+    /// The `iss` of the tokens.
+    pub issuer: String,
+    /// How long a minted token is valid.
+    pub token_lifetime: Duration,
+}
+
+impl std::fmt::Debug for PlatformSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PlatformSettings")
+            .field(
+                "signing_key",
+                &self.signing_key.as_ref().map(|_| "<redacted>"),
+            )
+            .field("issuer", &self.issuer)
+            .field("token_lifetime", &self.token_lifetime)
             .finish()
     }
 }

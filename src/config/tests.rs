@@ -633,3 +633,117 @@ fn the_ipv6_prefix_length_defaults_to_64_and_is_checked() {
         );
     }
 }
+
+/// A `[platform]` section and a route that needs it.
+fn platform_config(key: &str) -> String {
+    format!(
+        "[platform]\nsigning_key = \"{key}\"\n[[route]]\nname = \"tb\"\nprefix = \"/tb/\"\nupstreams = [\"http://127.0.0.1:9000\"]\nidentity = \"platform\"\n"
+    )
+}
+
+#[test]
+fn the_platform_key_is_read_as_the_platform_decodes_it() {
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let key = b64.encode([9u8; 64]);
+    let settings = load_text(&platform_config(&key), &[]).unwrap();
+    assert_eq!(
+        settings.platform.signing_key.as_deref(),
+        Some(&[9u8; 64][..])
+    );
+    assert_eq!(settings.platform.issuer, "thingsboard.io");
+    assert_eq!(settings.platform.token_lifetime, Duration::from_secs(300));
+    // Padding is optional to the platform's decoder, so it is here.
+    let unpadded = b64.encode([9u8; 65]);
+    let unpadded = unpadded.trim_end_matches('=');
+    let settings = load_text(&platform_config(unpadded), &[]).unwrap();
+    assert_eq!(settings.platform.signing_key.map(|k| k.len()), Some(65));
+    // The environment names it too, and nothing prints it.
+    let settings = load_text(
+        "[[route]]\nname = \"tb\"\nprefix = \"/tb/\"\nupstreams = [\"http://127.0.0.1:9000\"]\nidentity = \"platform\"\n",
+        &[("KEYGATE_PLATFORM_SIGNING_KEY", &key)],
+    )
+    .unwrap();
+    assert!(settings.platform.signing_key.is_some());
+    let printed = format!("{settings:?}");
+    assert!(
+        !printed.contains("9, 9") && !printed.contains(&key),
+        "{printed}"
+    );
+}
+
+#[test]
+fn a_short_or_garbled_platform_key_is_refused_with_a_clear_message() {
+    let short = base64::engine::general_purpose::STANDARD.encode([9u8; 32]);
+    let errors = load_text(&platform_config(&short), &[]).unwrap_err();
+    assert!(
+        errors
+            .0
+            .iter()
+            .any(|e| e.contains("platform.signing_key")
+                && e.contains("at least 512 bits, got 256 bits")),
+        "{errors}"
+    );
+    let errors = load_text(&platform_config("not base64!"), &[]).unwrap_err();
+    assert!(
+        errors
+            .0
+            .iter()
+            .any(|e| e.contains("platform.signing_key") && e.contains("Base64")),
+        "{errors}"
+    );
+}
+
+#[test]
+fn a_platform_route_without_the_platform_key_is_refused() {
+    let errors = load_text(&platform_config(""), &[]).unwrap_err();
+    assert!(
+        errors
+            .0
+            .iter()
+            .any(|e| e.contains("route \"tb\" has identity = \"platform\"")),
+        "{errors}"
+    );
+}
+
+#[test]
+fn the_platform_key_may_not_be_keygates_own() {
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let key = b64.encode([9u8; 64]);
+    let errors = load_text(&platform_config(&key), &[("JWT_TOKEN_SIGNING_KEY", &key)]).unwrap_err();
+    assert!(
+        errors
+            .0
+            .iter()
+            .any(|e| e.contains("must differ from jwt.token_signing_key")),
+        "{errors}"
+    );
+    // The same bytes written another way are the same key.
+    let unpadded = b64.encode([9u8; 65]);
+    let errors = load_text(
+        &platform_config(unpadded.trim_end_matches('=')),
+        &[("JWT_TOKEN_SIGNING_KEY", &unpadded)],
+    )
+    .unwrap_err();
+    assert!(
+        errors.0.iter().any(|e| e.contains("must differ")),
+        "{errors}"
+    );
+}
+
+#[test]
+fn a_platform_token_lifetime_under_a_second_is_refused() {
+    let key = base64::engine::general_purpose::STANDARD.encode([9u8; 64]);
+    let text = platform_config(&key).replacen(
+        "[platform]\n",
+        "[platform]\ntoken_lifetime = \"500ms\"\n",
+        1,
+    );
+    let errors = load_text(&text, &[]).unwrap_err();
+    assert!(
+        errors
+            .0
+            .iter()
+            .any(|e| e.contains("platform.token_lifetime: at least 1s")),
+        "{errors}"
+    );
+}

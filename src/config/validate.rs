@@ -11,9 +11,9 @@ use ipnet::IpNet;
 
 use super::file::{
     ApiBrowserSection, ApiKeySection, CacheSection, FileConfig, JwtSection, LimitsSection,
-    ListenSection, LogSection, LoginSection, ProxySection, QuotaSection, RedisSection,
-    RetentionSection, RouteQuotaSection, RouteSection, ServerSection, StoreSection, TlsSection,
-    WebSocketSection,
+    ListenSection, LogSection, LoginSection, PlatformSection, ProxySection, QuotaSection,
+    RedisSection, RetentionSection, RouteQuotaSection, RouteSection, ServerSection, StoreSection,
+    TlsSection, WebSocketSection,
 };
 use super::rate::{Rate, RouteRate};
 use super::url::{PUBLIC_BASE_URL, UpstreamUrl, check_url, openapi_url};
@@ -41,6 +41,7 @@ pub(super) fn validate(file: &FileConfig, errors: &mut Vec<String>) -> Settings 
     let log = file.log.validate(errors);
     let websocket = file.websocket.validate(errors);
     let routes = validate_routes(&file.routes, proxy.request_timeout, errors);
+    let platform = file.platform.validate(&file.jwt, &routes, errors);
     let server = file.server.validate(errors);
     Settings {
         data_dir: server.data_dir,
@@ -67,6 +68,7 @@ pub(super) fn validate(file: &FileConfig, errors: &mut Vec<String>) -> Settings 
         api_browser,
         log,
         websocket,
+        platform,
         routes,
     }
 }
@@ -358,6 +360,86 @@ fn signing_key(text: &str, errors: &mut Vec<String>) -> Option<Vec<u8>> {
             }
         },
     }
+}
+
+/// The shortest `platform.token_lifetime`: tokens carry whole seconds.
+const MIN_PLATFORM_TOKEN_LIFETIME: Duration = Duration::from_secs(1);
+
+impl PlatformSection {
+    /// `[platform]`, checked against the routes that need it and against
+    /// keygate's own signing key, which it must never be.
+    fn validate(
+        &self,
+        jwt: &JwtSection,
+        routes: &[RouteSpec],
+        errors: &mut Vec<String>,
+    ) -> PlatformSettings {
+        const NAME: &str = "platform.signing_key (KEYGATE_PLATFORM_SIGNING_KEY)";
+        let text = self.signing_key.trim();
+        let signing_key = match text {
+            "" => None,
+            text => match platform_key_engine().decode(text) {
+                // The platform's own check (JwtTokenFactory.KEY_LENGTH, the
+                // key length of HS512): at least 512 bits.
+                Ok(bytes) if bytes.len() >= 64 => Some(bytes),
+                Ok(bytes) => {
+                    errors.push(format!(
+                        "{NAME}: must decode to at least 512 bits, got {} bits",
+                        bytes.len() * 8
+                    ));
+                    None
+                }
+                Err(_) => {
+                    errors.push(format!("{NAME}: not valid Base64"));
+                    None
+                }
+            },
+        };
+        let own = jwt.token_signing_key.trim();
+        let same_bytes = signing_key.is_some()
+            && signing_key == base64::engine::general_purpose::STANDARD.decode(own).ok();
+        if !text.is_empty() && (text == own || same_bytes) {
+            errors.push(format!(
+                "{NAME}: must differ from jwt.token_signing_key: a token signed with the platform's key must never be a credential keygate accepts"
+            ));
+        }
+        if let Some(route) = routes
+            .iter()
+            .find(|route| route.identity == crate::identity::IdentityMode::Platform)
+            && text.is_empty()
+        {
+            errors.push(format!(
+                "{NAME}: route {:?} has identity = \"platform\", which needs the platform's signing key",
+                route.name
+            ));
+        }
+        if self.issuer.trim().is_empty() {
+            errors.push("platform.issuer: must not be empty".into());
+        }
+        let token_lifetime =
+            nonzero_duration("platform.token_lifetime", &self.token_lifetime, errors);
+        if token_lifetime < MIN_PLATFORM_TOKEN_LIFETIME {
+            errors.push(format!(
+                "platform.token_lifetime: at least 1s, got {:?}",
+                self.token_lifetime
+            ));
+        }
+        PlatformSettings {
+            signing_key,
+            issuer: self.issuer.trim().to_owned(),
+            token_lifetime: token_lifetime.max(MIN_PLATFORM_TOKEN_LIFETIME),
+        }
+    }
+}
+
+/// Base64 as the platform decodes its key (`java.util.Base64.getDecoder()`):
+/// the standard alphabet, padding accepted but not required.
+pub(crate) fn platform_key_engine() -> base64::engine::GeneralPurpose {
+    base64::engine::GeneralPurpose::new(
+        &base64::alphabet::STANDARD,
+        base64::engine::GeneralPurposeConfig::new()
+            .with_decode_padding_mode(base64::engine::DecodePaddingMode::Indifferent),
+    )
 }
 
 /// `[api_keys]` as validated.

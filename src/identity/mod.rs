@@ -5,6 +5,7 @@ use http::{HeaderMap, HeaderName, HeaderValue};
 use uuid::Uuid;
 
 pub mod passport;
+pub mod platform;
 pub use passport::{IdentityMode, Passport, Passports};
 
 /// The "no tenant" / "no customer" id of the platform.
@@ -67,6 +68,9 @@ pub struct Principal {
     pub customer_id: Uuid,
     pub authority: Authority,
     pub email: String,
+    /// The names the platform's own tokens carry; `None` when empty.
+    pub first_name: Option<String>,
+    pub last_name: Option<String>,
     headers: [HeaderValue; 5],
 }
 
@@ -95,7 +99,17 @@ impl Principal {
             customer_id,
             authority,
             email,
+            first_name: None,
+            last_name: None,
         }
+    }
+
+    /// With the user's first and last names; an empty one is none.
+    pub fn with_names(mut self, first: &str, last: &str) -> Principal {
+        let named = |name: &str| (!name.is_empty()).then(|| name.to_owned());
+        self.first_name = named(first);
+        self.last_name = named(last);
+        self
     }
 }
 

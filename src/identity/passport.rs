@@ -133,6 +133,13 @@ impl Passports {
         }
     }
 
+    /// With the minter of the platform's access tokens, for `platform`
+    /// routes.
+    pub fn with_platform(mut self, minter: Box<dyn Minter>) -> Passports {
+        self.platform = Some(minter);
+        self
+    }
+
     /// The passport `identity` carries to `destination`; `None` on a
     /// `headers` route.
     pub fn issue(

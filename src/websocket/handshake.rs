@@ -128,6 +128,27 @@ pub fn take_token(uri: &mut Uri) -> Query {
     Query { token, rest }
 }
 
+/// `uri` with its `token` parameters replaced by `token` (URL-safe text: a
+/// JWT), appended last.
+pub fn with_token(mut uri: Uri, token: &[u8]) -> Option<Uri> {
+    let token = std::str::from_utf8(token).ok()?;
+    if !token
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+    {
+        return None;
+    }
+    let rest = take_token(&mut uri).rest;
+    let query = match rest {
+        Some(rest) => format!("{rest}&token={token}"),
+        None => format!("token={token}"),
+    };
+    let mut parts = uri.into_parts();
+    let path = parts.path_and_query.as_ref().map_or("/", |p| p.path());
+    parts.path_and_query = Some(format!("{path}?{query}").parse().ok()?);
+    Uri::from_parts(parts).ok()
+}
+
 /// The credential the upgrade itself carries: `?token=` first (the
 /// platform's), else the credential header; `None` when it carries neither.
 pub fn upgrade_credential(
@@ -198,6 +219,24 @@ mod tests {
         let mut only: Uri = "/api/ws?token=a%2Eb".parse().unwrap();
         assert_eq!(take_token(&mut only).token.as_deref(), Some("a.b"));
         assert_eq!(only, "/api/ws");
+    }
+
+    #[test]
+    fn the_upstream_token_replaces_every_token_the_client_gave() {
+        let uri: Uri = "ws://10.0.0.1:8080/api/ws?token=theirs&a=1&token=again"
+            .parse()
+            .unwrap();
+        let with = with_token(uri, b"aa.bb-_.cc").unwrap();
+        assert_eq!(
+            with.to_string(),
+            "ws://10.0.0.1:8080/api/ws?a=1&token=aa.bb-_.cc"
+        );
+        let bare: Uri = "ws://10.0.0.1:8080/api/ws".parse().unwrap();
+        assert_eq!(
+            with_token(bare.clone(), b"t").unwrap().to_string(),
+            "ws://10.0.0.1:8080/api/ws?token=t"
+        );
+        assert!(with_token(bare, b"a&b=c").is_none());
     }
 
     #[test]

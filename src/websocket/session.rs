@@ -17,7 +17,7 @@ use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 use super::WebSockets;
 use super::ending::{ClientSocket, Ending, UpstreamSocket};
 use super::first_frame::{self, FrameError};
-use super::handshake::Form;
+use super::handshake::{self, Form};
 use super::metrics::{ACCEPTED, DEADLINE, NO_AUTH_CMD};
 use super::seat::Seat;
 use super::splice::{self, Traffic};
@@ -28,6 +28,7 @@ use crate::auth::in_clear::InClear;
 use crate::auth::live::{HoldLimits, OverLimit};
 use crate::auth::outcomes::{NO_CREDENTIAL, method_of};
 use crate::identity::Identity;
+use crate::identity::IdentityMode;
 use crate::identity::passport::Destination;
 use crate::listener::peer::{Client, Peer};
 use crate::proxy::headers;
@@ -359,7 +360,7 @@ impl Session {
             conn: &self.conn,
             secure: self.secure,
         };
-        let passport = match identity {
+        let mut passport = match identity {
             Some(identity) => self
                 .sockets
                 .passports
@@ -367,6 +368,22 @@ impl Session {
                 .ok()?,
             None => None,
         };
+        let mut uri = self.upstream_uri.clone();
+        // The platform reads a socket's token from `?token=` on every
+        // WebSocket endpoint (`TbWebSocketHandler.toRef`); its first-frame
+        // `authCmd` is read on `/api/ws` only. Whatever `token` the client's
+        // query held is replaced, or removed on a public route.
+        if self.destination.mode == IdentityMode::Platform {
+            match passport.take() {
+                Some(token) => {
+                    let token = token.value.as_bytes().strip_prefix(b"Bearer ")?;
+                    uri = handshake::with_token(uri, token)?;
+                }
+                None => {
+                    handshake::take_token(&mut uri);
+                }
+            }
+        }
         headers::to_websocket_upstream(
             &mut parts,
             &client,
@@ -374,7 +391,7 @@ impl Session {
             identity,
             passport.as_ref(),
         );
-        let mut request = self.upstream_uri.clone().into_client_request().ok()?;
+        let mut request = uri.into_client_request().ok()?;
         request.headers_mut().extend(parts.headers);
         Some(request)
     }

@@ -1,0 +1,239 @@
+//! The platform's own access token, minted for `identity = "platform"`
+//! routes so that an unmodified platform accepts what keygate forwards.
+//!
+//! The format is the one the platform writes itself
+//! (`JwtTokenFactory.createAccessJwtToken`): an HS512 JWT whose header is
+//! `{"alg":"HS512"}`, signed with the Base64-decoded `tokenSigningKey` of
+//! the platform, with the claims `sub` (the e-mail), `userId`, `scopes` (the
+//! authority), `sessionId`, `exp`, `iss`, `iat`, `firstName` and `lastName`
+//! (left out when the user has none, as the platform leaves out a null
+//! claim), `enabled`, `isPublic`, `tenantId` and `customerId`.
+//!
+//! The platform does not load the user on this path
+//! (`JwtAuthenticationProvider`): the claims are the identity, so the ids
+//! must be the platform's own. What it checks besides the signature and
+//! `exp` is `iat`, against the moments it outdated the user's or the
+//! session's tokens (`TokenOutdatingService.isOutdated`).
+//!
+//! `sessionId` is keygate's session id for a request with a JWT, and the
+//! key's id for a request with an API key: stable per credential, so the
+//! platform's per-session outdating and accounting see one session per key.
+
+use std::time::Duration;
+
+use http::HeaderValue;
+use jsonwebtoken::{Algorithm, EncodingKey, Header};
+use serde::Serialize;
+use uuid::Uuid;
+
+use super::Identity;
+use super::passport::Minter;
+use crate::error::ApiError;
+
+/// The claims of a platform access token, in the order the platform writes
+/// them.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Claims<'a> {
+    sub: &'a str,
+    user_id: Uuid,
+    scopes: [&'static str; 1],
+    session_id: Uuid,
+    exp: i64,
+    iss: &'a str,
+    iat: i64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    first_name: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    last_name: Option<&'a str>,
+    enabled: bool,
+    is_public: bool,
+    tenant_id: Uuid,
+    customer_id: Uuid,
+}
+
+/// Mints the platform's access tokens with its signing key.
+pub struct PlatformTokens {
+    key: EncodingKey,
+    header: Header,
+    issuer: String,
+    lifetime: Duration,
+}
+
+impl PlatformTokens {
+    /// `key` is the decoded `tokenSigningKey`; `lifetime` whole seconds.
+    pub fn new(key: &[u8], issuer: &str, lifetime: Duration) -> PlatformTokens {
+        crate::auth::jwt::install_crypto_provider();
+        // The platform's tokens name their algorithm and nothing else.
+        let mut header = Header::new(Algorithm::HS512);
+        header.typ = None;
+        PlatformTokens {
+            key: EncodingKey::from_secret(key),
+            header,
+            issuer: issuer.to_owned(),
+            lifetime,
+        }
+    }
+
+    fn claims<'a>(&'a self, identity: &'a Identity, now_secs: i64) -> Claims<'a> {
+        let p = &identity.principal;
+        Claims {
+            sub: &p.email,
+            user_id: p.user_id,
+            scopes: [p.authority.as_str()],
+            session_id: identity.credential_id(),
+            exp: now_secs + self.lifetime.as_secs() as i64,
+            iss: &self.issuer,
+            iat: now_secs,
+            first_name: p.first_name.as_deref(),
+            last_name: p.last_name.as_deref(),
+            // Only a verified identity of an enabled user is ever forwarded.
+            enabled: true,
+            is_public: false,
+            // The store holds the platform's "null" id where the platform
+            // has one (a SYS_ADMIN's tenant and customer, a TENANT_ADMIN's
+            // customer), so the ids go out as they are.
+            tenant_id: p.tenant_id,
+            customer_id: p.customer_id,
+        }
+    }
+
+    /// A signed token of `identity`, issued at `now_secs`.
+    pub(crate) fn token(&self, identity: &Identity, now_secs: i64) -> Result<String, ApiError> {
+        jsonwebtoken::encode(&self.header, &self.claims(identity, now_secs), &self.key).map_err(
+            |error| {
+                tracing::error!(%error, "signing a platform token failed");
+                ApiError::internal()
+            },
+        )
+    }
+}
+
+impl Minter for PlatformTokens {
+    fn mint(&self, _audience: &str, identity: &Identity) -> Result<HeaderValue, ApiError> {
+        let token = self.token(identity, crate::clock::now_secs())?;
+        HeaderValue::try_from(format!("Bearer {token}")).map_err(|_| ApiError::internal())
+    }
+
+    fn lifetime(&self) -> Duration {
+        self.lifetime
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use base64::Engine;
+    use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    use serde_json::{Value, json};
+
+    use super::*;
+    use crate::identity::{AuthMethod, Authority, NULL_UUID, Principal, id_header_value};
+
+    const KEY: [u8; 64] = [42; 64];
+
+    fn identity(method: AuthMethod, names: (&str, &str)) -> Identity {
+        let principal = Principal::new(
+            Uuid::from_u128(1),
+            Uuid::from_u128(2),
+            NULL_UUID,
+            Authority::TenantAdmin,
+            "ta@example.com".into(),
+        )
+        .with_names(names.0, names.1);
+        let id = match method {
+            AuthMethod::Jwt { session_id } => session_id,
+            AuthMethod::ApiKey { key_id } => key_id,
+        };
+        Identity::new(Arc::new(principal), method, id_header_value(&id))
+    }
+
+    fn part(token: &str, index: usize) -> Value {
+        let text = token.split('.').nth(index).unwrap();
+        serde_json::from_slice(&URL_SAFE_NO_PAD.decode(text).unwrap()).unwrap()
+    }
+
+    fn tokens() -> PlatformTokens {
+        PlatformTokens::new(&KEY, "thingsboard.io", Duration::from_secs(300))
+    }
+
+    #[test]
+    fn the_header_names_hs512_and_nothing_else() {
+        let session_id = Uuid::from_u128(9);
+        let token = tokens()
+            .token(&identity(AuthMethod::Jwt { session_id }, ("", "")), 1000)
+            .unwrap();
+        assert_eq!(part(&token, 0), json!({"alg": "HS512"}));
+        assert_eq!(token.split('.').count(), 3);
+    }
+
+    #[test]
+    fn the_claims_are_the_platforms_access_token_claims() {
+        let session_id = Uuid::from_u128(9);
+        let token = tokens()
+            .token(
+                &identity(AuthMethod::Jwt { session_id }, ("Ada", "Lovelace")),
+                1000,
+            )
+            .unwrap();
+        let text = URL_SAFE_NO_PAD
+            .decode(token.split('.').nth(1).unwrap())
+            .unwrap();
+        assert_eq!(
+            String::from_utf8(text).unwrap(),
+            concat!(
+                r#"{"sub":"ta@example.com","userId":"00000000-0000-0000-0000-000000000001","#,
+                r#""scopes":["TENANT_ADMIN"],"sessionId":"00000000-0000-0000-0000-000000000009","#,
+                r#""exp":1300,"iss":"thingsboard.io","iat":1000,"firstName":"Ada","lastName":"Lovelace","#,
+                r#""enabled":true,"isPublic":false,"tenantId":"00000000-0000-0000-0000-000000000002","#,
+                r#""customerId":"13814000-1dd2-11b2-8080-808080808080"}"#
+            )
+        );
+    }
+
+    #[test]
+    fn absent_names_are_left_out_as_the_platform_leaves_out_null_claims() {
+        let key_id = Uuid::from_u128(7);
+        let token = tokens()
+            .token(&identity(AuthMethod::ApiKey { key_id }, ("", "")), 1000)
+            .unwrap();
+        let claims = part(&token, 1);
+        assert!(claims.get("firstName").is_none(), "{claims}");
+        assert!(claims.get("lastName").is_none(), "{claims}");
+        // An API key's requests are one platform session: the key's.
+        assert_eq!(claims["sessionId"], key_id.to_string());
+    }
+
+    #[test]
+    fn the_signature_is_hmac_sha512_of_the_decoded_key_over_header_and_claims() {
+        let session_id = Uuid::from_u128(9);
+        let token = tokens()
+            .token(&identity(AuthMethod::Jwt { session_id }, ("", "")), 1000)
+            .unwrap();
+        let (signed, signature) = token.rsplit_once('.').unwrap();
+        let key = aws_lc_rs::hmac::Key::new(aws_lc_rs::hmac::HMAC_SHA512, &KEY);
+        let expected = aws_lc_rs::hmac::sign(&key, signed.as_bytes());
+        assert_eq!(
+            URL_SAFE_NO_PAD.decode(signature).unwrap(),
+            expected.as_ref()
+        );
+    }
+
+    #[test]
+    fn a_minted_token_is_a_bearer_value_valid_for_its_lifetime() {
+        let minter = PlatformTokens::new(&KEY, "platform.example", Duration::from_secs(60));
+        assert_eq!(minter.lifetime(), Duration::from_secs(60));
+        let session_id = Uuid::from_u128(9);
+        let before = crate::clock::now_secs();
+        let value = minter
+            .mint("api", &identity(AuthMethod::Jwt { session_id }, ("", "")))
+            .unwrap();
+        let token = value.to_str().unwrap().strip_prefix("Bearer ").unwrap();
+        let claims = part(token, 1);
+        let iat = claims["iat"].as_i64().unwrap();
+        assert!(iat >= before && iat <= crate::clock::now_secs());
+        assert_eq!(claims["exp"].as_i64().unwrap() - iat, 60);
+        assert_eq!(claims["iss"], "platform.example");
+    }
+}
