@@ -602,3 +602,144 @@ async fn forged_assertions_an_unknown_kid_a_foreign_key_or_alg_none_are_refused_
         .unwrap();
     assert_eq!(response.status(), 200);
 }
+
+/// `keygate --config <config> <args>`: its status, stdout and stderr.
+fn keygate_cli(config: &std::path::Path, args: &[&str]) -> (bool, String, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_keygate"))
+        .arg("--config")
+        .arg(config)
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .env_remove("KEYGATE_CONFIG")
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[tokio::test]
+async fn assertion_rotate_makes_a_new_key_current_and_the_listing_never_shows_a_private_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let store_url = format!("sqlite://{}/cli.db", dir.path().display());
+    let config = dir.path().join("keygate.toml");
+    std::fs::write(&config, format!("[store]\nurl = \"{store_url}\"\n")).unwrap();
+    let (ok, first, err) = keygate_cli(&config, &["assertion", "rotate"]);
+    assert!(ok, "{err}");
+    let first = first.trim().to_owned();
+    let (ok, second, err) = keygate_cli(&config, &["assertion", "rotate", "--algorithm", "EdDSA"]);
+    assert!(ok, "{err}");
+    let second = second.trim().to_owned();
+    assert_ne!(first, second);
+    assert!(err.contains(&format!("key {first} retired")), "{err}");
+    let (ok, listing, err) = keygate_cli(&config, &["assertion", "keys"]);
+    assert!(ok, "{err}");
+    let lines: Vec<&str> = listing.lines().collect();
+    assert_eq!(lines.len(), 2, "{listing}");
+    assert!(
+        lines[0].starts_with(&second)
+            && lines[0].contains("EdDSA")
+            && lines[0].ends_with("current"),
+        "{listing}"
+    );
+    assert!(
+        lines[1].starts_with(&first) && lines[1].contains("ES256") && lines[1].contains("retired"),
+        "{listing}"
+    );
+    let store = keygate::store::Store::connect(&store_url, 1).await.unwrap();
+    for key in store.signing_keys().await.unwrap() {
+        assert!(!key.private_key.is_empty());
+        assert!(
+            !listing.contains(&key.private_key[..40]),
+            "a private key was printed"
+        );
+    }
+    let events = store.audit_events(10).await.unwrap();
+    assert_eq!(
+        events
+            .iter()
+            .filter(|e| e.action == "signing_key.rotate" && e.target_type == "SIGNING_KEY")
+            .count(),
+        2
+    );
+    store.close().await;
+    // With a key file, the file is the key: rotating in the store is refused.
+    let pem = dir.path().join("assertion.pem");
+    std::fs::write(&pem, pem_of_new_p256_key()).unwrap();
+    std::fs::write(
+        &config,
+        format!(
+            "[store]\nurl = \"{store_url}\"\n[assertion]\nsigning_key_file = \"{}\"\n",
+            pem.display()
+        ),
+    )
+    .unwrap();
+    let (ok, _, err) = keygate_cli(&config, &["assertion", "rotate"]);
+    assert!(!ok);
+    assert!(err.contains("assertion.signing_key_file"), "{err}");
+}
+
+/// A new P-256 private key as PKCS#8 PEM.
+fn pem_of_new_p256_key() -> String {
+    use aws_lc_rs::signature::{ECDSA_P256_SHA256_FIXED_SIGNING, EcdsaKeyPair};
+    use base64::Engine;
+    let rng = aws_lc_rs::rand::SystemRandom::new();
+    let der = EcdsaKeyPair::generate_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, &rng).unwrap();
+    let body = base64::engine::general_purpose::STANDARD.encode(der.as_ref());
+    let lines: Vec<String> = body
+        .as_bytes()
+        .chunks(64)
+        .map(|c| String::from_utf8(c.to_vec()).unwrap())
+        .collect();
+    format!(
+        "-----BEGIN PRIVATE KEY-----\n{}\n-----END PRIVATE KEY-----\n",
+        lines.join("\n")
+    )
+}
+
+#[tokio::test]
+async fn a_key_file_signs_the_assertions_and_the_generated_key_it_replaced_stays_published() {
+    let upstream = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("sqlite://{}/file.db", dir.path().display());
+    let extra = checked_route(&upstream.url());
+    // First start: a generated key.
+    let generated = {
+        let gw = Gateway::start_on(&upstream.url(), &extra, Some(&store)).await;
+        let set = jwks(&gw).await;
+        gw.running.shutdown();
+        gw.running.store.close().await;
+        set.keys[0].common.key_id.clone().unwrap()
+    };
+    let pem = dir.path().join("assertion.pem");
+    std::fs::write(&pem, pem_of_new_p256_key()).unwrap();
+    let with_file = format!(
+        "{extra}[assertion]\nsigning_key_file = \"{}\"\n",
+        pem.display()
+    );
+    let gw = Gateway::start_on(&upstream.url(), &with_file, Some(&store)).await;
+    let kids: Vec<String> = jwks(&gw)
+        .await
+        .keys
+        .iter()
+        .map(|k| k.common.key_id.clone().unwrap())
+        .collect();
+    assert_eq!(kids.len(), 2, "{kids:?}");
+    assert_eq!(kids[1], generated);
+    let user = gw.user("filed@example.com", Authority::TenantAdmin).await;
+    let (_, key) = gw.api_key(&user, 0).await;
+    let response = gw
+        .client()
+        .get(gw.https("/api/checked/x"))
+        .header("X-Authorization", api_key_header(&key))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let seen = upstream.last_to("/api/checked/x");
+    let assertion = seen.headers["x-auth-assertion"].to_str().unwrap();
+    assert_eq!(kid_of(assertion), kids[0], "signed with the file's key");
+    assert_ne!(kids[0], generated);
+}
