@@ -19,6 +19,7 @@ use crate::auth::jwt::TokenKeys;
 use crate::auth::limiter::LoginLimiter;
 use crate::config::Settings;
 use crate::identity::Passports;
+use crate::identity::assertion::{AssertionMinter, KeyRing};
 use crate::identity::platform::PlatformTokens;
 use crate::listener::address_cap::AddressCap;
 use crate::listener::workers::Workers;
@@ -50,6 +51,8 @@ pub enum StartError {
     },
     #[error("creating the bootstrap admin")]
     Bootstrap(#[from] accounts::AccountError),
+    #[error("assertion signing key")]
+    AssertionKey(#[from] crate::identity::assertion::ring::RingError),
     #[error("stored JWT signing key is unusable")]
     SigningKey,
     #[error(
@@ -84,6 +87,8 @@ pub struct Running {
     pub generated_password: Option<String>,
     resolver: Option<Arc<tls::CertResolver>>,
     metrics: Arc<Metrics>,
+    /// The assertion signing keys, reloaded from the store in the background.
+    key_ring: Arc<KeyRing>,
     ready: Arc<AtomicBool>,
     shutdown: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
@@ -282,7 +287,8 @@ pub async fn start(mut settings: Settings, options: StartOptions) -> Result<Runn
         return Err(StartError::PlatformKeyIsOwn);
     }
     let platform_minter = settings.platform.signing_key.is_some();
-    let auth = authenticator(&settings, &store, &secret, &metrics);
+    let key_ring = Arc::new(KeyRing::open(&store, &settings.assertion).await?);
+    let auth = authenticator(&settings, &store, &secret, &metrics, &key_ring);
     let (tls_acceptor, resolver) = tls_acceptor(&settings, &metrics)?.unzip();
     let bound = Bound::bind(&settings, &metrics).await?;
 
@@ -297,7 +303,16 @@ pub async fn start(mut settings: Settings, options: StartOptions) -> Result<Runn
         Some(redis) => Some(Arc::new(RedisLink::new(redis, metrics.clone())?)),
         None => None,
     };
-    let api = api(&settings, &store, &auth, &metrics, &secret, link.clone()).await?;
+    let api = api(
+        &settings,
+        &store,
+        &auth,
+        &metrics,
+        &secret,
+        link.clone(),
+        &key_ring,
+    )
+    .await?;
     let limits = SharedLimits {
         seats: link.clone().and_then(|link| {
             let limits = SeatLimits {
@@ -332,6 +347,7 @@ pub async fn start(mut settings: Settings, options: StartOptions) -> Result<Runn
         generated_password,
         resolver,
         metrics,
+        key_ring,
         ready: Arc::new(AtomicBool::new(false)),
         shutdown: watch::channel(false).0,
         tasks: Vec::new(),
@@ -386,6 +402,7 @@ fn authenticator(
     store: &Store,
     secret: &[u8],
     metrics: &Arc<Metrics>,
+    key_ring: &Arc<KeyRing>,
 ) -> Arc<Authenticator> {
     let tokens = Arc::new(TokenKeys::new(
         secret,
@@ -393,7 +410,13 @@ fn authenticator(
         settings.jwt.access_ttl,
         settings.jwt.refresh_ttl,
     ));
-    let mut passports = Passports::new(settings.cache.capacity, metrics);
+    let assertion = AssertionMinter::new(
+        key_ring.clone(),
+        settings.assertion.issuer.clone(),
+        settings.assertion.lifetime,
+    );
+    let mut passports =
+        Passports::new(settings.cache.capacity, metrics).with_assertion(Box::new(assertion));
     if let Some(key) = &settings.platform.signing_key {
         passports = passports.with_platform(Box::new(PlatformTokens::new(
             key,
@@ -439,6 +462,7 @@ async fn api(
     metrics: &Arc<Metrics>,
     secret: &[u8],
     link: Option<Arc<RedisLink>>,
+    key_ring: &Arc<KeyRing>,
 ) -> Result<Endpoints, StartError> {
     let mut limiter = LoginLimiter::new(settings.login.limiter.clone());
     if let Some(link) = link {
@@ -457,6 +481,7 @@ async fn api(
         hashing: crate::api::Hashing::new(&settings.login),
         dummy_hash: dummy_hash().await?,
         log_digest: crate::telemetry::LogDigest::new(secret),
+        key_ring: key_ring.clone(),
         writes: settings.limits.management_writes_per_user.map(|rate| {
             crate::shared_limits::budget::Budgets::new(
                 "management_writes",
@@ -637,6 +662,7 @@ fn spawn_background(
         };
         tokio::spawn(pruner.run(interval, shutdown_rx.clone()));
     }
+    tokio::spawn(running.key_ring.clone().run(shutdown_rx.clone()));
     let quotas = running.app.quotas();
     if quotas.is_shared() {
         tokio::spawn(quotas.clone().run(shutdown_rx.clone()));

@@ -3,6 +3,7 @@
 //! a bad body or a wrong method, is a contract error.
 
 pub(crate) mod access;
+pub(crate) mod jwks;
 pub(crate) mod keys;
 pub(crate) mod openapi;
 pub(crate) mod records;
@@ -62,6 +63,7 @@ pub enum Endpoint {
     EnableUser,
     ActivationLink,
     Activate,
+    Jwks,
 }
 
 /// One owned route: `{name}` segments match any one path segment.
@@ -176,6 +178,12 @@ pub static ROUTES: &[EndpointRoute] = &[
         pattern: "/api/noauth/activate",
         access: Access::Public,
         endpoint: Endpoint::Activate,
+    },
+    EndpointRoute {
+        method: Method::GET,
+        pattern: "/.well-known/jwks.json",
+        access: Access::Public,
+        endpoint: Endpoint::Jwks,
     },
 ];
 
@@ -356,6 +364,8 @@ pub struct Endpoints {
     /// Users and API keys each user may still create in this window
     /// (`limits.management_writes_per_user`); `None`: no limit.
     pub writes: Option<Budgets<Uuid>>,
+    /// The assertion signing keys, whose public halves the JWKS serves.
+    pub key_ring: Arc<crate::identity::assertion::KeyRing>,
 }
 
 impl Endpoints {
@@ -443,6 +453,7 @@ impl Endpoints {
             Endpoint::EnableUser => users::set_enabled(self, req).await,
             Endpoint::ActivationLink => users::activation_link(self, req).await,
             Endpoint::Activate => users::activate(self, req).await,
+            Endpoint::Jwks => jwks::jwks(self, req).await,
         }
     }
 }

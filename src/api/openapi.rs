@@ -9,7 +9,7 @@ use super::wire::{
     ActivateUserRequest, ApiKeyCreateRequest, ChangePasswordRequest, JwtPair, LoginRequest,
     RefreshTokenRequest,
 };
-use super::{keys, session, users};
+use super::{jwks, keys, session, users};
 use crate::error::ErrorResponse;
 
 #[derive(OpenApi)]
@@ -36,6 +36,7 @@ use crate::error::ErrorResponse;
         users::set_enabled,
         users::activation_link,
         users::activate,
+        jwks::jwks,
     ),
     components(schemas(
         ErrorResponse,

@@ -1,5 +1,6 @@
 //! The command line: its arguments, and the commands, one module each.
 
+mod assertion;
 mod audit;
 mod health;
 mod keys;
@@ -14,7 +15,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
 use uuid::Uuid;
 
-use keygate::config::Settings;
+use keygate::config::{AssertionAlgorithm, Settings};
 use keygate::identity::Authority;
 use keygate::store::{Audit, Store};
 
@@ -63,6 +64,9 @@ pub enum Command {
     /// Manage API keys.
     #[command(subcommand)]
     Apikey(ApiKeyCommand),
+    /// Manage the keys that sign identity assertions to upstreams.
+    #[command(subcommand)]
+    Assertion(AssertionCommand),
     /// Show the latest audit events (changes to users and API keys), newest
     /// first, one JSON object per line.
     Audit {
@@ -171,6 +175,24 @@ pub enum ApiKeyCommand {
     },
 }
 
+#[derive(Subcommand)]
+pub enum AssertionCommand {
+    /// Make a new signing key current; the previous one stays in the JWKS
+    /// until every assertion it signed has expired. Prints the new kid.
+    Rotate {
+        /// ES256 or EdDSA; `assertion.algorithm` when omitted.
+        #[arg(long, value_parser = parse_algorithm)]
+        algorithm: Option<AssertionAlgorithm>,
+    },
+    /// List the signing keys: kid, algorithm, created and retired (epoch ms).
+    /// Never a private key.
+    Keys,
+}
+
+fn parse_algorithm(text: &str) -> Result<AssertionAlgorithm, String> {
+    AssertionAlgorithm::parse(text).ok_or_else(|| "ES256 or EdDSA".into())
+}
+
 fn parse_authority(text: &str) -> Result<Authority, String> {
     Authority::parse(text).ok_or_else(|| "one of SYS_ADMIN, TENANT_ADMIN, CUSTOMER_USER".into())
 }
@@ -186,6 +208,7 @@ pub async fn run(
         Command::Health => health::health(&settings).await,
         Command::User(cmd) => users::user(cmd, &settings).await,
         Command::Apikey(cmd) => keys::apikey(cmd, &settings).await,
+        Command::Assertion(cmd) => assertion::assertion(cmd, &settings).await,
         Command::Audit { limit } => audit::audit(limit, &settings).await,
     }
 }

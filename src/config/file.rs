@@ -26,6 +26,7 @@ pub struct FileConfig {
     pub log: LogSection,
     pub websocket: WebSocketSection,
     pub platform: PlatformSection,
+    pub assertion: AssertionSection,
     #[serde(rename = "route")]
     pub routes: Vec<RouteSection>,
 }
@@ -309,6 +310,33 @@ impl Default for WebSocketSection {
     }
 }
 
+/// The signed identity assertion of `identity = "assertion"` routes.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AssertionSection {
+    /// `iss`; "" means `server.public_base_url`, else "keygate".
+    pub issuer: String,
+    pub lifetime: String,
+    /// "ES256" (P-256) or "EdDSA" (Ed25519).
+    pub algorithm: String,
+    /// A PKCS#8 PEM private key; "" means generated once and kept in the store.
+    pub signing_key_file: String,
+    /// `Cache-Control: max-age` of `/.well-known/jwks.json`.
+    pub jwks_max_age: String,
+}
+
+impl Default for AssertionSection {
+    fn default() -> Self {
+        AssertionSection {
+            issuer: String::new(),
+            lifetime: "5m".into(),
+            algorithm: "ES256".into(),
+            signing_key_file: String::new(),
+            jwks_max_age: "5m".into(),
+        }
+    }
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RouteSection {
@@ -346,6 +374,7 @@ impl Default for FileConfig {
             log: LogSection::default(),
             websocket: WebSocketSection::default(),
             platform: PlatformSection::default(),
+            assertion: AssertionSection::default(),
             routes: vec![
                 RouteSection {
                     name: "api".into(),

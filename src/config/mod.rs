@@ -109,6 +109,7 @@ pub struct Settings {
     pub websocket: WebSocketSettings,
     /// The platform's access tokens, for `identity = "platform"` routes.
     pub platform: PlatformSettings,
+    pub assertion: AssertionSettings,
     /// The routes as loaded. A started server moves them into its route
     /// table ([`crate::proxy::Routes`]), the one copy that reload swaps and
     /// everything reads; its settings then hold none.
@@ -171,6 +172,48 @@ impl std::fmt::Debug for RedisSettings {
             .field("command_timeout", &self.command_timeout)
             .field("key_prefix", &self.key_prefix)
             .finish()
+    }
+}
+
+/// How `identity = "assertion"` routes sign their assertions.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AssertionSettings {
+    /// `iss` of every assertion.
+    pub issuer: String,
+    /// From `iat` to `exp`.
+    pub lifetime: Duration,
+    /// The algorithm of keys generated here (a key file's own decides for it).
+    pub algorithm: AssertionAlgorithm,
+    /// The private key's PEM file; `None`: a key generated once, in the store.
+    pub signing_key_file: Option<PathBuf>,
+    /// `Cache-Control: max-age` of the JWKS.
+    pub jwks_max_age: Duration,
+}
+
+/// The asymmetric algorithm of an assertion signing key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum AssertionAlgorithm {
+    /// ECDSA on P-256 with SHA-256.
+    Es256,
+    /// Ed25519.
+    EdDsa,
+}
+
+impl AssertionAlgorithm {
+    /// The JWS `alg` name, also how the store names it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AssertionAlgorithm::Es256 => "ES256",
+            AssertionAlgorithm::EdDsa => "EdDSA",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<AssertionAlgorithm> {
+        match text {
+            "ES256" => Some(AssertionAlgorithm::Es256),
+            "EdDSA" => Some(AssertionAlgorithm::EdDsa),
+            _ => None,
+        }
     }
 }
 

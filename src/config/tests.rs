@@ -747,3 +747,45 @@ fn a_platform_token_lifetime_under_a_second_is_refused() {
         "{errors}"
     );
 }
+
+#[test]
+fn assertion_settings_have_documented_defaults_and_are_checked() {
+    let settings = load_text("", &[]).unwrap().assertion;
+    assert_eq!(settings.issuer, "keygate");
+    assert_eq!(settings.lifetime, Duration::from_secs(300));
+    assert_eq!(settings.algorithm, AssertionAlgorithm::Es256);
+    assert_eq!(settings.signing_key_file, None);
+    assert_eq!(settings.jwks_max_age, Duration::from_secs(300));
+    let settings = load_text(
+        "[server]\npublic_base_url = \"https://gw.example/\"\n",
+        &[("KEYGATE_ASSERTION_ALGORITHM", "EdDSA")],
+    )
+    .unwrap()
+    .assertion;
+    assert_eq!(settings.issuer, "https://gw.example", "the public base URL");
+    assert_eq!(settings.algorithm, AssertionAlgorithm::EdDsa);
+    let settings = load_text("[assertion]\nissuer = \"edge\"\n", &[])
+        .unwrap()
+        .assertion;
+    assert_eq!(settings.issuer, "edge");
+    let errors = load_text(
+        "[assertion]\nlifetime = \"5s\"\nalgorithm = \"HS256\"\n\
+         signing_key_file = \"/nonexistent/key.pem\"\njwks_max_age = \"2d\"\n",
+        &[],
+    )
+    .unwrap_err();
+    let text = errors.0.join("\n");
+    for needle in [
+        "assertion.lifetime: must be from 10s to 1h, got \"5s\"",
+        "assertion.algorithm: must be \"ES256\" or \"EdDSA\", got \"HS256\"",
+        "assertion.signing_key_file: file \"/nonexistent/key.pem\" does not exist",
+        "assertion.jwks_max_age: must be at most 1d, got \"2d\"",
+    ] {
+        assert!(text.contains(needle), "missing {needle:?} in:\n{text}");
+    }
+    let errors = load_text("[assertion]\nlifetime = \"2h\"\n", &[]).unwrap_err();
+    assert!(
+        errors.0.join("\n").contains("assertion.lifetime"),
+        "{errors}"
+    );
+}

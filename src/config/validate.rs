@@ -10,10 +10,10 @@ use base64::Engine;
 use ipnet::IpNet;
 
 use super::file::{
-    ApiBrowserSection, ApiKeySection, CacheSection, FileConfig, JwtSection, LimitsSection,
-    ListenSection, LogSection, LoginSection, PlatformSection, ProxySection, QuotaSection,
-    RedisSection, RetentionSection, RouteQuotaSection, RouteSection, ServerSection, StoreSection,
-    TlsSection, WebSocketSection,
+    ApiBrowserSection, ApiKeySection, AssertionSection, CacheSection, FileConfig, JwtSection,
+    LimitsSection, ListenSection, LogSection, LoginSection, PlatformSection, ProxySection,
+    QuotaSection, RedisSection, RetentionSection, RouteQuotaSection, RouteSection, ServerSection,
+    StoreSection, TlsSection, WebSocketSection,
 };
 use super::rate::{Rate, RouteRate};
 use super::url::{PUBLIC_BASE_URL, UpstreamUrl, check_url, openapi_url};
@@ -43,6 +43,9 @@ pub(super) fn validate(file: &FileConfig, errors: &mut Vec<String>) -> Settings 
     let routes = validate_routes(&file.routes, proxy.request_timeout, errors);
     let platform = file.platform.validate(&file.jwt, &routes, errors);
     let server = file.server.validate(errors);
+    let assertion = file
+        .assertion
+        .validate(server.public_base_url.as_deref(), errors);
     Settings {
         data_dir: server.data_dir,
         shutdown_grace: server.shutdown_grace,
@@ -69,6 +72,7 @@ pub(super) fn validate(file: &FileConfig, errors: &mut Vec<String>) -> Settings 
         log,
         websocket,
         platform,
+        assertion,
         routes,
     }
 }
@@ -784,6 +788,67 @@ impl RouteQuotaSection {
             rate("per_user", &self.per_user),
             rate("per_tenant", &self.per_tenant),
         ])
+    }
+}
+
+/// Shortest and longest `assertion.lifetime`: long enough to be reused,
+/// short enough that a leaked assertion soon dies.
+const ASSERTION_LIFETIME: (Duration, Duration) =
+    (Duration::from_secs(10), Duration::from_secs(3600));
+/// Longest `assertion.jwks_max_age`: a retired key stays published for it.
+const MAX_JWKS_MAX_AGE: Duration = Duration::from_secs(24 * 3600);
+
+impl AssertionSection {
+    fn validate(
+        &self,
+        public_base_url: Option<&str>,
+        errors: &mut Vec<String>,
+    ) -> AssertionSettings {
+        let (shortest, longest) = ASSERTION_LIFETIME;
+        let mut lifetime = nonzero_duration("assertion.lifetime", &self.lifetime, errors);
+        if !(shortest..=longest).contains(&lifetime) {
+            errors.push(format!(
+                "assertion.lifetime: must be from 10s to 1h, got {:?}",
+                self.lifetime
+            ));
+            lifetime = shortest.max(lifetime.min(longest));
+        }
+        let mut jwks_max_age =
+            nonzero_duration("assertion.jwks_max_age", &self.jwks_max_age, errors);
+        if jwks_max_age > MAX_JWKS_MAX_AGE {
+            errors.push(format!(
+                "assertion.jwks_max_age: must be at most 1d, got {:?}",
+                self.jwks_max_age
+            ));
+            jwks_max_age = MAX_JWKS_MAX_AGE;
+        }
+        let algorithm = AssertionAlgorithm::parse(self.algorithm.trim()).unwrap_or_else(|| {
+            errors.push(format!(
+                "assertion.algorithm: must be \"ES256\" or \"EdDSA\", got {:?}",
+                self.algorithm
+            ));
+            AssertionAlgorithm::Es256
+        });
+        let file = self.signing_key_file.trim();
+        let signing_key_file = (!file.is_empty()).then(|| {
+            if !Path::new(file).is_file() {
+                errors.push(format!(
+                    "assertion.signing_key_file: file {file:?} does not exist"
+                ));
+            }
+            PathBuf::from(file)
+        });
+        let issuer = match self.issuer.trim() {
+            "" => public_base_url.unwrap_or("keygate").to_string(),
+            issuer => issuer.to_string(),
+        };
+        AssertionSettings {
+            issuer,
+            lifetime,
+            algorithm,
+            signing_key_file,
+            jwks_max_age,
+        }
     }
 }
 

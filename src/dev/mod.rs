@@ -10,16 +10,22 @@
 //! upstream keeps its data in memory and the key is printed.
 
 mod reference;
+mod verifier;
 
 /// The reference entity service ([`reference`]): serves `listener` until
 /// `shutdown`. Used by `serve --dev`, the `entity_service` example and the
 /// tests; it is a demonstration upstream, not part of the gateway.
 pub use reference::serve as serve_reference_upstream;
+/// [`serve_reference_upstream`], verifying keygate's identity assertion on
+/// every `/api/` request, as an upstream of an `identity = "assertion"`
+/// route should ([`AssertionCheck`]).
+pub use reference::serve_verifying as serve_reference_upstream_verifying;
 /// [`serve_reference_upstream`], counting what tests must show never
 /// reached it.
 pub use reference::{
     Counters as ReferenceCounters, serve_counted as serve_reference_upstream_counted,
 };
+pub use verifier::AssertionCheck;
 
 use std::net::SocketAddr;
 use std::path::Path;

@@ -73,10 +73,34 @@ pub async fn serve_counted(
     shutdown: impl std::future::Future<Output = ()>,
     counters: Arc<Counters>,
 ) {
-    let store = Arc::new(EntityStore {
+    let store = EntityStore {
         counters,
         ..EntityStore::default()
-    });
+    };
+    serve_store(listener, shutdown, store).await;
+}
+
+/// [`serve`], refusing (401) every `/api/` request without a valid identity
+/// assertion from keygate (`identity = "assertion"` routes), and acting as
+/// the identity it asserts rather than the `X-Auth-*` headers.
+pub async fn serve_verifying(
+    listener: TcpListener,
+    shutdown: impl std::future::Future<Output = ()>,
+    check: super::verifier::AssertionCheck,
+) {
+    let store = EntityStore {
+        verifier: Some(super::verifier::Verifier::new(check)),
+        ..EntityStore::default()
+    };
+    serve_store(listener, shutdown, store).await;
+}
+
+async fn serve_store(
+    listener: TcpListener,
+    shutdown: impl std::future::Future<Output = ()>,
+    store: EntityStore,
+) {
+    let store = Arc::new(store);
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
@@ -132,7 +156,10 @@ async fn route(req: Request<Incoming>, store: &EntityStore) -> ApiResult {
         }
         _ => {}
     }
-    let identity = Caller::from_request(&req)?;
+    let identity = match &store.verifier {
+        Some(verifier) => Caller::from_assertion(&req, verifier).await?,
+        None => Caller::from_request(&req)?,
+    };
     if is_under(&path, "/api/echo") {
         return echo(req).await;
     }
@@ -201,6 +228,32 @@ impl Caller {
         };
         Ok(Self {
             tenant_id,
+            authority,
+        })
+    }
+
+    /// The caller a valid `X-Auth-Assertion` names; 401 without one.
+    async fn from_assertion(
+        req: &Request<Incoming>,
+        verifier: &super::verifier::Verifier,
+    ) -> Result<Self, Refusal> {
+        let token = req
+            .headers()
+            .get("x-auth-assertion")
+            .and_then(|v| v.to_str().ok())
+            .ok_or_else(Refusal::unauthorized)?;
+        let asserted = verifier
+            .verify(token)
+            .await
+            .ok_or_else(Refusal::unauthorized)?;
+        let authority = match asserted.authority.as_str() {
+            "SYS_ADMIN" => CallerRole::SysAdmin,
+            "TENANT_ADMIN" => CallerRole::TenantAdmin,
+            "CUSTOMER_USER" => CallerRole::CustomerUser,
+            _ => return Err(Refusal::unauthorized()),
+        };
+        Ok(Self {
+            tenant_id: asserted.tenant_id,
             authority,
         })
     }
@@ -277,6 +330,9 @@ impl Entity {
 struct EntityStore {
     entities: Mutex<HashMap<(Uuid, Kind), Entities>>,
     counters: Arc<Counters>,
+    /// When set, `/api/` requests need a valid `X-Auth-Assertion`, and the
+    /// caller is who it asserts.
+    verifier: Option<super::verifier::Verifier>,
 }
 
 impl EntityStore {

@@ -4,6 +4,7 @@
 use http::{HeaderMap, HeaderName, HeaderValue};
 use uuid::Uuid;
 
+pub mod assertion;
 pub mod passport;
 pub mod platform;
 pub use passport::{IdentityMode, Passport, Passports};

@@ -140,6 +140,12 @@ impl Passports {
         self
     }
 
+    /// Signs the assertions of `assertion` routes with `minter`.
+    pub fn with_assertion(mut self, minter: Box<dyn Minter>) -> Passports {
+        self.assertion = Some(minter);
+        self
+    }
+
     /// The passport `identity` carries to `destination`; `None` on a
     /// `headers` route.
     pub fn issue(

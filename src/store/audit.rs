@@ -77,6 +77,8 @@ impl Audit {
 pub enum Target {
     User(Uuid),
     ApiKey(Uuid),
+    /// An assertion signing key made current.
+    SigningKey(Uuid),
 }
 
 /// One stored audit event.
@@ -92,7 +94,7 @@ pub struct AuditEvent {
     /// The acting user's tenant (the null UUID for none).
     pub tenant_id: Uuid,
     pub action: String,
-    /// `USER` or `API_KEY`.
+    /// `USER`, `API_KEY` or `SIGNING_KEY`.
     pub target_type: String,
     pub target_id: Uuid,
 }
@@ -110,6 +112,7 @@ impl AuditEvent {
         let (target_type, target_id) = match target {
             Target::User(id) => ("USER", id),
             Target::ApiKey(id) => ("API_KEY", id),
+            Target::SigningKey(id) => ("SIGNING_KEY", id),
         };
         AuditEvent {
             id: Uuid::new_v4(),

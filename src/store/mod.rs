@@ -14,6 +14,7 @@
 //! - `logins.rs`: password changes and the lockouts of failed logins;
 //! - `activation.rs`: one-time activation tokens;
 //! - `audit.rs`: audit events, written in the transaction of their change;
+//! - `signing_keys.rs`: the keys that sign identity assertions to upstreams;
 //! - `revocation.rs`: what a change that ends credentials publishes, and the
 //!   one helper every such change goes through;
 //! - `paging.rs`: paged listings;
@@ -30,6 +31,7 @@ mod prune;
 pub mod retention;
 mod revocation;
 mod sessions;
+mod signing_keys;
 mod users;
 
 pub use audit::{Actor, Audit, AuditEvent};
@@ -38,6 +40,7 @@ pub use paging::{Page, PageRequest};
 pub use prune::PruneKind;
 pub use revocation::{Published, REVOCATION_CHANNEL, Revocation};
 pub use sessions::SessionRecord;
+pub use signing_keys::SigningKeyRecord;
 pub use users::UserRecord;
 
 use std::path::Path;
