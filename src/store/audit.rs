@@ -155,6 +155,18 @@ impl Pending {
         }
         Ok(())
     }
+
+    /// Commits a transaction of several changes, then logs their events.
+    pub(super) async fn commit_all(
+        events: Vec<Pending>,
+        tx: sqlx::Transaction<'_, sqlx::Any>,
+    ) -> Result<(), StoreError> {
+        tx.commit().await?;
+        for event in events.into_iter().filter_map(|p| p.0) {
+            event.log();
+        }
+        Ok(())
+    }
 }
 
 const AUDIT_COLUMNS: &str =
