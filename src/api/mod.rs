@@ -62,6 +62,7 @@ pub enum Endpoint {
     EnableUser,
     ActivationLink,
     Activate,
+    PasswordPolicy,
 }
 
 /// One owned route: `{name}` segments match any one path segment.
@@ -176,6 +177,12 @@ pub static ROUTES: &[EndpointRoute] = &[
         pattern: "/api/noauth/activate",
         access: Access::Public,
         endpoint: Endpoint::Activate,
+    },
+    EndpointRoute {
+        method: Method::GET,
+        pattern: "/api/noauth/userPasswordPolicy",
+        access: Access::Public,
+        endpoint: Endpoint::PasswordPolicy,
     },
 ];
 
@@ -443,6 +450,7 @@ impl Endpoints {
             Endpoint::EnableUser => users::set_enabled(self, req).await,
             Endpoint::ActivationLink => users::activation_link(self, req).await,
             Endpoint::Activate => users::activate(self, req).await,
+            Endpoint::PasswordPolicy => users::password_policy(self, req).await,
         }
     }
 }

@@ -5,6 +5,7 @@ use serde_json::Value;
 use utoipa::OpenApi;
 
 use super::records::{ApiKey, EntityId, PageDataApiKey, PageDataUser, User};
+use super::users::UserPasswordPolicy;
 use super::wire::{
     ActivateUserRequest, ApiKeyCreateRequest, ChangePasswordRequest, JwtPair, LoginRequest,
     RefreshTokenRequest,
@@ -36,6 +37,7 @@ use crate::error::ErrorResponse;
         users::set_enabled,
         users::activation_link,
         users::activate,
+        users::password_policy,
     ),
     components(schemas(
         ErrorResponse,
@@ -49,7 +51,8 @@ use crate::error::ErrorResponse;
         ApiKey,
         ApiKeyCreateRequest,
         PageDataApiKey,
-        PageDataUser
+        PageDataUser,
+        UserPasswordPolicy
     ))
 )]
 struct KeygateApi;

@@ -15,8 +15,8 @@ use crate::identity::{Authority, NULL_UUID};
 use crate::store::{ApiKeyRecord, KeyUpdate, PlatformKey, PlatformUser, UserRecord, UserUpdate};
 
 /// How long an imported invitation stays valid when the platform's has no
-/// expiry time.
-pub const ACTIVATION_TTL_MS: i64 = 24 * 3600 * 1000;
+/// expiry time: as long as one keygate sends.
+use crate::api::users::ACTIVATION_TTL_MS;
 
 /// What to do with one row.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -132,6 +132,27 @@ impl RowKind {
 const SIGNING_KEY: &str = "platform.signing_key";
 const ISSUER: &str = "platform.issuer";
 
+/// `($1, ..., $columns), (...), ...` for `rows` rows: the values of a
+/// multi-row insert.
+pub(super) fn values(rows: usize, columns: usize) -> String {
+    let mut out = String::with_capacity(rows * columns * 5);
+    for row in 0..rows {
+        if row > 0 {
+            out.push_str(", ");
+        }
+        out.push('(');
+        for column in 0..columns {
+            if column > 0 {
+                out.push_str(", ");
+            }
+            out.push('$');
+            out.push_str(&(row * columns + column + 1).to_string());
+        }
+        out.push(')');
+    }
+    out
+}
+
 /// `($1, $2, ...)` from `first` on, for `n` values.
 fn placeholders(first: usize, n: usize) -> String {
     let list: Vec<String> = (first..first + n).map(|i| format!("${i}")).collect();
@@ -278,80 +299,116 @@ impl Store {
     }
 
     /// Adds imported users in one transaction, each with its activation
-    /// token, its customer's tenant, its import record and its audit event.
+    /// token, its customer's tenant, its import record and its audit event;
+    /// one statement per table.
     pub async fn add_imported_users(
         &self,
         users: &[PlatformUser],
         now_ms: i64,
     ) -> Result<(), StoreError> {
+        if users.is_empty() {
+            return Ok(());
+        }
         let mut tx = self.pool.begin().await?;
-        let mut events = Vec::with_capacity(users.len());
+        let sql = format!(
+            "INSERT INTO users ({USER_COLUMNS}) VALUES {}",
+            values(users.len(), 14)
+        );
+        let mut query = sqlx::query(AssertSqlSafe(sql));
         for user in users {
-            let sql = format!(
-                "INSERT INTO users ({USER_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, 1, $11, $12, 0)"
-            );
-            sqlx::query(AssertSqlSafe(sql))
+            query = query
                 .bind(user.id.to_string())
                 .bind(user.created_time)
                 .bind(user.tenant_id.to_string())
                 .bind(user.customer_id.to_string())
-                .bind(&user.email)
+                .bind(user.email.clone())
                 .bind(user.authority.as_str())
-                .bind(&user.first_name)
-                .bind(&user.last_name)
-                .bind(&user.phone)
+                .bind(user.first_name.clone())
+                .bind(user.last_name.clone())
+                .bind(user.phone.clone())
                 .bind(user.additional_info.clone())
+                .bind(1_i64)
                 .bind(i64::from(user.enabled))
-                .bind(&user.password_hash)
-                .execute(&mut *tx)
-                .await?;
-            if user.customer_id != NULL_UUID {
-                sqlx::query(
-                    "INSERT INTO customer_tenants (customer_id, tenant_id, created_time) \
-                     VALUES ($1, $2, $3) ON CONFLICT (customer_id) DO NOTHING",
-                )
-                .bind(user.customer_id.to_string())
-                .bind(user.tenant_id.to_string())
-                .bind(user.created_time)
-                .execute(&mut *tx)
-                .await?;
+                .bind(user.password_hash.clone())
+                .bind(0_i64);
+        }
+        query.execute(&mut *tx).await?;
+        let mut customers: Vec<&PlatformUser> = users
+            .iter()
+            .filter(|u| u.customer_id != NULL_UUID)
+            .collect();
+        customers.sort_by_key(|u| u.customer_id);
+        customers.dedup_by_key(|u| u.customer_id);
+        if !customers.is_empty() {
+            let sql = format!(
+                "INSERT INTO customer_tenants (customer_id, tenant_id, created_time) VALUES {} \
+                 ON CONFLICT (customer_id) DO NOTHING",
+                values(customers.len(), 3)
+            );
+            let mut query = sqlx::query(AssertSqlSafe(sql));
+            for user in customers {
+                query = query
+                    .bind(user.customer_id.to_string())
+                    .bind(user.tenant_id.to_string())
+                    .bind(user.created_time);
             }
+            query.execute(&mut *tx).await?;
+        }
+        for user in users {
             if let Some((digest, expires_at)) = &user.activation {
                 insert_activation(&mut tx, user.id, digest, *expires_at).await?;
             }
-            remember(&mut tx, RowKind::User, user.id, user, now_ms).await?;
-            events.push(self.record(&mut tx, Target::User(user.id)).await?);
         }
+        remember_many(
+            &mut tx,
+            RowKind::User,
+            users.iter().map(|u| (u.id, u)),
+            now_ms,
+        )
+        .await?;
+        let targets: Vec<Target> = users.iter().map(|u| Target::User(u.id)).collect();
+        let events = self.record_many(&mut tx, &targets).await?;
         Pending::commit_all(events, tx).await
     }
 
     /// Adds imported keys in one transaction, each with its import record
-    /// and its audit event.
+    /// and its audit event; one statement per table.
     pub async fn add_imported_keys(
         &self,
         keys: &[PlatformKey],
         now_ms: i64,
     ) -> Result<(), StoreError> {
-        let mut tx = self.pool.begin().await?;
-        let mut events = Vec::with_capacity(keys.len());
-        for key in keys {
-            sqlx::query(
-                "INSERT INTO api_keys (id, created_time, tenant_id, user_id, digest, description, enabled, expiration_time) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
-            )
-            .bind(key.id.to_string())
-            .bind(key.created_time)
-            .bind(key.tenant_id.to_string())
-            .bind(key.user_id.to_string())
-            .bind(&key.digest)
-            .bind(&key.description)
-            .bind(i64::from(key.enabled))
-            .bind(key.expiration_time)
-            .execute(&mut *tx)
-            .await?;
-            remember(&mut tx, RowKind::Key, key.id, key, now_ms).await?;
-            events.push(self.record(&mut tx, Target::ApiKey(key.id)).await?);
+        if keys.is_empty() {
+            return Ok(());
         }
+        let mut tx = self.pool.begin().await?;
+        let sql = format!(
+            "INSERT INTO api_keys (id, created_time, tenant_id, user_id, digest, description, enabled, expiration_time) \
+             VALUES {}",
+            values(keys.len(), 8)
+        );
+        let mut query = sqlx::query(AssertSqlSafe(sql));
+        for key in keys {
+            query = query
+                .bind(key.id.to_string())
+                .bind(key.created_time)
+                .bind(key.tenant_id.to_string())
+                .bind(key.user_id.to_string())
+                .bind(key.digest.clone())
+                .bind(key.description.clone())
+                .bind(i64::from(key.enabled))
+                .bind(key.expiration_time);
+        }
+        query.execute(&mut *tx).await?;
+        remember_many(
+            &mut tx,
+            RowKind::Key,
+            keys.iter().map(|k| (k.id, k)),
+            now_ms,
+        )
+        .await?;
+        let targets: Vec<Target> = keys.iter().map(|k| Target::ApiKey(k.id)).collect();
+        let events = self.record_many(&mut tx, &targets).await?;
         Pending::commit_all(events, tx).await
     }
 
@@ -598,4 +655,40 @@ async fn remember<T: Serialize>(
     .execute(conn)
     .await?;
     Ok(())
+}
+
+async fn remember_many<'a, T: Serialize + 'a>(
+    conn: &mut sqlx::AnyConnection,
+    kind: RowKind,
+    rows: impl ExactSizeIterator<Item = (Uuid, &'a T)>,
+    now_ms: i64,
+) -> Result<(), StoreError> {
+    let sql = format!(
+        "INSERT INTO platform_rows (kind, id, fields, imported_time) VALUES {} \
+         ON CONFLICT (kind, id) DO UPDATE SET fields = excluded.fields, imported_time = excluded.imported_time",
+        values(rows.len(), 4)
+    );
+    let mut query = sqlx::query(AssertSqlSafe(sql));
+    for (id, platform) in rows {
+        let fields = serde_json::to_string(platform)
+            .map_err(|e| StoreError::Corrupt(format!("imported row {id}: {e}")))?;
+        query = query
+            .bind(kind.as_str())
+            .bind(id.to_string())
+            .bind(fields)
+            .bind(now_ms);
+    }
+    query.execute(conn).await?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn multi_row_values_number_every_placeholder_once() {
+        assert_eq!(values(2, 3), "($1, $2, $3), ($4, $5, $6)");
+        assert_eq!(placeholders(2, 3), "($2, $3, $4)");
+    }
 }
