@@ -163,8 +163,20 @@ pub fn plan_user(
                     *expires = *expired;
                 }
             }
+            let identity = (
+                &platform.email,
+                platform.authority,
+                platform.tenant_id,
+                platform.customer_id,
+            ) != (
+                &imported.email,
+                imported.authority,
+                imported.tenant_id,
+                imported.customer_id,
+            );
             let mut update = UserUpdate {
                 profile: !platform.same_profile(imported),
+                identity,
                 ..UserUpdate::default()
             };
             if platform.enabled != imported.enabled && platform.enabled != keygate.enabled {
@@ -414,6 +426,7 @@ mod tests {
             panic!("not an update");
         };
         assert!(update.profile);
+        assert!(!update.identity, "a new name ends no session");
         assert_eq!(update.enabled, Some(false));
         assert_eq!(update.password_hash.as_deref(), Some(OTHER_HASH));
         assert_eq!(update.activation, None);

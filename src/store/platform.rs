@@ -86,6 +86,9 @@ pub struct PlatformKey {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct UserUpdate {
     pub profile: bool,
+    /// Of the profile, what a token carries and access depends on changed:
+    /// the e-mail, authority, tenant or customer.
+    pub identity: bool,
     pub enabled: Option<bool>,
     pub password_hash: Option<String>,
     /// `Some(None)`: the pending token is gone.
@@ -414,8 +417,8 @@ impl Store {
 
     /// Applies what changed on the platform to a user keygate holds, and
     /// records `platform` as its last imported state. A change that can end
-    /// credentials (disabled, a new password, another authority, tenant or
-    /// customer) outdates the user's tokens and ends their sessions, and is
+    /// credentials (disabled, a new password, another e-mail, authority,
+    /// tenant or customer) outdates the user's tokens and ends their sessions, and is
     /// published like any revocation.
     pub async fn update_imported_user(
         &self,
@@ -474,7 +477,7 @@ impl Store {
                     insert_activation(&mut tx, platform.id, digest, *expires_at).await?;
                 }
             }
-            let revoking = update.profile
+            let revoking = update.identity
                 || update.password_hash.is_some()
                 || update.enabled == Some(false);
             if revoking {
