@@ -23,6 +23,7 @@ pub mod config;
 pub mod dev;
 pub(crate) mod error;
 pub mod identity;
+pub mod import;
 pub mod listener;
 pub(crate) mod path;
 pub(crate) mod probes;

@@ -59,6 +59,14 @@ pub enum StartError {
         "platform.signing_key is keygate's own JWT signing key: a token signed with the platform's key must never be a credential keygate accepts; give the platform's tokenSigningKey"
     )]
     PlatformKeyIsOwn,
+    #[error(
+        "route {0:?} has identity = \"platform\", which needs the platform's signing key: set platform.signing_key (KEYGATE_PLATFORM_SIGNING_KEY), or import it with `keygate import platform`"
+    )]
+    PlatformKeyMissing(String),
+    #[error(
+        "the platform signing key kept in the store (from `keygate import platform`) is unusable"
+    )]
+    StoredPlatformKey,
     #[error("preparing password verification failed")]
     DummyHash,
     #[error("cannot use [redis] url")]
@@ -282,6 +290,7 @@ pub async fn start(mut settings: Settings, options: StartOptions) -> Result<Runn
     let store = Store::connect(&settings.store_url, settings.store_max_connections).await?;
     let generated_password = bootstrap(&store, options, &settings).await?;
     let secret = signing_key(&settings, &store).await?;
+    platform_signing(&mut settings, &store).await?;
     // keygate's key may come from the store, which validation never sees.
     if settings.platform.signing_key.as_deref() == Some(secret.as_slice()) {
         return Err(StartError::PlatformKeyIsOwn);
@@ -395,6 +404,38 @@ async fn bootstrap(
         let _ = std::io::Write::write_all(&mut std::io::stderr(), text.as_bytes());
     }
     Ok(generated_password)
+}
+
+/// The platform's signing key and issuer, when no key is configured: those
+/// `keygate import platform` kept in the store. A route with `identity =
+/// "platform"` and neither is refused here, at start.
+async fn platform_signing(settings: &mut Settings, store: &Store) -> Result<(), StartError> {
+    use base64::Engine as _;
+    if settings.platform.signing_key.is_none() {
+        if let Some((key, issuer)) = store.platform_signing().await? {
+            let key = crate::config::platform_key_engine()
+                .decode(key.trim())
+                .ok()
+                .filter(|bytes| bytes.len() >= 64)
+                .ok_or(StartError::StoredPlatformKey)?;
+            settings.platform.signing_key = Some(key);
+            if !issuer.trim().is_empty() {
+                settings.platform.issuer = issuer;
+            }
+            tracing::info!("platform tokens are signed with the key imported from the platform");
+        }
+    }
+    let platform = crate::identity::IdentityMode::Platform;
+    match settings
+        .routes
+        .iter()
+        .find(|route| route.identity == platform)
+    {
+        Some(route) if settings.platform.signing_key.is_none() => {
+            Err(StartError::PlatformKeyMissing(route.name.clone()))
+        }
+        _ => Ok(()),
+    }
 }
 
 fn authenticator(

@@ -806,3 +806,65 @@ async fn a_reload_that_adds_a_platform_route_without_a_key_at_start_is_refused()
         "{metrics}"
     );
 }
+
+#[tokio::test]
+async fn the_platform_key_imported_into_the_store_signs_when_none_is_configured() {
+    let double = PlatformDouble::start(&platform_key()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let store_url = format!("sqlite://{}/keygate.db", dir.path().display());
+    let config = platform_config(&double, "", "").replace(&platform_key(), "");
+
+    // Neither configured nor imported: refused at start, naming the route.
+    let store = keygate::store::Store::connect(&store_url, 2).await.unwrap();
+    let path = dir.path().join("refused.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[server]\ndata_dir = \"{}\"\n[listen]\nhttps = \"127.0.0.1:0\"\nhttp = \"127.0.0.1:0\"\nadmin = \"127.0.0.1:0\"\n[store]\nurl = \"{store_url}\"\n{config}",
+            dir.path().display()
+        ),
+    )
+    .unwrap();
+    let settings = keygate::config::load(&keygate::config::Source {
+        file: Some(&path),
+        env: vec![],
+    })
+    .unwrap();
+    let Err(error) = keygate::server::start(settings, Default::default()).await else {
+        panic!("keygate started a platform route with no platform key");
+    };
+    let message = error.to_string();
+    assert!(
+        message.contains("\"platform\" has identity = \"platform\"")
+            && message.contains("keygate import platform"),
+        "{message}"
+    );
+
+    // Kept in the store as the import keeps it: the platform accepts the
+    // tokens, with the issuer the platform had.
+    store
+        .set_platform_signing(&platform_key(), "platform.example")
+        .await
+        .unwrap();
+    drop(store);
+    let gw = Gateway::start_on(&double.url(), &config, Some(&store_url)).await;
+    let user = gw
+        .user("imported@example.com", Authority::TenantAdmin)
+        .await;
+    let (_, key) = gw.api_key(&user, 0).await;
+    let seen = platform_user(&gw, &[("X-Authorization", &api_key_header(&key))]).await;
+    assert_eq!(seen["id"], user.id.to_string(), "{seen}");
+    let token = double.seen().pop().unwrap();
+    let token = token
+        .header("x-authorization")
+        .and_then(|value| value.strip_prefix("Bearer "))
+        .expect("a platform token")
+        .to_owned();
+    let claims: Value = serde_json::from_slice(
+        &URL_SAFE_NO_PAD
+            .decode(token.split('.').nth(1).unwrap())
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(claims["iss"], "platform.example");
+}

@@ -611,3 +611,39 @@ async fn a_login_that_finds_no_turn_to_hash_in_time_is_answered_503() {
     let answered = statuses.iter().filter(|s| **s == 503).count() as u64;
     assert_eq!(refused, answered);
 }
+
+#[tokio::test]
+async fn password_policy_is_answered_in_the_platforms_shape_and_enforced_at_a_change() {
+    let (_upstream, gw) = common::gateway("[login]\npassword_min_length = 12\n").await;
+    let response = gw
+        .client()
+        .get(gw.https("/api/noauth/userPasswordPolicy"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let policy: Value = response.json().await.unwrap();
+    assert_eq!(policy["minimumLength"], 12, "{policy}");
+    assert_eq!(policy["maximumLength"], 72, "{policy}");
+    assert_eq!(policy["minimumDigits"], 0, "{policy}");
+    assert_eq!(policy["allowWhitespaces"], true, "{policy}");
+    // What the policy says is what a password set is held to.
+    let admin = gw
+        .user("policy-admin@example.com", Authority::TenantAdmin)
+        .await;
+    let (_, token) = gw.access_token(&admin).await;
+    let short = gw
+        .client()
+        .post(gw.https("/api/auth/changePassword"))
+        .header("X-Authorization", format!("Bearer {token}"))
+        .json(&json!({ "currentPassword": PASSWORD, "newPassword": "elevenchars" }))
+        .send()
+        .await
+        .unwrap();
+    let (status, body) = error_body(short).await;
+    assert_eq!(status, 400);
+    assert!(
+        body["message"].as_str().unwrap().contains("at least 12"),
+        "{body}"
+    );
+}

@@ -64,6 +64,7 @@ pub enum Endpoint {
     ActivationLink,
     Activate,
     Jwks,
+    PasswordPolicy,
 }
 
 /// One owned route: `{name}` segments match any one path segment.
@@ -184,6 +185,12 @@ pub static ROUTES: &[EndpointRoute] = &[
         pattern: "/.well-known/jwks.json",
         access: Access::Public,
         endpoint: Endpoint::Jwks,
+    },
+    EndpointRoute {
+        method: Method::GET,
+        pattern: "/api/noauth/userPasswordPolicy",
+        access: Access::Public,
+        endpoint: Endpoint::PasswordPolicy,
     },
 ];
 
@@ -454,6 +461,7 @@ impl Endpoints {
             Endpoint::ActivationLink => users::activation_link(self, req).await,
             Endpoint::Activate => users::activate(self, req).await,
             Endpoint::Jwks => jwks::jwks(self, req).await,
+            Endpoint::PasswordPolicy => users::password_policy(self, req).await,
         }
     }
 }

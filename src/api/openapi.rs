@@ -5,6 +5,7 @@ use serde_json::Value;
 use utoipa::OpenApi;
 
 use super::records::{ApiKey, EntityId, PageDataApiKey, PageDataUser, User};
+use super::users::UserPasswordPolicy;
 use super::wire::{
     ActivateUserRequest, ApiKeyCreateRequest, ChangePasswordRequest, JwtPair, LoginRequest,
     RefreshTokenRequest,
@@ -37,6 +38,7 @@ use crate::error::ErrorResponse;
         users::activation_link,
         users::activate,
         jwks::jwks,
+        users::password_policy,
     ),
     components(schemas(
         ErrorResponse,
@@ -50,7 +52,8 @@ use crate::error::ErrorResponse;
         ApiKey,
         ApiKeyCreateRequest,
         PageDataApiKey,
-        PageDataUser
+        PageDataUser,
+        UserPasswordPolicy
     ))
 )]
 struct KeygateApi;

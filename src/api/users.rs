@@ -340,3 +340,49 @@ pub async fn activate(
     }
     Ok(json_response(&api.issue_pair(&user).await?))
 }
+
+/// The password rules in the platform's shape. keygate's rules are a length
+/// range; the platform's other rules are answered as not required.
+#[derive(serde::Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct UserPasswordPolicy {
+    minimum_length: usize,
+    maximum_length: usize,
+    minimum_uppercase_letters: u32,
+    minimum_lowercase_letters: u32,
+    minimum_digits: u32,
+    minimum_special_characters: u32,
+    allow_whitespaces: bool,
+    force_user_to_reset_password_if_not_valid: bool,
+    password_expiration_period_days: u32,
+    password_reuse_frequency_days: u32,
+}
+
+/// `GET /api/noauth/userPasswordPolicy`: the rules every password set
+/// (activation, change, reset, creation) is checked against.
+#[utoipa::path(
+    get,
+    path = "/api/noauth/userPasswordPolicy",
+    tag = "noauth-controller",
+    operation_id = "getUserPasswordPolicy",
+    summary = "The password rules",
+    responses((status = 200, description = "The password policy", body = UserPasswordPolicy))
+)]
+pub async fn password_policy(
+    api: &Endpoints,
+    _req: EndpointRequest,
+) -> Result<http::Response<Body>, ApiError> {
+    let policy = &api.settings.password_policy;
+    Ok(json_response(&UserPasswordPolicy {
+        minimum_length: policy.min_length,
+        maximum_length: policy.max_length,
+        minimum_uppercase_letters: 0,
+        minimum_lowercase_letters: 0,
+        minimum_digits: 0,
+        minimum_special_characters: 0,
+        allow_whitespaces: true,
+        force_user_to_reset_password_if_not_valid: false,
+        password_expiration_period_days: 0,
+        password_reuse_frequency_days: 0,
+    }))
+}

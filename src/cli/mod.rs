@@ -3,6 +3,7 @@
 mod assertion;
 mod audit;
 mod health;
+mod import;
 mod keys;
 pub mod logging;
 mod prompt;
@@ -67,6 +68,9 @@ pub enum Command {
     /// Manage the keys that sign identity assertions to upstreams.
     #[command(subcommand)]
     Assertion(AssertionCommand),
+    /// Import users and API keys from another system.
+    #[command(subcommand)]
+    Import(ImportCommand),
     /// Show the latest audit events (changes to users and API keys), newest
     /// first, one JSON object per line.
     Audit {
@@ -135,6 +139,33 @@ Example:
     SetPassword {
         /// The user's email address.
         email: String,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum ImportCommand {
+    /// Import the platform's users (ids, bcrypt passwords, invitations), API
+    /// keys and signing settings from its PostgreSQL database, which is only
+    /// read. Safe to re-run: only what changed on the platform since the last
+    /// import is applied, and a password or key changed in keygate is kept.
+    #[command(after_help = "\
+Example:
+  keygate import platform --dry-run \\
+      --database-url postgres://reader@platform-db:5432/thingsboard
+  keygate import platform --database-url postgres://reader@platform-db:5432/thingsboard")]
+    Platform {
+        /// The platform's PostgreSQL database, e.g. postgres://user:pass@host:5432/thingsboard.
+        #[arg(long, env = "KEYGATE_PLATFORM_DATABASE_URL")]
+        database_url: String,
+        /// Read and validate everything and print what would be done; write nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Remove from keygate the users and keys imported before and deleted on the platform since.
+        #[arg(long)]
+        prune: bool,
+        /// Print the outcome as JSON, for scripts.
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -210,6 +241,7 @@ pub async fn run(
         Command::Apikey(cmd) => keys::apikey(cmd, &settings).await,
         Command::Assertion(cmd) => assertion::assertion(cmd, &settings).await,
         Command::Audit { limit } => audit::audit(limit, &settings).await,
+        Command::Import(cmd) => import::import(cmd, &settings).await,
     }
 }
 

@@ -16,6 +16,7 @@ mod file;
 pub mod rate;
 mod url;
 mod validate;
+pub(crate) use validate::platform_key_engine;
 
 #[cfg(test)]
 mod tests;

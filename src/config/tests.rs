@@ -694,15 +694,11 @@ fn a_short_or_garbled_platform_key_is_refused_with_a_clear_message() {
 }
 
 #[test]
-fn a_platform_route_without_the_platform_key_is_refused() {
-    let errors = load_text(&platform_config(""), &[]).unwrap_err();
-    assert!(
-        errors
-            .0
-            .iter()
-            .any(|e| e.contains("route \"tb\" has identity = \"platform\"")),
-        "{errors}"
-    );
+fn a_platform_route_without_a_configured_key_loads_for_the_store_to_supply_it() {
+    // The key may have been imported into the store, which only the start
+    // can read: it refuses there when neither has one.
+    let settings = load_text(&platform_config(""), &[]).unwrap();
+    assert_eq!(settings.platform.signing_key, None);
 }
 
 #[test]

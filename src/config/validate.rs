@@ -41,7 +41,7 @@ pub(super) fn validate(file: &FileConfig, errors: &mut Vec<String>) -> Settings 
     let log = file.log.validate(errors);
     let websocket = file.websocket.validate(errors);
     let routes = validate_routes(&file.routes, proxy.request_timeout, errors);
-    let platform = file.platform.validate(&file.jwt, &routes, errors);
+    let platform = file.platform.validate(&file.jwt, errors);
     let server = file.server.validate(errors);
     let assertion = file
         .assertion
@@ -370,14 +370,10 @@ fn signing_key(text: &str, errors: &mut Vec<String>) -> Option<Vec<u8>> {
 const MIN_PLATFORM_TOKEN_LIFETIME: Duration = Duration::from_secs(1);
 
 impl PlatformSection {
-    /// `[platform]`, checked against the routes that need it and against
-    /// keygate's own signing key, which it must never be.
-    fn validate(
-        &self,
-        jwt: &JwtSection,
-        routes: &[RouteSpec],
-        errors: &mut Vec<String>,
-    ) -> PlatformSettings {
+    /// `[platform]`, checked against keygate's own signing key, which it
+    /// must never be. Whether a `platform` route has a key is decided at
+    /// start: an imported one is kept in the store.
+    fn validate(&self, jwt: &JwtSection, errors: &mut Vec<String>) -> PlatformSettings {
         const NAME: &str = "platform.signing_key (KEYGATE_PLATFORM_SIGNING_KEY)";
         let text = self.signing_key.trim();
         let signing_key = match text {
@@ -405,16 +401,6 @@ impl PlatformSection {
         if !text.is_empty() && (text == own || same_bytes) {
             errors.push(format!(
                 "{NAME}: must differ from jwt.token_signing_key: a token signed with the platform's key must never be a credential keygate accepts"
-            ));
-        }
-        if let Some(route) = routes
-            .iter()
-            .find(|route| route.identity == crate::identity::IdentityMode::Platform)
-            && text.is_empty()
-        {
-            errors.push(format!(
-                "{NAME}: route {:?} has identity = \"platform\", which needs the platform's signing key",
-                route.name
             ));
         }
         if self.issuer.trim().is_empty() {

@@ -12,7 +12,8 @@ pub use passport::{IdentityMode, Passport, Passports};
 /// The "no tenant" / "no customer" id of the platform.
 pub const NULL_UUID: Uuid = Uuid::from_u128(0x13814000_1dd2_11b2_8080_808080808080);
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum Authority {
     SysAdmin,
     TenantAdmin,

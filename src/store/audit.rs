@@ -158,6 +158,18 @@ impl Pending {
         }
         Ok(())
     }
+
+    /// Commits a transaction of several changes, then logs their events.
+    pub(super) async fn commit_all(
+        events: Vec<Pending>,
+        tx: sqlx::Transaction<'_, sqlx::Any>,
+    ) -> Result<(), StoreError> {
+        tx.commit().await?;
+        for event in events.into_iter().filter_map(|p| p.0) {
+            event.log();
+        }
+        Ok(())
+    }
 }
 
 const AUDIT_COLUMNS: &str =
@@ -198,6 +210,43 @@ impl Store {
             .execute(conn)
             .await?;
         Ok(Pending(Some(event)))
+    }
+
+    /// [`Store::record`] for several changes made in one transaction, in one
+    /// statement.
+    pub(super) async fn record_many(
+        &self,
+        conn: &mut sqlx::AnyConnection,
+        targets: &[Target],
+    ) -> Result<Vec<Pending>, StoreError> {
+        let Some(audit) = &self.audit else {
+            return Ok(Vec::new());
+        };
+        if targets.is_empty() {
+            return Ok(Vec::new());
+        }
+        let events: Vec<AuditEvent> = targets
+            .iter()
+            .map(|target| AuditEvent::of(audit, *target))
+            .collect();
+        let sql = format!(
+            "INSERT INTO audit_events ({AUDIT_COLUMNS}) VALUES {}",
+            super::platform::values(events.len(), 8)
+        );
+        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+        for event in &events {
+            query = query
+                .bind(event.id.to_string())
+                .bind(event.created_time)
+                .bind(event.actor_id.to_string())
+                .bind(event.actor.clone())
+                .bind(event.tenant_id.to_string())
+                .bind(event.action.clone())
+                .bind(event.target_type.clone())
+                .bind(event.target_id.to_string());
+        }
+        query.execute(conn).await?;
+        Ok(events.into_iter().map(|e| Pending(Some(e))).collect())
     }
 
     /// [`Store::record`] when the change happened (a row was affected).

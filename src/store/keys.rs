@@ -183,7 +183,7 @@ impl Store {
     }
 }
 
-fn key_from_row(row: &AnyRow) -> Result<ApiKeyRecord, StoreError> {
+pub(super) fn key_from_row(row: &AnyRow) -> Result<ApiKeyRecord, StoreError> {
     Ok(ApiKeyRecord {
         id: uuid_col(row, 0)?,
         created_time: row.try_get(1)?,

@@ -41,6 +41,11 @@ const SQLITE: &[(i64, &str, &str)] = &[
         "signing_keys",
         include_str!("../../migrations/sqlite/0007_signing_keys.sql"),
     ),
+    (
+        8,
+        "platform_rows",
+        include_str!("../../migrations/sqlite/0008_platform_rows.sql"),
+    ),
 ];
 const POSTGRES: &[(i64, &str, &str)] = &[
     (
@@ -77,6 +82,11 @@ const POSTGRES: &[(i64, &str, &str)] = &[
         7,
         "signing_keys",
         include_str!("../../migrations/postgres/0007_signing_keys.sql"),
+    ),
+    (
+        8,
+        "platform_rows",
+        include_str!("../../migrations/postgres/0008_platform_rows.sql"),
     ),
 ];
 

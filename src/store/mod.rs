@@ -18,6 +18,8 @@
 //! - `revocation.rs`: what a change that ends credentials publishes, and the
 //!   one helper every such change goes through;
 //! - `paging.rs`: paged listings;
+//! - `platform.rs`: what was imported from the platform, and its signing
+//!   settings;
 //! - `migrate.rs`, `prune.rs` and `retention.rs`: the schema, and deleting
 //!   dead rows.
 
@@ -27,6 +29,7 @@ mod keys;
 mod logins;
 mod migrate;
 mod paging;
+mod platform;
 mod prune;
 pub mod retention;
 mod revocation;
@@ -37,6 +40,7 @@ mod users;
 pub use audit::{Actor, Audit, AuditEvent};
 pub use keys::ApiKeyRecord;
 pub use paging::{Page, PageRequest};
+pub use platform::{KeyUpdate, PlatformKey, PlatformUser, RowKind, UserUpdate};
 pub use prune::PruneKind;
 pub use revocation::{Published, REVOCATION_CHANNEL, Revocation};
 pub use sessions::SessionRecord;

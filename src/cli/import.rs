@@ -1,0 +1,30 @@
+//! `keygate import platform`: the platform's users, passwords, API keys,
+//! invitations and signing settings into keygate's store.
+
+use keygate::config::Settings;
+use keygate::import::{self, Options};
+
+use super::{ImportCommand, open_store};
+
+pub(super) async fn import(cmd: ImportCommand, settings: &Settings) -> anyhow::Result<()> {
+    let ImportCommand::Platform {
+        database_url,
+        dry_run,
+        prune,
+        json,
+    } = cmd;
+    let store = open_store(settings).await?;
+    let options = Options {
+        database_url,
+        dry_run,
+        prune,
+    };
+    let progress = |line: &str| eprintln!("import: {line}");
+    let report = import::run(&store, &options, &progress).await?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", report.summary());
+    }
+    Ok(())
+}

@@ -1,0 +1,558 @@
+//! Importing the platform's users, passwords, API keys, invitations and
+//! signing settings into keygate's store (`keygate import platform`).
+//!
+//! - `source.rs` reads the platform's database, read-only, streaming rows;
+//! - `plan.rs` maps each row and decides what to do with it;
+//! - this file runs the import batch by batch, applies the plan through the
+//!   store (`store::platform`) and counts what it did.
+//!
+//! Memory stays bounded by the batch size, plus one id per row seen (to find
+//! the rows deleted on the platform since the last import).
+
+pub mod plan;
+pub mod source;
+
+use std::collections::{HashMap, HashSet};
+use std::pin::pin;
+
+use base64::Engine;
+use futures_util::StreamExt;
+use serde::Serialize;
+use uuid::Uuid;
+
+use crate::store::{Audit, PlatformKey, PlatformUser, RowKind, Store, StoreError};
+use plan::Plan;
+use source::{KeyRow, Source, UserRow};
+
+/// Rows per transaction.
+pub const BATCH: usize = 500;
+
+/// Progress is reported every this many rows.
+const PROGRESS_EVERY: u64 = 10_000;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ImportError {
+    #[error("the platform's database URL is not valid: {0}")]
+    Url(String),
+    #[error("cannot reach the platform's database at {place} (database {database:?}): {cause}")]
+    Unreachable {
+        place: String,
+        database: String,
+        cause: String,
+    },
+    #[error(
+        "this is not the platform's database (or a version keygate cannot import from): missing {}",
+        .0.join(", ")
+    )]
+    NotPlatform(Vec<String>),
+    #[error("reading the platform's database: {0}")]
+    Source(#[from] sqlx::Error),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// What to import and how.
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub database_url: String,
+    /// Read and validate everything, write nothing.
+    pub dry_run: bool,
+    /// Remove from keygate what was imported and is gone from the platform.
+    pub prune: bool,
+}
+
+/// What happened to the rows of one kind.
+#[derive(Debug, Default, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Counts {
+    pub added: u64,
+    pub updated: u64,
+    pub unchanged: u64,
+    pub skipped: u64,
+    /// Imported before and gone from the platform since.
+    pub deleted_on_platform: u64,
+    /// Of those, removed from keygate (`--prune`).
+    pub removed: u64,
+}
+
+/// A row that was not imported, and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Skipped {
+    pub kind: &'static str,
+    pub id: String,
+    /// The user's e-mail, or the key's description.
+    pub name: String,
+    pub reason: String,
+}
+
+/// The platform's signing settings: what became of them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Signing {
+    /// `imported`, `unchanged`, `absent` or `invalid`.
+    pub state: &'static str,
+    pub issuer: Option<String>,
+    pub reason: Option<String>,
+}
+
+/// The outcome of an import.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Report {
+    pub dry_run: bool,
+    pub users: Counts,
+    pub keys: Counts,
+    pub skipped: Vec<Skipped>,
+    pub deleted_users: Vec<Uuid>,
+    pub deleted_keys: Vec<Uuid>,
+    pub signing: Signing,
+}
+
+impl Report {
+    /// A short summary for people.
+    pub fn summary(&self) -> String {
+        use std::fmt::Write;
+        let verb = if self.dry_run { "would be " } else { "" };
+        let mut out = String::new();
+        if self.dry_run {
+            out.push_str("dry run: nothing was written\n");
+        }
+        for (kind, counts) in [("users", &self.users), ("API keys", &self.keys)] {
+            let _ = writeln!(
+                out,
+                "{kind}: {} {verb}added, {} {verb}updated, {} unchanged, {} skipped",
+                counts.added, counts.updated, counts.unchanged, counts.skipped
+            );
+        }
+        const SHOWN: usize = 20;
+        for skipped in self.skipped.iter().take(SHOWN) {
+            let _ = writeln!(
+                out,
+                "  skipped {} {} ({}): {}",
+                skipped.kind, skipped.id, skipped.name, skipped.reason
+            );
+        }
+        if self.skipped.len() > SHOWN {
+            let _ = writeln!(
+                out,
+                "  ... and {} more skipped (--json lists them all)",
+                self.skipped.len() - SHOWN
+            );
+        }
+        let gone = self.users.deleted_on_platform + self.keys.deleted_on_platform;
+        if gone > 0 {
+            let removed = self.users.removed + self.keys.removed;
+            let what = if removed > 0 {
+                format!("{removed} {verb}removed from keygate")
+            } else {
+                "kept in keygate; --prune removes them".into()
+            };
+            let _ = writeln!(
+                out,
+                "deleted on the platform since the last import: {} users, {} API keys ({what})",
+                self.users.deleted_on_platform, self.keys.deleted_on_platform
+            );
+        }
+        let issuer = self.signing.issuer.as_deref().unwrap_or("");
+        let _ = match self.signing.state {
+            "imported" => writeln!(out, "signing settings: {verb}imported (issuer {issuer})"),
+            "unchanged" => writeln!(out, "signing settings: unchanged (issuer {issuer})"),
+            "absent" => writeln!(out, "signing settings: none on the platform"),
+            _ => writeln!(
+                out,
+                "signing settings: not imported: {}",
+                self.signing.reason.as_deref().unwrap_or("")
+            ),
+        };
+        out
+    }
+}
+
+/// Imports from the platform's database into `store`. `progress` hears of
+/// the rows read, for large databases. An error before anything is written
+/// (the database unreachable or not the platform's) leaves the store as it
+/// was; a row that cannot be imported is skipped, named and counted.
+pub async fn run(
+    store: &Store,
+    options: &Options,
+    progress: &(dyn Fn(&str) + Sync),
+) -> Result<Report, ImportError> {
+    let mut source = Source::open(&options.database_url).await?;
+    let result = import(store, options, &mut source, progress).await;
+    source.close().await;
+    result
+}
+
+async fn import(
+    store: &Store,
+    options: &Options,
+    source: &mut Source,
+    progress: &(dyn Fn(&str) + Sync),
+) -> Result<Report, ImportError> {
+    source.check_schema().await?;
+    let (user_total, key_total) = source.counts().await?;
+    progress(&format!(
+        "the platform holds {user_total} users and {key_total} API keys"
+    ));
+    let signing = signing(store, options.dry_run, source.jwt_settings().await?).await?;
+    let mut run = Run {
+        store: store.clone(),
+        users_store: store.audited(Audit::command_line("user.import")),
+        keys_store: store.audited(Audit::command_line("api_key.import")),
+        dry_run: options.dry_run,
+        now_ms: crate::clock::now_ms(),
+        report: Report {
+            dry_run: options.dry_run,
+            users: Counts::default(),
+            keys: Counts::default(),
+            skipped: Vec::new(),
+            deleted_users: Vec::new(),
+            deleted_keys: Vec::new(),
+            signing,
+        },
+        seen_users: HashSet::new(),
+        added_users: HashSet::new(),
+        seen_keys: HashSet::new(),
+    };
+    {
+        let mut rows = pin!(source.users());
+        let mut batch = Vec::with_capacity(BATCH);
+        let mut read = 0_u64;
+        while let Some(row) = rows.next().await {
+            batch.push(row?);
+            read += 1;
+            if batch.len() == BATCH {
+                run.users(std::mem::take(&mut batch)).await?;
+            }
+            if read % PROGRESS_EVERY == 0 {
+                progress(&format!("users: {read} of {user_total}"));
+            }
+        }
+        run.users(batch).await?;
+    }
+    {
+        let mut rows = pin!(source.keys());
+        let mut batch = Vec::with_capacity(BATCH);
+        let mut read = 0_u64;
+        while let Some(row) = rows.next().await {
+            batch.push(row?);
+            read += 1;
+            if batch.len() == BATCH {
+                run.keys(std::mem::take(&mut batch)).await?;
+            }
+            if read % PROGRESS_EVERY == 0 {
+                progress(&format!("API keys: {read} of {key_total}"));
+            }
+        }
+        run.keys(batch).await?;
+    }
+    run.deleted(options.prune).await?;
+    Ok(run.report)
+}
+
+/// The platform's `jwt` settings into keygate's store.
+async fn signing(
+    store: &Store,
+    dry_run: bool,
+    json: Option<String>,
+) -> Result<Signing, ImportError> {
+    let invalid = |reason: &str| Signing {
+        state: "invalid",
+        issuer: None,
+        reason: Some(reason.to_owned()),
+    };
+    let Some(json) = json else {
+        return Ok(Signing {
+            state: "absent",
+            issuer: None,
+            reason: None,
+        });
+    };
+    let Ok(value) = serde_json::from_str::<serde_json::Value>(&json) else {
+        return Ok(invalid("the jwt settings are not JSON"));
+    };
+    let text = |name: &str| value.get(name).and_then(|v| v.as_str()).map(str::to_owned);
+    let (Some(key), Some(issuer)) = (text("tokenSigningKey"), text("tokenIssuer")) else {
+        return Ok(invalid(
+            "the jwt settings lack tokenSigningKey or tokenIssuer",
+        ));
+    };
+    match base64::engine::general_purpose::STANDARD.decode(&key) {
+        Ok(bytes) if !bytes.is_empty() => {}
+        _ => return Ok(invalid("tokenSigningKey is not base64")),
+    }
+    let changed = if dry_run {
+        store.platform_signing().await?.as_ref() != Some(&(key.clone(), issuer.clone()))
+    } else {
+        store.set_platform_signing(&key, &issuer).await?
+    };
+    Ok(Signing {
+        state: if changed { "imported" } else { "unchanged" },
+        issuer: Some(issuer),
+        reason: None,
+    })
+}
+
+struct Run {
+    store: Store,
+    users_store: Store,
+    keys_store: Store,
+    dry_run: bool,
+    now_ms: i64,
+    report: Report,
+    seen_users: HashSet<Uuid>,
+    /// Users added by this run (in a dry run: that would be).
+    added_users: HashSet<Uuid>,
+    seen_keys: HashSet<Uuid>,
+}
+
+impl Run {
+    fn skip(&mut self, kind: &'static str, id: &str, name: &str, reason: String) {
+        let counts = if kind == "user" {
+            &mut self.report.users
+        } else {
+            &mut self.report.keys
+        };
+        counts.skipped += 1;
+        self.report.skipped.push(Skipped {
+            kind,
+            id: id.to_owned(),
+            name: name.to_owned(),
+            reason,
+        });
+    }
+
+    async fn users(&mut self, rows: Vec<UserRow>) -> Result<(), ImportError> {
+        let mut mapped = Vec::with_capacity(rows.len());
+        for row in rows {
+            if let Ok(id) = Uuid::parse_str(&row.id) {
+                self.seen_users.insert(id);
+            }
+            match plan::map_user(&row, self.now_ms) {
+                Ok(user) => mapped.push(user),
+                Err(reason) => {
+                    let name = row.email.as_deref().unwrap_or("");
+                    self.skip("user", &row.id, name, reason);
+                }
+            }
+        }
+        let ids: Vec<Uuid> = mapped.iter().map(|u| u.id).collect();
+        let emails: Vec<String> = mapped.iter().map(|u| u.email.clone()).collect();
+        let keygate = self.store.users_by_ids(&ids).await?;
+        let imported: HashMap<Uuid, PlatformUser> =
+            self.store.imported_rows(RowKind::User, &ids).await?;
+        // Who holds each address, in keygate and among the rows added here.
+        let mut holders = self.store.user_ids_by_emails(&emails).await?;
+        let mut adds = Vec::new();
+        for user in mapped {
+            let taken = holders
+                .get(&user.email)
+                .is_some_and(|holder| *holder != user.id);
+            let id = user.id;
+            match plan::plan_user(user, keygate.get(&id), imported.get(&id)) {
+                Plan::Add(user) if taken => {
+                    let reason = "another keygate user has this e-mail address".to_owned();
+                    self.skip("user", &id.to_string(), &user.email, reason);
+                }
+                Plan::Add(user) => {
+                    holders.insert(user.email.clone(), id);
+                    adds.push(user);
+                }
+                Plan::Update(user, update) if update.profile && taken => {
+                    let reason = "its new e-mail address is another keygate user's".to_owned();
+                    self.skip("user", &id.to_string(), &user.email, reason);
+                }
+                Plan::Update(user, update) => {
+                    if !self.dry_run {
+                        let now_secs = self.now_ms / 1000;
+                        self.users_store
+                            .update_imported_user(&user, &update, now_secs)
+                            .await?;
+                    }
+                    self.report.users.updated += 1;
+                }
+                Plan::Keep { platform, remember } => {
+                    if remember && !self.dry_run {
+                        self.store
+                            .remember_imported(RowKind::User, id, &platform, self.now_ms)
+                            .await?;
+                    }
+                    self.report.users.unchanged += 1;
+                }
+                Plan::Skip(reason) => {
+                    let name = keygate
+                        .get(&id)
+                        .map(|u| u.email.clone())
+                        .unwrap_or_default();
+                    self.skip("user", &id.to_string(), &name, reason);
+                }
+            }
+        }
+        self.added_users.extend(adds.iter().map(|u| u.id));
+        if self.dry_run || adds.is_empty() {
+            self.report.users.added += adds.len() as u64;
+            return Ok(());
+        }
+        if self
+            .users_store
+            .add_imported_users(&adds, self.now_ms)
+            .await
+            .is_ok()
+        {
+            self.report.users.added += adds.len() as u64;
+            return Ok(());
+        }
+        // One row failed the batch: add them one by one, naming the bad one.
+        for user in adds {
+            match self
+                .users_store
+                .add_imported_users(std::slice::from_ref(&user), self.now_ms)
+                .await
+            {
+                Ok(()) => self.report.users.added += 1,
+                Err(error) => {
+                    self.added_users.remove(&user.id);
+                    self.skip("user", &user.id.to_string(), &user.email, error.to_string());
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn keys(&mut self, rows: Vec<KeyRow>) -> Result<(), ImportError> {
+        let mut mapped = Vec::with_capacity(rows.len());
+        for row in rows {
+            if let Ok(id) = Uuid::parse_str(&row.id) {
+                self.seen_keys.insert(id);
+            }
+            match plan::map_key(&row) {
+                Ok(key) => mapped.push(key),
+                Err(reason) => {
+                    let name = row.description.as_deref().unwrap_or("");
+                    self.skip("API key", &row.id, name, reason);
+                }
+            }
+        }
+        let ids: Vec<Uuid> = mapped.iter().map(|k| k.id).collect();
+        let owner_ids: Vec<Uuid> = mapped.iter().map(|k| k.user_id).collect();
+        let digests: Vec<String> = mapped.iter().map(|k| k.digest.clone()).collect();
+        let keygate = self.store.api_keys_by_ids(&ids).await?;
+        let imported: HashMap<Uuid, PlatformKey> =
+            self.store.imported_rows(RowKind::Key, &ids).await?;
+        let owners = self.store.users_by_ids(&owner_ids).await?;
+        let mut holders = self.store.api_key_ids_by_digests(&digests).await?;
+        let mut adds = Vec::new();
+        for key in mapped {
+            let id = key.id;
+            let taken = holders.get(&key.digest).is_some_and(|holder| *holder != id);
+            let owned =
+                owners.contains_key(&key.user_id) || self.added_users.contains(&key.user_id);
+            match plan::plan_key(key, keygate.get(&id), imported.get(&id)) {
+                Plan::Add(key) if !owned => {
+                    let reason = format!("its owner {} is not in keygate", key.user_id);
+                    self.skip("API key", &id.to_string(), &key.description, reason);
+                }
+                Plan::Add(key) if taken => {
+                    let reason = "its value is another keygate key's".to_owned();
+                    self.skip("API key", &id.to_string(), &key.description, reason);
+                }
+                Plan::Add(key) => {
+                    holders.insert(key.digest.clone(), id);
+                    adds.push(key);
+                }
+                Plan::Update(key, update) if update.digest.is_some() && taken => {
+                    let reason = "its new value is another keygate key's".to_owned();
+                    self.skip("API key", &id.to_string(), &key.description, reason);
+                }
+                Plan::Update(key, update) => {
+                    if !self.dry_run {
+                        self.keys_store
+                            .update_imported_key(&key, &update, self.now_ms)
+                            .await?;
+                    }
+                    self.report.keys.updated += 1;
+                }
+                Plan::Keep { platform, remember } => {
+                    if remember && !self.dry_run {
+                        self.store
+                            .remember_imported(RowKind::Key, id, &platform, self.now_ms)
+                            .await?;
+                    }
+                    self.report.keys.unchanged += 1;
+                }
+                Plan::Skip(reason) => {
+                    let name = keygate
+                        .get(&id)
+                        .map(|k| k.description.clone())
+                        .unwrap_or_default();
+                    self.skip("API key", &id.to_string(), &name, reason);
+                }
+            }
+        }
+        if self.dry_run || adds.is_empty() {
+            self.report.keys.added += adds.len() as u64;
+            return Ok(());
+        }
+        if self
+            .keys_store
+            .add_imported_keys(&adds, self.now_ms)
+            .await
+            .is_ok()
+        {
+            self.report.keys.added += adds.len() as u64;
+            return Ok(());
+        }
+        for key in adds {
+            match self
+                .keys_store
+                .add_imported_keys(std::slice::from_ref(&key), self.now_ms)
+                .await
+            {
+                Ok(()) => self.report.keys.added += 1,
+                Err(error) => {
+                    self.skip(
+                        "API key",
+                        &key.id.to_string(),
+                        &key.description,
+                        error.to_string(),
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Reports what was imported and is gone from the platform; removes it
+    /// with `prune` (keys first: a removed user takes their keys along).
+    async fn deleted(&mut self, prune: bool) -> Result<(), ImportError> {
+        let keys = self
+            .store
+            .imported_ids_not_in(RowKind::Key, &self.seen_keys)
+            .await?;
+        let users = self
+            .store
+            .imported_ids_not_in(RowKind::User, &self.seen_users)
+            .await?;
+        self.report.keys.deleted_on_platform = keys.len() as u64;
+        self.report.users.deleted_on_platform = users.len() as u64;
+        if prune {
+            self.report.keys.removed = keys.len() as u64;
+            self.report.users.removed = users.len() as u64;
+            if !self.dry_run {
+                let keys_store = self.store.audited(Audit::command_line("api_key.prune"));
+                for id in &keys {
+                    keys_store.delete_api_key(*id).await?;
+                    self.store.forget_imported(RowKind::Key, *id).await?;
+                }
+                let users_store = self.store.audited(Audit::command_line("user.prune"));
+                for id in &users {
+                    users_store.delete_user(*id).await?;
+                    self.store.forget_imported(RowKind::User, *id).await?;
+                }
+            }
+        }
+        self.report.deleted_keys = keys;
+        self.report.deleted_users = users;
+        Ok(())
+    }
+}

@@ -1,0 +1,521 @@
+//! What to do with each platform row: map it to keygate's record (or say
+//! why it cannot be imported), then compare it with what keygate holds and
+//! with what was imported last time. Pure: no I/O.
+//!
+//! The rule of a re-import: a field changes in keygate only when it changed
+//! on the platform's side since the last import. A password set in keygate
+//! since (a change, or the re-hash at the first login) is kept even when the
+//! platform's changed too; so is a row deleted in keygate since.
+
+use uuid::Uuid;
+
+use super::source::{KeyRow, UserRow};
+use crate::auth::api_key::KeyDigest;
+use crate::identity::{Authority, NULL_UUID};
+use crate::store::{ApiKeyRecord, KeyUpdate, PlatformKey, PlatformUser, UserRecord, UserUpdate};
+
+/// How long an imported invitation stays valid when the platform's has no
+/// expiry time: as long as one keygate sends.
+use crate::api::users::ACTIVATION_TTL_MS;
+
+/// What to do with one row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Plan<T, U> {
+    Add(T),
+    Update(T, U),
+    /// Nothing changes in keygate. `remember`: the platform's row changed
+    /// only in what keygate keeps as its own, and its state is recorded so
+    /// the next import compares with it.
+    Keep {
+        platform: T,
+        remember: bool,
+    },
+    Skip(String),
+}
+
+pub type UserPlan = Plan<PlatformUser, UserUpdate>;
+pub type KeyPlan = Plan<PlatformKey, KeyUpdate>;
+
+fn uuid_or_null(text: &Option<String>) -> Result<Uuid, String> {
+    match text {
+        None => Ok(NULL_UUID),
+        Some(text) => Uuid::parse_str(text).map_err(|_| format!("bad id {text:?}")),
+    }
+}
+
+/// A platform user as keygate imports it, or why it cannot be.
+pub fn map_user(row: &UserRow, now_ms: i64) -> Result<PlatformUser, String> {
+    let id = Uuid::parse_str(&row.id).map_err(|_| format!("bad id {:?}", row.id))?;
+    let email = row
+        .email
+        .as_deref()
+        .map(|e| e.trim().to_lowercase())
+        .filter(|e| !e.is_empty())
+        .ok_or("no e-mail address")?;
+    let authority_text = row.authority.as_deref().unwrap_or("");
+    let authority = Authority::parse(authority_text)
+        .ok_or_else(|| format!("authority {authority_text:?} is not a user's"))?;
+    let tenant_id = uuid_or_null(&row.tenant_id)?;
+    let customer_id = uuid_or_null(&row.customer_id)?;
+    match authority {
+        Authority::SysAdmin => {}
+        Authority::TenantAdmin | Authority::CustomerUser if tenant_id == NULL_UUID => {
+            return Err(format!("a {authority} without a tenant"));
+        }
+        Authority::CustomerUser if customer_id == NULL_UUID => {
+            return Err("a CUSTOMER_USER without a customer".into());
+        }
+        _ => {}
+    }
+    if !row.has_credentials {
+        return Err("no credentials row".into());
+    }
+    let password_hash = row.password.clone().unwrap_or_default();
+    if !password_hash.is_empty() && !is_bcrypt(&password_hash) {
+        return Err("the password hash is not bcrypt".into());
+    }
+    let pending = password_hash.is_empty();
+    // The platform keeps a user who has not activated yet disabled until
+    // they do; keygate keeps them enabled without a password, so the token
+    // can activate them (no password: no login until then).
+    let invitation = row.activate_token.as_deref().filter(|t| !t.is_empty());
+    let enabled = if pending && invitation.is_some() {
+        true
+    } else {
+        row.enabled.unwrap_or(false)
+    };
+    let activation = invitation.filter(|_| pending).map(|token| {
+        let expires = row
+            .activate_token_exp_time
+            .filter(|t| *t > 0)
+            .unwrap_or(now_ms + ACTIVATION_TTL_MS);
+        (KeyDigest::of(token).to_hex(), expires)
+    });
+    Ok(PlatformUser {
+        id,
+        created_time: row.created_time,
+        tenant_id,
+        customer_id,
+        email,
+        authority,
+        first_name: row.first_name.clone().unwrap_or_default(),
+        last_name: row.last_name.clone().unwrap_or_default(),
+        phone: row.phone.clone().unwrap_or_default(),
+        additional_info: row.additional_info.clone(),
+        enabled,
+        password_hash,
+        activation,
+    })
+}
+
+fn is_bcrypt(hash: &str) -> bool {
+    ["$2a$", "$2b$", "$2y$"].iter().any(|p| hash.starts_with(p)) && hash.len() == 60
+}
+
+/// A platform key as keygate imports it, or why it cannot be.
+pub fn map_key(row: &KeyRow) -> Result<PlatformKey, String> {
+    let id = Uuid::parse_str(&row.id).map_err(|_| format!("bad id {:?}", row.id))?;
+    let user_id = match &row.user_id {
+        Some(text) => Uuid::parse_str(text).map_err(|_| format!("bad owner id {text:?}"))?,
+        None => return Err("no owner".into()),
+    };
+    let value = row
+        .value
+        .as_deref()
+        .filter(|v| !v.is_empty())
+        .ok_or("no value")?;
+    if value.len() > 8 * 1024 || !value.bytes().all(|b| b.is_ascii_graphic() && b != b',') {
+        return Err("the value cannot be sent in a header".into());
+    }
+    Ok(PlatformKey {
+        id,
+        created_time: row.created_time,
+        tenant_id: uuid_or_null(&row.tenant_id)?,
+        user_id,
+        digest: KeyDigest::of(value).to_hex(),
+        description: row.description.clone().unwrap_or_default(),
+        enabled: row.enabled,
+        expiration_time: row.expiration_time.unwrap_or(0).max(0),
+    })
+}
+
+/// What to do with a platform user, given what keygate holds with its id
+/// and what was imported last time.
+pub fn plan_user(
+    platform: PlatformUser,
+    keygate: Option<&UserRecord>,
+    imported: Option<&PlatformUser>,
+) -> UserPlan {
+    match (keygate, imported) {
+        (None, None) => Plan::Add(platform),
+        (None, Some(_)) => Plan::Skip("deleted in keygate since it was imported".into()),
+        (Some(_), None) => {
+            Plan::Skip("keygate holds a user with this id that it did not import".into())
+        }
+        (Some(keygate), Some(imported)) => {
+            let mut platform = platform;
+            // An invitation without an expiry on the platform gets one at its
+            // first import; the same invitation later keeps it.
+            if let (Some((digest, expires)), Some((was, expired))) =
+                (platform.activation.as_mut(), imported.activation.as_ref())
+            {
+                if digest == was {
+                    *expires = *expired;
+                }
+            }
+            let identity = (
+                &platform.email,
+                platform.authority,
+                platform.tenant_id,
+                platform.customer_id,
+            ) != (
+                &imported.email,
+                imported.authority,
+                imported.tenant_id,
+                imported.customer_id,
+            );
+            let mut update = UserUpdate {
+                profile: !platform.same_profile(imported),
+                identity,
+                ..UserUpdate::default()
+            };
+            if platform.enabled != imported.enabled && platform.enabled != keygate.enabled {
+                update.enabled = Some(platform.enabled);
+            }
+            // The platform's new password replaces only the one it gave.
+            if platform.password_hash != imported.password_hash
+                && keygate.password_hash == imported.password_hash
+                && platform.password_hash != keygate.password_hash
+            {
+                update.password_hash = Some(platform.password_hash.clone());
+            }
+            let token = |a: &Option<(String, i64)>| a.as_ref().map(|(d, _)| d.clone());
+            if token(&platform.activation) != token(&imported.activation)
+                && keygate.password_hash.is_empty()
+            {
+                update.activation = Some(platform.activation.clone());
+            }
+            if update.is_empty() {
+                let remember = platform != *imported;
+                Plan::Keep { platform, remember }
+            } else {
+                Plan::Update(platform, update)
+            }
+        }
+    }
+}
+
+/// What to do with a platform key (as [`plan_user`]).
+pub fn plan_key(
+    platform: PlatformKey,
+    keygate: Option<&ApiKeyRecord>,
+    imported: Option<&PlatformKey>,
+) -> KeyPlan {
+    match (keygate, imported) {
+        (None, None) => Plan::Add(platform),
+        (None, Some(_)) => Plan::Skip("deleted in keygate since it was imported".into()),
+        (Some(_), None) => {
+            Plan::Skip("keygate holds a key with this id that it did not import".into())
+        }
+        (Some(keygate), Some(imported)) => {
+            let mut update = KeyUpdate::default();
+            if platform.digest != imported.digest && platform.digest != keygate.digest {
+                update.digest = Some(platform.digest.clone());
+            }
+            if platform.description != imported.description
+                && platform.description != keygate.description
+            {
+                update.description = Some(platform.description.clone());
+            }
+            if platform.enabled != imported.enabled && platform.enabled != keygate.enabled {
+                update.enabled = Some(platform.enabled);
+            }
+            if platform.expiration_time != imported.expiration_time
+                && platform.expiration_time != keygate.expiration_time
+            {
+                update.expiration_time = Some(platform.expiration_time);
+            }
+            if update.is_empty() {
+                let remember = platform != *imported;
+                Plan::Keep { platform, remember }
+            } else {
+                Plan::Update(platform, update)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HASH: &str = "$2a$10$N9qo8uLOickgx2ZMRZoMyeIjZAgcfl7p92ldGxad68LJZdL17lhWy";
+    const OTHER_HASH: &str = "$2a$10$abcdefghijklmnopqrstuu5Ud1Nw1zJ8jQk5Qb0bq8mXl5lXyVYFW";
+
+    fn row() -> UserRow {
+        UserRow {
+            id: Uuid::new_v4().to_string(),
+            created_time: 1,
+            tenant_id: Some(Uuid::new_v4().to_string()),
+            customer_id: Some(NULL_UUID.to_string()),
+            email: Some("Ann@Example.com".into()),
+            authority: Some("TENANT_ADMIN".into()),
+            enabled: Some(true),
+            password: Some(HASH.into()),
+            has_credentials: true,
+            ..UserRow::default()
+        }
+    }
+
+    fn keygate_of(user: &PlatformUser) -> UserRecord {
+        UserRecord {
+            id: user.id,
+            created_time: user.created_time,
+            tenant_id: user.tenant_id,
+            customer_id: user.customer_id,
+            email: user.email.clone(),
+            authority: user.authority,
+            first_name: user.first_name.clone(),
+            last_name: user.last_name.clone(),
+            phone: user.phone.clone(),
+            additional_info: user.additional_info.clone(),
+            version: 1,
+            enabled: user.enabled,
+            password_hash: user.password_hash.clone(),
+            tokens_valid_after: 0,
+        }
+    }
+
+    #[test]
+    fn a_platform_user_keeps_its_id_email_and_bcrypt_hash() {
+        let row = row();
+        let user = map_user(&row, 0).unwrap();
+        assert_eq!(user.id.to_string(), row.id);
+        assert_eq!(user.email, "ann@example.com");
+        assert_eq!(user.password_hash, HASH);
+        assert!(user.enabled && user.activation.is_none());
+    }
+
+    #[test]
+    fn rows_that_are_not_importable_say_why() {
+        let cases: [(UserRow, &str); 6] = [
+            (
+                UserRow {
+                    email: None,
+                    ..row()
+                },
+                "no e-mail",
+            ),
+            (
+                UserRow {
+                    authority: Some("REFRESH_TOKEN".into()),
+                    ..row()
+                },
+                "not a user's",
+            ),
+            (
+                UserRow {
+                    tenant_id: None,
+                    ..row()
+                },
+                "without a tenant",
+            ),
+            (
+                UserRow {
+                    authority: Some("CUSTOMER_USER".into()),
+                    ..row()
+                },
+                "without a customer",
+            ),
+            (
+                UserRow {
+                    password: Some("plain".into()),
+                    ..row()
+                },
+                "not bcrypt",
+            ),
+            (
+                UserRow {
+                    has_credentials: false,
+                    ..row()
+                },
+                "no credentials",
+            ),
+        ];
+        for (row, reason) in cases {
+            let error = map_user(&row, 0).unwrap_err();
+            assert!(error.contains(reason), "{error} lacks {reason}");
+        }
+    }
+
+    #[test]
+    fn a_pending_user_is_enabled_with_its_invitation_as_a_digest() {
+        let row = UserRow {
+            enabled: Some(false),
+            password: None,
+            activate_token: Some("invite-token".into()),
+            activate_token_exp_time: Some(5_000),
+            ..row()
+        };
+        let user = map_user(&row, 0).unwrap();
+        assert!(user.enabled);
+        assert_eq!(user.password_hash, "");
+        assert_eq!(
+            user.activation,
+            Some((KeyDigest::of("invite-token").to_hex(), 5_000))
+        );
+    }
+
+    #[test]
+    fn a_disabled_user_stays_disabled() {
+        let user = map_user(
+            &UserRow {
+                enabled: Some(false),
+                ..row()
+            },
+            0,
+        )
+        .unwrap();
+        assert!(!user.enabled);
+    }
+
+    #[test]
+    fn a_reimport_of_an_unchanged_user_changes_nothing() {
+        let user = map_user(&row(), 0).unwrap();
+        let keygate = keygate_of(&user);
+        let plan = plan_user(user.clone(), Some(&keygate), Some(&user));
+        assert_eq!(
+            plan,
+            Plan::Keep {
+                platform: user,
+                remember: false
+            }
+        );
+    }
+
+    #[test]
+    fn a_password_changed_in_keygate_survives_a_platform_password_change() {
+        let imported = map_user(&row(), 0).unwrap();
+        let mut keygate = keygate_of(&imported);
+        keygate.password_hash = "$argon2id$v=19$...".into();
+        let platform = PlatformUser {
+            password_hash: OTHER_HASH.into(),
+            ..imported.clone()
+        };
+        let plan = plan_user(platform.clone(), Some(&keygate), Some(&imported));
+        assert_eq!(
+            plan,
+            Plan::Keep {
+                platform,
+                remember: true
+            }
+        );
+    }
+
+    #[test]
+    fn a_platform_change_updates_only_what_changed_there() {
+        let imported = map_user(&row(), 0).unwrap();
+        let keygate = keygate_of(&imported);
+        let platform = PlatformUser {
+            last_name: "Smith".into(),
+            enabled: false,
+            password_hash: OTHER_HASH.into(),
+            ..imported.clone()
+        };
+        let Plan::Update(_, update) = plan_user(platform, Some(&keygate), Some(&imported)) else {
+            panic!("not an update");
+        };
+        assert!(update.profile);
+        assert!(!update.identity, "a new name ends no session");
+        assert_eq!(update.enabled, Some(false));
+        assert_eq!(update.password_hash.as_deref(), Some(OTHER_HASH));
+        assert_eq!(update.activation, None);
+    }
+
+    #[test]
+    fn a_user_deleted_in_keygate_is_not_imported_again() {
+        let imported = map_user(&row(), 0).unwrap();
+        let plan = plan_user(imported.clone(), None, Some(&imported));
+        assert!(matches!(plan, Plan::Skip(reason) if reason.contains("deleted in keygate")));
+    }
+
+    fn key_row() -> KeyRow {
+        KeyRow {
+            id: Uuid::new_v4().to_string(),
+            created_time: 7,
+            tenant_id: Some(Uuid::new_v4().to_string()),
+            user_id: Some(Uuid::new_v4().to_string()),
+            value: Some("tb_platformvalue".into()),
+            enabled: true,
+            expiration_time: None,
+            description: None,
+        }
+    }
+
+    #[test]
+    fn a_platform_key_is_kept_only_as_the_digest_keygate_looks_up() {
+        let key = map_key(&key_row()).unwrap();
+        assert_eq!(key.digest, KeyDigest::of("tb_platformvalue").to_hex());
+        assert_eq!(key.expiration_time, 0);
+        assert!(!format!("{key:?}").contains("platformvalue"));
+    }
+
+    #[test]
+    fn keys_without_owner_or_a_sendable_value_are_skipped() {
+        assert!(
+            map_key(&KeyRow {
+                user_id: None,
+                ..key_row()
+            })
+            .is_err()
+        );
+        assert!(
+            map_key(&KeyRow {
+                value: None,
+                ..key_row()
+            })
+            .is_err()
+        );
+        assert!(
+            map_key(&KeyRow {
+                value: Some("a b".into()),
+                ..key_row()
+            })
+            .is_err()
+        );
+    }
+
+    #[test]
+    fn a_key_disabled_in_keygate_stays_disabled_while_the_platform_is_unchanged() {
+        let imported = map_key(&key_row()).unwrap();
+        let keygate = ApiKeyRecord {
+            id: imported.id,
+            created_time: imported.created_time,
+            tenant_id: imported.tenant_id,
+            user_id: imported.user_id,
+            digest: imported.digest.clone(),
+            description: imported.description.clone(),
+            enabled: false,
+            expiration_time: 0,
+        };
+        let plan = plan_key(imported.clone(), Some(&keygate), Some(&imported));
+        assert_eq!(
+            plan,
+            Plan::Keep {
+                platform: imported.clone(),
+                remember: false
+            }
+        );
+        let disabled_there = PlatformKey {
+            enabled: false,
+            description: "ci".into(),
+            ..imported.clone()
+        };
+        let Plan::Update(_, update) = plan_key(disabled_there, Some(&keygate), Some(&imported))
+        else {
+            panic!("not an update");
+        };
+        assert_eq!(update.enabled, None);
+        assert_eq!(update.description.as_deref(), Some("ci"));
+    }
+}

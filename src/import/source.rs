@@ -1,0 +1,258 @@
+//! Reading the platform's PostgreSQL database, read-only: one read-only
+//! transaction (one consistent snapshot) from which users and keys are
+//! streamed in id order, never held in memory all at once.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use futures_util::{Stream, StreamExt};
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgRow};
+use sqlx::{ConnectOptions, Connection, Row};
+
+use super::ImportError;
+
+/// A `tb_user` row with its `user_credentials`, as the platform stores them.
+#[derive(Debug, Clone, Default)]
+pub struct UserRow {
+    pub id: String,
+    pub created_time: i64,
+    pub tenant_id: Option<String>,
+    pub customer_id: Option<String>,
+    pub email: Option<String>,
+    pub authority: Option<String>,
+    pub first_name: Option<String>,
+    pub last_name: Option<String>,
+    pub phone: Option<String>,
+    pub additional_info: Option<String>,
+    /// `None` when the user has no credentials row.
+    pub enabled: Option<bool>,
+    pub password: Option<String>,
+    pub activate_token: Option<String>,
+    pub activate_token_exp_time: Option<i64>,
+    pub has_credentials: bool,
+}
+
+/// An `api_key` row, as the platform stores it (the value in plain text).
+#[derive(Debug, Clone, Default)]
+pub struct KeyRow {
+    pub id: String,
+    pub created_time: i64,
+    pub tenant_id: Option<String>,
+    pub user_id: Option<String>,
+    pub value: Option<String>,
+    pub enabled: bool,
+    pub expiration_time: Option<i64>,
+    pub description: Option<String>,
+}
+
+/// The tables and columns the import reads: a database without them is not
+/// the platform's (or a version too old to import from).
+pub const REQUIRED: &[(&str, &[&str])] = &[
+    (
+        "tb_user",
+        &[
+            "id",
+            "created_time",
+            "additional_info",
+            "authority",
+            "customer_id",
+            "email",
+            "first_name",
+            "last_name",
+            "phone",
+            "tenant_id",
+        ],
+    ),
+    (
+        "user_credentials",
+        &[
+            "user_id",
+            "enabled",
+            "password",
+            "activate_token",
+            "activate_token_exp_time",
+        ],
+    ),
+    (
+        "api_key",
+        &[
+            "id",
+            "created_time",
+            "tenant_id",
+            "user_id",
+            "value",
+            "enabled",
+            "expiration_time",
+            "description",
+        ],
+    ),
+    ("admin_settings", &["key", "json_value", "tenant_id"]),
+];
+
+/// An open read-only snapshot of the platform's database.
+pub struct Source {
+    conn: PgConnection,
+}
+
+/// How long connecting may take before the database counts as unreachable.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+impl Source {
+    /// Connects and opens a read-only, repeatable-read transaction: nothing
+    /// read can be written, and users and keys come from one snapshot.
+    pub async fn open(url: &str) -> Result<Source, ImportError> {
+        let options =
+            PgConnectOptions::from_str(url).map_err(|e| ImportError::Url(e.to_string()))?;
+        let place = format!("{}:{}", options.get_host(), options.get_port());
+        let unreachable = |cause: String| ImportError::Unreachable {
+            place: place.clone(),
+            database: options.get_database().unwrap_or("").to_owned(),
+            cause,
+        };
+        let mut conn = match tokio::time::timeout(CONNECT_TIMEOUT, options.connect()).await {
+            Ok(Ok(conn)) => conn,
+            Ok(Err(e)) => return Err(unreachable(one_line(&e))),
+            Err(_) => return Err(unreachable(format!("no answer within {CONNECT_TIMEOUT:?}"))),
+        };
+        sqlx::raw_sql("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            .execute(&mut conn)
+            .await?;
+        Ok(Source { conn })
+    }
+
+    /// Refuses a database that lacks a table or column the import reads,
+    /// naming every one missing.
+    pub async fn check_schema(&mut self) -> Result<(), ImportError> {
+        let rows = sqlx::query(
+            "SELECT table_name::text, column_name::text FROM information_schema.columns \
+             WHERE table_schema = current_schema()",
+        )
+        .fetch_all(&mut self.conn)
+        .await?;
+        let present: std::collections::HashSet<(String, String)> = rows
+            .iter()
+            .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
+            .collect::<Result<_, sqlx::Error>>()?;
+        let tables: std::collections::HashSet<&str> =
+            present.iter().map(|(t, _)| t.as_str()).collect();
+        let mut missing = Vec::new();
+        for (table, columns) in REQUIRED {
+            if !tables.contains(table) {
+                missing.push(format!("table {table}"));
+                continue;
+            }
+            for column in *columns {
+                if !present.contains(&((*table).to_owned(), (*column).to_owned())) {
+                    missing.push(format!("column {table}.{column}"));
+                }
+            }
+        }
+        if missing.is_empty() {
+            Ok(())
+        } else {
+            Err(ImportError::NotPlatform(missing))
+        }
+    }
+
+    /// How many users and keys there are (for progress).
+    pub async fn counts(&mut self) -> Result<(i64, i64), ImportError> {
+        let row =
+            sqlx::query("SELECT (SELECT COUNT(*) FROM tb_user), (SELECT COUNT(*) FROM api_key)")
+                .fetch_one(&mut self.conn)
+                .await?;
+        Ok((row.try_get(0)?, row.try_get(1)?))
+    }
+
+    /// The `jwt` settings of the system (the JSON the platform stores).
+    pub async fn jwt_settings(&mut self) -> Result<Option<String>, ImportError> {
+        let row = sqlx::query(
+            "SELECT json_value FROM admin_settings WHERE key = 'jwt' \
+             ORDER BY (tenant_id = '13814000-1dd2-11b2-8080-808080808080') DESC LIMIT 1",
+        )
+        .fetch_optional(&mut self.conn)
+        .await?;
+        Ok(row.and_then(|r| r.try_get(0).ok()))
+    }
+
+    /// Every user with its credentials, by id.
+    pub fn users(&mut self) -> impl Stream<Item = Result<UserRow, ImportError>> + '_ {
+        sqlx::query(
+            "SELECT u.id::text, u.created_time, u.tenant_id::text, u.customer_id::text, u.email, \
+             u.authority, u.first_name, u.last_name, u.phone, u.additional_info, \
+             c.enabled, c.password, c.activate_token, c.activate_token_exp_time, c.user_id IS NOT NULL \
+             FROM tb_user u LEFT JOIN user_credentials c ON c.user_id = u.id ORDER BY u.id",
+        )
+        .fetch(&mut self.conn)
+        .map(|row| Ok(user_row(&row?)?))
+    }
+
+    /// Every API key, by id.
+    pub fn keys(&mut self) -> impl Stream<Item = Result<KeyRow, ImportError>> + '_ {
+        sqlx::query(
+            "SELECT id::text, created_time, tenant_id::text, user_id::text, value, enabled, \
+             expiration_time, description FROM api_key ORDER BY id",
+        )
+        .fetch(&mut self.conn)
+        .map(|row| Ok(key_row(&row?)?))
+    }
+
+    /// Ends the read-only transaction and the connection.
+    pub async fn close(mut self) {
+        let _ = sqlx::raw_sql("ROLLBACK").execute(&mut self.conn).await;
+        let _ = self.conn.close().await;
+    }
+}
+
+fn user_row(row: &PgRow) -> Result<UserRow, sqlx::Error> {
+    Ok(UserRow {
+        id: row.try_get(0)?,
+        created_time: row.try_get(1)?,
+        tenant_id: row.try_get(2)?,
+        customer_id: row.try_get(3)?,
+        email: row.try_get(4)?,
+        authority: row.try_get(5)?,
+        first_name: row.try_get(6)?,
+        last_name: row.try_get(7)?,
+        phone: row.try_get(8)?,
+        additional_info: row.try_get(9)?,
+        enabled: row.try_get(10)?,
+        password: row.try_get(11)?,
+        activate_token: row.try_get(12)?,
+        activate_token_exp_time: row.try_get(13)?,
+        has_credentials: row.try_get(14)?,
+    })
+}
+
+fn key_row(row: &PgRow) -> Result<KeyRow, sqlx::Error> {
+    Ok(KeyRow {
+        id: row.try_get(0)?,
+        created_time: row.try_get(1)?,
+        tenant_id: row.try_get(2)?,
+        user_id: row.try_get(3)?,
+        value: row.try_get(4)?,
+        enabled: row.try_get(5)?,
+        expiration_time: row.try_get(6)?,
+        description: row.try_get(7)?,
+    })
+}
+
+/// An error's message and its causes on one line.
+fn one_line(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let cause = cause.to_string();
+        if !text.contains(&cause) {
+            text.push_str(": ");
+            text.push_str(&cause);
+        }
+        source = cause_of(source);
+    }
+    text.replace('\n', " ")
+}
+
+fn cause_of<'a>(
+    error: Option<&'a (dyn std::error::Error + 'static)>,
+) -> Option<&'a (dyn std::error::Error + 'static)> {
+    error.and_then(|e| e.source())
+}

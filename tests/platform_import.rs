@@ -1,0 +1,585 @@
+//! Moving from the platform: `keygate import platform` reads a database laid
+//! out as the platform's (its tables, built here from the platform's column
+//! definitions) and its users, passwords, keys and invitations then work
+//! through keygate as they did on the platform. Needs PostgreSQL: runs when
+//! KEYGATE_TEST_DATABASE_URL is set (CI sets it); the test of an unreachable
+//! database always runs.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use common::{Gateway, Upstream, api_key_header, drop_schema, fresh_schema, gateway, wait_until};
+use sqlx::Connection;
+use sqlx::postgres::PgConnection;
+use uuid::Uuid;
+
+const NULL: &str = "13814000-1dd2-11b2-8080-808080808080";
+const PLATFORM_PASSWORD: &str = "platform-Passw0rd!";
+const NEW_PASSWORD: &str = "keygate-Passw0rd!2";
+const INVITATION: &str = "platformActivationToken0123456789";
+const SIGNING_KEY: &str =
+    "c2VjcmV0LXNpZ25pbmcta2V5LW9mLXRoZS1wbGF0Zm9ybS0xMjM0NTY3ODkwMTIzNDU2Nzg5MA==";
+
+/// The platform's tables the import reads, with the platform's columns.
+const PLATFORM_SCHEMA: &str = "
+CREATE TABLE tb_user (
+    id uuid NOT NULL PRIMARY KEY, created_time bigint NOT NULL, additional_info varchar,
+    authority varchar(255), customer_id uuid, email varchar(255) UNIQUE,
+    first_name varchar(255), last_name varchar(255), phone varchar(255),
+    tenant_id uuid, version BIGINT DEFAULT 1);
+CREATE TABLE user_credentials (
+    id uuid NOT NULL PRIMARY KEY, created_time bigint NOT NULL,
+    activate_token varchar(255) UNIQUE, activate_token_exp_time BIGINT, enabled boolean,
+    password varchar(255), reset_token varchar(255) UNIQUE, reset_token_exp_time BIGINT,
+    user_id uuid UNIQUE, additional_info varchar DEFAULT '{}', last_login_ts BIGINT,
+    failed_login_attempts INT);
+CREATE TABLE api_key (
+    id uuid NOT NULL PRIMARY KEY, created_time bigint NOT NULL, tenant_id uuid, user_id uuid,
+    value varchar(512) UNIQUE, enabled boolean NOT NULL DEFAULT TRUE,
+    expiration_time bigint DEFAULT 0, description varchar(255));
+CREATE TABLE admin_settings (
+    id uuid NOT NULL PRIMARY KEY, tenant_id uuid NOT NULL, created_time bigint NOT NULL,
+    json_value varchar, key varchar(255));
+CREATE TABLE customer (
+    id uuid NOT NULL PRIMARY KEY, created_time bigint NOT NULL, tenant_id uuid,
+    title varchar(255), is_public boolean, version BIGINT DEFAULT 1);
+";
+
+/// The platform's database, filled: a user of every authority, a disabled
+/// and a pending one, and keys enabled, disabled and expired.
+struct Platform {
+    base: String,
+    schema: String,
+    url: String,
+    tenant: Uuid,
+    customer: Uuid,
+    sysadmin: Uuid,
+    admin: Uuid,
+    customer_user: Uuid,
+    disabled: Uuid,
+    pending: Uuid,
+    admin_key: String,
+    customer_key: String,
+    disabled_key: String,
+    expired_key: String,
+}
+
+fn bcrypt_2a(password: &str) -> String {
+    bcrypt::hash_with_result(password, 10)
+        .unwrap()
+        .format_for_version(bcrypt::Version::TwoA)
+}
+
+impl Platform {
+    async fn start() -> Option<Platform> {
+        let Ok(base) = std::env::var("KEYGATE_TEST_DATABASE_URL") else {
+            println!("KEYGATE_TEST_DATABASE_URL is not set: PostgreSQL test not run");
+            return None;
+        };
+        let (url, schema) = fresh_schema(&base).await;
+        let mut db = PgConnection::connect(&url).await.unwrap();
+        sqlx::raw_sql(PLATFORM_SCHEMA)
+            .execute(&mut db)
+            .await
+            .unwrap();
+        let platform = Platform {
+            base,
+            schema,
+            url,
+            tenant: Uuid::new_v4(),
+            customer: Uuid::new_v4(),
+            sysadmin: Uuid::new_v4(),
+            admin: Uuid::new_v4(),
+            customer_user: Uuid::new_v4(),
+            disabled: Uuid::new_v4(),
+            pending: Uuid::new_v4(),
+            admin_key: format!("tb_{}", Uuid::new_v4().simple()),
+            customer_key: format!("tb_{}", Uuid::new_v4().simple()),
+            disabled_key: format!("tb_{}", Uuid::new_v4().simple()),
+            expired_key: format!("tb_{}", Uuid::new_v4().simple()),
+        };
+        let hash = bcrypt_2a(PLATFORM_PASSWORD);
+        let null = Uuid::parse_str(NULL).unwrap();
+        let (t, c) = (platform.tenant, platform.customer);
+        let users = [
+            (
+                platform.sysadmin,
+                "sysadmin@platform.test",
+                "SYS_ADMIN",
+                null,
+                null,
+                true,
+                Some(&hash),
+                None,
+            ),
+            (
+                platform.admin,
+                "Tenant@Platform.test",
+                "TENANT_ADMIN",
+                t,
+                null,
+                true,
+                Some(&hash),
+                None,
+            ),
+            (
+                platform.customer_user,
+                "customer@platform.test",
+                "CUSTOMER_USER",
+                t,
+                c,
+                true,
+                Some(&hash),
+                None,
+            ),
+            (
+                platform.disabled,
+                "disabled@platform.test",
+                "TENANT_ADMIN",
+                t,
+                null,
+                false,
+                Some(&hash),
+                None,
+            ),
+            (
+                platform.pending,
+                "pending@platform.test",
+                "CUSTOMER_USER",
+                t,
+                c,
+                false,
+                None,
+                Some(INVITATION),
+            ),
+        ];
+        for (id, email, authority, tenant, customer, enabled, password, invitation) in users {
+            sqlx::query(
+                "INSERT INTO tb_user (id, created_time, additional_info, authority, customer_id, email, \
+                 first_name, last_name, phone, tenant_id) VALUES ($1::uuid, 1700000000000, '{\"lang\":\"en_US\"}', \
+                 $2, $3::uuid, $4, 'First', 'Last', '+100', $5::uuid)",
+            )
+            .bind(id.to_string())
+            .bind(authority)
+            .bind(customer.to_string())
+            .bind(email)
+            .bind(tenant.to_string())
+            .execute(&mut db)
+            .await
+            .unwrap();
+            sqlx::query(
+                "INSERT INTO user_credentials (id, created_time, enabled, password, activate_token, \
+                 activate_token_exp_time, user_id) VALUES ($1::uuid, 1700000000000, $2, $3, $4, $5, $6::uuid)",
+            )
+            .bind(Uuid::new_v4().to_string())
+            .bind(enabled)
+            .bind(password)
+            .bind(invitation)
+            .bind(keygate::clock::now_ms() + 3_600_000)
+            .bind(id.to_string())
+            .execute(&mut db)
+            .await
+            .unwrap();
+        }
+        let keys = [
+            (platform.admin, &platform.admin_key, true, 0_i64),
+            (platform.customer_user, &platform.customer_key, true, 0),
+            (platform.admin, &platform.disabled_key, false, 0),
+            (platform.admin, &platform.expired_key, true, 1_000),
+        ];
+        for (owner, value, enabled, expiration) in keys {
+            sqlx::query(
+                "INSERT INTO api_key (id, created_time, tenant_id, user_id, value, enabled, \
+                 expiration_time, description) VALUES ($1::uuid, 1700000000000, $2::uuid, $3::uuid, $4, $5, $6, 'integration')",
+            )
+            .bind(Uuid::new_v4().to_string())
+            .bind(t.to_string())
+            .bind(owner.to_string())
+            .bind(value)
+            .bind(enabled)
+            .bind(expiration)
+            .execute(&mut db)
+            .await
+            .unwrap();
+        }
+        let jwt = format!(
+            r#"{{"tokenExpirationTime":9000,"refreshTokenExpTime":604800,"tokenIssuer":"platform.test","tokenSigningKey":"{SIGNING_KEY}"}}"#
+        );
+        sqlx::query(
+            "INSERT INTO admin_settings (id, tenant_id, created_time, json_value, key) \
+             VALUES ($1::uuid, $2::uuid, 1, $3, 'jwt')",
+        )
+        .bind(Uuid::new_v4().to_string())
+        .bind(null.to_string())
+        .bind(jwt)
+        .execute(&mut db)
+        .await
+        .unwrap();
+        Some(platform)
+    }
+
+    async fn execute(&self, sql: &str) {
+        let mut db = PgConnection::connect(&self.url).await.unwrap();
+        sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_owned()))
+            .execute(&mut db)
+            .await
+            .unwrap();
+    }
+
+    async fn drop(self) {
+        drop_schema(&self.base, &self.schema).await;
+    }
+}
+
+/// Runs `keygate import platform` on the gateway's store.
+async fn import(gw: &Gateway, database_url: &str, extra: &[&str]) -> Output {
+    let config = gw.dir.path().join("keygate.toml");
+    let mut args = vec![
+        "import".to_owned(),
+        "platform".to_owned(),
+        "--database-url".to_owned(),
+        database_url.to_owned(),
+    ];
+    args.extend(extra.iter().map(|a| (*a).to_owned()));
+    tokio::task::spawn_blocking(move || keygate(&config, &args))
+        .await
+        .unwrap()
+}
+
+fn keygate(config: &Path, args: &[String]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_keygate"))
+        .arg("--config")
+        .arg(config)
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .env_remove("KEYGATE_CONFIG")
+        .env_remove("KEYGATE_PLATFORM_DATABASE_URL")
+        .output()
+        .unwrap()
+}
+
+/// The `--json` report of a successful import.
+async fn import_json(gw: &Gateway, platform: &Platform, extra: &[&str]) -> serde_json::Value {
+    let mut args = vec!["--json"];
+    args.extend_from_slice(extra);
+    let out = import(gw, &platform.url, &args).await;
+    assert!(
+        out.status.success(),
+        "import failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+async fn current_user(gw: &Gateway, authorization: &str) -> reqwest::Response {
+    gw.client()
+        .get(gw.https("/api/auth/user"))
+        .header("X-Authorization", authorization)
+        .send()
+        .await
+        .unwrap()
+}
+
+async fn bearer(gw: &Gateway, email: &str, password: &str) -> Option<String> {
+    let response = gw.login(email, password).await;
+    if response.status() != 200 {
+        return None;
+    }
+    let body: serde_json::Value = response.json().await.unwrap();
+    Some(format!("Bearer {}", body["token"].as_str().unwrap()))
+}
+
+#[tokio::test]
+async fn imported_users_log_in_with_their_platform_passwords_and_keys_as_themselves() {
+    let Some(platform) = Platform::start().await else {
+        return;
+    };
+    let (_upstream, gw) = gateway("").await;
+    let report = import_json(&gw, &platform, &[]).await;
+    assert_eq!(report["users"]["added"], 5, "{report}");
+    assert_eq!(report["keys"]["added"], 4, "{report}");
+    assert_eq!(report["signing"]["state"], "imported", "{report}");
+    assert_eq!(
+        gw.running.store.platform_signing().await.unwrap(),
+        Some((SIGNING_KEY.to_owned(), "platform.test".to_owned()))
+    );
+
+    // The platform's password, and the platform's ids.
+    let token = bearer(&gw, "tenant@platform.test", PLATFORM_PASSWORD)
+        .await
+        .expect("the platform password logs in");
+    let me: serde_json::Value = current_user(&gw, &token).await.json().await.unwrap();
+    assert_eq!(me["id"]["id"], platform.admin.to_string(), "{me}");
+    assert_eq!(me["tenantId"]["id"], platform.tenant.to_string(), "{me}");
+    assert_eq!(me["authority"], "TENANT_ADMIN", "{me}");
+    assert_eq!(me["firstName"], "First", "{me}");
+    let customer = bearer(&gw, "customer@platform.test", PLATFORM_PASSWORD)
+        .await
+        .expect("a customer user logs in");
+    let me: serde_json::Value = current_user(&gw, &customer).await.json().await.unwrap();
+    assert_eq!(
+        me["customerId"]["id"],
+        platform.customer.to_string(),
+        "{me}"
+    );
+    assert!(
+        bearer(&gw, "sysadmin@platform.test", PLATFORM_PASSWORD)
+            .await
+            .is_some()
+    );
+
+    // The platform's key values, as their owners.
+    for (value, owner) in [
+        (&platform.admin_key, platform.admin),
+        (&platform.customer_key, platform.customer_user),
+    ] {
+        let response = current_user(&gw, &api_key_header(value)).await;
+        assert_eq!(response.status(), 200);
+        let me: serde_json::Value = response.json().await.unwrap();
+        assert_eq!(me["id"]["id"], owner.to_string(), "{me}");
+    }
+    for refused in [&platform.disabled_key, &platform.expired_key] {
+        let response = current_user(&gw, &api_key_header(refused)).await;
+        assert_eq!(response.status(), 401, "a disabled or expired key works");
+    }
+
+    // Disabled stays disabled; the pending user has no password yet.
+    assert!(
+        bearer(&gw, "disabled@platform.test", PLATFORM_PASSWORD)
+            .await
+            .is_none()
+    );
+
+    // The invitation already sent activates the pending user.
+    let activated = gw
+        .client()
+        .post(gw.https("/api/noauth/activate"))
+        .json(&serde_json::json!({ "activateToken": INVITATION, "password": NEW_PASSWORD }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        activated.status(),
+        200,
+        "{}",
+        activated.text().await.unwrap()
+    );
+    let pending = bearer(&gw, "pending@platform.test", NEW_PASSWORD)
+        .await
+        .expect("the activated user logs in");
+    let me: serde_json::Value = current_user(&gw, &pending).await.json().await.unwrap();
+    assert_eq!(me["id"]["id"], platform.pending.to_string());
+
+    // The platform keeps the values in plain text; keygate never does.
+    let events = gw.running.store.audit_events(100).await.unwrap();
+    let imports = events
+        .iter()
+        .filter(|e| e.action.ends_with(".import"))
+        .count();
+    assert_eq!(imports, 9, "an audit event per imported user and key");
+    let keys = gw
+        .running
+        .store
+        .list_api_keys(platform.admin)
+        .await
+        .unwrap();
+    assert!(
+        keys.iter()
+            .all(|k| !k.digest.contains(&platform.admin_key[3..]))
+    );
+
+    // A second import changes nothing, also for the activated user.
+    let again = import_json(&gw, &platform, &[]).await;
+    for kind in ["users", "keys"] {
+        assert_eq!(again[kind]["added"], 0, "{again}");
+        assert_eq!(again[kind]["updated"], 0, "{again}");
+    }
+    assert_eq!(again["users"]["unchanged"], 5, "{again}");
+    assert_eq!(again["keys"]["unchanged"], 4, "{again}");
+    assert_eq!(again["signing"]["state"], "unchanged", "{again}");
+    platform.drop().await;
+}
+
+#[tokio::test]
+async fn a_password_changed_in_keygate_survives_a_reimport() {
+    let Some(platform) = Platform::start().await else {
+        return;
+    };
+    let (_upstream, gw) = gateway("").await;
+    import_json(&gw, &platform, &[]).await;
+    let token = bearer(&gw, "tenant@platform.test", PLATFORM_PASSWORD)
+        .await
+        .unwrap();
+    let changed = gw
+        .client()
+        .post(gw.https("/api/auth/changePassword"))
+        .header("X-Authorization", &token)
+        .json(&serde_json::json!({ "currentPassword": PLATFORM_PASSWORD, "newPassword": NEW_PASSWORD }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(changed.status(), 200);
+    // The platform's side changes too, after keygate's change.
+    platform
+        .execute(&format!(
+            "UPDATE user_credentials SET password = '{}' WHERE user_id = '{}'",
+            bcrypt_2a("older-Platform-1"),
+            platform.admin
+        ))
+        .await;
+    import_json(&gw, &platform, &[]).await;
+    assert!(
+        bearer(&gw, "tenant@platform.test", NEW_PASSWORD)
+            .await
+            .is_some()
+    );
+    assert!(
+        bearer(&gw, "tenant@platform.test", "older-Platform-1")
+            .await
+            .is_none()
+    );
+    platform.drop().await;
+}
+
+#[tokio::test]
+async fn a_dry_run_writes_nothing() {
+    let Some(platform) = Platform::start().await else {
+        return;
+    };
+    let (_upstream, gw) = gateway("").await;
+    let before = gw.running.store.list_users().await.unwrap().len();
+    let report = import_json(&gw, &platform, &["--dry-run"]).await;
+    assert_eq!(report["dryRun"], true);
+    assert_eq!(report["users"]["added"], 5, "{report}");
+    assert_eq!(report["keys"]["added"], 4, "{report}");
+    assert_eq!(gw.running.store.list_users().await.unwrap().len(), before);
+    assert_eq!(gw.running.store.platform_signing().await.unwrap(), None);
+    assert!(
+        bearer(&gw, "tenant@platform.test", PLATFORM_PASSWORD)
+            .await
+            .is_none()
+    );
+    let human = import(&gw, &platform.url, &["--dry-run"]).await;
+    let summary = String::from_utf8_lossy(&human.stdout);
+    assert!(
+        summary.contains("dry run: nothing was written"),
+        "{summary}"
+    );
+    assert!(summary.contains("users: 5 would be added"), "{summary}");
+    platform.drop().await;
+}
+
+#[tokio::test]
+async fn a_user_disabled_or_deleted_on_the_platform_follows_at_the_next_import() {
+    let Some(platform) = Platform::start().await else {
+        return;
+    };
+    // keygate on PostgreSQL: the import's revocations reach the running
+    // server by notification, long before its 5 min cache expires.
+    let (store_url, store_schema) = fresh_schema(&platform.base).await;
+    let upstream = Upstream::start().await;
+    let gw = Gateway::start_on(
+        &upstream.url(),
+        "[cache]\nttl = \"300s\"\n",
+        Some(&store_url),
+    )
+    .await;
+    import_json(&gw, &platform, &[]).await;
+    let token = bearer(&gw, "tenant@platform.test", PLATFORM_PASSWORD)
+        .await
+        .unwrap();
+    assert_eq!(current_user(&gw, &token).await.status(), 200);
+    platform
+        .execute(&format!(
+            "UPDATE user_credentials SET enabled = false WHERE user_id = '{}'; \
+             UPDATE tb_user SET last_name = 'Renamed' WHERE id = '{}'; \
+             DELETE FROM api_key WHERE user_id = '{}'; DELETE FROM tb_user WHERE id = '{}';",
+            platform.admin, platform.sysadmin, platform.customer_user, platform.customer_user
+        ))
+        .await;
+    let report = import_json(&gw, &platform, &[]).await;
+    assert_eq!(report["users"]["updated"], 2, "{report}");
+    assert_eq!(report["users"]["deletedOnPlatform"], 1, "{report}");
+    assert_eq!(report["keys"]["deletedOnPlatform"], 1, "{report}");
+    // The disabled user's token and key stop working at once.
+    let at_once = Duration::from_secs(10);
+    wait_until("the disabled user's token refused", at_once, async || {
+        current_user(&gw, &token).await.status() == 401
+    })
+    .await;
+    wait_until("the disabled user's key refused", at_once, async || {
+        current_user(&gw, &api_key_header(&platform.admin_key))
+            .await
+            .status()
+            == 401
+    })
+    .await;
+    // The deleted one stays until --prune.
+    assert!(
+        bearer(&gw, "customer@platform.test", PLATFORM_PASSWORD)
+            .await
+            .is_some()
+    );
+    let pruned = import_json(&gw, &platform, &["--prune"]).await;
+    assert_eq!(pruned["users"]["removed"], 1, "{pruned}");
+    assert!(
+        bearer(&gw, "customer@platform.test", PLATFORM_PASSWORD)
+            .await
+            .is_none()
+    );
+    wait_until("the pruned user's key refused", at_once, async || {
+        current_user(&gw, &api_key_header(&platform.customer_key))
+            .await
+            .status()
+            == 401
+    })
+    .await;
+    drop(gw);
+    drop_schema(&platform.base, &store_schema).await;
+    platform.drop().await;
+}
+
+#[tokio::test]
+async fn a_database_that_is_not_the_platforms_is_refused_naming_what_is_missing() {
+    let Ok(base) = std::env::var("KEYGATE_TEST_DATABASE_URL") else {
+        println!("KEYGATE_TEST_DATABASE_URL is not set: PostgreSQL test not run");
+        return;
+    };
+    let (url, schema) = fresh_schema(&base).await;
+    let (_upstream, gw) = gateway("").await;
+    let out = import(&gw, &url, &[]).await;
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("not the platform's database"), "{stderr}");
+    assert!(stderr.contains("table tb_user"), "{stderr}");
+    assert!(stderr.contains("table api_key"), "{stderr}");
+    drop_schema(&base, &schema).await;
+}
+
+#[tokio::test]
+async fn an_unreachable_platform_database_is_named_with_host_port_and_cause() {
+    let (_upstream, gw) = gateway("").await;
+    // A port nothing listens on.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let url = format!("postgres://reader@127.0.0.1:{port}/thingsboard");
+    let before = gw.running.store.list_users().await.unwrap();
+    let out = import(&gw, &url, &[]).await;
+    assert!(!out.status.success());
+    assert!(out.stdout.is_empty());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let line = stderr
+        .lines()
+        .find(|l| l.contains("cannot reach"))
+        .unwrap_or_else(|| panic!("no error line: {stderr}"));
+    assert!(line.contains(&format!("127.0.0.1:{port}")), "{line}");
+    assert!(line.contains("thingsboard"), "{line}");
+    assert!(line.to_lowercase().contains("refused"), "{line}");
+    assert_eq!(gw.running.store.list_users().await.unwrap(), before);
+}
