@@ -13,6 +13,12 @@ from tb_rest_client.rest_client import RestClient
 from conftest import TWO_FACTOR_EMAIL, TWO_FACTOR_PASSWORD
 
 
+def _client(gateway):
+    client = RestClient(base_url=gateway.base_url)
+    client.configuration.ssl_ca_cert = gateway.ca
+    return client
+
+
 def _configure_totp(base_url, token):
     headers = {"X-Authorization": f"Bearer {token}"}
     generated = requests.post(
@@ -33,11 +39,11 @@ def _configure_totp(base_url, token):
 
 
 def test_two_factor_login_with_the_clients_own_check_call(gateway):
-    client = RestClient(base_url=gateway.base_url)
+    client = _client(gateway)
     client.login(TWO_FACTOR_EMAIL, TWO_FACTOR_PASSWORD)
     totp, used = _configure_totp(gateway.base_url, client.get_token())
 
-    client = RestClient(base_url=gateway.base_url)
+    client = _client(gateway)
     client.login(TWO_FACTOR_EMAIL, TWO_FACTOR_PASSWORD)
     pre = client.get_token()
     assert jwt.decode(pre, options={"verify_signature": False})["scopes"] == ["PRE_VERIFICATION_TOKEN"]
