@@ -413,6 +413,10 @@ impl App {
             body: api::read_body(req, &self.settings.limits).await?,
             identity: identity.clone(),
             params: matched.params,
+            bearer: match (&matched.route.access, &ex.credential) {
+                (Access::PreVerification, Ok(Credential::Bearer(token))) => Some(token.clone()),
+                _ => None,
+            },
         };
         ex.identity = identity;
         // Endpoints work with the store, so they run where the store lives

@@ -530,6 +530,7 @@ async fn api(
                 settings.login.limiter.capacity,
             )
         }),
+        two_factor: crate::api::two_factor::TwoFactor::new(&settings.two_factor, secret),
     })
 }
 

@@ -8,6 +8,7 @@ pub(crate) mod keys;
 pub(crate) mod openapi;
 pub(crate) mod records;
 pub(crate) mod session;
+pub(crate) mod two_factor;
 pub(crate) mod users;
 pub(crate) mod wire;
 
@@ -42,6 +43,9 @@ pub enum Access {
     Public,
     /// The normal credential check runs first.
     Authenticated,
+    /// A pre-verification token only (a login waiting for its second
+    /// factor), which the handler checks; the normal check refuses it.
+    PreVerification,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -65,6 +69,17 @@ pub enum Endpoint {
     Activate,
     Jwks,
     PasswordPolicy,
+    TwoFaProviders,
+    TwoFaGenerate,
+    TwoFaSave,
+    TwoFaAccountSettings,
+    TwoFaUpdate,
+    TwoFaDelete,
+    TwoFaPlatformSettings,
+    TwoFaSavePlatformSettings,
+    TwoFaLoginProviders,
+    TwoFaSendCode,
+    TwoFaCheckCode,
 }
 
 /// One owned route: `{name}` segments match any one path segment.
@@ -192,6 +207,72 @@ pub static ROUTES: &[EndpointRoute] = &[
         access: Access::Public,
         endpoint: Endpoint::PasswordPolicy,
     },
+    EndpointRoute {
+        method: Method::GET,
+        pattern: "/api/2fa/providers",
+        access: Access::Authenticated,
+        endpoint: Endpoint::TwoFaProviders,
+    },
+    EndpointRoute {
+        method: Method::POST,
+        pattern: "/api/2fa/account/config/generate",
+        access: Access::Authenticated,
+        endpoint: Endpoint::TwoFaGenerate,
+    },
+    EndpointRoute {
+        method: Method::POST,
+        pattern: "/api/2fa/account/config",
+        access: Access::Authenticated,
+        endpoint: Endpoint::TwoFaSave,
+    },
+    EndpointRoute {
+        method: Method::GET,
+        pattern: "/api/2fa/account/settings",
+        access: Access::Authenticated,
+        endpoint: Endpoint::TwoFaAccountSettings,
+    },
+    EndpointRoute {
+        method: Method::PUT,
+        pattern: "/api/2fa/account/config",
+        access: Access::Authenticated,
+        endpoint: Endpoint::TwoFaUpdate,
+    },
+    EndpointRoute {
+        method: Method::DELETE,
+        pattern: "/api/2fa/account/config",
+        access: Access::Authenticated,
+        endpoint: Endpoint::TwoFaDelete,
+    },
+    EndpointRoute {
+        method: Method::GET,
+        pattern: "/api/2fa/settings",
+        access: Access::Authenticated,
+        endpoint: Endpoint::TwoFaPlatformSettings,
+    },
+    EndpointRoute {
+        method: Method::POST,
+        pattern: "/api/2fa/settings",
+        access: Access::Authenticated,
+        endpoint: Endpoint::TwoFaSavePlatformSettings,
+    },
+    EndpointRoute {
+        method: Method::GET,
+        pattern: "/api/auth/2fa/providers",
+        access: Access::PreVerification,
+        endpoint: Endpoint::TwoFaLoginProviders,
+    },
+    EndpointRoute {
+        method: Method::POST,
+        pattern: "/api/auth/2fa/verification/send",
+        access: Access::PreVerification,
+        endpoint: Endpoint::TwoFaSendCode,
+    },
+    EndpointRoute {
+        method: Method::POST,
+        pattern: "/api/auth/2fa/verification/check",
+        access: Access::PreVerification,
+        endpoint: Endpoint::TwoFaCheckCode,
+    },
 ];
 
 /// A matched owned route and its path parameters.
@@ -263,6 +344,9 @@ pub struct EndpointRequest {
     /// public base URL, a trusted proxy's forwarded host, or the listener's
     /// address; never a client's own Host header.
     pub base_url: String,
+    /// The bearer token of a [`Access::PreVerification`] route, which its
+    /// handler verifies; `None` on every other route.
+    pub bearer: Option<crate::auth::credential::Secret>,
 }
 
 impl EndpointRequest {
@@ -373,6 +457,8 @@ pub struct Endpoints {
     pub writes: Option<Budgets<Uuid>>,
     /// The assertion signing keys, whose public halves the JWKS serves.
     pub key_ring: Arc<crate::identity::assertion::KeyRing>,
+    /// Second factors: sealing, generated configs, wrong codes per attempt.
+    pub two_factor: two_factor::TwoFactor,
 }
 
 impl Endpoints {
@@ -462,6 +548,21 @@ impl Endpoints {
             Endpoint::Activate => users::activate(self, req).await,
             Endpoint::Jwks => jwks::jwks(self, req).await,
             Endpoint::PasswordPolicy => users::password_policy(self, req).await,
+            Endpoint::TwoFaProviders => two_factor::providers(self, req).await,
+            Endpoint::TwoFaGenerate => two_factor::generate(self, req).await,
+            Endpoint::TwoFaSave => two_factor::save(self, req).await,
+            Endpoint::TwoFaAccountSettings => {
+                two_factor::account_settings_endpoint(self, req).await
+            }
+            Endpoint::TwoFaUpdate => two_factor::update(self, req).await,
+            Endpoint::TwoFaDelete => two_factor::delete(self, req).await,
+            Endpoint::TwoFaPlatformSettings => two_factor::platform_settings(self, req).await,
+            Endpoint::TwoFaSavePlatformSettings => {
+                two_factor::save_platform_settings(self, req).await
+            }
+            Endpoint::TwoFaLoginProviders => two_factor::login_providers(self, req).await,
+            Endpoint::TwoFaSendCode => two_factor::send_code(self, req).await,
+            Endpoint::TwoFaCheckCode => two_factor::check_code(self, req).await,
         }
     }
 }

@@ -10,7 +10,7 @@ use super::wire::{
     ActivateUserRequest, ApiKeyCreateRequest, ChangePasswordRequest, JwtPair, LoginRequest,
     RefreshTokenRequest,
 };
-use super::{jwks, keys, session, users};
+use super::{jwks, keys, session, two_factor, users};
 use crate::error::ErrorResponse;
 
 #[derive(OpenApi)]
@@ -39,6 +39,17 @@ use crate::error::ErrorResponse;
         users::activate,
         jwks::jwks,
         users::password_policy,
+        two_factor::providers,
+        two_factor::generate,
+        two_factor::save,
+        two_factor::account_settings_endpoint,
+        two_factor::update,
+        two_factor::delete,
+        two_factor::platform_settings,
+        two_factor::save_platform_settings,
+        two_factor::login_providers,
+        two_factor::send_code,
+        two_factor::check_code,
     ),
     components(schemas(
         ErrorResponse,
@@ -53,7 +64,12 @@ use crate::error::ErrorResponse;
         ApiKeyCreateRequest,
         PageDataApiKey,
         PageDataUser,
-        UserPasswordPolicy
+        UserPasswordPolicy,
+        two_factor::PlatformTwoFaSettings,
+        two_factor::ProviderConfig,
+        two_factor::AccountConfigRequest,
+        two_factor::AccountConfigUpdate,
+        two_factor::PreVerificationToken
     ))
 )]
 struct KeygateApi;
@@ -118,6 +134,12 @@ mod tests {
             let security = operation.get("security").cloned().unwrap_or(Value::Null);
             match route.access {
                 Access::Authenticated => assert_eq!(security, secured(), "{}", route.pattern),
+                Access::PreVerification => assert_eq!(
+                    security,
+                    serde_json::json!([{ "HttpLoginForm": [] }]),
+                    "{}",
+                    route.pattern
+                ),
                 Access::Public => assert!(
                     security.is_null() || security == serde_json::json!([{}]),
                     "{}",

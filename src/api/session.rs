@@ -155,7 +155,7 @@ impl Endpoints {
     summary = "Log in: username and password for a token pair",
     request_body = LoginRequest,
     responses(
-        (status = 200, description = "Token pair", body = JwtPair),
+        (status = 200, description = "Token pair; or, for a user with a second factor, a pre-verification token (scope PRE_VERIFICATION_TOKEN, no refresh token)", body = JwtPair),
         LoginErrors
     )
 )]
@@ -200,6 +200,13 @@ pub async fn login(
         let rehashed = api.store.update_password(user.id, &rehashed, None).await?;
         api.applied(rehashed).await;
         tracing::info!(user_id = %user.id, "re-hashed an imported password with Argon2id");
+    }
+    // A user with a second factor gets a pre-verification token, which
+    // opens nothing but the second-factor check (`api::two_factor`).
+    if let Some(pending) = api.pre_verification(&user).await? {
+        api.metrics.login("second_factor_required");
+        tracing::info!(target: "keygate::security", user_id = %user.id, client = %req.client_ip, "password accepted; second factor required");
+        return Ok(json_response(&pending));
     }
     let pair = api.issue_pair(&user).await?;
     api.metrics.login("success");

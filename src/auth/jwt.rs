@@ -20,6 +20,9 @@ use crate::identity::Authority;
 use crate::store::UserRecord;
 
 pub const REFRESH_SCOPE: &str = "REFRESH_TOKEN";
+/// The only scope of the token a password login answers when the user has
+/// a second factor: it opens the second-factor check and nothing else.
+pub const PRE_VERIFICATION_SCOPE: &str = "PRE_VERIFICATION_TOKEN";
 
 /// Installs the crypto backend once per process; jsonwebtoken panics at first
 /// use without one. Safe to call repeatedly.
@@ -190,17 +193,58 @@ impl TokenKeys {
         self.sign(&claims).map(|token| Signed { token, exp })
     }
 
+    /// Signs a pre-verification token: the user's claims with the single
+    /// scope [`PRE_VERIFICATION_SCOPE`], living `ttl`. `attempt_id` names
+    /// this login attempt (its wrong codes are counted against it).
+    pub fn sign_pre_verification(
+        &self,
+        user: &UserRecord,
+        attempt_id: Uuid,
+        now_secs: i64,
+        ttl: Duration,
+    ) -> Result<Signed, TokenError> {
+        let exp = now_secs + ttl.as_secs() as i64;
+        let claims = AccessClaims {
+            sub: user.email.clone(),
+            user_id: user.id,
+            scopes: vec![PRE_VERIFICATION_SCOPE.to_string()],
+            session_id: attempt_id,
+            iss: self.issuer.clone(),
+            iat: now_secs,
+            exp,
+            first_name: None,
+            last_name: None,
+            enabled: user.enabled,
+            is_public: false,
+            tenant_id: user.tenant_id,
+            customer_id: user.customer_id,
+        };
+        self.sign(&claims).map(|token| Signed { token, exp })
+    }
+
+    /// Verifies a pre-verification token; any other token is refused here.
+    pub(crate) fn verify_pre_verification(&self, token: &str) -> Result<AccessClaims, TokenError> {
+        let claims: AccessClaims = self.decode(token)?;
+        if claims.scopes.as_slice() != [PRE_VERIFICATION_SCOPE] || claims.is_public {
+            return Err(TokenError::WrongScope);
+        }
+        Ok(claims)
+    }
+
     fn sign<T: Serialize>(&self, claims: &T) -> Result<String, TokenError> {
         jsonwebtoken::encode(&Header::new(Algorithm::HS512), claims, &self.encoding)
             .map_err(|_| TokenError::Malformed)
     }
 
     /// Verifies an access token: signature, algorithm, `exp`, `iss`, and an
-    /// authority scope (a refresh token is refused here).
+    /// authority scope. A refresh token and a pre-verification token are
+    /// refused here: this is where every endpoint and every proxied route
+    /// accepts a token, so neither opens any of them.
     pub(crate) fn verify_access(&self, token: &str) -> Result<AccessClaims, TokenError> {
         let claims: AccessClaims = self.decode(token)?;
         if claims.authority().is_none() {
-            return Err(if claims.scopes.iter().any(|s| s == REFRESH_SCOPE) {
+            let wrong = |s: &String| s == REFRESH_SCOPE || s == PRE_VERIFICATION_SCOPE;
+            return Err(if claims.scopes.iter().any(wrong) {
                 TokenError::WrongScope
             } else {
                 TokenError::Malformed
@@ -348,6 +392,40 @@ mod tests {
             .unwrap()
             .token;
         assert_eq!(keys().verify_access(&token), Err(TokenError::BadSignature));
+    }
+
+    #[test]
+    fn pre_verification_token_is_no_access_token_and_an_access_token_is_none() {
+        let k = keys();
+        let signed = k
+            .sign_pre_verification(&user(), Uuid::from_u128(9), now(), Duration::from_secs(300))
+            .unwrap();
+        let claims = payload(&signed.token);
+        assert_eq!(
+            claims["scopes"],
+            serde_json::json!([PRE_VERIFICATION_SCOPE])
+        );
+        assert_eq!(
+            claims["exp"].as_i64().unwrap() - claims["iat"].as_i64().unwrap(),
+            300
+        );
+        assert_eq!(k.verify_access(&signed.token), Err(TokenError::WrongScope));
+        assert_eq!(
+            k.verify_pre_verification(&signed.token).unwrap().session_id,
+            Uuid::from_u128(9)
+        );
+        let access = k.sign_access(&user(), Uuid::nil(), now()).unwrap();
+        assert_eq!(
+            k.verify_pre_verification(&access.token),
+            Err(TokenError::WrongScope)
+        );
+        let expired = k
+            .sign_pre_verification(&user(), Uuid::nil(), now() - 400, Duration::from_secs(300))
+            .unwrap();
+        assert_eq!(
+            k.verify_pre_verification(&expired.token),
+            Err(TokenError::Expired)
+        );
     }
 
     #[test]

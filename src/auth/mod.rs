@@ -1,6 +1,7 @@
 //! Authentication: from a parsed [`Credential`] to a verified [`Identity`].
 
 pub(crate) mod api_key;
+pub mod at_rest;
 pub mod cache;
 pub mod credential;
 pub(crate) mod in_clear;
@@ -10,6 +11,7 @@ pub(crate) mod live;
 pub(crate) mod outcomes;
 pub mod password;
 pub mod revocation;
+pub mod totp;
 
 use std::sync::Arc;
 

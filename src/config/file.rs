@@ -27,6 +27,7 @@ pub struct FileConfig {
     pub websocket: WebSocketSection,
     pub platform: PlatformSection,
     pub assertion: AssertionSection,
+    pub two_factor: TwoFactorSection,
     #[serde(rename = "route")]
     pub routes: Vec<RouteSection>,
 }
@@ -337,6 +338,33 @@ impl Default for AssertionSection {
     }
 }
 
+/// Second factors at login.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TwoFactorSection {
+    pub providers: Vec<String>,
+    pub issuer_name: String,
+    pub backup_codes: i64,
+    pub verification_time: String,
+    pub max_verification_failures: i64,
+    pub encryption_secret: String,
+    pub old_encryption_secrets: String,
+}
+
+impl Default for TwoFactorSection {
+    fn default() -> Self {
+        TwoFactorSection {
+            providers: vec!["TOTP".into(), "BACKUP_CODE".into()],
+            issuer_name: "keygate".into(),
+            backup_codes: 10,
+            verification_time: "5m".into(),
+            max_verification_failures: 5,
+            encryption_secret: String::new(),
+            old_encryption_secrets: String::new(),
+        }
+    }
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RouteSection {
@@ -375,6 +403,7 @@ impl Default for FileConfig {
             websocket: WebSocketSection::default(),
             platform: PlatformSection::default(),
             assertion: AssertionSection::default(),
+            two_factor: TwoFactorSection::default(),
             routes: vec![
                 RouteSection {
                     name: "api".into(),

@@ -111,6 +111,7 @@ pub struct Settings {
     /// The platform's access tokens, for `identity = "platform"` routes.
     pub platform: PlatformSettings,
     pub assertion: AssertionSettings,
+    pub two_factor: TwoFactorSettings,
     /// The routes as loaded. A started server moves them into its route
     /// table ([`crate::proxy::Routes`]), the one copy that reload swaps and
     /// everything reads; its settings then hold none.
@@ -398,6 +399,39 @@ pub struct HttpLimits {
     pub ipv6_prefix_len: u8,
     /// Users and API keys one user may create; `None`: no limit.
     pub management_writes_per_user: Option<rate::Rate>,
+}
+
+/// Second factors at login (`[two_factor]`); the platform's
+/// `/api/2fa/settings` may narrow the providers and change the numbers.
+#[derive(Clone, PartialEq, Eq)]
+pub struct TwoFactorSettings {
+    /// `TOTP` and/or `BACKUP_CODE`, in the order offered.
+    pub providers: Vec<String>,
+    /// Named in authenticator apps next to the account.
+    pub issuer_name: String,
+    /// Backup codes generated at once.
+    pub backup_codes: usize,
+    /// Lifetime of a pre-verification token.
+    pub verification_time: Duration,
+    /// Wrong codes that end a pre-verification token.
+    pub max_verification_failures: u32,
+    /// Seals second-factor secrets at rest; `None`: derived from the token
+    /// signing key.
+    pub encryption_secret: Option<Vec<u8>>,
+    /// Earlier secrets, still accepted for reading (rotation).
+    pub old_encryption_secrets: Vec<Vec<u8>>,
+}
+
+impl std::fmt::Debug for TwoFactorSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TwoFactorSettings")
+            .field("providers", &self.providers)
+            .field("issuer_name", &self.issuer_name)
+            .field("backup_codes", &self.backup_codes)
+            .field("verification_time", &self.verification_time)
+            .field("max_verification_failures", &self.max_verification_failures)
+            .finish_non_exhaustive()
+    }
 }
 
 /// The platform's WebSocket routes ([`crate::websocket`]) and their limits.

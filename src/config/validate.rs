@@ -40,6 +40,7 @@ pub(super) fn validate(file: &FileConfig, errors: &mut Vec<String>) -> Settings 
     let api_keys = file.api_keys.validate(errors);
     let log = file.log.validate(errors);
     let websocket = file.websocket.validate(errors);
+    let two_factor = file.two_factor.validate(errors);
     let routes = validate_routes(&file.routes, proxy.request_timeout, errors);
     let platform = file.platform.validate(&file.jwt, errors);
     let server = file.server.validate(errors);
@@ -73,6 +74,7 @@ pub(super) fn validate(file: &FileConfig, errors: &mut Vec<String>) -> Settings 
         websocket,
         platform,
         assertion,
+        two_factor,
         routes,
     }
 }
@@ -905,6 +907,78 @@ impl WebSocketSection {
             max_per_tenant: limit("websocket.max_per_tenant", self.max_per_tenant, errors),
             ping_interval: nonzero_duration("websocket.ping_interval", &self.ping_interval, errors),
             idle_timeout: nonzero_duration("websocket.idle_timeout", &self.idle_timeout, errors),
+        }
+    }
+}
+
+/// Providers keygate can offer; EMAIL needs mail, which is not configured.
+pub(crate) const TWO_FACTOR_PROVIDERS: [&str; 2] = ["TOTP", "BACKUP_CODE"];
+
+/// Shortest at-rest encryption secret, in bytes.
+const MIN_ENCRYPTION_SECRET: usize = 32;
+
+impl super::file::TwoFactorSection {
+    fn validate(&self, errors: &mut Vec<String>) -> super::TwoFactorSettings {
+        let mut providers: Vec<String> = Vec::new();
+        for provider in &self.providers {
+            if !TWO_FACTOR_PROVIDERS.contains(&provider.as_str()) {
+                errors.push(format!(
+                    "two_factor.providers: {provider:?} is not one of {}",
+                    TWO_FACTOR_PROVIDERS.join(", ")
+                ));
+            } else if !providers.contains(provider) {
+                providers.push(provider.clone());
+            }
+        }
+        if self.issuer_name.trim().is_empty() {
+            errors.push("two_factor.issuer_name: must not be empty".into());
+        }
+        if !(1..=100).contains(&self.backup_codes) {
+            errors.push(format!(
+                "two_factor.backup_codes: from 1 to 100, got {}",
+                self.backup_codes
+            ));
+        }
+        let verification_time = nonzero_duration(
+            "two_factor.verification_time",
+            &self.verification_time,
+            errors,
+        );
+        if verification_time < Duration::from_secs(60) {
+            errors.push("two_factor.verification_time: at least 1m".into());
+        }
+        let secret = |name: &str, text: &str, errors: &mut Vec<String>| {
+            let text = text.trim();
+            if text.len() < MIN_ENCRYPTION_SECRET {
+                errors.push(format!(
+                    "{name}: at least {MIN_ENCRYPTION_SECRET} characters, got {}",
+                    text.len()
+                ));
+            }
+            text.as_bytes().to_vec()
+        };
+        let encryption_secret = match self.encryption_secret.trim() {
+            "" => None,
+            text => Some(secret("two_factor.encryption_secret", text, errors)),
+        };
+        let old_encryption_secrets = self
+            .old_encryption_secrets
+            .split(',')
+            .filter(|s| !s.trim().is_empty())
+            .map(|text| secret("two_factor.old_encryption_secrets", text, errors))
+            .collect();
+        super::TwoFactorSettings {
+            providers,
+            issuer_name: self.issuer_name.trim().to_string(),
+            backup_codes: self.backup_codes.clamp(1, 100) as usize,
+            verification_time,
+            max_verification_failures: positive_u32(
+                "two_factor.max_verification_failures",
+                self.max_verification_failures,
+                errors,
+            ),
+            encryption_secret,
+            old_encryption_secrets,
         }
     }
 }

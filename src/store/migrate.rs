@@ -46,6 +46,11 @@ const SQLITE: &[(i64, &str, &str)] = &[
         "platform_rows",
         include_str!("../../migrations/sqlite/0008_platform_rows.sql"),
     ),
+    (
+        9,
+        "two_factor",
+        include_str!("../../migrations/sqlite/0009_two_factor.sql"),
+    ),
 ];
 const POSTGRES: &[(i64, &str, &str)] = &[
     (
@@ -87,6 +92,11 @@ const POSTGRES: &[(i64, &str, &str)] = &[
         8,
         "platform_rows",
         include_str!("../../migrations/postgres/0008_platform_rows.sql"),
+    ),
+    (
+        9,
+        "two_factor",
+        include_str!("../../migrations/postgres/0009_two_factor.sql"),
     ),
 ];
 

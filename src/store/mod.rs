@@ -13,6 +13,7 @@
 //! - `sessions.rs`: login sessions and their refresh tokens;
 //! - `logins.rs`: password changes and the lockouts of failed logins;
 //! - `activation.rs`: one-time activation tokens;
+//! - `two_factor.rs`: users' second factors (sealed or digested);
 //! - `audit.rs`: audit events, written in the transaction of their change;
 //! - `signing_keys.rs`: the keys that sign identity assertions to upstreams;
 //! - `revocation.rs`: what a change that ends credentials publishes, and the
@@ -35,6 +36,7 @@ pub mod retention;
 mod revocation;
 mod sessions;
 mod signing_keys;
+mod two_factor;
 mod users;
 
 pub use audit::{Actor, Audit, AuditEvent};
@@ -45,6 +47,7 @@ pub use prune::PruneKind;
 pub use revocation::{Published, REVOCATION_CHANNEL, Revocation};
 pub use sessions::SessionRecord;
 pub use signing_keys::SigningKeyRecord;
+pub use two_factor::TwoFactorRecord;
 pub use users::UserRecord;
 
 use std::path::Path;
@@ -218,6 +221,32 @@ impl Store {
             .fetch_one(&self.pool)
             .await?;
         Ok(row.try_get::<String, _>(0)?)
+    }
+}
+
+impl Store {
+    /// A stored setting's value.
+    pub(crate) async fn setting(&self, name: &str) -> Result<Option<String>, StoreError> {
+        let row = sqlx::query("SELECT value FROM settings WHERE name = $1")
+            .bind(name)
+            .fetch_optional(&self.pool)
+            .await?;
+        row.map(|row| row.try_get::<String, _>(0))
+            .transpose()
+            .map_err(Into::into)
+    }
+
+    /// Stores a setting, replacing its value.
+    pub(crate) async fn put_setting(&self, name: &str, value: &str) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO settings (name, value) VALUES ($1, $2) \
+             ON CONFLICT (name) DO UPDATE SET value = excluded.value",
+        )
+        .bind(name)
+        .bind(value)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
     }
 }
 

@@ -169,7 +169,122 @@ store_tests!(
     check_changes_return_the_revocation_they_publish,
     check_an_audited_change_stores_its_event_and_a_failed_one_none,
     check_pruning_deletes_audit_events_past_their_retention_only,
+    check_two_factor_configs_are_added_once_defaulted_and_removed,
+    check_a_totp_step_is_used_once_when_raced,
+    check_a_backup_code_is_used_once_when_raced,
+    check_two_factor_rows_go_with_their_user,
 );
+
+fn factor(provider: &str, use_by_default: bool, secret: &str) -> TwoFactorRecord {
+    TwoFactorRecord {
+        provider: provider.into(),
+        use_by_default,
+        secret: secret.into(),
+        last_step: 0,
+    }
+}
+
+async fn check_two_factor_configs_are_added_once_defaulted_and_removed(store: &Store) {
+    let u = user("factors@example.com", 1);
+    store.insert_user(&u).await.unwrap();
+    assert!(
+        store
+            .add_two_factor(u.id, &factor("TOTP", true, "sealed"), 1)
+            .await
+            .unwrap()
+    );
+    assert!(
+        !store
+            .add_two_factor(u.id, &factor("TOTP", false, "other"), 2)
+            .await
+            .unwrap(),
+        "a provider is configured once"
+    );
+    assert!(
+        store
+            .add_two_factor(u.id, &factor("BACKUP_CODE", true, "[]"), 3)
+            .await
+            .unwrap()
+    );
+    let rows = store.two_factors(u.id).await.unwrap();
+    assert_eq!(rows.len(), 2);
+    assert_eq!(rows[0].provider, "TOTP");
+    assert_eq!(rows[0].secret, "sealed");
+    assert!(!rows[0].use_by_default, "the new default took it");
+    assert!(rows[1].use_by_default);
+    assert!(
+        store
+            .set_two_factor_default(u.id, "TOTP", true)
+            .await
+            .unwrap()
+    );
+    let rows = store.two_factors(u.id).await.unwrap();
+    assert!(rows[0].use_by_default && !rows[1].use_by_default);
+    assert!(
+        !store
+            .set_two_factor_default(u.id, "EMAIL", true)
+            .await
+            .unwrap()
+    );
+    assert!(store.remove_two_factor(u.id, "TOTP").await.unwrap());
+    assert!(!store.remove_two_factor(u.id, "TOTP").await.unwrap());
+    assert_eq!(store.two_factors(u.id).await.unwrap().len(), 1);
+}
+
+async fn check_a_totp_step_is_used_once_when_raced(store: &Store) {
+    let u = user("steps@example.com", 1);
+    store.insert_user(&u).await.unwrap();
+    store
+        .add_two_factor(u.id, &factor("TOTP", true, "sealed"), 1)
+        .await
+        .unwrap();
+    let (a, b) = tokio::join!(
+        store.use_totp_step(u.id, 100, None),
+        store.use_totp_step(u.id, 100, None),
+    );
+    assert_eq!([a.unwrap(), b.unwrap()].iter().filter(|w| **w).count(), 1);
+    assert!(
+        !store.use_totp_step(u.id, 99, None).await.unwrap(),
+        "older step"
+    );
+    assert!(
+        store
+            .use_totp_step(u.id, 101, Some("resealed"))
+            .await
+            .unwrap()
+    );
+    let rows = store.two_factors(u.id).await.unwrap();
+    assert_eq!(
+        (rows[0].last_step, rows[0].secret.as_str()),
+        (101, "resealed")
+    );
+}
+
+async fn check_a_backup_code_is_used_once_when_raced(store: &Store) {
+    let u = user("codes@example.com", 1);
+    store.insert_user(&u).await.unwrap();
+    store
+        .add_two_factor(u.id, &factor("BACKUP_CODE", false, r#"["a","b"]"#), 1)
+        .await
+        .unwrap();
+    let (a, b) = tokio::join!(
+        store.use_backup_code(u.id, r#"["a","b"]"#, r#"["b"]"#),
+        store.use_backup_code(u.id, r#"["a","b"]"#, r#"["b"]"#),
+    );
+    assert_eq!([a.unwrap(), b.unwrap()].iter().filter(|w| **w).count(), 1);
+    assert_eq!(store.two_factors(u.id).await.unwrap()[0].secret, r#"["b"]"#);
+}
+
+async fn check_two_factor_rows_go_with_their_user(store: &Store) {
+    let u = user("gone@example.com", 1);
+    store.insert_user(&u).await.unwrap();
+    store
+        .add_two_factor(u.id, &factor("TOTP", true, "sealed"), 1)
+        .await
+        .unwrap();
+    store.delete_user(u.id).await.unwrap();
+    assert!(store.two_factors(u.id).await.unwrap().is_empty());
+}
 
 /// Audit events are kept for `retention.audit_events`, then deleted.
 async fn check_pruning_deletes_audit_events_past_their_retention_only(store: &Store) {

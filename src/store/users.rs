@@ -189,6 +189,7 @@ impl Store {
                 "DELETE FROM api_keys WHERE user_id = $1",
                 "DELETE FROM sessions WHERE user_id = $1",
                 "DELETE FROM login_lockouts WHERE user_id = $1",
+                "DELETE FROM two_factor WHERE user_id = $1",
             ] {
                 sqlx::query(sql)
                     .bind(id.to_string())

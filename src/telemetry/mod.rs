@@ -201,7 +201,7 @@ impl Operations {
     fn new(r: &Registrar<'_>) -> Operations {
         let logins = r.counter(
             "keygate_login_attempts_total",
-            "Login attempts, by outcome (success, bad_credentials, disabled, locked, rate_limited, bad_request).",
+            "Login attempts, by outcome (success, bad_credentials, disabled, locked, rate_limited, bad_request, second_factor_required, bad_second_factor).",
             &["outcome"],
         );
         let rate_limited = r.counter(
@@ -298,13 +298,15 @@ impl Operations {
 }
 
 /// Login outcomes ([`Metrics::login`]).
-pub const LOGIN_OUTCOMES: [&str; 6] = [
+pub const LOGIN_OUTCOMES: [&str; 8] = [
     "success",
     "bad_credentials",
     "disabled",
     "locked",
     "rate_limited",
     "bad_request",
+    "second_factor_required",
+    "bad_second_factor",
 ];
 
 /// Login rate limiters ([`Metrics::rate_limited`]).

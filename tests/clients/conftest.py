@@ -17,6 +17,8 @@ ENTITY_SERVICE = Path(os.environ.get("ENTITY_SERVICE_BIN", ROOT / "target/debug/
 ADMIN_PASSWORD = "bootstrap-password"
 TENANT_EMAIL = "tenant@example.com"
 TENANT_PASSWORD = "tenant-password"
+TWO_FACTOR_EMAIL = "second-factor@example.com"
+TWO_FACTOR_PASSWORD = "second-factor-password"
 TENANT_ID = "5f1c0c9e-1d2a-4c3b-9e8f-0a1b2c3d4e5f"
 ACCESS_TTL = 60
 
@@ -100,6 +102,10 @@ def gateway():
             stdin=TENANT_PASSWORD + "\n",
         )
         keygate.api_key = keygate.cli("apikey", "create", "--email", TENANT_EMAIL).stdout.splitlines()[-1]
+        keygate.cli(
+            "user", "add", "--email", TWO_FACTOR_EMAIL, "--authority", "TENANT_ADMIN",
+            "--tenant-id", TENANT_ID, stdin=TWO_FACTOR_PASSWORD + "\n",
+        )
         keygate.start()
         os.environ["REQUESTS_CA_BUNDLE"] = keygate.ca
         yield keygate

@@ -1,0 +1,1008 @@
+//! Second factors at login, in the platform's wire format: TOTP and backup
+//! codes, configured by each user for themselves (`/api/2fa/...`), the
+//! platform-wide settings (`/api/2fa/settings`, SYS_ADMIN), and the check
+//! that turns a pre-verification token into a token pair
+//! (`/api/auth/2fa/...`).
+//!
+//! Beyond the platform: a TOTP secret is sealed at rest and shown once, in
+//! the answer that generated it; only a secret keygate generated for the
+//! user moments before can be saved; a TOTP code is accepted once; backup
+//! codes are stored as keyed digests; guessing takes slots of the password
+//! limiter, and a number of wrong codes ends the pre-verification token.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use utoipa::ToSchema;
+use uuid::Uuid;
+
+use super::access::{param, query_pairs};
+use super::wire::{BodyErrors, CredentialErrors, LoginErrors};
+use super::{EndpointRequest, Endpoints, empty_response, json_response};
+use crate::auth::at_rest::Sealer;
+use crate::auth::jwt::{AccessClaims, PRE_VERIFICATION_SCOPE, TokenError};
+use crate::auth::totp;
+use crate::body::Body;
+use crate::config::TwoFactorSettings;
+use crate::error::{ApiError, code};
+use crate::identity::{Authority, Identity};
+use crate::store::{Audit, Store, TwoFactorRecord, UserRecord};
+
+pub const TOTP: &str = "TOTP";
+pub const BACKUP_CODE: &str = "BACKUP_CODE";
+
+/// The `settings` row that holds what `POST /api/2fa/settings` saved.
+const PLATFORM_SETTINGS: &str = "two_factor_platform";
+/// How long a generated, not yet saved, secret or set of codes is kept.
+const PENDING_LIFETIME: Duration = Duration::from_secs(600);
+/// Longest a pre-verification token may live (`totalAllowedTimeForVerification`).
+const MAX_VERIFICATION_TIME: i64 = 3600;
+/// Characters of a backup code, and their alphabet (the platform's).
+const BACKUP_CODE_LEN: usize = 8;
+const BACKUP_CODE_ALPHABET: &[u8; 16] = b"0123456789abcdef";
+
+/// A generated secret or set of codes, kept until the user saves it.
+#[derive(Clone)]
+enum Pending {
+    Totp(String),
+    Codes(Vec<String>),
+}
+
+/// State of the second factors: the sealer, what was generated and not yet
+/// saved (per user and provider), and the wrong codes of each login attempt.
+/// Both maps live in this replica's memory: generating and saving a config
+/// must reach the same replica, and the wrong codes of an attempt are
+/// counted per replica (the password limiter, shared through Redis when
+/// configured, still bounds guessing across replicas).
+pub struct TwoFactor {
+    sealer: Sealer,
+    pending: moka::sync::Cache<(Uuid, &'static str), Pending>,
+    failures: moka::sync::Cache<Uuid, u32>,
+}
+
+impl TwoFactor {
+    /// `fallback_secret` (the token signing key) derives the sealing key
+    /// when `[two_factor] encryption_secret` is not set.
+    pub fn new(settings: &TwoFactorSettings, fallback_secret: &[u8]) -> TwoFactor {
+        let current = settings
+            .encryption_secret
+            .as_deref()
+            .unwrap_or(fallback_secret);
+        TwoFactor {
+            sealer: Sealer::new(current, &settings.old_encryption_secrets),
+            pending: moka::sync::Cache::builder()
+                .max_capacity(100_000)
+                .time_to_live(PENDING_LIFETIME)
+                .build(),
+            failures: moka::sync::Cache::builder()
+                .max_capacity(100_000)
+                .time_to_live(Duration::from_secs(MAX_VERIFICATION_TIME as u64))
+                .build(),
+        }
+    }
+}
+
+impl std::fmt::Debug for TwoFactor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TwoFactor").finish_non_exhaustive()
+    }
+}
+
+// --- wire types ----------------------------------------------------------------
+
+/// A provider in the platform settings.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ProviderConfig {
+    pub provider_type: String,
+    /// TOTP: named in authenticator apps next to the account.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub issuer_name: Option<String>,
+    /// BACKUP_CODE: how many codes are generated at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub codes_quantity: Option<i64>,
+}
+
+/// The platform's two-factor settings (`/api/2fa/settings`).
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PlatformTwoFaSettings {
+    pub providers: Vec<ProviderConfig>,
+    #[serde(default)]
+    pub min_verification_code_send_period: Option<i64>,
+    #[serde(default)]
+    pub verification_code_check_rate_limit: Option<String>,
+    /// Wrong codes that end a pre-verification token.
+    #[serde(default)]
+    pub max_verification_failures_before_user_lockout: Option<i64>,
+    /// Lifetime of a pre-verification token, in seconds.
+    #[serde(default)]
+    pub total_allowed_time_for_verification: Option<i64>,
+    #[serde(default)]
+    pub enforce_two_fa: bool,
+}
+
+impl PlatformTwoFaSettings {
+    fn from_config(settings: &TwoFactorSettings) -> PlatformTwoFaSettings {
+        PlatformTwoFaSettings {
+            providers: settings
+                .providers
+                .iter()
+                .map(|provider| ProviderConfig {
+                    provider_type: provider.clone(),
+                    issuer_name: (provider == TOTP).then(|| settings.issuer_name.clone()),
+                    codes_quantity: (provider == BACKUP_CODE)
+                        .then_some(settings.backup_codes as i64),
+                })
+                .collect(),
+            min_verification_code_send_period: Some(30),
+            verification_code_check_rate_limit: None,
+            max_verification_failures_before_user_lockout: Some(i64::from(
+                settings.max_verification_failures,
+            )),
+            total_allowed_time_for_verification: Some(settings.verification_time.as_secs() as i64),
+            enforce_two_fa: false,
+        }
+    }
+
+    fn provider(&self, provider_type: &str) -> Option<&ProviderConfig> {
+        self.providers
+            .iter()
+            .find(|p| p.provider_type == provider_type)
+    }
+
+    fn verification_time(&self) -> Duration {
+        let secs = self
+            .total_allowed_time_for_verification
+            .unwrap_or(300)
+            .clamp(60, MAX_VERIFICATION_TIME);
+        Duration::from_secs(secs as u64)
+    }
+
+    fn max_failures(&self, settings: &TwoFactorSettings) -> u32 {
+        match self.max_verification_failures_before_user_lockout {
+            Some(n) if n > 0 => u32::try_from(n).unwrap_or(u32::MAX),
+            _ => settings.max_verification_failures,
+        }
+    }
+
+    /// Refuses what keygate cannot honour, with the reason.
+    fn check(&self) -> Result<(), ApiError> {
+        for provider in &self.providers {
+            match provider.provider_type.as_str() {
+                TOTP => {
+                    if provider
+                        .issuer_name
+                        .as_deref()
+                        .is_none_or(|name| name.trim().is_empty())
+                    {
+                        return Err(ApiError::bad_request("issuerName must not be blank"));
+                    }
+                }
+                BACKUP_CODE => {
+                    if !(1..=100).contains(&provider.codes_quantity.unwrap_or(0)) {
+                        return Err(ApiError::bad_request("codesQuantity must be from 1 to 100"));
+                    }
+                }
+                other => {
+                    return Err(ApiError::bad_request(format!(
+                        "2FA provider {other} is not available: keygate offers TOTP and BACKUP_CODE"
+                    )));
+                }
+            }
+        }
+        if let Some(time) = self.total_allowed_time_for_verification
+            && !(60..=MAX_VERIFICATION_TIME).contains(&time)
+        {
+            return Err(ApiError::bad_request(format!(
+                "totalAllowedTimeForVerification must be from 60 to {MAX_VERIFICATION_TIME} seconds"
+            )));
+        }
+        if self
+            .max_verification_failures_before_user_lockout
+            .is_some_and(|n| n < 0)
+        {
+            return Err(ApiError::bad_request(
+                "maxVerificationFailuresBeforeUserLockout must be positive",
+            ));
+        }
+        if self.enforce_two_fa {
+            return Err(ApiError::bad_request(
+                "enforceTwoFa is not supported: users configure a second factor themselves",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// A config a user submits (`POST /api/2fa/account/config`).
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AccountConfigRequest {
+    pub provider_type: String,
+    #[serde(default)]
+    pub use_by_default: bool,
+    /// TOTP: the URL `generate` answered.
+    #[serde(default)]
+    pub auth_url: Option<String>,
+    /// BACKUP_CODE: the codes `generate` answered.
+    #[serde(default)]
+    pub codes: Option<Vec<String>>,
+}
+
+/// `PUT /api/2fa/account/config`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AccountConfigUpdate {
+    pub use_by_default: bool,
+}
+
+/// A login's answer when a second factor is due. `refreshToken` is there,
+/// and null: the platform's Python client reads the key unconditionally.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PreVerificationToken {
+    /// Opens the `/api/auth/2fa/...` endpoints only.
+    pub token: String,
+    /// Always null: no refresh before the second factor.
+    pub refresh_token: Option<String>,
+    /// `PRE_VERIFICATION_TOKEN`.
+    pub scope: String,
+}
+
+// --- shared --------------------------------------------------------------------
+
+impl Endpoints {
+    /// The platform settings in force: saved by a SYS_ADMIN, else `[two_factor]`.
+    async fn platform_two_fa(&self) -> Result<PlatformTwoFaSettings, ApiError> {
+        match self.store.setting(PLATFORM_SETTINGS).await? {
+            Some(text) => serde_json::from_str(&text).map_err(|error| {
+                tracing::error!(%error, "stored two-factor settings do not parse");
+                ApiError::internal()
+            }),
+            None => Ok(PlatformTwoFaSettings::from_config(
+                &self.settings.two_factor,
+            )),
+        }
+    }
+
+    /// The user's providers that count: those the platform offers, backup
+    /// codes only beside another provider.
+    async fn active_two_factors(
+        &self,
+        user_id: Uuid,
+        platform: &PlatformTwoFaSettings,
+    ) -> Result<Vec<TwoFactorRecord>, ApiError> {
+        let mut records = self.store.two_factors(user_id).await?;
+        records.retain(|r| platform.provider(&r.provider).is_some());
+        if records.iter().all(|r| r.provider == BACKUP_CODE) {
+            records.clear();
+        }
+        if !records.iter().any(|r| r.use_by_default)
+            && let Some(first) = records.iter_mut().find(|r| r.provider != BACKUP_CODE)
+        {
+            first.use_by_default = true;
+        }
+        Ok(records)
+    }
+
+    /// The login answer for a user with a second factor: a pre-verification
+    /// token; `None` when the user has none.
+    pub(super) async fn pre_verification(
+        &self,
+        user: &UserRecord,
+    ) -> Result<Option<PreVerificationToken>, ApiError> {
+        let platform = self.platform_two_fa().await?;
+        if self
+            .active_two_factors(user.id, &platform)
+            .await?
+            .is_empty()
+        {
+            return Ok(None);
+        }
+        let signed = self
+            .auth
+            .token_keys()
+            .sign_pre_verification(
+                user,
+                Uuid::new_v4(),
+                crate::clock::now_secs(),
+                platform.verification_time(),
+            )
+            .map_err(|_| ApiError::internal())?;
+        Ok(Some(PreVerificationToken {
+            token: signed.token,
+            refresh_token: None,
+            scope: PRE_VERIFICATION_SCOPE.to_string(),
+        }))
+    }
+}
+
+/// `AccountTwoFaSettings`: the configs, never a secret.
+fn account_settings(records: &[TwoFactorRecord]) -> Value {
+    let configs: serde_json::Map<String, Value> = records
+        .iter()
+        .map(|record| {
+            let mut config = json!({
+                "providerType": record.provider,
+                "useByDefault": record.use_by_default,
+            });
+            if record.provider == BACKUP_CODE {
+                config["codesLeft"] = json!(code_digests(&record.secret).len());
+            }
+            (record.provider.clone(), config)
+        })
+        .collect();
+    json!({ "configs": configs })
+}
+
+fn code_digests(stored: &str) -> Vec<String> {
+    serde_json::from_str(stored).unwrap_or_default()
+}
+
+/// `providerType` from the query: a known provider, else a 400.
+fn provider_param(req: &EndpointRequest) -> Result<&'static str, ApiError> {
+    let pairs = query_pairs(req.query.as_deref());
+    match param(&pairs, "providerType") {
+        Some(TOTP) => Ok(TOTP),
+        Some(BACKUP_CODE) => Ok(BACKUP_CODE),
+        Some(other) => Err(ApiError::bad_request(format!(
+            "Invalid providerType: {other}"
+        ))),
+        None => Err(ApiError::bad_request(
+            "Required request parameter 'providerType' is not present",
+        )),
+    }
+}
+
+fn provider_name(text: &str) -> Result<&'static str, ApiError> {
+    match text {
+        TOTP => Ok(TOTP),
+        BACKUP_CODE => Ok(BACKUP_CODE),
+        other => Err(ApiError::bad_request(format!(
+            "Invalid providerType: {other}"
+        ))),
+    }
+}
+
+fn not_configured() -> ApiError {
+    ApiError::bad_request("2FA provider is not configured")
+}
+
+fn random_code() -> Result<String, ApiError> {
+    let bytes: [u8; BACKUP_CODE_LEN] =
+        crate::auth::api_key::random_bytes().map_err(|_| ApiError::internal())?;
+    Ok(bytes
+        .iter()
+        .map(|b| char::from(BACKUP_CODE_ALPHABET[usize::from(b & 0x0f)]))
+        .collect())
+}
+
+fn audited_by_user(store: &Store, user: &UserRecord, action: &'static str) -> Store {
+    store.audited(Audit::by_user(user.id, user.tenant_id, &user.email, action))
+}
+
+fn same(a: &str, b: &str) -> bool {
+    aws_lc_rs::constant_time::verify_slices_are_equal(a.as_bytes(), b.as_bytes()).is_ok()
+}
+
+// --- configuring (any authenticated user, for themselves) -----------------------
+
+#[utoipa::path(
+    get,
+    path = "/api/2fa/providers",
+    tag = "two-factor-auth-config-controller",
+    operation_id = "getAvailableTwoFaProviderTypes",
+    summary = "The second-factor providers a user may configure",
+    responses(
+        (status = 200, description = "Provider types", body = Vec<String>),
+        CredentialErrors
+    ),
+    security(("HttpLoginForm" = []), ("ApiKeyForm" = []))
+)]
+pub async fn providers(
+    api: &Endpoints,
+    req: EndpointRequest,
+) -> Result<http::Response<Body>, ApiError> {
+    req.identity()?;
+    let platform = api.platform_two_fa().await?;
+    let types: Vec<&str> = platform
+        .providers
+        .iter()
+        .map(|p| p.provider_type.as_str())
+        .collect();
+    Ok(json_response(&types))
+}
+
+#[utoipa::path(
+    post,
+    path = "/api/2fa/account/config/generate",
+    tag = "two-factor-auth-config-controller",
+    operation_id = "generateTwoFaAccountConfig",
+    summary = "Generate a TOTP secret or backup codes; shown this once",
+    params(("providerType" = String, Query, description = "TOTP or BACKUP_CODE")),
+    responses(
+        (status = 200, description = "The new config, with its secret", body = Object),
+        BodyErrors
+    ),
+    security(("HttpLoginForm" = []), ("ApiKeyForm" = []))
+)]
+pub async fn generate(
+    api: &Endpoints,
+    req: EndpointRequest,
+) -> Result<http::Response<Body>, ApiError> {
+    let identity = req.identity()?;
+    let provider = provider_param(&req)?;
+    let platform = api.platform_two_fa().await?;
+    let config = platform.provider(provider).ok_or_else(not_configured)?;
+    let user_id = identity.principal.user_id;
+    let answer = match provider {
+        TOTP => {
+            let secret: [u8; totp::SECRET_BYTES] =
+                crate::auth::api_key::random_bytes().map_err(|_| ApiError::internal())?;
+            let secret = totp::base32_encode(&secret);
+            let issuer = config
+                .issuer_name
+                .clone()
+                .unwrap_or_else(|| api.settings.two_factor.issuer_name.clone());
+            let url = totp::auth_url(&issuer, &identity.principal.email, &secret);
+            api.two_factor
+                .pending
+                .insert((user_id, TOTP), Pending::Totp(secret));
+            json!({"providerType": TOTP, "useByDefault": false, "authUrl": url})
+        }
+        _ => {
+            let quantity = config.codes_quantity.unwrap_or(10).clamp(1, 100) as usize;
+            let mut codes: Vec<String> = Vec::with_capacity(quantity);
+            while codes.len() < quantity {
+                let code = random_code()?;
+                if !codes.contains(&code) {
+                    codes.push(code);
+                }
+            }
+            api.two_factor
+                .pending
+                .insert((user_id, BACKUP_CODE), Pending::Codes(codes.clone()));
+            json!({"providerType": BACKUP_CODE, "useByDefault": false, "codes": codes})
+        }
+    };
+    Ok(json_response(&answer))
+}
+
+#[utoipa::path(
+    post,
+    path = "/api/2fa/account/config",
+    tag = "two-factor-auth-config-controller",
+    operation_id = "verifyAndSaveTwoFaAccountConfig",
+    summary = "Save the config generated moments before, after checking a current code",
+    params(("verificationCode" = Option<String>, Query, description = "A current TOTP code; none for backup codes")),
+    request_body = AccountConfigRequest,
+    responses(
+        (status = 200, description = "The account's two-factor settings", body = Object),
+        BodyErrors
+    ),
+    security(("HttpLoginForm" = []), ("ApiKeyForm" = []))
+)]
+pub async fn save(api: &Endpoints, req: EndpointRequest) -> Result<http::Response<Body>, ApiError> {
+    let identity = req.identity()?;
+    let body: AccountConfigRequest = req.json()?;
+    let provider = provider_name(&body.provider_type)?;
+    let platform = api.platform_two_fa().await?;
+    platform.provider(provider).ok_or_else(not_configured)?;
+    let user = api
+        .store
+        .user_by_id(identity.principal.user_id)
+        .await?
+        .ok_or_else(ApiError::not_active)?;
+    let active = api.active_two_factors(user.id, &platform).await?;
+    if api
+        .store
+        .two_factors(user.id)
+        .await?
+        .iter()
+        .any(|r| r.provider == provider)
+    {
+        return Err(ApiError::bad_request("2FA provider is already configured"));
+    }
+    let pending = api.two_factor.pending.get(&(user.id, provider));
+    let record = match (provider, pending) {
+        (TOTP, Some(Pending::Totp(secret))) => {
+            let submitted = body
+                .auth_url
+                .as_deref()
+                .and_then(totp::secret_of_url)
+                .unwrap_or_default();
+            if !same(submitted, &secret) {
+                return Err(not_generated(identity, provider));
+            }
+            let pairs = query_pairs(req.query.as_deref());
+            let code = param(&pairs, "verificationCode").unwrap_or_default();
+            let attempt = api.password_attempt(&user.email, &req).await?;
+            let raw = totp::base32_decode(&secret).ok_or_else(ApiError::internal)?;
+            let Some(step) = totp::matching_step(&raw, code, crate::clock::now_secs()) else {
+                tracing::info!(target: "keygate::security", user_id = %user.id, client = %req.client_ip, "second factor not saved: wrong verification code");
+                return Err(ApiError::bad_request("Verification code is incorrect"));
+            };
+            api.limiter.succeeded(attempt).await;
+            TwoFactorRecord {
+                provider: TOTP.into(),
+                use_by_default: body.use_by_default,
+                secret: api
+                    .two_factor
+                    .sealer
+                    .seal(user.id, TOTP, &raw)
+                    .map_err(|_| ApiError::internal())?,
+                // The code that proved the secret cannot log in too.
+                last_step: step,
+            }
+        }
+        (BACKUP_CODE, Some(Pending::Codes(codes))) => {
+            if active.is_empty() {
+                return Err(ApiError::bad_request(
+                    "To use 2FA backup codes you first need to configure at least one provider",
+                ));
+            }
+            let mut submitted = body.codes.clone().unwrap_or_default();
+            submitted.sort();
+            let mut generated = codes.clone();
+            generated.sort();
+            if submitted != generated {
+                return Err(not_generated(identity, provider));
+            }
+            let digests: Vec<String> = codes
+                .iter()
+                .map(|code| api.two_factor.sealer.code_digest(user.id, code))
+                .collect();
+            TwoFactorRecord {
+                provider: BACKUP_CODE.into(),
+                use_by_default: body.use_by_default,
+                secret: serde_json::to_string(&digests).map_err(|_| ApiError::internal())?,
+                last_step: 0,
+            }
+        }
+        _ => return Err(not_generated(identity, provider)),
+    };
+    let added = super::access::audited(&api.store, identity, "two_factor.configure")
+        .add_two_factor(user.id, &record, crate::clock::now_ms())
+        .await?;
+    if !added {
+        return Err(ApiError::bad_request("2FA provider is already configured"));
+    }
+    api.two_factor.pending.invalidate(&(user.id, provider));
+    tracing::info!(target: "keygate::security", user_id = %user.id, provider, "second factor configured");
+    let records = api.active_two_factors(user.id, &platform).await?;
+    Ok(json_response(&account_settings(&records)))
+}
+
+/// A config that is not the one keygate generated for this user: refused,
+/// whatever it holds (a secret chosen by the client is never saved).
+fn not_generated(identity: &Identity, provider: &str) -> ApiError {
+    tracing::warn!(target: "keygate::security", user_id = %identity.principal.user_id, provider, "refused a second-factor config that keygate did not generate for this user");
+    ApiError::bad_request(format!(
+        "This {provider} config was not generated for this account (or has expired): generate a new one"
+    ))
+}
+
+#[utoipa::path(
+    get,
+    path = "/api/2fa/account/settings",
+    tag = "two-factor-auth-config-controller",
+    operation_id = "getAccountTwoFaSettings",
+    summary = "The caller's configured second factors; no secret is ever shown again",
+    responses(
+        (status = 200, description = "Configs by provider", body = Object),
+        CredentialErrors
+    ),
+    security(("HttpLoginForm" = []), ("ApiKeyForm" = []))
+)]
+pub async fn account_settings_endpoint(
+    api: &Endpoints,
+    req: EndpointRequest,
+) -> Result<http::Response<Body>, ApiError> {
+    let identity = req.identity()?;
+    let platform = api.platform_two_fa().await?;
+    let records = api
+        .active_two_factors(identity.principal.user_id, &platform)
+        .await?;
+    Ok(json_response(&account_settings(&records)))
+}
+
+#[utoipa::path(
+    put,
+    path = "/api/2fa/account/config",
+    tag = "two-factor-auth-config-controller",
+    operation_id = "updateTwoFaAccountConfig",
+    summary = "Make a configured provider the default, or not",
+    params(("providerType" = String, Query, description = "TOTP or BACKUP_CODE")),
+    request_body = AccountConfigUpdate,
+    responses(
+        (status = 200, description = "The account's two-factor settings", body = Object),
+        BodyErrors
+    ),
+    security(("HttpLoginForm" = []), ("ApiKeyForm" = []))
+)]
+pub async fn update(
+    api: &Endpoints,
+    req: EndpointRequest,
+) -> Result<http::Response<Body>, ApiError> {
+    let identity = req.identity()?;
+    let provider = provider_param(&req)?;
+    let body: AccountConfigUpdate = req.json()?;
+    let user_id = identity.principal.user_id;
+    let found = super::access::audited(&api.store, identity, "two_factor.update")
+        .set_two_factor_default(user_id, provider, body.use_by_default)
+        .await?;
+    if !found {
+        return Err(ApiError::bad_request(format!(
+            "Config for {provider} 2FA provider not found"
+        )));
+    }
+    let platform = api.platform_two_fa().await?;
+    let records = api.active_two_factors(user_id, &platform).await?;
+    Ok(json_response(&account_settings(&records)))
+}
+
+#[utoipa::path(
+    delete,
+    path = "/api/2fa/account/config",
+    tag = "two-factor-auth-config-controller",
+    operation_id = "deleteTwoFaAccountConfig",
+    summary = "Remove a provider; backup codes go with the last other one",
+    params(("providerType" = String, Query, description = "TOTP or BACKUP_CODE")),
+    responses(
+        (status = 200, description = "The account's two-factor settings", body = Object),
+        BodyErrors
+    ),
+    security(("HttpLoginForm" = []), ("ApiKeyForm" = []))
+)]
+pub async fn delete(
+    api: &Endpoints,
+    req: EndpointRequest,
+) -> Result<http::Response<Body>, ApiError> {
+    let identity = req.identity()?;
+    let provider = provider_param(&req)?;
+    let user_id = identity.principal.user_id;
+    let store = super::access::audited(&api.store, identity, "two_factor.remove");
+    if !store.remove_two_factor(user_id, provider).await? {
+        return Err(ApiError::bad_request("2FA not configured"));
+    }
+    let left = api.store.two_factors(user_id).await?;
+    if left.iter().all(|r| r.provider == BACKUP_CODE) && !left.is_empty() {
+        store.remove_two_factor(user_id, BACKUP_CODE).await?;
+    }
+    tracing::info!(target: "keygate::security", %user_id, provider, "second factor removed");
+    let platform = api.platform_two_fa().await?;
+    let records = api.active_two_factors(user_id, &platform).await?;
+    Ok(json_response(&account_settings(&records)))
+}
+
+// --- platform settings (SYS_ADMIN) ------------------------------------------------
+
+fn require_sys_admin(identity: &Identity) -> Result<(), ApiError> {
+    if identity.principal.authority == Authority::SysAdmin {
+        Ok(())
+    } else {
+        Err(ApiError::permission_denied())
+    }
+}
+
+#[utoipa::path(
+    get,
+    path = "/api/2fa/settings",
+    tag = "two-factor-auth-config-controller",
+    operation_id = "getPlatformTwoFaSettings",
+    summary = "The platform's two-factor settings (SYS_ADMIN)",
+    responses(
+        (status = 200, description = "Settings", body = PlatformTwoFaSettings),
+        CredentialErrors
+    ),
+    security(("HttpLoginForm" = []), ("ApiKeyForm" = []))
+)]
+pub async fn platform_settings(
+    api: &Endpoints,
+    req: EndpointRequest,
+) -> Result<http::Response<Body>, ApiError> {
+    require_sys_admin(req.identity()?)?;
+    Ok(json_response(&api.platform_two_fa().await?))
+}
+
+#[utoipa::path(
+    post,
+    path = "/api/2fa/settings",
+    tag = "two-factor-auth-config-controller",
+    operation_id = "savePlatformTwoFaSettings",
+    summary = "Save the platform's two-factor settings (SYS_ADMIN)",
+    request_body = PlatformTwoFaSettings,
+    responses(
+        (status = 200, description = "Settings as saved", body = PlatformTwoFaSettings),
+        BodyErrors
+    ),
+    security(("HttpLoginForm" = []), ("ApiKeyForm" = []))
+)]
+pub async fn save_platform_settings(
+    api: &Endpoints,
+    req: EndpointRequest,
+) -> Result<http::Response<Body>, ApiError> {
+    let identity = req.identity()?;
+    require_sys_admin(identity)?;
+    let settings: PlatformTwoFaSettings = req.json()?;
+    settings.check()?;
+    let text = serde_json::to_string(&settings).map_err(|_| ApiError::internal())?;
+    api.store.put_setting(PLATFORM_SETTINGS, &text).await?;
+    tracing::info!(target: "keygate::security", user_id = %identity.principal.user_id, settings = %text, "platform two-factor settings saved");
+    Ok(json_response(&settings))
+}
+
+// --- logging in with a pre-verification token ---------------------------------------
+
+/// The user and login attempt of a valid pre-verification token. Any other
+/// token, an expired one, one of a disabled, locked or outdated user, and
+/// one whose attempt ended (used, or too many wrong codes) is a 401.
+async fn pre_verified(
+    api: &Endpoints,
+    req: &EndpointRequest,
+) -> Result<(AccessClaims, UserRecord), ApiError> {
+    let token = req
+        .bearer
+        .as_ref()
+        .ok_or_else(ApiError::authentication_failed)?;
+    let claims = api
+        .auth
+        .token_keys()
+        .verify_pre_verification(token.expose())
+        .map_err(|error| match error {
+            TokenError::Expired | TokenError::BadSignature => ApiError::token_expired(),
+            TokenError::Malformed | TokenError::WrongScope => ApiError::invalid_credentials(),
+        })?;
+    let platform = api.platform_two_fa().await?;
+    let max = platform.max_failures(&api.settings.two_factor);
+    if api
+        .two_factor
+        .failures
+        .get(&claims.session_id)
+        .is_some_and(|n| n >= max)
+    {
+        return Err(attempt_ended());
+    }
+    let user = api
+        .store
+        .user_by_id(claims.user_id)
+        .await?
+        .ok_or_else(ApiError::token_expired)?;
+    if claims.iat < user.tokens_valid_after {
+        return Err(ApiError::token_expired());
+    }
+    if api.store.is_locked(user.id).await? {
+        return Err(ApiError::locked());
+    }
+    if !user.enabled {
+        return Err(ApiError::not_active());
+    }
+    Ok((claims, user))
+}
+
+fn attempt_ended() -> ApiError {
+    ApiError::with_message(
+        http::StatusCode::UNAUTHORIZED,
+        code::AUTHENTICATION,
+        "This login attempt has ended: log in again",
+    )
+}
+
+#[utoipa::path(
+    get,
+    path = "/api/auth/2fa/providers",
+    tag = "two-factor-auth-controller",
+    operation_id = "getAvailableTwoFaProviderInfos",
+    summary = "The second factors the logging-in user may answer with (pre-verification token)",
+    responses(
+        (status = 200, description = "Provider infos", body = Vec<Object>),
+        CredentialErrors
+    ),
+    security(("HttpLoginForm" = []))
+)]
+pub async fn login_providers(
+    api: &Endpoints,
+    req: EndpointRequest,
+) -> Result<http::Response<Body>, ApiError> {
+    let (_, user) = pre_verified(api, &req).await?;
+    let platform = api.platform_two_fa().await?;
+    let infos: Vec<Value> = api
+        .active_two_factors(user.id, &platform)
+        .await?
+        .iter()
+        .map(|record| {
+            json!({
+                "type": record.provider,
+                "default": record.use_by_default,
+                "contact": null,
+                "minVerificationCodeSendPeriod": platform.min_verification_code_send_period,
+            })
+        })
+        .collect();
+    Ok(json_response(&infos))
+}
+
+#[utoipa::path(
+    post,
+    path = "/api/auth/2fa/verification/send",
+    tag = "two-factor-auth-controller",
+    operation_id = "requestTwoFaVerificationCode",
+    summary = "Ask for a code to be sent; TOTP and backup codes need none (pre-verification token)",
+    params(("providerType" = String, Query, description = "TOTP or BACKUP_CODE")),
+    responses(
+        (status = 200, description = "Nothing to send for these providers"),
+        BodyErrors
+    ),
+    security(("HttpLoginForm" = []))
+)]
+pub async fn send_code(
+    api: &Endpoints,
+    req: EndpointRequest,
+) -> Result<http::Response<Body>, ApiError> {
+    let (_, user) = pre_verified(api, &req).await?;
+    let provider = provider_param(&req)?;
+    let platform = api.platform_two_fa().await?;
+    if !api
+        .active_two_factors(user.id, &platform)
+        .await?
+        .iter()
+        .any(|r| r.provider == provider)
+    {
+        return Err(ApiError::bad_request("2FA is not configured for account"));
+    }
+    Ok(empty_response())
+}
+
+#[utoipa::path(
+    post,
+    path = "/api/auth/2fa/verification/check",
+    tag = "two-factor-auth-controller",
+    operation_id = "checkTwoFaVerificationCode",
+    summary = "Check a code for the token pair (pre-verification token)",
+    params(
+        ("providerType" = String, Query, description = "TOTP or BACKUP_CODE"),
+        ("verificationCode" = String, Query, description = "The code")
+    ),
+    responses(
+        (status = 200, description = "Token pair; `codesLeft` after a backup code", body = Object),
+        LoginErrors
+    ),
+    security(("HttpLoginForm" = []))
+)]
+pub async fn check_code(
+    api: &Endpoints,
+    req: EndpointRequest,
+) -> Result<http::Response<Body>, ApiError> {
+    api.require_confidential(&req)?;
+    let (claims, user) = pre_verified(api, &req).await?;
+    let provider = provider_param(&req)?;
+    let pairs = query_pairs(req.query.as_deref());
+    let code = param(&pairs, "verificationCode")
+        .ok_or_else(|| {
+            ApiError::bad_request("Required request parameter 'verificationCode' is not present")
+        })?
+        .trim()
+        .to_string();
+    let platform = api.platform_two_fa().await?;
+    let record = api
+        .active_two_factors(user.id, &platform)
+        .await?
+        .into_iter()
+        .find(|r| r.provider == provider)
+        .ok_or_else(|| ApiError::bad_request("2FA is not configured for account"))?;
+    // The slot is taken before the code is checked: parallel guesses cannot
+    // overrun the limit.
+    let attempt = api.password_attempt(&user.email, &req).await?;
+    let checked = match provider {
+        TOTP => check_totp(api, &user, &record, &code).await?,
+        _ => check_backup_code(api, &user, &record, &code).await?,
+    };
+    let Some(codes_left) = checked else {
+        return Err(wrong_code(api, &claims, &user, provider, &platform, &req));
+    };
+    api.limiter.succeeded(attempt).await;
+    // The attempt is over: this token opens nothing more.
+    api.two_factor.failures.insert(claims.session_id, u32::MAX);
+    let pair = api.issue_pair(&user).await?;
+    api.metrics.login("success");
+    tracing::info!(target: "keygate::security", user_id = %user.id, client = %req.client_ip, provider, "login succeeded with a second factor");
+    let mut answer = json!({"token": pair.token, "refreshToken": pair.refresh_token});
+    if let Some(left) = codes_left {
+        answer["codesLeft"] = json!(left);
+    }
+    Ok(json_response(&answer))
+}
+
+/// A wrong code: counted against the attempt, which ends at the limit.
+fn wrong_code(
+    api: &Endpoints,
+    claims: &AccessClaims,
+    user: &UserRecord,
+    provider: &str,
+    platform: &PlatformTwoFaSettings,
+    req: &EndpointRequest,
+) -> ApiError {
+    let failures = api
+        .two_factor
+        .failures
+        .get(&claims.session_id)
+        .unwrap_or(0)
+        .saturating_add(1);
+    api.two_factor.failures.insert(claims.session_id, failures);
+    api.metrics.login("bad_second_factor");
+    let max = platform.max_failures(&api.settings.two_factor);
+    if failures >= max {
+        tracing::warn!(target: "keygate::security", user_id = %user.id, client = %req.client_ip, provider, failures, "login attempt ended after wrong second-factor codes");
+        return attempt_ended();
+    }
+    tracing::info!(target: "keygate::security", user_id = %user.id, client = %req.client_ip, provider, failures, "wrong second-factor code");
+    ApiError::bad_request("Verification code is incorrect")
+}
+
+/// `Some(None)` when the TOTP code is right and was not used before.
+async fn check_totp(
+    api: &Endpoints,
+    user: &UserRecord,
+    record: &TwoFactorRecord,
+    code: &str,
+) -> Result<Option<Option<usize>>, ApiError> {
+    let sealer = &api.two_factor.sealer;
+    let raw = sealer.open(user.id, TOTP, &record.secret).map_err(|error| {
+        tracing::error!(user_id = %user.id, %error, "a TOTP secret does not open: is the encryption secret that sealed it still configured?");
+        ApiError::internal()
+    })?;
+    let Some(step) = totp::matching_step(&raw, code, crate::clock::now_secs()) else {
+        return Ok(None);
+    };
+    let resealed = if sealer.is_stale(&record.secret) {
+        Some(
+            sealer
+                .seal(user.id, TOTP, &raw)
+                .map_err(|_| ApiError::internal())?,
+        )
+    } else {
+        None
+    };
+    let used = audited_by_user(&api.store, user, "two_factor.use")
+        .use_totp_step(user.id, step, resealed.as_deref())
+        .await?;
+    if !used {
+        tracing::warn!(target: "keygate::security", user_id = %user.id, "refused a TOTP code used before");
+        return Ok(None);
+    }
+    Ok(Some(None))
+}
+
+/// `Some(Some(codes left))` when the backup code is one of the unused ones.
+async fn check_backup_code(
+    api: &Endpoints,
+    user: &UserRecord,
+    record: &TwoFactorRecord,
+    code: &str,
+) -> Result<Option<Option<usize>>, ApiError> {
+    let sealer = &api.two_factor.sealer;
+    let digests = code_digests(&record.secret);
+    let mut matched = None;
+    for (index, digest) in digests.iter().enumerate() {
+        if sealer.code_matches(user.id, code, digest) && matched.is_none() {
+            matched = Some(index);
+        }
+    }
+    let Some(index) = matched else {
+        return Ok(None);
+    };
+    let mut left = digests.clone();
+    left.remove(index);
+    let after = serde_json::to_string(&left).map_err(|_| ApiError::internal())?;
+    let used = audited_by_user(&api.store, user, "two_factor.backup_code_used")
+        .use_backup_code(user.id, &record.secret, &after)
+        .await?;
+    if !used {
+        // Another request used a code at the same moment: check again.
+        return Ok(None);
+    }
+    tracing::info!(target: "keygate::security", user_id = %user.id, codes_left = left.len(), "backup code used");
+    Ok(Some(Some(left.len())))
+}

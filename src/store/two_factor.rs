@@ -1,0 +1,190 @@
+//! The `two_factor` table: each user's configured second factors. What a row
+//! holds is sealed or digested before it gets here (`auth::at_rest`); the
+//! store never sees a secret in clear.
+
+use sqlx::Row;
+use uuid::Uuid;
+
+use super::audit::Target;
+use super::{Store, StoreError, flag};
+
+/// One configured provider of one user.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TwoFactorRecord {
+    /// `TOTP` or `BACKUP_CODE`.
+    pub provider: String,
+    pub use_by_default: bool,
+    /// A sealed TOTP secret, or the JSON list of backup code digests.
+    pub secret: String,
+    /// The last TOTP step accepted.
+    pub last_step: i64,
+}
+
+impl Store {
+    /// The user's configured providers, oldest first.
+    pub(crate) async fn two_factors(
+        &self,
+        user_id: Uuid,
+    ) -> Result<Vec<TwoFactorRecord>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT provider, use_by_default, secret, last_step FROM two_factor \
+             WHERE user_id = $1 ORDER BY created_time, provider",
+        )
+        .bind(user_id.to_string())
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|row| {
+                Ok(TwoFactorRecord {
+                    provider: row.try_get(0)?,
+                    use_by_default: flag(row, 1)?,
+                    secret: row.try_get(2)?,
+                    last_step: row.try_get(3)?,
+                })
+            })
+            .collect()
+    }
+
+    /// Adds a provider; `false` when the user has it already. A provider
+    /// saved as the default takes that from the others.
+    pub(crate) async fn add_two_factor(
+        &self,
+        user_id: Uuid,
+        record: &TwoFactorRecord,
+        now_ms: i64,
+    ) -> Result<bool, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        if record.use_by_default {
+            sqlx::query("UPDATE two_factor SET use_by_default = 0 WHERE user_id = $1")
+                .bind(user_id.to_string())
+                .execute(&mut *tx)
+                .await?;
+        }
+        let inserted = sqlx::query(
+            "INSERT INTO two_factor (user_id, provider, use_by_default, secret, last_step, created_time) \
+             VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (user_id, provider) DO NOTHING",
+        )
+        .bind(user_id.to_string())
+        .bind(&record.provider)
+        .bind(i64::from(record.use_by_default))
+        .bind(&record.secret)
+        .bind(record.last_step)
+        .bind(now_ms)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected()
+            == 1;
+        let event = self
+            .record_if(&mut tx, inserted, Target::User(user_id))
+            .await?;
+        if inserted {
+            event.commit(tx).await?;
+        } else {
+            tx.rollback().await?;
+        }
+        Ok(inserted)
+    }
+
+    /// Sets whether a provider is the default; `false` when the user has no such provider.
+    pub(crate) async fn set_two_factor_default(
+        &self,
+        user_id: Uuid,
+        provider: &str,
+        use_by_default: bool,
+    ) -> Result<bool, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        if use_by_default {
+            sqlx::query("UPDATE two_factor SET use_by_default = 0 WHERE user_id = $1")
+                .bind(user_id.to_string())
+                .execute(&mut *tx)
+                .await?;
+        }
+        let found = sqlx::query(
+            "UPDATE two_factor SET use_by_default = $1 WHERE user_id = $2 AND provider = $3",
+        )
+        .bind(i64::from(use_by_default))
+        .bind(user_id.to_string())
+        .bind(provider)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected()
+            == 1;
+        let event = self
+            .record_if(&mut tx, found, Target::User(user_id))
+            .await?;
+        event.commit(tx).await?;
+        Ok(found)
+    }
+
+    /// Removes a provider; `false` when the user had none such.
+    pub(crate) async fn remove_two_factor(
+        &self,
+        user_id: Uuid,
+        provider: &str,
+    ) -> Result<bool, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let removed = sqlx::query("DELETE FROM two_factor WHERE user_id = $1 AND provider = $2")
+            .bind(user_id.to_string())
+            .bind(provider)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected()
+            == 1;
+        let event = self
+            .record_if(&mut tx, removed, Target::User(user_id))
+            .await?;
+        event.commit(tx).await?;
+        Ok(removed)
+    }
+
+    /// Records that the TOTP code of `step` was used, and reseals the secret
+    /// when given; `false` when that step or a later one was used already (a
+    /// replayed code), so of two concurrent uses of one code one wins.
+    pub(crate) async fn use_totp_step(
+        &self,
+        user_id: Uuid,
+        step: i64,
+        resealed: Option<&str>,
+    ) -> Result<bool, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let used = sqlx::query(
+            "UPDATE two_factor SET last_step = $1, secret = COALESCE($2, secret) \
+             WHERE user_id = $3 AND provider = 'TOTP' AND last_step < $1",
+        )
+        .bind(step)
+        .bind(resealed)
+        .bind(user_id.to_string())
+        .execute(&mut *tx)
+        .await?
+        .rows_affected()
+            == 1;
+        let event = self.record_if(&mut tx, used, Target::User(user_id)).await?;
+        event.commit(tx).await?;
+        Ok(used)
+    }
+
+    /// Replaces the backup code digests if they are still `before`: of two
+    /// concurrent uses of one code one wins. `false` when they changed.
+    pub(crate) async fn use_backup_code(
+        &self,
+        user_id: Uuid,
+        before: &str,
+        after: &str,
+    ) -> Result<bool, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let used = sqlx::query(
+            "UPDATE two_factor SET secret = $1 \
+             WHERE user_id = $2 AND provider = 'BACKUP_CODE' AND secret = $3",
+        )
+        .bind(after)
+        .bind(user_id.to_string())
+        .bind(before)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected()
+            == 1;
+        let event = self.record_if(&mut tx, used, Target::User(user_id)).await?;
+        event.commit(tx).await?;
+        Ok(used)
+    }
+}
