@@ -36,6 +36,11 @@ const SQLITE: &[(i64, &str, &str)] = &[
         "customer_tenants",
         include_str!("../../migrations/sqlite/0006_customer_tenants.sql"),
     ),
+    (
+        7,
+        "api_key_scopes",
+        include_str!("../../migrations/sqlite/0007_api_key_scopes.sql"),
+    ),
 ];
 const POSTGRES: &[(i64, &str, &str)] = &[
     (
@@ -67,6 +72,11 @@ const POSTGRES: &[(i64, &str, &str)] = &[
         6,
         "customer_tenants",
         include_str!("../../migrations/postgres/0006_customer_tenants.sql"),
+    ),
+    (
+        7,
+        "api_key_scopes",
+        include_str!("../../migrations/postgres/0007_api_key_scopes.sql"),
     ),
 ];
 

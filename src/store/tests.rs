@@ -169,7 +169,48 @@ store_tests!(
     check_changes_return_the_revocation_they_publish,
     check_an_audited_change_stores_its_event_and_a_failed_one_none,
     check_pruning_deletes_audit_events_past_their_retention_only,
+    check_api_key_scopes_are_stored_as_given_and_absent_when_unscoped,
 );
+
+/// A key's scopes come back as they were stored; a key stored without
+/// them (every key made before scopes existed) reads as unscoped.
+async fn check_api_key_scopes_are_stored_as_given_and_absent_when_unscoped(store: &Store) {
+    let u = user("scoped@example.com", 1);
+    store.insert_user(&u).await.unwrap();
+    let whole = key(&u, "whole", 1);
+    let scopes = crate::auth::scope::Scopes::from_json(&serde_json::json!([
+        {"path": "/api/device/", "methods": ["GET", "POST"]},
+        {"path": "/api/auth/user", "methods": ["GET"]},
+    ]))
+    .unwrap();
+    let scoped = ApiKeyRecord {
+        scopes: Some(std::sync::Arc::new(scopes.clone())),
+        ..key(&u, "scoped", 2)
+    };
+    store.insert_api_key(&whole).await.unwrap();
+    store.insert_api_key(&scoped).await.unwrap();
+    assert_eq!(store.api_key_by_digest("whole").await.unwrap(), Some(whole));
+    let found = store.api_key_by_id(scoped.id).await.unwrap().unwrap();
+    assert_eq!(found.scopes.as_deref(), Some(&scopes));
+    let listed = store.list_api_keys(u.id).await.unwrap();
+    assert_eq!(listed[1].scopes.as_deref(), Some(&scopes));
+    // The creation's audit event holds the grants; an unscoped one none.
+    let audited = store.audited(Audit::command_line("api_key.create"));
+    let recorded = ApiKeyRecord {
+        scopes: Some(std::sync::Arc::new(scopes.clone())),
+        ..key(&u, "recorded", 3)
+    };
+    audited.insert_api_key(&recorded).await.unwrap();
+    audited.insert_api_key(&key(&u, "plain", 4)).await.unwrap();
+    let events = store.audit_events(2).await.unwrap();
+    assert_eq!(events[0].scopes, None);
+    assert_eq!(events[1].target_id, recorded.id);
+    let stored = events[1].scopes.as_deref().unwrap();
+    assert_eq!(
+        crate::auth::scope::Scopes::from_stored(stored).unwrap(),
+        scopes
+    );
+}
 
 /// Audit events are kept for `retention.audit_events`, then deleted.
 async fn check_pruning_deletes_audit_events_past_their_retention_only(store: &Store) {
@@ -327,6 +368,7 @@ fn key(user: &UserRecord, digest: &str, created_time: i64) -> ApiKeyRecord {
         description: format!("key {digest}"),
         enabled: true,
         expiration_time: 0,
+        scopes: None,
     }
 }
 
