@@ -176,6 +176,7 @@ LABELS = {
     "nginx-plain": "nginx proxy_pass, plain HTTP",
     "nginx-https": "nginx proxy_pass, HTTPS",
     "keygate-apikey": "keygate HTTPS + API key",
+    "keygate-scoped": "keygate HTTPS + scoped API key (4 grants)",
     "keygate-quota": "keygate HTTPS + API key, quota far above the load",
     "keygate-jwt": "keygate HTTPS + Bearer JWT",
     "keygate-public": "keygate plain HTTP, public route",
@@ -292,6 +293,11 @@ def table(args):
             f"- API key with a quota far above the load (shared through Redis) vs without: "
             f"{ratio(s['keygate-quota']['rps'], s['keygate-apikey']['rps'])} req/s, "
             f"{ratio(s['keygate-quota']['cpu'], s['keygate-apikey']['cpu'])} CPU/req"
+        )
+    if "keygate-scoped" in s and "keygate-apikey" in s:
+        lines.append(
+            f"- scoped API key (4 grants) vs unscoped: "
+            f"{ratio(s['keygate-scoped']['rps'], s['keygate-apikey']['rps'])} req/s"
         )
     if "keygate-jwt" in s and "keygate-apikey" in s:
         lines.append(

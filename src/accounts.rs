@@ -231,6 +231,8 @@ pub struct KeyRequest<'a> {
     pub description: &'a str,
     pub expiration_time: i64,
     pub enabled: bool,
+    /// The grants the key is limited to; `None`: its owner's full rights.
+    pub scopes: Option<std::sync::Arc<crate::auth::scope::Scopes>>,
 }
 
 pub async fn create_api_key(
@@ -246,13 +248,14 @@ pub async fn create_api_key(
         description,
         expiration_time,
         enabled,
+        scopes: None,
     };
     create_api_key_within(store, user, request, None).await
 }
 
 /// Creates a key for `user` unless they already hold `cap` keys
 /// ([`AccountError::TooManyKeys`]); `None`: no cap.
-pub(crate) async fn create_api_key_within(
+pub async fn create_api_key_within(
     store: &Store,
     user: &UserRecord,
     request: KeyRequest<'_>,
@@ -263,6 +266,7 @@ pub(crate) async fn create_api_key_within(
         description,
         expiration_time,
         enabled,
+        scopes,
     } = request;
     let description = description.trim();
     if description.is_empty() || description.chars().count() > 255 {
@@ -285,6 +289,7 @@ pub(crate) async fn create_api_key_within(
         description: description.to_string(),
         enabled,
         expiration_time,
+        scopes,
     };
     let held_cap = cap.map_or(i64::MAX, |cap| i64::try_from(cap).unwrap_or(i64::MAX));
     if !store.insert_api_key_capped(&record, held_cap).await? {

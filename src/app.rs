@@ -23,7 +23,7 @@ use http::{HeaderValue, Method, Request, Response, Uri};
 use hyper::body::Incoming;
 
 use crate::address::AddressKey;
-use crate::api::{self, Access, EndpointRequest, Endpoints, Matched};
+use crate::api::{self, Access, Endpoint, EndpointRequest, Endpoints, Matched};
 use crate::api_browser::ApiBrowser;
 use crate::auth::credential::{self, Credential, CredentialError};
 use crate::auth::in_clear::InClear;
@@ -282,12 +282,14 @@ impl App {
         });
         match target {
             Target::ApiBrowser(browser) => serve_browser(browser, &req, &path),
-            Target::Endpoint(matched) => self.answer(matched, req, ex).await,
+            Target::Endpoint(matched) => self.answer(matched, req, &path, ex).await,
             Target::WebSocket(route, label) => {
                 self.upgrade(route, label, req, &path, ex, Start::Platform)
             }
             Target::Proxied(route) if upgrade => {
-                ex.identity = self.authenticate(&req, !route.public, ex).await?;
+                ex.identity = self
+                    .authenticate(&req, !route.public, ScopeCheck::Path(&path), ex)
+                    .await?;
                 // An upgrade is a request like any other to the quotas,
                 // counted before anything reaches the upstream.
                 let grant = match self.admit_quota(route, ex) {
@@ -302,7 +304,9 @@ impl App {
                 Ok(response)
             }
             Target::Proxied(route) => {
-                ex.identity = self.authenticate(&req, !route.public, ex).await?;
+                ex.identity = self
+                    .authenticate(&req, !route.public, ScopeCheck::Path(&path), ex)
+                    .await?;
                 let grant = match self.admit_quota(route, ex) {
                     Ok(grant) => grant,
                     Err(refusal) => return Ok(refusal.into_response()),
@@ -397,10 +401,18 @@ impl App {
         &self,
         matched: Matched,
         req: Request<Incoming>,
+        path: &str,
         ex: &mut Exchange<'_>,
     ) -> Result<Response<Body>, ApiError> {
         let required = matches!(matched.route.access, Access::Authenticated);
-        let identity = self.authenticate(&req, required, ex).await?;
+        let scope = match matched.route.endpoint {
+            // Clients call it to check a key: any key may.
+            Endpoint::CurrentUser => ScopeCheck::Exempt,
+            // A password is its user's whole account: never a scoped key's.
+            Endpoint::ChangePassword => ScopeCheck::Refused,
+            _ => ScopeCheck::Path(path),
+        };
+        let identity = self.authenticate(&req, required, scope, ex).await?;
         let client = &ex.client;
         let client_ip = client.address(req.headers(), &self.settings.proxy.trusted_proxies);
         let request = EndpointRequest {
@@ -593,12 +605,14 @@ impl App {
         AddressKey::of(address, self.settings.limits.ipv6_prefix_len)
     }
 
-    /// Verifies the request's credential when the target asks for one,
-    /// counting the outcome. Secrets sent in clear were refused on admission.
+    /// Verifies the request's credential when the target asks for one, and
+    /// that a scoped key's grants hold the request, counting the outcome.
+    /// Secrets sent in clear were refused on admission.
     async fn authenticate(
         &self,
         req: &Request<Incoming>,
         required: bool,
+        scope: ScopeCheck<'_>,
         ex: &Exchange<'_>,
     ) -> Result<Option<Identity>, ApiError> {
         if !required {
@@ -615,6 +629,17 @@ impl App {
         let method = outcomes::method_of(Some(credential));
         let from = self.address_key(&ex.client, req);
         match self.auth.verify_from(credential, from).await {
+            Ok(identity) if !scope.allows(&identity, &ex.method) => {
+                self.series.auth.count(method, Err(AuthFailure::OutOfScope));
+                tracing::warn!(
+                    target: "keygate::security",
+                    key_id = %identity.credential_id(),
+                    user_id = %identity.principal.user_id,
+                    method = %ex.method,
+                    "request outside its API key's scopes refused"
+                );
+                Err(AuthFailure::OutOfScope.to_api_error())
+            }
             Ok(identity) => {
                 self.series.auth.count(method, Ok(()));
                 Ok(Some(identity))
@@ -623,6 +648,32 @@ impl App {
                 self.series.auth.count(method, Err(failure));
                 Err(self.auth.to_api_error(failure))
             }
+        }
+    }
+}
+
+/// What a scoped API key must hold for a request.
+#[derive(Clone, Copy)]
+enum ScopeCheck<'p> {
+    /// A grant of the request's method on this normalised path: the one
+    /// that decided the route.
+    Path(&'p str),
+    /// Nothing: any valid key may.
+    Exempt,
+    /// Never allowed with a scoped key.
+    Refused,
+}
+
+impl ScopeCheck<'_> {
+    /// Always true for a credential without scopes.
+    fn allows(self, identity: &Identity, method: &Method) -> bool {
+        if identity.scopes().is_none() {
+            return true;
+        }
+        match self {
+            ScopeCheck::Path(path) => identity.allows(method, path),
+            ScopeCheck::Exempt => true,
+            ScopeCheck::Refused => false,
         }
     }
 }

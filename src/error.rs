@@ -130,6 +130,16 @@ impl ApiError {
             "You don't have permission to perform this operation!",
         )
     }
+    /// A scoped API key asked for what its grants do not hold. Names neither
+    /// the key nor its grants.
+    pub const fn out_of_scope() -> Self {
+        Self::new(
+            StatusCode::FORBIDDEN,
+            code::PERMISSION_DENIED,
+            "This API key's scopes do not allow this request",
+        )
+    }
+
     pub const fn api_key_over_plain_http() -> Self {
         Self::new(
             StatusCode::FORBIDDEN,

@@ -183,6 +183,45 @@ async fn an_assertion_route_sends_a_signed_assertion_that_verifies_against_the_j
 }
 
 #[tokio::test]
+async fn a_scoped_keys_assertion_carries_its_grants_and_an_unscoped_one_none() {
+    let (gw, _upstream) = verified_at("").await;
+    let user = gw.user("grants@example.com", Authority::TenantAdmin).await;
+    let (_, whole) = gw.api_key(&user, 0).await;
+    let grants = serde_json::json!([
+        {"path": "/api/echo", "methods": ["GET"]},
+        {"path": "/api/device/", "methods": ["GET", "POST"]},
+    ]);
+    let response = gw
+        .client()
+        .post(gw.https("/api/apiKey"))
+        .header("X-Authorization", api_key_header(&whole))
+        .json(&serde_json::json!({
+            "userId": {"id": user.id, "entityType": "USER"},
+            "description": "narrow",
+            "scopes": grants,
+        }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let created: Value = response.json().await.unwrap();
+    let scoped = created["value"].as_str().unwrap().to_owned();
+
+    let claims = verify(
+        &gw,
+        &assertion_of(&echo(&gw, &api_key_header(&scoped)).await),
+    )
+    .await;
+    assert_eq!(claims["scopes"], grants, "the upstream can narrow further");
+    let claims = verify(
+        &gw,
+        &assertion_of(&echo(&gw, &api_key_header(&whole)).await),
+    )
+    .await;
+    assert!(claims.get("scopes").is_none(), "{claims}");
+}
+
+#[tokio::test]
 async fn a_client_sent_x_auth_assertion_never_reaches_an_upstream() {
     let upstream = Upstream::start().await;
     let gw = Gateway::start(&upstream.url(), &checked_route(&upstream.url())).await;

@@ -223,6 +223,115 @@ async fn cli_created_key_works_and_cli_disable_applies_within_the_cache_bound() 
 }
 
 #[tokio::test]
+async fn cli_read_only_and_scoped_keys_are_refused_outside_their_scopes() {
+    let upstream = Upstream::start().await;
+    let gw = Gateway::start(&upstream.url(), "").await;
+    let config = gw.dir.path().join("keygate.toml");
+    let out = keygate(
+        &config,
+        &[
+            "user",
+            "add",
+            "--email",
+            "scoped-cli@example.com",
+            "--authority",
+            "TENANT_ADMIN",
+            "--tenant-id",
+            "5f1c0c9e-1d2a-4c3b-9e8f-0a1b2c3d4e5f",
+        ],
+        "a-long-password\n",
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let create = |extra: &[&str]| {
+        let mut args = vec!["apikey", "create", "--email", "scoped-cli@example.com"];
+        args.extend_from_slice(extra);
+        keygate(&config, &args, "")
+    };
+    let out = create(&["--read-only"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let reader = text(&out.stdout).lines().last().unwrap().to_string();
+    let out = create(&[
+        "--scope",
+        "GET,post /api/device/",
+        "--scope",
+        "DELETE /api/alarm",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let writer = text(&out.stdout).lines().last().unwrap().to_string();
+    for bad in [
+        &["--scope", "FETCH /api"][..],
+        &["--scope", "GET api"],
+        &["--scope", "GET"],
+    ] {
+        let out = create(bad);
+        assert!(!out.status.success(), "{bad:?} was accepted");
+        assert!(text(&out.stderr).contains("scope"), "{}", text(&out.stderr));
+    }
+    let out = create(&["--read-only", "--scope", "GET /api"]);
+    assert!(!out.status.success(), "--read-only and --scope together");
+
+    let out = keygate(
+        &config,
+        &["apikey", "list", "--email", "scoped-cli@example.com"],
+        "",
+    );
+    let listing = text(&out.stdout);
+    assert!(listing.contains("[GET /]"), "{listing}");
+    assert!(
+        listing.contains("[GET,POST /api/device/; DELETE /api/alarm]"),
+        "{listing}"
+    );
+
+    let client = gw.client();
+    let call = |method: reqwest::Method, path: &str, key: &str| {
+        client
+            .request(method, gw.https(path))
+            .header("X-Authorization", common::api_key_header(key))
+            .send()
+    };
+    assert_eq!(
+        call(reqwest::Method::GET, "/api/tenant/devices", &reader)
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    assert_eq!(
+        call(reqwest::Method::POST, "/api/device/x", &reader)
+            .await
+            .unwrap()
+            .status(),
+        403
+    );
+    assert_eq!(
+        call(reqwest::Method::POST, "/api/device/x", &writer)
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    assert_eq!(
+        call(reqwest::Method::DELETE, "/api/alarm/1", &writer)
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    assert_eq!(
+        call(reqwest::Method::GET, "/api/alarms", &writer)
+            .await
+            .unwrap()
+            .status(),
+        403
+    );
+    assert_eq!(
+        upstream.requests().len(),
+        3,
+        "only what the scopes hold was forwarded"
+    );
+}
+
+#[tokio::test]
 async fn first_start_creates_the_bootstrap_admin_once() {
     let dir = tempfile::tempdir().unwrap();
     let url = format!("sqlite://{}/k.db", dir.path().display());

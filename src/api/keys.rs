@@ -4,9 +4,13 @@ use super::access::{audited, check_manage, page_json, page_request, path_id};
 use super::records::{ApiKey, PageDataApiKey};
 use super::wire::{ApiKeyCreateRequest, ManageErrors};
 use super::{EndpointRequest, Endpoints, empty_response, json_response};
+use std::sync::Arc;
+
 use crate::accounts;
+use crate::auth::scope::Scopes;
 use crate::body::Body;
 use crate::error::ApiError;
+use crate::identity::Identity;
 use crate::store::ApiKeyRecord;
 
 impl Endpoints {
@@ -54,12 +58,18 @@ pub async fn create(
         ));
     }
     let enabled = body.enabled.unwrap_or(true);
+    let scopes = match body.scopes.as_ref().filter(|v| !v.is_null()) {
+        Some(value) => Some(Scopes::from_json(value).map_err(|e| ApiError::bad_request(e.0))?),
+        None => None,
+    };
+    within_creator_scopes(identity, scopes.as_ref())?;
     let prefix = &api.settings.api_key_prefix;
     let request = accounts::KeyRequest {
         prefix,
         description: &description,
         expiration_time,
         enabled,
+        scopes: scopes.map(Arc::new),
     };
     let created = accounts::create_api_key_within(
         &audited(&api.store, identity, "api_key.create"),
@@ -73,6 +83,26 @@ pub async fn create(
         &record,
         Some(created.value.expose()),
     )))
+}
+
+/// A scoped key creates only keys within its own grants: never an unscoped
+/// one, and never a grant wider (in path or methods) than one of its own.
+fn within_creator_scopes(identity: &Identity, wanted: Option<&Scopes>) -> Result<(), ApiError> {
+    let Some(own) = identity.scopes() else {
+        return Ok(());
+    };
+    if wanted.is_some_and(|wanted| own.covers(wanted)) {
+        return Ok(());
+    }
+    tracing::warn!(
+        target: "keygate::security",
+        key_id = %identity.credential_id(),
+        "a scoped API key asked for a key beyond its own scopes"
+    );
+    Err(ApiError {
+        message: "A scoped API key can only create keys within its own scopes".into(),
+        ..ApiError::permission_denied()
+    })
 }
 
 #[utoipa::path(

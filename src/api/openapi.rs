@@ -8,7 +8,7 @@ use super::records::{ApiKey, EntityId, PageDataApiKey, PageDataUser, User};
 use super::users::UserPasswordPolicy;
 use super::wire::{
     ActivateUserRequest, ApiKeyCreateRequest, ChangePasswordRequest, JwtPair, LoginRequest,
-    RefreshTokenRequest,
+    RefreshTokenRequest, ScopeGrant,
 };
 use super::{jwks, keys, session, two_factor, users};
 use crate::error::ErrorResponse;
@@ -62,6 +62,7 @@ use crate::error::ErrorResponse;
         User,
         ApiKey,
         ApiKeyCreateRequest,
+        ScopeGrant,
         PageDataApiKey,
         PageDataUser,
         UserPasswordPolicy,
@@ -199,6 +200,25 @@ mod tests {
                 .contains("`/api/auth/login`")
         );
         assert_eq!(document()["components"]["securitySchemes"], schemes);
+    }
+
+    #[test]
+    fn key_schemas_show_scopes_with_an_example() {
+        let doc = document();
+        let schemas = &doc["components"]["schemas"];
+        for name in ["ApiKey", "ApiKeyCreateRequest"] {
+            let scopes = schemas[name]["properties"]["scopes"].to_string();
+            assert!(scopes.contains("ScopeGrant"), "{name}: {scopes}");
+            assert!(
+                scopes.contains("/api/device/"),
+                "{name}: no example: {scopes}"
+            );
+        }
+        let grant = &schemas["ScopeGrant"]["properties"];
+        assert!(
+            grant["path"].is_object() && grant["methods"].is_object(),
+            "{grant}"
+        );
     }
 
     #[test]

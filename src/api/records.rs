@@ -102,6 +102,13 @@ pub struct ApiKey {
     pub description: String,
     pub enabled: bool,
     pub expired: bool,
+    /// The grants a scoped key is limited to; absent for a key with its
+    /// owner's full rights.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Vec<super::wire::ScopeGrant>>, example = json!([
+        {"path": "/api/device/", "methods": ["GET", "POST"]}
+    ]))]
+    pub scopes: Option<std::sync::Arc<crate::auth::scope::Scopes>>,
     /// Only in the create response.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub value: Option<String>,
@@ -119,6 +126,7 @@ impl ApiKey {
             description: key.description.clone(),
             enabled: key.enabled,
             expired: key.expiration_time != 0 && now >= key.expiration_time,
+            scopes: key.scopes.clone(),
             value: value.map(str::to_string),
         }
     }

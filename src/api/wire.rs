@@ -57,6 +57,29 @@ pub struct ApiKeyCreateRequest {
     pub description: Option<String>,
     pub enabled: Option<bool>,
     pub expiration_time: Option<i64>,
+    /// Limits the key to these grants, fixed at creation; absent or null:
+    /// the key has its owner's full rights. Read field by field, so a
+    /// malformed grant is a 400 naming its field.
+    #[schema(value_type = Option<Vec<ScopeGrant>>, example = json!([
+        {"path": "/api/device/", "methods": ["GET", "POST"]},
+        {"path": "/api/auth/user", "methods": ["GET"]}
+    ]))]
+    pub scopes: Option<serde_json::Value>,
+}
+
+/// One grant of a scoped API key: a request is allowed when its method is
+/// listed (`HEAD` comes with `GET`) and its normalised path is `path` or lies
+/// below it at a segment boundary (`/api/device` holds `/api/device/x`, never
+/// `/api/devices`; a path ending in `/` holds only what is below it; `/`
+/// holds every path).
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub struct ScopeGrant {
+    #[schema(example = "/api/device/")]
+    pub path: String,
+    /// GET, HEAD, POST, PUT, PATCH, DELETE or OPTIONS.
+    #[schema(example = json!(["GET", "POST"]))]
+    pub methods: Vec<String>,
 }
 
 /// One documented error answer: its status, what it means, and an example

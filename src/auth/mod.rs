@@ -11,6 +11,7 @@ pub(crate) mod live;
 pub(crate) mod outcomes;
 pub mod password;
 pub mod revocation;
+pub mod scope;
 pub mod totp;
 
 use std::sync::Arc;
@@ -47,11 +48,13 @@ pub enum AuthFailure {
     StoreUnavailable,
     /// The client's budget of unknown-API-key lookups is spent for now.
     LookupsSpent,
+    /// A valid scoped API key whose grants do not hold the request.
+    OutOfScope,
 }
 
 impl AuthFailure {
     /// Every failure, for creating each metric series up front.
-    pub const ALL: [AuthFailure; 12] = [
+    pub const ALL: [AuthFailure; 13] = [
         AuthFailure::Missing,
         AuthFailure::Malformed,
         AuthFailure::Unknown,
@@ -64,6 +67,7 @@ impl AuthFailure {
         AuthFailure::PlaintextRefused,
         AuthFailure::StoreUnavailable,
         AuthFailure::LookupsSpent,
+        AuthFailure::OutOfScope,
     ];
 
     /// No credential could be read, so it is counted under method `none`.
@@ -84,6 +88,7 @@ impl AuthFailure {
             AuthFailure::PlaintextRefused => "plaintext_refused",
             AuthFailure::StoreUnavailable => "store_error",
             AuthFailure::LookupsSpent => "rate_limited",
+            AuthFailure::OutOfScope => "out_of_scope",
         }
     }
 
@@ -101,6 +106,7 @@ impl AuthFailure {
             // The Retry-After a request gets is the budget's
             // ([`Authenticator::to_api_error`]); one second stands in.
             AuthFailure::LookupsSpent => ApiError::too_many_requests(1),
+            AuthFailure::OutOfScope => ApiError::out_of_scope(),
         }
     }
 }
@@ -309,7 +315,8 @@ impl Authenticator {
             user.principal.clone(),
             AuthMethod::ApiKey { key_id: key.id },
             id_header_value(&key.id),
-        ))
+        )
+        .with_scopes(key.scopes))
     }
 
     async fn verify_token(&self, token: &Secret) -> Result<Identity, AuthFailure> {
@@ -401,8 +408,10 @@ impl Authenticator {
                     user_id: k.user_id,
                     enabled: k.enabled,
                     expiration_time: k.expiration_time,
+                    scopes: k.scopes,
                 });
-                Ok((state, lifetimes.of(&state)))
+                let lifetime = lifetimes.of(&state);
+                Ok((state, lifetime))
             })
             .await
             .map_err(|e| match e {

@@ -38,6 +38,7 @@ const RESULTS: [&str; 1 + AuthFailure::ALL.len()] = [
     "plaintext_refused",
     "store_error",
     "rate_limited",
+    "out_of_scope",
 ];
 
 /// The request path's authentication counters.
@@ -53,7 +54,10 @@ impl Outcomes {
         for method in [AUTH_METHODS[API_KEY], AUTH_METHODS[JWT]] {
             metrics.init_auth(method, RESULTS[0]);
             for failure in AuthFailure::ALL.iter().filter(|f| !f.is_parse_failure()) {
-                metrics.init_auth(method, failure.label());
+                // Only an API key has scopes.
+                if *failure != AuthFailure::OutOfScope || method == AUTH_METHODS[API_KEY] {
+                    metrics.init_auth(method, failure.label());
+                }
             }
         }
         for failure in AuthFailure::ALL.iter().filter(|f| f.is_parse_failure()) {
@@ -110,6 +114,7 @@ mod tests {
             r#"keygate_auth_total{method="api-key",result="accepted"} 0"#,
             r#"keygate_auth_total{method="jwt",result="expired"} 0"#,
             r#"keygate_auth_total{method="none",result="missing"} 0"#,
+            r#"keygate_auth_total{method="api-key",result="out_of_scope"} 0"#,
             r#"keygate_auth_total{method="password",result="plaintext_refused"} 0"#,
         ] {
             assert!(text.contains(series), "{series} missing:\n{text}");

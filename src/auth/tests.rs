@@ -226,6 +226,39 @@ async fn a_known_key_looked_up_costs_no_unknown_key_budget() {
 }
 
 #[tokio::test]
+async fn a_scoped_keys_grants_come_from_the_cache_without_a_store_lookup() {
+    let f = Fixture::new().await;
+    let user = f.user("scoped@example.com").await;
+    let scopes = crate::auth::scope::Scopes::from_json(&serde_json::json!([
+        {"path": "/api/device/", "methods": ["GET"]}
+    ]))
+    .unwrap();
+    let request = accounts::KeyRequest {
+        prefix: "tb_",
+        description: "scoped",
+        expiration_time: 0,
+        enabled: true,
+        scopes: Some(Arc::new(scopes.clone())),
+    };
+    let created = accounts::create_api_key_within(&f.store, &user, request, None)
+        .await
+        .unwrap();
+    let credential = Credential::ApiKey(created.value);
+    let first = f.accepted(&credential).await;
+    assert_eq!(first.scopes(), Some(&scopes));
+    let before = f.auth.lookups[0].get();
+    let cached = f.accepted(&credential).await;
+    assert_eq!(f.auth.lookups[0].get(), before, "a hit reads no store");
+    assert_eq!(cached.scopes(), Some(&scopes));
+    assert!(cached.allows(&http::Method::GET, "/api/device/x"));
+    assert!(!cached.allows(&http::Method::POST, "/api/device/x"));
+    let (_, unscoped) = f.key(&user, 0).await;
+    let whole = f.accepted(&unscoped).await;
+    assert_eq!(whole.scopes(), None);
+    assert!(whole.allows(&http::Method::DELETE, "/anything"));
+}
+
+#[tokio::test]
 async fn identical_concurrent_unknown_keys_share_one_store_lookup() {
     let f = Fixture::new().await;
     let unknown = Credential::ApiKey(Secret::new("tb_the-same-unknown-key"));
@@ -489,11 +522,17 @@ fn failures_map_to_the_contract_errors() {
             2,
             "Service is temporarily unavailable",
         ),
+        (
+            OutOfScope,
+            StatusCode::FORBIDDEN,
+            20,
+            "This API key's scopes do not allow this request",
+        ),
     ];
     // A new variant does not compile here until the table above covers it.
     let _covered = |f: AuthFailure| match f {
         Missing | Malformed | Unknown | WrongScope | Disabled | Expired | TokenExpired
-        | BadSignature | Outdated | PlaintextRefused | StoreUnavailable => (),
+        | BadSignature | Outdated | PlaintextRefused | StoreUnavailable | OutOfScope => (),
         // Checked below: it carries a Retry-After.
         LookupsSpent => (),
     };

@@ -1,9 +1,12 @@
 //! `keygate apikey ...`: API keys in the store; a key's value is shown once.
 
+use std::sync::Arc;
+
 use anyhow::bail;
 use uuid::Uuid;
 
 use keygate::accounts;
+use keygate::auth::scope::{Grant, Scopes};
 use keygate::config::{self, Settings};
 
 use super::{ApiKeyCommand, cli, find_user, open_store};
@@ -15,7 +18,10 @@ pub(super) async fn apikey(cmd: ApiKeyCommand, settings: &Settings) -> anyhow::R
             email,
             description,
             expires_in,
+            scopes,
+            read_only,
         } => {
+            let scopes = scopes_of(&scopes, read_only)?;
             let u = find_user(&store, &email).await?;
             let expiration_time = match expires_in {
                 Some(text) => {
@@ -24,15 +30,16 @@ pub(super) async fn apikey(cmd: ApiKeyCommand, settings: &Settings) -> anyhow::R
                 }
                 None => 0,
             };
-            let created = accounts::create_api_key(
-                &cli(&store, "api_key.create"),
-                &u,
-                &settings.api_key_prefix,
-                &description,
+            let request = accounts::KeyRequest {
+                prefix: &settings.api_key_prefix,
+                description: &description,
                 expiration_time,
-                true,
-            )
-            .await?;
+                enabled: true,
+                scopes: scopes.map(Arc::new),
+            };
+            let created =
+                accounts::create_api_key_within(&cli(&store, "api_key.create"), &u, request, None)
+                    .await?;
             eprintln!(
                 "created API key {} for {} (shown once; store it now)",
                 created.record.id, u.email
@@ -48,9 +55,13 @@ pub(super) async fn apikey(cmd: ApiKeyCommand, settings: &Settings) -> anyhow::R
                 } else {
                     format!("{}", k.expiration_time)
                 };
+                let scopes = match &k.scopes {
+                    Some(scopes) => scopes.to_string(),
+                    None => "unscoped".to_string(),
+                };
                 println!(
-                    "{}  {:<8}  expires {}  {}",
-                    k.id, state, expires, k.description
+                    "{}  {:<8}  expires {}  {}  [{}]",
+                    k.id, state, expires, k.description, scopes
                 );
             }
         }
@@ -76,6 +87,21 @@ pub(super) async fn apikey(cmd: ApiKeyCommand, settings: &Settings) -> anyhow::R
         }
     }
     Ok(())
+}
+
+/// The grants `--scope` and `--read-only` ask for; `None`: unscoped.
+fn scopes_of(grants: &[String], read_only: bool) -> anyhow::Result<Option<Scopes>> {
+    if read_only {
+        return Ok(Some(Scopes::read_only()));
+    }
+    if grants.is_empty() {
+        return Ok(None);
+    }
+    let grants = grants
+        .iter()
+        .map(|text| text.parse::<Grant>())
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Some(Scopes::new(grants)?))
 }
 
 fn ensure(found: bool, id: Uuid) -> anyhow::Result<()> {

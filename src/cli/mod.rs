@@ -182,6 +182,14 @@ pub enum ApiKeyCommand {
         /// Lifetime such as 30d or 12h; the key never expires when omitted.
         #[arg(long)]
         expires_in: Option<String>,
+        /// Limit the key to a grant, 'METHOD[,METHOD...] /path' (a path
+        /// prefix at a segment boundary; HEAD comes with GET). Repeat for
+        /// more grants. Without any, the key has its user's full rights.
+        #[arg(long = "scope", value_name = "GRANT", conflicts_with = "read_only")]
+        scopes: Vec<String>,
+        /// Limit the key to reading: GET (and HEAD) on every path.
+        #[arg(long)]
+        read_only: bool,
     },
     /// List a user's keys (never their values).
     List {

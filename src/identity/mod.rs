@@ -4,6 +4,8 @@
 use http::{HeaderMap, HeaderName, HeaderValue};
 use uuid::Uuid;
 
+use crate::auth::scope::Scopes;
+
 pub mod assertion;
 pub mod passport;
 pub mod platform;
@@ -122,6 +124,8 @@ pub struct Identity {
     pub method: AuthMethod,
     /// The key or session id, as a header value built once.
     method_id: HeaderValue,
+    /// A scoped API key's grants; `None` for a token or an unscoped key.
+    scopes: Option<std::sync::Arc<Scopes>>,
 }
 
 impl Identity {
@@ -134,7 +138,28 @@ impl Identity {
             principal,
             method,
             method_id,
+            scopes: None,
         }
+    }
+
+    /// The identity limited to `scopes` (a scoped API key's).
+    pub fn with_scopes(mut self, scopes: Option<std::sync::Arc<Scopes>>) -> Self {
+        self.scopes = scopes;
+        self
+    }
+
+    /// The grants the credential is limited to: `None` when it carries its
+    /// user's full rights (a token, an unscoped key).
+    pub fn scopes(&self) -> Option<&Scopes> {
+        self.scopes.as_deref()
+    }
+
+    /// Does the credential allow `method` on the normalised `path`? Always,
+    /// unless it is scoped.
+    pub fn allows(&self, method: &http::Method, path: &str) -> bool {
+        self.scopes
+            .as_deref()
+            .is_none_or(|scopes| scopes.allows(method, path))
     }
 
     /// The id of the credential: the key's or the session's.

@@ -497,6 +497,7 @@ mod tests {
             description: imported.description.clone(),
             enabled: false,
             expiration_time: 0,
+            scopes: None,
         };
         let plan = plan_key(imported.clone(), Some(&keygate), Some(&imported));
         assert_eq!(

@@ -97,10 +97,12 @@ pub struct AuditEvent {
     /// `USER`, `API_KEY` or `SIGNING_KEY`.
     pub target_type: String,
     pub target_id: Uuid,
+    /// The grants of a key created scoped (JSON text); `None` otherwise.
+    pub scopes: Option<String>,
 }
 
 impl AuditEvent {
-    fn of(audit: &Audit, target: Target) -> AuditEvent {
+    fn of(audit: &Audit, target: Target, scopes: Option<String>) -> AuditEvent {
         let (actor_id, actor, tenant_id) = match &audit.actor {
             Actor::User {
                 id,
@@ -123,6 +125,7 @@ impl AuditEvent {
             action: audit.action.to_owned(),
             target_type: target_type.to_owned(),
             target_id,
+            scopes,
         }
     }
 
@@ -136,6 +139,7 @@ impl AuditEvent {
             action = %self.action,
             target_type = %self.target_type,
             target = %self.target_id,
+            scopes = self.scopes.as_deref(),
             at_ms = self.created_time,
             "audit"
         );
@@ -173,7 +177,7 @@ impl Pending {
 }
 
 const AUDIT_COLUMNS: &str =
-    "id, created_time, actor_id, actor, tenant_id, action, target_type, target_id";
+    "id, created_time, actor_id, actor, tenant_id, action, target_type, target_id, scopes";
 
 impl Store {
     /// This store, recording `audit` with each change made through it.
@@ -191,12 +195,22 @@ impl Store {
         conn: &mut sqlx::AnyConnection,
         target: Target,
     ) -> Result<Pending, StoreError> {
+        self.record_with_scopes(conn, target, None).await
+    }
+
+    /// [`Store::record`] of a key created with `scopes` (JSON text).
+    pub(super) async fn record_with_scopes(
+        &self,
+        conn: &mut sqlx::AnyConnection,
+        target: Target,
+        scopes: Option<String>,
+    ) -> Result<Pending, StoreError> {
         let Some(audit) = &self.audit else {
             return Ok(Pending(None));
         };
-        let event = AuditEvent::of(audit, target);
+        let event = AuditEvent::of(audit, target, scopes);
         let sql = format!(
-            "INSERT INTO audit_events ({AUDIT_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)"
+            "INSERT INTO audit_events ({AUDIT_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)"
         );
         sqlx::query(sqlx::AssertSqlSafe(sql))
             .bind(event.id.to_string())
@@ -207,6 +221,7 @@ impl Store {
             .bind(&event.action)
             .bind(&event.target_type)
             .bind(event.target_id.to_string())
+            .bind(event.scopes.clone())
             .execute(conn)
             .await?;
         Ok(Pending(Some(event)))
@@ -227,11 +242,11 @@ impl Store {
         }
         let events: Vec<AuditEvent> = targets
             .iter()
-            .map(|target| AuditEvent::of(audit, *target))
+            .map(|target| AuditEvent::of(audit, *target, None))
             .collect();
         let sql = format!(
             "INSERT INTO audit_events ({AUDIT_COLUMNS}) VALUES {}",
-            super::platform::values(events.len(), 8)
+            super::platform::values(events.len(), 9)
         );
         let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
         for event in &events {
@@ -243,7 +258,8 @@ impl Store {
                 .bind(event.tenant_id.to_string())
                 .bind(event.action.clone())
                 .bind(event.target_type.clone())
-                .bind(event.target_id.to_string());
+                .bind(event.target_id.to_string())
+                .bind(event.scopes.clone());
         }
         query.execute(conn).await?;
         Ok(events.into_iter().map(|e| Pending(Some(e))).collect())
@@ -284,5 +300,6 @@ fn event_from_row(row: &AnyRow) -> Result<AuditEvent, StoreError> {
         action: row.try_get(5)?,
         target_type: row.try_get(6)?,
         target_id: uuid_col(row, 7)?,
+        scopes: row.try_get(8)?,
     })
 }

@@ -1,6 +1,8 @@
 //! The `api_keys` table: the key record (a digest, never the value), its
 //! reads, writes and listing, and the per-user cap on creation.
 
+use std::sync::Arc;
+
 use sqlx::any::AnyRow;
 use sqlx::{AssertSqlSafe, Row};
 use uuid::Uuid;
@@ -12,6 +14,7 @@ use super::{
     Dialect, Page, PageRequest, Published, Revocation, Store, StoreError, conflict_on, flag,
     uuid_col,
 };
+use crate::auth::scope::Scopes;
 
 /// An API key as stored: never the value, only its digest.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -25,10 +28,13 @@ pub struct ApiKeyRecord {
     pub enabled: bool,
     /// Epoch ms; 0 means never.
     pub expiration_time: i64,
+    /// The grants the key is limited to, fixed at creation; `None`: its
+    /// owner's full rights.
+    pub scopes: Option<Arc<Scopes>>,
 }
 
-const KEY_COLUMNS: &str =
-    "id, created_time, tenant_id, user_id, digest, description, enabled, expiration_time";
+pub(super) const KEY_COLUMNS: &str =
+    "id, created_time, tenant_id, user_id, digest, description, enabled, expiration_time, scopes";
 
 impl Store {
     /// Inserts `key` with no cap on its user's keys (tests set up with it).
@@ -48,8 +54,8 @@ impl Store {
         cap: i64,
     ) -> Result<bool, StoreError> {
         let sql = format!(
-            "INSERT INTO api_keys ({KEY_COLUMNS}) SELECT $1, $2, $3, $4, $5, $6, $7, $8 \
-             WHERE (SELECT COUNT(*) FROM api_keys WHERE user_id = $9) < $10"
+            "INSERT INTO api_keys ({KEY_COLUMNS}) SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9 \
+             WHERE (SELECT COUNT(*) FROM api_keys WHERE user_id = $10) < $11"
         );
         let mut tx = self.pool.begin().await?;
         if self.dialect == Dialect::Postgres && cap < i64::MAX {
@@ -67,6 +73,7 @@ impl Store {
             .bind(&key.description)
             .bind(i64::from(key.enabled))
             .bind(key.expiration_time)
+            .bind(key.scopes.as_deref().map(Scopes::to_stored))
             .bind(key.user_id.to_string())
             .bind(cap)
             .execute(&mut *tx)
@@ -74,7 +81,10 @@ impl Store {
         if result.map_err(conflict_on("digest"))?.rows_affected() == 0 {
             return Ok(false);
         }
-        let event = self.record(&mut tx, Target::ApiKey(key.id)).await?;
+        let scopes = key.scopes.as_deref().map(Scopes::to_stored);
+        let event = self
+            .record_with_scopes(&mut tx, Target::ApiKey(key.id), scopes)
+            .await?;
         event.commit(tx).await?;
         Ok(true)
     }
@@ -193,5 +203,18 @@ pub(super) fn key_from_row(row: &AnyRow) -> Result<ApiKeyRecord, StoreError> {
         description: row.try_get(5)?,
         enabled: flag(row, 6)?,
         expiration_time: row.try_get(7)?,
+        scopes: scopes_col(row, 8)?,
     })
+}
+
+/// A stored `scopes` column: NULL is unscoped. Text that does not read as
+/// scopes is a corrupt row, never an unscoped key.
+fn scopes_col(row: &AnyRow, index: usize) -> Result<Option<Arc<Scopes>>, StoreError> {
+    let text: Option<String> = row.try_get(index)?;
+    text.map(|text| {
+        Scopes::from_stored(&text)
+            .map(Arc::new)
+            .map_err(|e| StoreError::Corrupt(format!("bad api key scopes: {e}")))
+    })
+    .transpose()
 }

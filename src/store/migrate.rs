@@ -51,6 +51,11 @@ const SQLITE: &[(i64, &str, &str)] = &[
         "two_factor",
         include_str!("../../migrations/sqlite/0009_two_factor.sql"),
     ),
+    (
+        10,
+        "api_key_scopes",
+        include_str!("../../migrations/sqlite/0010_api_key_scopes.sql"),
+    ),
 ];
 const POSTGRES: &[(i64, &str, &str)] = &[
     (
@@ -97,6 +102,11 @@ const POSTGRES: &[(i64, &str, &str)] = &[
         9,
         "two_factor",
         include_str!("../../migrations/postgres/0009_two_factor.sql"),
+    ),
+    (
+        10,
+        "api_key_scopes",
+        include_str!("../../migrations/postgres/0010_api_key_scopes.sql"),
     ),
 ];
 

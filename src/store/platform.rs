@@ -216,8 +216,8 @@ impl Store {
             return Ok(HashMap::new());
         }
         let sql = format!(
-            "SELECT id, created_time, tenant_id, user_id, digest, description, enabled, expiration_time \
-             FROM api_keys WHERE id IN {}",
+            "SELECT {} FROM api_keys WHERE id IN {}",
+            super::keys::KEY_COLUMNS,
             placeholders(1, ids.len())
         );
         let mut query = sqlx::query(AssertSqlSafe(sql));

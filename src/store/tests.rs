@@ -173,6 +173,7 @@ store_tests!(
     check_a_totp_step_is_used_once_when_raced,
     check_a_backup_code_is_used_once_when_raced,
     check_two_factor_rows_go_with_their_user,
+    check_api_key_scopes_are_stored_as_given_and_absent_when_unscoped,
 );
 
 fn factor(provider: &str, use_by_default: bool, secret: &str) -> TwoFactorRecord {
@@ -284,6 +285,46 @@ async fn check_two_factor_rows_go_with_their_user(store: &Store) {
         .unwrap();
     store.delete_user(u.id).await.unwrap();
     assert!(store.two_factors(u.id).await.unwrap().is_empty());
+}
+
+/// A key's scopes come back as they were stored; a key stored without
+/// them (every key made before scopes existed) reads as unscoped.
+async fn check_api_key_scopes_are_stored_as_given_and_absent_when_unscoped(store: &Store) {
+    let u = user("scoped@example.com", 1);
+    store.insert_user(&u).await.unwrap();
+    let whole = key(&u, "whole", 1);
+    let scopes = crate::auth::scope::Scopes::from_json(&serde_json::json!([
+        {"path": "/api/device/", "methods": ["GET", "POST"]},
+        {"path": "/api/auth/user", "methods": ["GET"]},
+    ]))
+    .unwrap();
+    let scoped = ApiKeyRecord {
+        scopes: Some(std::sync::Arc::new(scopes.clone())),
+        ..key(&u, "scoped", 2)
+    };
+    store.insert_api_key(&whole).await.unwrap();
+    store.insert_api_key(&scoped).await.unwrap();
+    assert_eq!(store.api_key_by_digest("whole").await.unwrap(), Some(whole));
+    let found = store.api_key_by_id(scoped.id).await.unwrap().unwrap();
+    assert_eq!(found.scopes.as_deref(), Some(&scopes));
+    let listed = store.list_api_keys(u.id).await.unwrap();
+    assert_eq!(listed[1].scopes.as_deref(), Some(&scopes));
+    // The creation's audit event holds the grants; an unscoped one none.
+    let audited = store.audited(Audit::command_line("api_key.create"));
+    let recorded = ApiKeyRecord {
+        scopes: Some(std::sync::Arc::new(scopes.clone())),
+        ..key(&u, "recorded", 3)
+    };
+    audited.insert_api_key(&recorded).await.unwrap();
+    audited.insert_api_key(&key(&u, "plain", 4)).await.unwrap();
+    let events = store.audit_events(2).await.unwrap();
+    assert_eq!(events[0].scopes, None);
+    assert_eq!(events[1].target_id, recorded.id);
+    let stored = events[1].scopes.as_deref().unwrap();
+    assert_eq!(
+        crate::auth::scope::Scopes::from_stored(stored).unwrap(),
+        scopes
+    );
 }
 
 /// Audit events are kept for `retention.audit_events`, then deleted.
@@ -442,6 +483,7 @@ fn key(user: &UserRecord, digest: &str, created_time: i64) -> ApiKeyRecord {
         description: format!("key {digest}"),
         enabled: true,
         expiration_time: 0,
+        scopes: None,
     }
 }
 

@@ -94,6 +94,10 @@ impl Ending {
             | Ending::Revoked(AuthFailure::StoreUnavailable) => {
                 (1011, message(AuthFailure::StoreUnavailable))
             }
+            // A policy the credential does not meet, not a bad credential.
+            Ending::BadCredential(AuthFailure::OutOfScope) => {
+                (1008, message(AuthFailure::OutOfScope))
+            }
             Ending::BadCredential(failure) => (1007, message(*failure)),
             Ending::QueryTokenExpired => (1011, message(AuthFailure::TokenExpired)),
             Ending::PlaintextRefused(reason) => (1008, *reason),

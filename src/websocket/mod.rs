@@ -195,6 +195,7 @@ impl WebSockets {
             connect_timeout: proxy.connect_timeout(),
             request_id: upgrade.request_id,
             label: upgrade.label.to_owned(),
+            path: upgrade.path.into(),
             started: Instant::now(),
             hold,
             quota,

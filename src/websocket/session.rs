@@ -57,6 +57,9 @@ pub struct Session {
     pub connect_timeout: Duration,
     pub request_id: HeaderValue,
     pub label: String,
+    /// The upgrade's normalised path: a scoped key needs a `GET` grant
+    /// holding it.
+    pub path: Box<str>,
     pub started: Instant,
     /// The accepted connection's place in the listener's budget, held until
     /// the socket closes; it also signals the drain on shutdown.
@@ -195,6 +198,16 @@ impl Session {
         };
         self.refuse_in_clear(form, &credential).await?;
         match self.sockets.auth.verify_from(&credential, self.from).await {
+            Ok(identity) if !identity.allows(&http::Method::GET, &self.path) => {
+                tracing::warn!(
+                    target: "keygate::security",
+                    key_id = %identity.credential_id(),
+                    user_id = %identity.principal.user_id,
+                    route = %self.label,
+                    "WebSocket outside its API key's scopes refused"
+                );
+                Err(self.refused(form, Some(&credential), AuthFailure::OutOfScope))
+            }
             Ok(identity) => {
                 self.count(form, Some(&credential), Ok(()));
                 Ok(Authenticated {

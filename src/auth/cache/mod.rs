@@ -16,20 +16,24 @@ use uuid::Uuid;
 
 use super::api_key::KeyDigest;
 use super::jwt::AccessClaims;
+use super::scope::Scopes;
 use crate::config::CacheSettings;
 use crate::identity::{Passports, Principal};
 use crate::telemetry::Metrics;
 pub use table::Table;
 
 /// An API key's verifiable state, held inline: a million cached keys cost
-/// their table entries and nothing more.
-#[derive(Debug, Clone, Copy)]
+/// their table entries and nothing more. An unscoped key holds no scopes
+/// (one null pointer); a scoped one shares its grants with the record read.
+#[derive(Debug, Clone)]
 pub struct KeyState {
     pub id: Uuid,
     pub user_id: Uuid,
     pub enabled: bool,
     /// Epoch ms; 0 means never.
     pub expiration_time: i64,
+    /// The grants the key is limited to; `None`: its owner's full rights.
+    pub scopes: Option<Arc<Scopes>>,
 }
 
 /// A user's verifiable state.

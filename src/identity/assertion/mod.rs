@@ -20,6 +20,7 @@ use uuid::Uuid;
 
 use super::passport::Minter;
 use super::{AuthMethod, Identity};
+use crate::auth::scope::Scopes;
 use crate::error::ApiError;
 pub use ring::KeyRing;
 
@@ -38,6 +39,10 @@ struct Claims<'a> {
     key_id: Option<Uuid>,
     #[serde(skip_serializing_if = "Option::is_none")]
     session_id: Option<Uuid>,
+    /// The grants of a scoped API key, so an upstream can narrow further;
+    /// absent for an unscoped key and a session.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    scopes: Option<&'a Scopes>,
     iat: u64,
     nbf: u64,
     exp: u64,
@@ -80,6 +85,7 @@ impl AssertionMinter {
             auth_method: identity.method.label(),
             key_id,
             session_id,
+            scopes: identity.scopes(),
             iat: now,
             nbf: now,
             exp: now + self.lifetime.as_secs(),
