@@ -1148,3 +1148,36 @@ fn check_config_connect_names_a_store_and_a_redis_it_cannot_reach() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(text(&out.stdout).contains("store and Redis reached"));
 }
+
+#[test]
+fn a_changing_command_prints_its_own_message_without_log_lines() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = store_ready_config(dir.path());
+    let mut child = Command::new(env!("CARGO_BIN_EXE_keygate"))
+        .args(["--quiet", "--config", config.to_str().unwrap()])
+        .args([
+            "user",
+            "add",
+            "--email",
+            "plain@example.com",
+            "--authority",
+            "SYS_ADMIN",
+        ])
+        .env_remove("RUST_LOG")
+        .env_remove("KEYGATE_CONFIG")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"a-long-password\n")
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stderr), "", "no audit or migration log lines");
+    assert!(text(&out.stdout).starts_with("created user plain@example.com"));
+}
