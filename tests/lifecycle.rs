@@ -269,6 +269,8 @@ async fn secrets_never_reach_the_log_even_at_debug_level() {
     )
     .unwrap();
     let password = "Secret-Password-For-Log-Test";
+    // The server creates the store; the CLI adds a user to it.
+    let mut process = Process::spawn(&config, "debug");
     let add = Command::new(env!("CARGO_BIN_EXE_keygate"))
         .arg("--config")
         .arg(&config)
@@ -293,7 +295,6 @@ async fn secrets_never_reach_the_log_even_at_debug_level() {
         .write_all(format!("{password}\n").as_bytes())
         .unwrap();
     assert!(add.wait_with_output().unwrap().status.success());
-    let mut process = Process::spawn(&config, "debug");
     let http = process.http;
     let base = format!("http://127.0.0.1:{http}");
     let client = reqwest::Client::new();
