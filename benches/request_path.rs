@@ -187,7 +187,7 @@ fn header_editing(c: &mut Criterion) {
         b.iter_batched(
             || response.clone(),
             |mut map| {
-                headers::to_client(&mut map);
+                headers::to_client(&mut map, false);
                 map
             },
             BatchSize::SmallInput,

@@ -28,7 +28,7 @@ use crate::api_browser::ApiBrowser;
 use crate::auth::credential::{self, Credential, CredentialError};
 use crate::auth::in_clear::InClear;
 use crate::auth::outcomes::{self, NO_CREDENTIAL, Outcomes};
-use crate::auth::{AuthFailure, Authenticator};
+use crate::auth::{AuthFailure, AuthRefusal, Authenticator};
 use crate::body::Body;
 use crate::config::Settings;
 use crate::error::ApiError;
@@ -87,6 +87,8 @@ struct Exchange<'t> {
     route: Option<&'t RouteSeries>,
     upstream: Option<&'t str>,
     identity: Option<Identity>,
+    /// Why the credential was refused, for the access log.
+    refusal: Option<AuthRefusal>,
     /// The request's credential, parsed once.
     credential: Parsed,
 }
@@ -255,6 +257,7 @@ impl App {
             route: None,
             upstream: None,
             identity: None,
+            refusal: None,
             credential: credential::parse(req.headers()),
         }
     }
@@ -524,7 +527,10 @@ impl App {
         {
             Ok((mut response, upstream)) => {
                 ex.upstream = Some(upstream);
-                Self::headers_to_client(&mut response);
+                headers::to_client(
+                    response.headers_mut(),
+                    self.settings.proxy.pass_server_header,
+                );
                 Ok(response)
             }
             Err(failed) => {
@@ -532,11 +538,6 @@ impl App {
                 Err(failed.error)
             }
         }
-    }
-
-    /// Every edit of an upstream's response head ([`headers::to_client`]).
-    fn headers_to_client(response: &mut Response<Body>) {
-        headers::to_client(response.headers_mut());
     }
 
     /// The request's metrics, and its access line when the log is on. Fields
@@ -559,6 +560,7 @@ impl App {
             peer: ex.client.conn.peer,
             upstream: ex.upstream,
             identity: ex.identity.as_ref(),
+            refusal: ex.refusal.as_ref(),
             bytes: http_body::Body::size_hint(response.body()).exact(),
             trace_id: logged.traceparent.as_ref().and_then(trace_id),
             socket: None,
@@ -613,7 +615,7 @@ impl App {
         req: &Request<Incoming>,
         required: bool,
         scope: ScopeCheck<'_>,
-        ex: &Exchange<'_>,
+        ex: &mut Exchange<'_>,
     ) -> Result<Option<Identity>, ApiError> {
         if !required {
             return Ok(None);
@@ -623,14 +625,16 @@ impl App {
             Err(error) => {
                 let failure = AuthFailure::from(*error);
                 self.series.auth.count(NO_CREDENTIAL, Err(failure));
+                ex.refusal = Some(failure.into());
                 return Err(self.auth.to_api_error(failure));
             }
         };
         let method = outcomes::method_of(Some(credential));
         let from = self.address_key(&ex.client, req);
-        match self.auth.verify_from(credential, from).await {
+        match self.auth.verify_explained(credential, from).await {
             Ok(identity) if !scope.allows(&identity, &ex.method) => {
                 self.series.auth.count(method, Err(AuthFailure::OutOfScope));
+                ex.refusal = Some(AuthFailure::OutOfScope.into());
                 tracing::warn!(
                     target: "keygate::security",
                     key_id = %identity.credential_id(),
@@ -644,9 +648,10 @@ impl App {
                 self.series.auth.count(method, Ok(()));
                 Ok(Some(identity))
             }
-            Err(failure) => {
-                self.series.auth.count(method, Err(failure));
-                Err(self.auth.to_api_error(failure))
+            Err(refusal) => {
+                self.series.auth.count(method, Err(refusal.failure));
+                ex.refusal = Some(refusal);
+                Err(self.auth.to_api_error(refusal.failure))
             }
         }
     }

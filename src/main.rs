@@ -49,14 +49,25 @@ fn main() -> ExitCode {
     } else {
         None
     };
+    let origin = file.map_or_else(
+        || format!("built-in defaults ({DEFAULT_CONFIG} not found)"),
+        |f| f.display().to_string(),
+    );
+    let _ = cli::CONFIG_ORIGIN.set(origin.clone());
     let source = Source {
         file,
         env: std::env::vars().collect(),
     };
-    let settings = match config::load(&source) {
+    let asked_json = matches!(cli.log_format, Some(LogFormatArg::Json));
+    let mut settings = match config::load(&source) {
         Ok(settings) => settings,
         Err(errors) => {
-            eprint!("keygate: {errors}");
+            if asked_json {
+                init_logging(LogFormat::Json, "error");
+                tracing::error!(problems = %errors.one_line(), "invalid configuration");
+            } else {
+                eprint!("keygate: {errors}");
+            }
             return ExitCode::from(EXIT_CONFIG);
         }
     };
@@ -65,40 +76,98 @@ fn main() -> ExitCode {
         Some(LogFormatArg::Human) => LogFormat::Human,
         None => settings.log.format,
     };
-    init_logging(format);
-    if file.is_none() {
-        tracing::info!("{DEFAULT_CONFIG} not found; running on built-in defaults");
+    settings.log.format = format;
+    // A management command's own output is what it prints; its log is for
+    // what went wrong (the audit line of its change is in `keygate audit`).
+    let serving = matches!(cli.command, Command::Serve { .. });
+    init_logging(format, if serving { "info" } else { "warn" });
+    let fail = |message: String, code: ExitCode| {
+        match format {
+            LogFormat::Json => tracing::error!("{message}"),
+            LogFormat::Human => eprintln!("keygate: {message}"),
+        }
+        code
+    };
+    if !cli.quiet {
+        let store = config::redacted_url(&settings.store_url);
+        if serving {
+            tracing::info!(config = %origin, store = %store, "configuration and store");
+        } else if format == LogFormat::Json {
+            let line = serde_json::json!({
+                "level": "INFO",
+                "fields": {"message": "configuration and store", "config": origin, "store": store},
+                "target": "keygate",
+            });
+            eprintln!("{line}");
+        } else {
+            eprintln!("keygate: config {origin}; store {store}");
+        }
     }
-    if let Command::CheckConfig = cli.command {
-        println!(
-            "configuration is valid ({})",
-            config::Count(settings.routes.len(), "route", "routes")
-        );
-        return ExitCode::SUCCESS;
+    if let Command::CheckConfig { connect } = cli.command {
+        return check_config(&settings, connect, format);
     }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
     {
         Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("keygate: starting the runtime: {e}");
-            return ExitCode::FAILURE;
-        }
+        Err(e) => return fail(format!("starting the runtime: {e}"), ExitCode::FAILURE),
     };
     if matches!(cli.command, Command::Serve { dev: true }) && explicit {
-        eprintln!(
-            "keygate: serve --dev runs on the embedded defaults with the reference upstream; \
+        return fail(
+            "serve --dev runs on the embedded defaults with the reference upstream; \
              drop --config (or KEYGATE_CONFIG) to use it, or drop --dev to serve that configuration"
+                .into(),
+            ExitCode::from(EXIT_CONFIG),
         );
-        return ExitCode::from(EXIT_CONFIG);
     }
     let config_file = file.map(Path::to_path_buf);
-    match runtime.block_on(run(cli.command, settings, config_file)) {
+    let result = runtime.block_on(run(cli.command, settings, config_file));
+    // Nothing left to wait for: background tasks (the pool's reaper, a
+    // watcher) are not waited on at exit.
+    runtime.shutdown_background();
+    match result {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("keygate: {e:#}");
-            ExitCode::FAILURE
+        Err(e) => fail(cli::one_line(&e), ExitCode::FAILURE),
+    }
+}
+
+/// `keygate check-config`: the file and environment were valid when this
+/// runs; the certificate files are read and, with `--connect`, the store and
+/// Redis are reached. Every problem found is printed.
+fn check_config(settings: &config::Settings, connect: bool, format: LogFormat) -> ExitCode {
+    let mut problems = Vec::new();
+    if let Some((cert, key)) = &settings.tls_files {
+        problems.extend(keygate::tls::check_files(cert, key));
+    }
+    if connect {
+        match tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        {
+            Ok(runtime) => {
+                problems.extend(runtime.block_on(cli::reach_dependencies(settings)));
+                runtime.shutdown_background();
+            }
+            Err(e) => problems.push(format!("starting the runtime: {e}")),
         }
     }
+    if problems.is_empty() {
+        println!(
+            "configuration is valid ({}{})",
+            config::Count(settings.routes.len(), "route", "routes"),
+            if connect {
+                "; store and Redis reached"
+            } else {
+                ""
+            }
+        );
+        return ExitCode::SUCCESS;
+    }
+    let errors = config::ConfigErrors(problems);
+    match format {
+        LogFormat::Json => tracing::error!(problems = %errors.one_line(), "invalid configuration"),
+        LogFormat::Human => eprint!("keygate: {errors}"),
+    }
+    ExitCode::from(EXIT_CONFIG)
 }

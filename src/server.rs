@@ -395,13 +395,35 @@ async fn bootstrap(
         }
     };
     if let Some(password) = &generated_password {
-        // Shown once, on the console of the first start; never stored in clear.
-        // Written without eprintln!, which would panic on a closed stderr.
-        let text = format!(
-            "\nkeygate: created the first administrator {} with password: {password}\n\n",
-            accounts::BOOTSTRAP_EMAIL
-        );
-        let _ = std::io::Write::write_all(&mut std::io::stderr(), text.as_bytes());
+        if settings.log.format == crate::config::LogFormat::Json {
+            // A JSON log stream is collected and kept: the password goes to
+            // a file only its owner can read, and the log says where.
+            let path = settings.data_dir.join(BOOTSTRAP_PASSWORD_FILE);
+            match write_secret_file(&path, format!("{password}\n").as_bytes()) {
+                Ok(()) => tracing::warn!(
+                    email = accounts::BOOTSTRAP_EMAIL,
+                    file = %path.display(),
+                    "created the first administrator; its password is in the file \
+                     (mode 0600): read it, log in, then delete the file"
+                ),
+                Err(error) => tracing::error!(
+                    email = accounts::BOOTSTRAP_EMAIL,
+                    file = %path.display(),
+                    %error,
+                    "created the first administrator but could not write its password \
+                     to the file: set one with `keygate user set-password`, or start on an \
+                     empty store with KEYGATE_BOOTSTRAP_PASSWORD"
+                ),
+            }
+        } else {
+            // Shown once, on the console of the first start; never stored in clear.
+            // Written without eprintln!, which would panic on a closed stderr.
+            let text = format!(
+                "\nkeygate: created the first administrator {} with password: {password}\n\n",
+                accounts::BOOTSTRAP_EMAIL
+            );
+            let _ = std::io::Write::write_all(&mut std::io::stderr(), text.as_bytes());
+        }
     }
     Ok(generated_password)
 }
@@ -436,6 +458,31 @@ async fn platform_signing(settings: &mut Settings, store: &Store) -> Result<(), 
         }
         _ => Ok(()),
     }
+}
+
+/// Where, in `server.data_dir`, a generated bootstrap password is written
+/// when the log is JSON.
+pub const BOOTSTRAP_PASSWORD_FILE: &str = "bootstrap-admin-password";
+
+/// Writes a new file that only its owner can read (an older one is replaced,
+/// so it cannot keep wider permissions).
+fn write_secret_file(path: &std::path::Path, contents: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent)?;
+    }
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+        _ => {}
+    }
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create_new(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.mode(0o600);
+    }
+    options.open(path)?.write_all(contents)
 }
 
 fn authenticator(

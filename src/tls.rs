@@ -74,6 +74,53 @@ pub(crate) fn server_config(resolver: Arc<CertResolver>) -> Result<Arc<ServerCon
     Ok(Arc::new(config))
 }
 
+/// Checks the certificate and key files as `check-config` does: each file
+/// holds what its setting names (not the other one, as when the two are
+/// swapped), and the key matches the certificate. One message per problem.
+pub fn check_files(cert_path: &Path, key_path: &Path) -> Vec<String> {
+    let kinds = |path: &Path| -> Result<(bool, bool), String> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("{}: cannot be read: {e}", path.display()))?;
+        Ok((
+            text.contains("-----BEGIN CERTIFICATE-----"),
+            text.contains("PRIVATE KEY-----"),
+        ))
+    };
+    let mut problems = Vec::new();
+    let cert = kinds(cert_path);
+    let key = kinds(key_path);
+    match &cert {
+        Err(e) => problems.push(format!("tls.cert: {e}")),
+        Ok((false, true)) => problems.push(format!(
+            "tls.cert: {} holds a private key, not a certificate (are tls.cert and tls.key swapped?)",
+            cert_path.display()
+        )),
+        Ok((false, false)) => problems.push(format!(
+            "tls.cert: {} holds no PEM certificate",
+            cert_path.display()
+        )),
+        Ok(_) => {}
+    }
+    match &key {
+        Err(e) => problems.push(format!("tls.key: {e}")),
+        Ok((true, false)) => problems.push(format!(
+            "tls.key: {} holds a certificate, not a private key (are tls.cert and tls.key swapped?)",
+            key_path.display()
+        )),
+        Ok((false, false)) => problems.push(format!(
+            "tls.key: {} holds no PEM private key",
+            key_path.display()
+        )),
+        Ok(_) => {}
+    }
+    if problems.is_empty() {
+        if let Err(error) = load_files(cert_path, key_path) {
+            problems.push(format!("tls: {error}"));
+        }
+    }
+    problems
+}
+
 /// Loads a PEM certificate chain and private key.
 pub(crate) fn load_files(cert_path: &Path, key_path: &Path) -> Result<LoadedCert, TlsError> {
     let read_err = |path: &Path, e: &dyn std::fmt::Display| TlsError::Read {

@@ -246,7 +246,20 @@ fn a_taken_port_is_named_once_with_what_to_do() {
 #[test]
 fn a_bootstrap_password_for_a_store_with_users_is_reported_not_ignored() {
     let dir = tempfile::tempdir().unwrap();
-    // The CLI creates the store; a user added before the first serve.
+    // A store made before the first serve (the CLI never creates one), and
+    // a user added to it with the CLI.
+    let url = format!("sqlite://{}/data/keygate.db", dir.path().display());
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(async {
+            keygate::store::Store::connect(&url, 1)
+                .await
+                .unwrap()
+                .close()
+                .await
+        });
     let add = Command::new(env!("CARGO_BIN_EXE_keygate"))
         .args([
             "user",

@@ -269,6 +269,8 @@ async fn secrets_never_reach_the_log_even_at_debug_level() {
     )
     .unwrap();
     let password = "Secret-Password-For-Log-Test";
+    // The server creates the store; the CLI adds a user to it.
+    let mut process = Process::spawn(&config, "debug");
     let add = Command::new(env!("CARGO_BIN_EXE_keygate"))
         .arg("--config")
         .arg(&config)
@@ -293,7 +295,6 @@ async fn secrets_never_reach_the_log_even_at_debug_level() {
         .write_all(format!("{password}\n").as_bytes())
         .unwrap();
     assert!(add.wait_with_output().unwrap().status.success());
-    let mut process = Process::spawn(&config, "debug");
     let http = process.http;
     let base = format!("http://127.0.0.1:{http}");
     let client = reqwest::Client::new();
@@ -385,4 +386,45 @@ async fn startup_log_says_where_the_api_browser_is() {
     process.signal("TERM");
     let _ = process.child.wait();
     assert!(found.contains(&expected), "{found}");
+}
+
+#[tokio::test]
+async fn sighup_names_each_changed_setting_it_cannot_apply() {
+    let upstream = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    certificate_into(&dir.path().join("first"), &data);
+    let config = dir.path().join("keygate.toml");
+    write_config(&config, &data, &upstream.url(), "");
+    let mut process = Process::spawn(&config, "info");
+    write_config(
+        &config,
+        &data,
+        &upstream.url(),
+        "[quota]\nper_key = \"10/s\"\n[limits]\nmax_body_bytes = 1000\n",
+    );
+    process.signal("HUP");
+    let log = || std::fs::read_to_string(&process.log).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !log().contains("limits.max_body_bytes changed") {
+        assert!(Instant::now() < deadline, "no warning:\n{}", log());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let text = log();
+    let warned: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("needs a restart"))
+        .collect();
+    assert_eq!(warned.len(), 2, "{text}");
+    assert!(
+        text.contains("quota.per_key changed: needs a restart"),
+        "{text}"
+    );
+    assert!(
+        !warned.iter().any(|l| l.contains("\"setting\":\"route")),
+        "routes reload: {text}"
+    );
+    process.signal("TERM");
+    let _ = process.child.wait();
 }

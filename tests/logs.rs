@@ -191,3 +191,125 @@ async fn human_log_file_is_plain_and_names_the_upstream_of_a_502() {
         "the failed upstream is named: {failed}"
     );
 }
+
+/// `keygate` with `args` against `config`; its standard output.
+fn cli(config: &Path, args: &[&str]) -> String {
+    use std::io::Write;
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_keygate"))
+        .arg("--config")
+        .arg(config)
+        .args(args)
+        .env_remove("KEYGATE_CONFIG")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(b"a-long-password\n").unwrap();
+    drop(stdin);
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+#[tokio::test]
+async fn a_refused_credential_is_logged_with_its_reason_and_owner_never_its_value() {
+    let upstream = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().display();
+    let config = dir.path().join("keygate.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[server]\ndata_dir = \"{data}\"\n[listen]\nhttps = \"127.0.0.1:0\"\nhttp = \"127.0.0.1:0\"\nadmin = \"127.0.0.1:0\"\n\
+             [store]\nurl = \"sqlite://{data}/k.db\"\n\
+             [[route]]\nname = \"api\"\nprefix = \"/api/\"\nupstreams = [\"{}\"]\n",
+            upstream.url()
+        ),
+    )
+    .unwrap();
+    let server = Server(Process::spawn(&config, "info"));
+    let tenant = "5f1c0c9e-1d2a-4c3b-9e8f-0a1b2c3d4e5f";
+    cli(
+        &config,
+        &[
+            "user",
+            "add",
+            "--email",
+            "logged@example.com",
+            "--authority",
+            "TENANT_ADMIN",
+            "--tenant-id",
+            tenant,
+        ],
+    );
+    let key = cli(
+        &config,
+        &["apikey", "create", "--email", "logged@example.com"],
+    )
+    .trim()
+    .to_string();
+    let keys: serde_json::Value = serde_json::from_str(&cli(
+        &config,
+        &["apikey", "list", "--email", "logged@example.com", "--json"],
+    ))
+    .unwrap();
+    let key_id = keys[0]["id"].as_str().unwrap().to_string();
+    cli(&config, &["apikey", "disable", &key_id]);
+
+    let ca = std::fs::read(dir.path().join("dev-ca.pem")).unwrap();
+    let client = common::client_trusting(&ca);
+    let https = server.0.https;
+    let call = |path: &str, key: &str| {
+        client
+            .get(format!("https://localhost:{https}{path}"))
+            .header("X-Authorization", common::api_key_header(key))
+            .send()
+    };
+    let unknown = format!("tb_{}", "Zz09".repeat(21));
+    assert_eq!(call("/api/disabled", &key).await.unwrap().status(), 401);
+    assert_eq!(call("/api/unknown", &unknown).await.unwrap().status(), 401);
+
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let text = loop {
+        let text = std::fs::read_to_string(&server.0.log).unwrap();
+        if text
+            .lines()
+            .filter(|l| l.contains("keygate::access"))
+            .count()
+            >= 2
+        {
+            break text;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "two access lines expected:\n{text}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(
+        !text.contains(&key) && !text.contains(&unknown),
+        "a key in the log"
+    );
+    let line = |path: &str| -> serde_json::Value {
+        let line = text
+            .lines()
+            .filter(|l| l.contains("keygate::access"))
+            .find(|l| l.contains(path))
+            .unwrap_or_else(|| panic!("no line for {path}:\n{text}"));
+        serde_json::from_str::<serde_json::Value>(line).unwrap()["fields"].clone()
+    };
+    let disabled = line("/api/disabled");
+    assert_eq!(disabled["status"], 401);
+    assert_eq!(disabled["refused"], "disabled");
+    assert_eq!(disabled["key_id"], key_id.as_str());
+    assert!(disabled["user_id"].is_string(), "{disabled}");
+    let unknown = line("/api/unknown");
+    assert_eq!(unknown["refused"], "unknown");
+    assert!(unknown.get("key_id").is_none(), "{unknown}");
+}

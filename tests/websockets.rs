@@ -636,11 +636,9 @@ async fn admitted_soon(gw: &Gateway, key: &str) -> Socket {
 }
 
 #[tokio::test]
+#[ignore = "needs PostgreSQL: set KEYGATE_TEST_DATABASE_URL and run with --include-ignored"]
 async fn a_user_over_the_socket_limit_at_one_replica_is_refused_at_the_other() {
-    let Ok(base) = std::env::var("KEYGATE_TEST_DATABASE_URL") else {
-        println!("KEYGATE_TEST_DATABASE_URL is not set: multi-replica test not run");
-        return;
-    };
+    let base = common::test_database_url();
     let (url, schema) = common::fresh_schema(&base).await;
     let prefix = Prefix::new();
     let relay = common::Relay::start(common::shared_redis::redis_addr()).await;
@@ -857,11 +855,9 @@ async fn sigterm_closes_open_sockets_with_1001_and_the_log_never_shows_the_token
 }
 
 #[tokio::test]
+#[ignore = "needs PostgreSQL: set KEYGATE_TEST_DATABASE_URL and run with --include-ignored"]
 async fn a_key_disabled_through_one_replica_closes_its_socket_on_the_other() {
-    let Ok(base) = std::env::var("KEYGATE_TEST_DATABASE_URL") else {
-        println!("KEYGATE_TEST_DATABASE_URL is not set: multi-replica socket test not run");
-        return;
-    };
+    let base = common::test_database_url();
     let (url, schema) = common::fresh_schema(&base).await;
     let upstream = reference().await;
     let a = Gateway::start_on(&upstream, REVOCATION, Some(&url)).await;

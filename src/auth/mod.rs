@@ -52,6 +52,26 @@ pub enum AuthFailure {
     OutOfScope,
 }
 
+/// A refused credential: why, and whose it is when that is known: the key's
+/// id once the key was found, the user's id once a token's signature or a
+/// key's record named them. Never the credential itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AuthRefusal {
+    pub failure: AuthFailure,
+    pub key_id: Option<Uuid>,
+    pub user_id: Option<Uuid>,
+}
+
+impl From<AuthFailure> for AuthRefusal {
+    fn from(failure: AuthFailure) -> AuthRefusal {
+        AuthRefusal {
+            failure,
+            key_id: None,
+            user_id: None,
+        }
+    }
+}
+
 impl AuthFailure {
     /// Every failure, for creating each metric series up front.
     pub const ALL: [AuthFailure; 13] = [
@@ -250,10 +270,11 @@ impl Authenticator {
     }
 
     pub async fn verify(&self, credential: &Credential) -> Result<Identity, AuthFailure> {
-        match credential {
+        let verified = match credential {
             Credential::ApiKey(value) => self.verify_api_key(value, None).await,
             Credential::Bearer(token) => self.verify_token(token).await,
-        }
+        };
+        verified.map_err(|refusal| refusal.failure)
     }
 
     /// [`Authenticator::verify`] for a request from `client`, whose unknown
@@ -263,6 +284,18 @@ impl Authenticator {
         credential: &Credential,
         client: AddressKey,
     ) -> Result<Identity, AuthFailure> {
+        self.verify_explained(credential, client)
+            .await
+            .map_err(|refusal| refusal.failure)
+    }
+
+    /// [`Authenticator::verify_from`], saying whose credential a refused
+    /// one is when that is known (for the access log).
+    pub(crate) async fn verify_explained(
+        &self,
+        credential: &Credential,
+        client: AddressKey,
+    ) -> Result<Identity, AuthRefusal> {
         match credential {
             Credential::ApiKey(value) => self.verify_api_key(value, Some(client)).await,
             Credential::Bearer(token) => self.verify_token(token).await,
@@ -292,24 +325,30 @@ impl Authenticator {
         &self,
         value: &Secret,
         client: Option<AddressKey>,
-    ) -> Result<Identity, AuthFailure> {
+    ) -> Result<Identity, AuthRefusal> {
         let digest = KeyDigest::of(value.expose());
         let key = self
             .key_state(digest, client)
             .await?
             .ok_or(AuthFailure::Unknown)?;
+        let refused = |failure| AuthRefusal {
+            failure,
+            key_id: Some(key.id),
+            user_id: Some(key.user_id),
+        };
         if !key.enabled {
-            return Err(AuthFailure::Disabled);
+            return Err(refused(AuthFailure::Disabled));
         }
         if key.expiration_time != 0 && crate::clock::now_ms() >= key.expiration_time {
-            return Err(AuthFailure::Expired);
+            return Err(refused(AuthFailure::Expired));
         }
         let user = self
             .user_state(key.user_id)
-            .await?
-            .ok_or(AuthFailure::Disabled)?;
+            .await
+            .map_err(refused)?
+            .ok_or(refused(AuthFailure::Disabled))?;
         if !user.enabled {
-            return Err(AuthFailure::Disabled);
+            return Err(refused(AuthFailure::Disabled));
         }
         Ok(Identity::new(
             user.principal.clone(),
@@ -319,31 +358,38 @@ impl Authenticator {
         .with_scopes(key.scopes))
     }
 
-    async fn verify_token(&self, token: &Secret) -> Result<Identity, AuthFailure> {
+    async fn verify_token(&self, token: &Secret) -> Result<Identity, AuthRefusal> {
         let verified = self.verified_token(token.expose()).await?;
         let claims = &verified.claims;
+        let refused = |failure| AuthRefusal {
+            failure,
+            key_id: None,
+            user_id: Some(claims.user_id),
+        };
         // Every hit re-checks expiry and revocation.
         if claims.exp <= crate::clock::now_secs() {
-            return Err(AuthFailure::TokenExpired);
+            return Err(refused(AuthFailure::TokenExpired));
         }
         let user = self
             .user_state(claims.user_id)
-            .await?
-            .ok_or(AuthFailure::Outdated)?;
+            .await
+            .map_err(refused)?
+            .ok_or(refused(AuthFailure::Outdated))?;
         if !user.enabled {
-            return Err(AuthFailure::Disabled);
+            return Err(refused(AuthFailure::Disabled));
         }
         if claims.iat < user.tokens_valid_after {
-            return Err(AuthFailure::Outdated);
+            return Err(refused(AuthFailure::Outdated));
         }
         // A session that is gone (never stored, or pruned once dead) is
         // refused exactly like an ended one.
         let session = self
             .session_state(claims.session_id)
-            .await?
-            .ok_or(AuthFailure::Outdated)?;
+            .await
+            .map_err(refused)?
+            .ok_or(refused(AuthFailure::Outdated))?;
         if session.ended || session.user_id != claims.user_id {
-            return Err(AuthFailure::Outdated);
+            return Err(refused(AuthFailure::Outdated));
         }
         Ok(Identity::new(
             user.principal.clone(),

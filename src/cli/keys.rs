@@ -9,7 +9,7 @@ use keygate::accounts;
 use keygate::auth::scope::{Grant, Scopes};
 use keygate::config::{self, Settings};
 
-use super::{ApiKeyCommand, cli, find_user, open_store};
+use super::{ApiKeyCommand, cli, find_user, open_store, time};
 
 pub(super) async fn apikey(cmd: ApiKeyCommand, settings: &Settings) -> anyhow::Result<()> {
     let store = open_store(settings).await?;
@@ -46,36 +46,66 @@ pub(super) async fn apikey(cmd: ApiKeyCommand, settings: &Settings) -> anyhow::R
             );
             println!("{}", created.value.expose());
         }
-        ApiKeyCommand::List { email } => {
+        ApiKeyCommand::List { email, json } => {
             let u = find_user(&store, &email).await?;
-            for k in store.list_api_keys(u.id).await? {
-                let state = if k.enabled { "enabled" } else { "disabled" };
-                let expires = if k.expiration_time == 0 {
-                    "never".to_string()
-                } else {
-                    format!("{}", k.expiration_time)
-                };
-                let scopes = match &k.scopes {
-                    Some(scopes) => scopes.to_string(),
-                    None => "unscoped".to_string(),
-                };
+            let keys = store.list_api_keys(u.id).await?;
+            if json {
+                let rows: Vec<_> = keys
+                    .iter()
+                    .map(|k| {
+                        let mut row = serde_json::json!({
+                            "id": k.id,
+                            "description": k.description,
+                            "enabled": k.enabled,
+                            "createdTime": k.created_time,
+                            "expirationTime": k.expiration_time,
+                        });
+                        // Only a scoped key has them, as in its API record.
+                        if let Some(scopes) = &k.scopes {
+                            row["scopes"] = serde_json::to_value(scopes).unwrap_or_default();
+                        }
+                        row
+                    })
+                    .collect();
+                println!("{}", serde_json::Value::Array(rows));
+            } else {
+                let now = keygate::clock::now_ms();
                 println!(
-                    "{}  {:<8}  expires {}  {}  [{}]",
-                    k.id, state, expires, k.description, scopes
+                    "{:<36}  {:<8}  {:<23}  {:<31}  DESCRIPTION  [SCOPES]",
+                    "ID", "STATE", "CREATED", "EXPIRES"
                 );
+                for k in keys {
+                    let state = if k.enabled { "enabled" } else { "disabled" };
+                    let scopes = match &k.scopes {
+                        Some(scopes) => scopes.to_string(),
+                        None => "unscoped".to_string(),
+                    };
+                    println!(
+                        "{}  {:<8}  {:<23}  {:<31}  {}  [{}]",
+                        k.id,
+                        state,
+                        time::readable(k.created_time),
+                        time::expiry(k.expiration_time, now),
+                        k.description,
+                        scopes
+                    );
+                }
             }
         }
         ApiKeyCommand::Disable { id } => {
+            let id = super::parse_key_id(&id)?;
             let store = cli(&store, "api_key.disable");
             ensure(store.set_api_key_enabled(id, false).await?.outcome, id)?;
             println!("disabled API key {id}");
         }
         ApiKeyCommand::Enable { id } => {
+            let id = super::parse_key_id(&id)?;
             let store = cli(&store, "api_key.enable");
             ensure(store.set_api_key_enabled(id, true).await?.outcome, id)?;
             println!("enabled API key {id}");
         }
         ApiKeyCommand::Delete { id } => {
+            let id = super::parse_key_id(&id)?;
             ensure(
                 cli(&store, "api_key.delete")
                     .delete_api_key(id)

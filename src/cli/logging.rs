@@ -2,10 +2,11 @@
 
 use keygate::config::LogFormat;
 
-pub fn init_logging(format: LogFormat) {
+/// `default_level` applies when `RUST_LOG` is not set.
+pub fn init_logging(format: LogFormat, default_level: &str) {
     use std::io::IsTerminal;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
     let colour = use_colour(
         std::io::stderr().is_terminal(),
         std::env::var_os("NO_COLOR").as_deref(),

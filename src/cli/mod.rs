@@ -8,6 +8,7 @@ mod keys;
 pub mod logging;
 mod prompt;
 mod serve;
+mod time;
 mod users;
 
 use std::path::PathBuf;
@@ -18,7 +19,7 @@ use uuid::Uuid;
 
 use keygate::config::{AssertionAlgorithm, Settings};
 use keygate::identity::Authority;
-use keygate::store::{Audit, Store};
+use keygate::store::{Audit, OpenOptions, Store, StoreError};
 
 use crate::DEFAULT_CONFIG;
 
@@ -35,6 +36,9 @@ pub struct Cli {
     /// Log format; overrides `[log] format`.
     #[arg(long, global = true, value_enum)]
     pub log_format: Option<LogFormatArg>,
+    /// Do not print which config file and store the command uses.
+    #[arg(long, short, global = true)]
+    pub quiet: bool,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -55,8 +59,14 @@ pub enum Command {
         #[arg(long)]
         dev: bool,
     },
-    /// Validate the configuration and print every problem found.
-    CheckConfig,
+    /// Validate the configuration and print every problem found: the
+    /// settings, and the TLS certificate and key files (each holding what it
+    /// should, the key matching the certificate).
+    CheckConfig {
+        /// Also reach the store and Redis (when configured), as `serve` would.
+        #[arg(long)]
+        connect: bool,
+    },
     /// Ask the running server's admin listener for /healthz (for container health checks).
     Health,
     /// Manage users.
@@ -72,12 +82,28 @@ pub enum Command {
     #[command(subcommand)]
     Import(ImportCommand),
     /// Show the latest audit events (changes to users and API keys), newest
-    /// first, one JSON object per line.
-    Audit {
-        /// How many events.
-        #[arg(long, default_value_t = 50)]
-        limit: u32,
-    },
+    /// first: a table, or one JSON object per line with --json.
+    Audit(AuditArgs),
+}
+
+#[derive(clap::Args)]
+pub struct AuditArgs {
+    /// How many events, at most.
+    #[arg(long, default_value_t = 50)]
+    pub limit: u32,
+    /// Only events since then: a duration back from now (24h, 7d) or an
+    /// RFC 3339 time (2026-01-31T12:00:00Z).
+    #[arg(long)]
+    pub since: Option<String>,
+    /// Only events made by, or made to, the user with this email address.
+    #[arg(long)]
+    pub user: Option<String>,
+    /// Only events of this action (user.create, api_key.disable, ...).
+    #[arg(long)]
+    pub action: Option<String>,
+    /// One JSON object per line, with times in epoch milliseconds.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Subcommand)]
@@ -116,8 +142,12 @@ Example:
         #[arg(long, default_value = "")]
         last_name: String,
     },
-    /// List users: id, authority, state, tenant and email.
-    List,
+    /// List users: id, authority, state, tenant, creation time and email.
+    List {
+        /// A JSON array, with times in epoch milliseconds.
+        #[arg(long)]
+        json: bool,
+    },
     /// Disable a user: their keys and tokens stop working.
     Disable {
         /// The user's email address.
@@ -196,21 +226,24 @@ pub enum ApiKeyCommand {
         /// The user's email address.
         #[arg(long)]
         email: String,
+        /// A JSON array, with times in epoch milliseconds.
+        #[arg(long)]
+        json: bool,
     },
     /// Disable a key: requests with it are refused until it is enabled again.
     Disable {
         /// The key's id, as shown by `apikey list`.
-        id: Uuid,
+        id: String,
     },
     /// Enable a disabled key.
     Enable {
         /// The key's id, as shown by `apikey list`.
-        id: Uuid,
+        id: String,
     },
     /// Delete a key for good.
     Delete {
         /// The key's id, as shown by `apikey list`.
-        id: Uuid,
+        id: String,
     },
 }
 
@@ -233,7 +266,27 @@ fn parse_algorithm(text: &str) -> Result<AssertionAlgorithm, String> {
 }
 
 fn parse_authority(text: &str) -> Result<Authority, String> {
-    Authority::parse(text).ok_or_else(|| "one of SYS_ADMIN, TENANT_ADMIN, CUSTOMER_USER".into())
+    Authority::parse(&text.trim().to_ascii_uppercase())
+        .ok_or_else(|| "one of SYS_ADMIN, TENANT_ADMIN, CUSTOMER_USER".into())
+}
+
+/// A key's id. A key's value given instead is refused without being
+/// repeated: an error message may end up in a shell history or a log (so
+/// the argument is read as text and checked here, not by the parser, which
+/// would quote it).
+pub(super) fn parse_key_id(text: &str) -> anyhow::Result<Uuid> {
+    Uuid::parse_str(text.trim()).map_err(|_| {
+        if text.len() > 40 || text.contains('_') {
+            anyhow::anyhow!(
+                "this looks like an API key's value, not its id: give the key's id, \
+                 the first column of `keygate apikey list --email <user>`"
+            )
+        } else {
+            anyhow::anyhow!(
+                "not a key id: give the UUID in the first column of `keygate apikey list --email <user>`"
+            )
+        }
+    })
 }
 
 pub async fn run(
@@ -243,20 +296,108 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     match command {
         Command::Serve { dev } => serve::serve(settings, config_file, dev).await,
-        Command::CheckConfig => Ok(()),
+        Command::CheckConfig { .. } => Ok(()),
         Command::Health => health::health(&settings).await,
         Command::User(cmd) => users::user(cmd, &settings).await,
         Command::Apikey(cmd) => keys::apikey(cmd, &settings).await,
         Command::Assertion(cmd) => assertion::assertion(cmd, &settings).await,
-        Command::Audit { limit } => audit::audit(limit, &settings).await,
+        Command::Audit(args) => audit::audit(args, &settings).await,
         Command::Import(cmd) => import::import(cmd, &settings).await,
     }
 }
 
+/// How long a management command waits for PostgreSQL.
+const CLI_CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// Opens the configured store, never creating one: a command run from the
+/// wrong directory or with the wrong config must not work on a new, empty
+/// store. A missing store is refused naming the config and the URL looked for.
 pub(super) async fn open_store(settings: &Settings) -> anyhow::Result<Store> {
-    Store::connect(&settings.store_url, settings.store_max_connections)
-        .await
-        .with_context(|| "opening the store")
+    let options = OpenOptions {
+        max_connections: settings.store_max_connections.min(2),
+        create: false,
+        connect_timeout: CLI_CONNECT_TIMEOUT,
+    };
+    match Store::open(&settings.store_url, options).await {
+        Ok(store) => Ok(store),
+        Err(StoreError::Missing(file)) => anyhow::bail!(
+            "no store at {file}: store.url is {}, from {}; management commands never create \
+             a store: start `keygate serve` once, or give the right --config or KEYGATE_STORE_URL",
+            keygate::config::redacted_url(&settings.store_url),
+            config_origin()
+        ),
+        Err(error @ StoreError::Unreachable(_)) => Err(error.into()),
+        Err(error) => Err(anyhow::Error::new(error).context("opening the store")),
+    }
+}
+
+/// `check-config --connect`: reaches the store (never creating it) and
+/// Redis; one problem per dependency out of reach.
+pub async fn reach_dependencies(settings: &Settings) -> Vec<String> {
+    let mut problems = Vec::new();
+    match open_store(settings).await {
+        Ok(store) => store.close().await,
+        Err(error) => problems.push(format!("store.url: {}", one_line(&error))),
+    }
+    if let Some(redis) = &settings.redis {
+        if let Err(cause) = reach_redis(redis).await {
+            problems.push(format!(
+                "redis.url: cannot reach {}: {cause}",
+                keygate::config::redacted_url(&redis.url)
+            ));
+        }
+    }
+    problems
+}
+
+/// One PING within the configured connect timeout.
+async fn reach_redis(settings: &keygate::config::RedisSettings) -> Result<(), String> {
+    let client = redis::Client::open(settings.url.as_str()).map_err(|e| e.to_string())?;
+    let attempt = async {
+        let mut connection = client
+            .get_multiplexed_async_connection()
+            .await
+            .map_err(|e| e.to_string())?;
+        redis::cmd("PING")
+            .query_async::<String>(&mut connection)
+            .await
+            .map_err(|e| e.to_string())
+    };
+    match tokio::time::timeout(settings.connect_timeout, attempt).await {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(cause)) => Err(cause),
+        Err(_) => Err(format!(
+            "no answer within {} s",
+            settings.connect_timeout.as_secs_f32()
+        )),
+    }
+}
+
+/// An error and its causes in one line, each cause once: a wrapped error
+/// often repeats its source's text in its own.
+pub fn one_line(error: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in error.chain() {
+        let text = cause.to_string();
+        if line.contains(&text) {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(&text);
+    }
+    line
+}
+
+/// Where the settings came from, for messages: the config file or the
+/// built-in defaults (set once by `main`).
+pub static CONFIG_ORIGIN: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+pub(super) fn config_origin() -> &'static str {
+    CONFIG_ORIGIN
+        .get()
+        .map_or("built-in defaults", String::as_str)
 }
 
 pub(super) async fn find_user(

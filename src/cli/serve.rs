@@ -15,6 +15,10 @@ pub(super) async fn serve(
             .ok()
             .filter(|p| !p.is_empty()),
     };
+    // Caught from before the server starts: a SIGHUP or SIGTERM in the
+    // moment between "serving" and waiting for signals must not end the
+    // process with the default action.
+    let signals = Signals::install(config_file.as_deref());
     if dev {
         keygate::dev::start_reference(&mut settings).await?;
     }
@@ -30,7 +34,7 @@ pub(super) async fn serve(
     // In development mode the routes point at the in-process upstream: a
     // reload from the (default) configuration would point them elsewhere, so
     // SIGHUP is ignored there.
-    wait_for_signals(&running, config_file.as_deref(), dev).await;
+    wait_for_signals(signals, &running, config_file.as_deref(), dev).await;
     tracing::info!("shutting down: draining open connections");
     running.shutdown();
     running.wait().await;
@@ -40,14 +44,50 @@ pub(super) async fn serve(
 
 /// Runs until SIGTERM or SIGINT. SIGHUP reloads the routes and the TLS
 /// certificate from the same config file and environment; an invalid config
-/// changes nothing and is reported.
+/// changes nothing and is reported, and every other changed setting is named
+/// in a warning: it takes effect at the next start.
 #[cfg(unix)]
-async fn wait_for_signals(running: &server::Running, config_file: Option<&Path>, dev: bool) {
-    use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut hup)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::hangup()),
-    ) else {
+struct Signals {
+    term: Option<tokio::signal::unix::Signal>,
+    hup: Option<tokio::signal::unix::Signal>,
+    /// The settings as written at start, to name what a reload cannot apply.
+    started: Option<config::Written>,
+}
+
+#[cfg(unix)]
+impl Signals {
+    fn install(config_file: Option<&Path>) -> Signals {
+        use tokio::signal::unix::{SignalKind, signal};
+        Signals {
+            term: signal(SignalKind::terminate()).ok(),
+            hup: signal(SignalKind::hangup()).ok(),
+            started: config::load_written(&source(config_file))
+                .ok()
+                .map(|(_, w)| w),
+        }
+    }
+}
+
+fn source(config_file: Option<&Path>) -> Source<'_> {
+    Source {
+        file: config_file,
+        env: std::env::vars().collect(),
+    }
+}
+
+#[cfg(unix)]
+async fn wait_for_signals(
+    signals: Signals,
+    running: &server::Running,
+    config_file: Option<&Path>,
+    dev: bool,
+) {
+    let Signals {
+        term: Some(mut term),
+        hup: Some(mut hup),
+        started,
+    } = signals
+    else {
         let _ = tokio::signal::ctrl_c().await;
         return;
     };
@@ -56,9 +96,20 @@ async fn wait_for_signals(running: &server::Running, config_file: Option<&Path>,
             _ = term.recv() => return,
             _ = tokio::signal::ctrl_c() => return,
             _ = hup.recv(), if !dev => {
-                let source = Source { file: config_file, env: std::env::vars().collect() };
-                match config::load(&source) {
-                    Ok(settings) => running.reload(&settings),
+                match config::load_written(&source(config_file)) {
+                    Ok((settings, written)) => {
+                        running.reload(&settings);
+                        let changed = started
+                            .as_ref()
+                            .map(|started| config::needs_restart(started, &written))
+                            .unwrap_or_default();
+                        for name in changed {
+                            tracing::warn!(
+                                setting = %name,
+                                "{name} changed: needs a restart; a reload applies only the routes and the TLS certificate"
+                            );
+                        }
+                    }
                     Err(errors) => {
                         running.reload_failed();
                         tracing::error!(
@@ -73,6 +124,21 @@ async fn wait_for_signals(running: &server::Running, config_file: Option<&Path>,
 }
 
 #[cfg(not(unix))]
-async fn wait_for_signals(_running: &server::Running, _config_file: Option<&Path>, _dev: bool) {
+struct Signals;
+
+#[cfg(not(unix))]
+impl Signals {
+    fn install(_config_file: Option<&Path>) -> Signals {
+        Signals
+    }
+}
+
+#[cfg(not(unix))]
+async fn wait_for_signals(
+    _signals: Signals,
+    _running: &server::Running,
+    _config_file: Option<&Path>,
+    _dev: bool,
+) {
     let _ = tokio::signal::ctrl_c().await;
 }

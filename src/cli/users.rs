@@ -44,21 +44,49 @@ pub(super) async fn user(cmd: UserCommand, settings: &Settings) -> anyhow::Resul
                 user.email, user.authority, user.id
             );
         }
-        UserCommand::List => {
-            for u in store.list_users().await? {
-                let state = if u.enabled { "enabled" } else { "disabled" };
+        UserCommand::List { json } => {
+            let users = store.list_users().await?;
+            if json {
+                let rows: Vec<_> = users
+                    .iter()
+                    .map(|u| {
+                        serde_json::json!({
+                            "id": u.id,
+                            "email": u.email,
+                            "authority": u.authority.as_str(),
+                            "enabled": u.enabled,
+                            "tenantId": shown_id(u.tenant_id),
+                            "customerId": shown_id(u.customer_id),
+                            "createdTime": u.created_time,
+                        })
+                    })
+                    .collect();
+                println!("{}", serde_json::Value::Array(rows));
+            } else {
                 println!(
-                    "{}  {:<13}  {:<8}  tenant {}  {}",
-                    u.id,
-                    u.authority.as_str(),
-                    state,
-                    u.tenant_id,
-                    u.email
+                    "{:<36}  {:<13}  {:<8}  {:<36}  {:<23}  EMAIL",
+                    "ID", "AUTHORITY", "STATE", "TENANT", "CREATED"
                 );
+                for u in users {
+                    let state = if u.enabled { "enabled" } else { "disabled" };
+                    println!(
+                        "{}  {:<13}  {:<8}  {:<36}  {:<23}  {}",
+                        u.id,
+                        u.authority.as_str(),
+                        state,
+                        shown_id(u.tenant_id).unwrap_or_else(|| "-".into()),
+                        super::time::readable(u.created_time),
+                        u.email
+                    );
+                }
             }
         }
         UserCommand::Disable { email } => {
             let u = find_user(&store, &email).await?;
+            if !u.enabled {
+                println!("user {email} is already disabled; nothing changed");
+                return Ok(());
+            }
             cli(&store, "user.disable")
                 .set_user_enabled(u.id, false, now)
                 .await?;
@@ -66,6 +94,10 @@ pub(super) async fn user(cmd: UserCommand, settings: &Settings) -> anyhow::Resul
         }
         UserCommand::Enable { email } => {
             let u = find_user(&store, &email).await?;
+            if u.enabled {
+                println!("user {email} is already enabled; nothing changed");
+                return Ok(());
+            }
             cli(&store, "user.enable")
                 .set_user_enabled(u.id, true, now)
                 .await?;
@@ -85,6 +117,12 @@ pub(super) async fn user(cmd: UserCommand, settings: &Settings) -> anyhow::Resul
         }
     }
     Ok(())
+}
+
+/// A tenant or customer id as shown: none for the platform's "no tenant"
+/// (null) id.
+fn shown_id(id: Uuid) -> Option<String> {
+    (id != keygate::identity::NULL_UUID).then(|| id.to_string())
 }
 
 /// Refuses, before a password is asked for, ids the authority does not take

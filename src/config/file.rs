@@ -134,6 +134,7 @@ pub struct ProxySection {
     pub max_upstream_connections: i64,
     pub upstream_queue: i64,
     pub upstream_queue_timeout: String,
+    pub pass_server_header: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -515,6 +516,7 @@ impl Default for ProxySection {
             max_upstream_connections: 0,
             upstream_queue: 256,
             upstream_queue_timeout: "1s".into(),
+            pass_server_header: false,
         }
     }
 }

@@ -29,7 +29,7 @@ use ipnet::IpNet;
 use toml::Value;
 
 use file::FileConfig;
-pub use url::UpstreamUrl;
+pub use url::{UpstreamUrl, redacted_url};
 
 /// All problems found in a configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -371,6 +371,9 @@ pub struct ProxySettings {
     pub upstream_queue: usize,
     /// Longest such a wait, then 503.
     pub upstream_queue_timeout: Duration,
+    /// Let the upstream's `Server` header reach clients; off, it is removed
+    /// (it names the upstream's software and version).
+    pub pass_server_header: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -494,6 +497,12 @@ pub struct Source<'a> {
 
 /// Loads, overrides and validates, reporting every problem at once.
 pub fn load(source: &Source<'_>) -> Result<Settings, ConfigErrors> {
+    load_written(source).map(|(settings, _)| settings)
+}
+
+/// The settings as [`load`] returns them, with every setting as written
+/// (defaults filled in), for [`needs_restart`] to compare.
+pub fn load_written(source: &Source<'_>) -> Result<(Settings, Written), ConfigErrors> {
     let mut errors = Vec::new();
     let schema = Value::try_from(FileConfig::default()).expect("defaults serialize");
     let mut value = match source.file {
@@ -523,10 +532,52 @@ pub fn load(source: &Source<'_>) -> Result<Settings, ConfigErrors> {
     };
     let settings = validate::validate(&file, &mut errors);
     if errors.is_empty() {
-        Ok(settings)
+        let written = Written(Value::try_from(&file).expect("a loaded config serializes"));
+        Ok((settings, written))
     } else {
         Err(ConfigErrors(errors))
     }
+}
+
+/// Every setting as written in the file and environment, defaults filled in.
+#[derive(Clone)]
+pub struct Written(Value);
+
+/// What a reload applies: the routes and the TLS certificate files.
+const RELOADED: [&str; 2] = ["route", "tls"];
+
+/// The settings (`quota.per_key`, ...) that differ between `running` and
+/// `reloaded` and that a reload does not apply: they take effect at the
+/// next start. Names only, never values (some are secrets).
+pub fn needs_restart(running: &Written, reloaded: &Written) -> Vec<String> {
+    fn walk(path: &str, a: &Value, b: &Value, changed: &mut Vec<String>) {
+        match (a, b) {
+            (Value::Table(a), Value::Table(b)) => {
+                let mut keys: Vec<&String> = a.keys().chain(b.keys()).collect();
+                keys.sort();
+                keys.dedup();
+                for key in keys {
+                    if path.is_empty() && RELOADED.contains(&key.as_str()) {
+                        continue;
+                    }
+                    let name = if path.is_empty() {
+                        key.clone()
+                    } else {
+                        format!("{path}.{key}")
+                    };
+                    match (a.get(key), b.get(key)) {
+                        (Some(a), Some(b)) => walk(&name, a, b, changed),
+                        _ => changed.push(name),
+                    }
+                }
+            }
+            (a, b) if a != b => changed.push(path.to_owned()),
+            _ => {}
+        }
+    }
+    let mut changed = Vec::new();
+    walk("", &running.0, &reloaded.0, &mut changed);
+    changed
 }
 /// Parses `500ms`, `30s`, `5m`, `2h`, `7d` (one number, one unit).
 pub fn parse_duration(text: &str) -> Result<Duration, String> {

@@ -785,3 +785,37 @@ fn assertion_settings_have_documented_defaults_and_are_checked() {
         "{errors}"
     );
 }
+
+fn written(text: &str, env: &[(&str, &str)]) -> Written {
+    let mut file = tempfile::NamedTempFile::new().unwrap();
+    file.write_all(text.as_bytes()).unwrap();
+    load_written(&Source {
+        file: Some(file.path()),
+        env: env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+    })
+    .unwrap()
+    .1
+}
+
+#[test]
+fn a_reload_names_each_changed_setting_it_cannot_apply() {
+    let route = "[[route]]\nprefix = \"/api/\"\nupstreams = [\"http://127.0.0.1:9\"]\n";
+    let running = written(route, &[]);
+    assert!(needs_restart(&running, &written(route, &[])).is_empty());
+    let other_route = "[[route]]\nprefix = \"/v2/\"\nupstreams = [\"http://127.0.0.1:8\"]\n";
+    assert!(
+        needs_restart(&running, &written(other_route, &[])).is_empty(),
+        "routes reload"
+    );
+    let changed = written(
+        &format!("[quota]\nper_key = \"10/s\"\n[cache]\nttl = \"5s\"\n{route}"),
+        &[("KEYGATE_LIMITS_MAX_BODY_BYTES", "1000")],
+    );
+    assert_eq!(
+        needs_restart(&running, &changed),
+        ["cache.ttl", "limits.max_body_bytes", "quota.per_key"]
+    );
+}

@@ -189,3 +189,45 @@ pub(super) fn openapi_url(text: &str, upstream: Option<&UpstreamUrl>) -> Result<
     }
     check_url(text, &OPENAPI_URL)
 }
+
+/// A URL fit for a message or log: a password in it (`user:secret@host`)
+/// is replaced by `***`; the rest is kept.
+pub fn redacted_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(end);
+    match authority.rsplit_once('@') {
+        Some((userinfo, host)) => match userinfo.split_once(':') {
+            Some((user, _)) => format!("{scheme}://{user}:***@{host}{tail}"),
+            None => url.to_owned(),
+        },
+        None => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod redaction_tests {
+    use super::redacted_url;
+
+    #[test]
+    fn a_password_in_a_url_is_never_shown() {
+        assert_eq!(
+            redacted_url("postgres://kg:s3cret@db:5432/keygate?sslmode=require"),
+            "postgres://kg:***@db:5432/keygate?sslmode=require"
+        );
+        assert_eq!(
+            redacted_url("redis://:pw@cache:6379/0"),
+            "redis://:***@cache:6379/0"
+        );
+        assert_eq!(
+            redacted_url("sqlite://data/keygate.db"),
+            "sqlite://data/keygate.db"
+        );
+        assert_eq!(
+            redacted_url("postgres://kg@db/keygate"),
+            "postgres://kg@db/keygate"
+        );
+    }
+}

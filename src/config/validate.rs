@@ -527,6 +527,7 @@ impl ProxySection {
             max_upstream_connections,
             upstream_queue,
             upstream_queue_timeout,
+            pass_server_header: self.pass_server_header,
         }
     }
 }

@@ -748,6 +748,15 @@ fn openapi() -> Value {
     })
 }
 
+/// "an" before a vowel sound, "a" otherwise (for the kinds served here).
+fn article(noun: &str) -> &'static str {
+    if noun.starts_with(['a', 'e', 'i', 'o', 'u']) {
+        "an"
+    } else {
+        "a"
+    }
+}
+
 fn add_kind_paths(paths: &mut Map<String, Value>, kind: Kind) {
     let (title, segment) = (kind.title(), kind.segment());
     let tags = json!([format!("{segment}-controller")]);
@@ -756,16 +765,16 @@ fn add_kind_paths(paths: &mut Map<String, Value>, kind: Kind) {
         format!("/api/{segment}"),
         json!({"post": {
             "tags": tags, "operationId": format!("save{title}"),
-            "summary": format!("Create or update a {segment}"),
+            "summary": format!("Create or update {} {segment}", article(segment)),
             "requestBody": {"required": true, "content": json_content(title)},
             "responses": responses(json!({"description": "OK", "content": json_content(title)}))
         }}),
     );
     paths.insert(format!("/api/{segment}/{{{id_param}}}"), json!({
         "parameters": [{"name": id_param, "in": "path", "required": true, "schema": {"type": "string", "format": "uuid"}}],
-        "get": {"tags": tags, "operationId": format!("get{title}ById"), "summary": format!("Get a {segment}"),
+        "get": {"tags": tags, "operationId": format!("get{title}ById"), "summary": format!("Get {} {segment}", article(segment)),
                 "responses": responses(json!({"description": "OK", "content": json_content(title)}))},
-        "delete": {"tags": tags, "operationId": format!("delete{title}"), "summary": format!("Delete a {segment}"),
+        "delete": {"tags": tags, "operationId": format!("delete{title}"), "summary": format!("Delete {} {segment}", article(segment)),
                    "responses": responses(json!({"description": "Deleted"}))}
     }));
     let int_param = |name: &str, min: u32| json!({"name": name, "in": "query", "required": true, "schema": {"type": "integer", "minimum": min}});
@@ -819,4 +828,27 @@ fn page_schema(kind: Kind) -> Value {
             "hasNext": {"type": "boolean"}
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn summaries_use_the_right_article() {
+        let document = openapi();
+        let summary = |path: &str, method: &str| {
+            document["paths"][path][method]["summary"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        };
+        assert_eq!(summary("/api/asset", "post"), "Create or update an asset");
+        assert_eq!(summary("/api/device", "post"), "Create or update a device");
+        assert_eq!(summary("/api/asset/{assetId}", "get"), "Get an asset");
+        assert_eq!(
+            summary("/api/device/{deviceId}", "delete"),
+            "Delete a device"
+        );
+    }
 }

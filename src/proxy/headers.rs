@@ -256,8 +256,11 @@ pub fn to_upstream(
 const ADDED_UPSTREAM: usize = 12;
 
 /// Every edit of an upstream response on its way to the client.
-pub fn to_client(headers: &mut HeaderMap) {
+pub fn to_client(headers: &mut HeaderMap, pass_server_header: bool) {
     remove_where(headers, is_hop_by_hop);
+    if !pass_server_header {
+        headers.remove(http::header::SERVER);
+    }
 }
 
 /// Sets `X-Forwarded-For`, `-Proto`, `-Host` and `X-Request-Id`. What a trusted
@@ -363,6 +366,23 @@ mod tests {
     }
 
     #[test]
+    fn the_upstream_server_header_reaches_clients_only_when_allowed() {
+        let upstream = || {
+            let mut headers = HeaderMap::new();
+            headers.insert("server", HeaderValue::from_static("Jetty(9.4.58)"));
+            headers.insert("content-type", HeaderValue::from_static("application/json"));
+            headers
+        };
+        let mut hidden = upstream();
+        to_client(&mut hidden, false);
+        assert!(!hidden.contains_key("server"), "{hidden:?}");
+        assert!(hidden.contains_key("content-type"));
+        let mut passed = upstream();
+        to_client(&mut passed, true);
+        assert_eq!(passed["server"], "Jetty(9.4.58)");
+    }
+
+    #[test]
     fn connection_named_headers_and_hop_by_hop_are_removed() {
         let mut headers = HeaderMap::new();
         headers.insert(
@@ -374,7 +394,7 @@ mod tests {
         headers.insert(TE, HeaderValue::from_static("trailers"));
         headers.insert("proxy-authorization", HeaderValue::from_static("Basic x"));
         headers.insert("accept", HeaderValue::from_static("*/*"));
-        to_client(&mut headers);
+        to_client(&mut headers, false);
         assert_eq!(headers.len(), 1);
         assert!(headers.contains_key("accept"));
     }
@@ -453,7 +473,7 @@ mod tests {
         headers.insert(UPGRADE, HeaderValue::from_static("websocket"));
         headers.insert("close", HeaderValue::from_static("1"));
         headers.insert("accept", HeaderValue::from_static("*/*"));
-        to_client(&mut headers);
+        to_client(&mut headers, false);
         assert_eq!(headers.len(), 1, "{headers:?}");
         assert!(headers.contains_key("accept"));
     }

@@ -176,6 +176,19 @@ impl Pending {
     }
 }
 
+/// Which audit events a listing shows; `None` (or empty) matches all.
+#[derive(Debug, Clone, Default)]
+pub struct AuditFilter {
+    /// Events at or after this epoch ms.
+    pub since_ms: Option<i64>,
+    /// Events of this action (`user.disable`, ...).
+    pub action: Option<String>,
+    /// Events whose actor has this email (any case).
+    pub user_email: Option<String>,
+    /// Events whose actor or target has this id.
+    pub user_id: Option<Uuid>,
+}
+
 const AUDIT_COLUMNS: &str =
     "id, created_time, actor_id, actor, tenant_id, action, target_type, target_id, scopes";
 
@@ -283,6 +296,38 @@ impl Store {
     pub async fn audit_events(&self, limit: u32) -> Result<Vec<AuditEvent>, StoreError> {
         let sql = format!("SELECT {AUDIT_COLUMNS} FROM audit_events ORDER BY seq DESC LIMIT $1");
         let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(i64::from(limit))
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(event_from_row).collect()
+    }
+}
+
+impl Store {
+    /// The latest `limit` audit events that `filter` matches, newest first.
+    pub async fn audit_events_where(
+        &self,
+        filter: &AuditFilter,
+        limit: u32,
+    ) -> Result<Vec<AuditEvent>, StoreError> {
+        let email = filter.user_email.as_deref().unwrap_or("").to_lowercase();
+        let id = filter.user_id.map(|id| id.to_string()).unwrap_or_default();
+        let any_user = email.is_empty() && id.is_empty();
+        let action = filter.action.as_deref().unwrap_or("");
+        let sql = format!(
+            "SELECT {AUDIT_COLUMNS} FROM audit_events \
+             WHERE created_time >= $1 AND ($2 = 1 OR action = $3) \
+             AND ($4 = 1 OR LOWER(actor) = $5 OR actor_id = $6 OR target_id = $7) \
+             ORDER BY seq DESC LIMIT $8"
+        );
+        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(filter.since_ms.unwrap_or(i64::MIN))
+            .bind(i64::from(action.is_empty()))
+            .bind(action)
+            .bind(i64::from(any_user))
+            .bind(&email)
+            .bind(&id)
+            .bind(&id)
             .bind(i64::from(limit))
             .fetch_all(&self.pool)
             .await?;

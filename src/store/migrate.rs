@@ -142,11 +142,28 @@ pub(crate) async fn run_through(
         Dialect::Postgres => POSTGRES,
     };
     let mut tx = locked(pool, dialect).await?;
-    sqlx::raw_sql(
-        "CREATE TABLE IF NOT EXISTS keygate_migrations (version BIGINT PRIMARY KEY, name TEXT NOT NULL, applied_at BIGINT NOT NULL)",
-    )
-    .execute(&mut *tx)
-    .await?;
+    // Created only when missing: PostgreSQL answers `CREATE TABLE IF NOT
+    // EXISTS` on an existing table with a notice, logged on every start.
+    let exists = match dialect {
+        Dialect::Sqlite => {
+            "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = 'keygate_migrations'"
+        }
+        Dialect::Postgres => {
+            "SELECT COUNT(*) FROM pg_catalog.pg_tables WHERE tablename = 'keygate_migrations' AND schemaname = current_schema()"
+        }
+    };
+    let exists = sqlx::query(exists)
+        .fetch_one(&mut *tx)
+        .await?
+        .try_get::<i64, _>(0)?
+        > 0;
+    if !exists {
+        sqlx::raw_sql(
+            "CREATE TABLE keygate_migrations (version BIGINT PRIMARY KEY, name TEXT NOT NULL, applied_at BIGINT NOT NULL)",
+        )
+        .execute(&mut *tx)
+        .await?;
+    }
     tx.commit().await?;
     for (version, name, sql) in migrations.iter().filter(|(version, _, _)| *version <= last) {
         let mut tx = locked(pool, dialect).await?;

@@ -39,7 +39,7 @@ mod signing_keys;
 mod two_factor;
 mod users;
 
-pub use audit::{Actor, Audit, AuditEvent};
+pub use audit::{Actor, Audit, AuditEvent, AuditFilter};
 pub use keys::ApiKeyRecord;
 pub use paging::{Page, PageRequest};
 pub use platform::{KeyUpdate, PlatformKey, PlatformUser, RowKind, UserUpdate};
@@ -69,6 +69,35 @@ pub enum StoreError {
     Setup(String),
     #[error("store: the customer id belongs to another tenant")]
     ForeignCustomer,
+    /// The SQLite file to open does not exist and was not to be created.
+    #[error("no store at {0}")]
+    Missing(String),
+    /// PostgreSQL could not be reached: where, and why, in one line.
+    #[error("{0}")]
+    Unreachable(String),
+}
+
+/// How [`Store::open`] connects.
+#[derive(Debug, Clone, Copy)]
+pub struct OpenOptions {
+    pub max_connections: u32,
+    /// Create a missing SQLite file and its directory (the server), or
+    /// refuse (the management commands, which must not work on a new,
+    /// empty store by mistake).
+    pub create: bool,
+    /// How long reaching PostgreSQL may take.
+    pub connect_timeout: Duration,
+}
+
+impl OpenOptions {
+    /// What the server uses: create the store when missing, wait 10 s.
+    pub fn server(max_connections: u32) -> OpenOptions {
+        OpenOptions {
+            max_connections,
+            create: true,
+            connect_timeout: Duration::from_secs(10),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -99,20 +128,25 @@ impl Store {
     /// Connects, creating the SQLite file and its directory when needed, and
     /// applies pending migrations.
     pub async fn connect(url: &str, max_connections: u32) -> Result<Store, StoreError> {
-        Store::connect_through(url, max_connections, i64::MAX).await
+        Store::open(url, OpenOptions::server(max_connections)).await
     }
 
-    /// Like [`Store::connect`], applying migrations up to version `last` only.
-    async fn connect_through(
-        url: &str,
-        max_connections: u32,
-        last: i64,
-    ) -> Result<Store, StoreError> {
+    /// Connects as `options` say and applies pending migrations.
+    pub async fn open(url: &str, options: OpenOptions) -> Result<Store, StoreError> {
+        Store::connect_through(url, options, i64::MAX).await
+    }
+
+    /// Like [`Store::open`], applying migrations up to version `last` only.
+    async fn connect_through(url: &str, open: OpenOptions, last: i64) -> Result<Store, StoreError> {
         sqlx::any::install_default_drivers();
         let (dialect, url) = if let Some(rest) = url.strip_prefix("sqlite:") {
             let path = rest.trim_start_matches("//");
             let file = path.split('?').next().unwrap_or_default();
-            if !file.is_empty() && file != ":memory:" {
+            let on_disk = !file.is_empty() && file != ":memory:";
+            if on_disk && !open.create && !Path::new(file).is_file() {
+                return Err(StoreError::Missing(file.to_owned()));
+            }
+            if on_disk && open.create {
                 if let Some(parent) = Path::new(file)
                     .parent()
                     .filter(|p| !p.as_os_str().is_empty())
@@ -133,9 +167,12 @@ impl Store {
         } else {
             (Dialect::Postgres, url.to_string())
         };
+        if dialect == Dialect::Postgres {
+            reach_postgres(&url, open.connect_timeout).await?;
+        }
         let mut options = AnyPoolOptions::new()
-            .max_connections(max_connections)
-            .acquire_timeout(Duration::from_secs(10));
+            .max_connections(open.max_connections)
+            .acquire_timeout(open.connect_timeout);
         if dialect == Dialect::Sqlite {
             options = options.after_connect(|conn, _meta| {
                 Box::pin(async move {
@@ -247,6 +284,61 @@ impl Store {
         .execute(&self.pool)
         .await?;
         Ok(())
+    }
+}
+
+/// Opens one connection to PostgreSQL first, within `timeout`: the pool
+/// would retry until its own timeout and then say only that it timed out,
+/// naming neither the server nor the cause.
+async fn reach_postgres(url: &str, timeout: Duration) -> Result<(), StoreError> {
+    use sqlx::Connection;
+    use sqlx::postgres::{PgConnectOptions, PgConnection};
+    let options: PgConnectOptions = url
+        .parse()
+        .map_err(|e| StoreError::Setup(format!("the store URL is not a PostgreSQL URL: {e}")))?;
+    // Reaching the server is what is checked here; its notices are not news.
+    let options = options.options([("client_min_messages", "warning")]);
+    let place = postgres_place(&options);
+    let cause = match tokio::time::timeout(timeout, PgConnection::connect_with(&options)).await {
+        Ok(Ok(connection)) => {
+            let _ = connection.close().await;
+            return Ok(());
+        }
+        Ok(Err(error)) => connect_cause(&error),
+        Err(_) => format!("no answer within {} s", timeout.as_secs_f32()),
+    };
+    Err(StoreError::Unreachable(format!(
+        "cannot reach PostgreSQL at {place}: {cause}"
+    )))
+}
+
+/// `host:port, database "name"`: where a PostgreSQL URL points.
+fn postgres_place(options: &sqlx::postgres::PgConnectOptions) -> String {
+    let database = options.get_database().unwrap_or("(the user's default)");
+    format!(
+        "{}:{}, database \"{database}\"",
+        options.get_host(),
+        options.get_port()
+    )
+}
+
+/// The cause of a failed connection in a few words: "connection refused",
+/// or the server's own message (`database "x" does not exist`).
+fn connect_cause(error: &sqlx::Error) -> String {
+    match error {
+        sqlx::Error::Io(io) => {
+            let text = io.to_string();
+            let text = text
+                .rfind(" (os error ")
+                .map_or(text.as_str(), |end| &text[..end]);
+            let mut chars = text.chars();
+            chars
+                .next()
+                .map(|first| first.to_lowercase().chain(chars).collect())
+                .unwrap_or_default()
+        }
+        sqlx::Error::Database(db) => db.message().to_owned(),
+        other => other.to_string(),
     }
 }
 

@@ -6,6 +6,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use crate::auth::AuthRefusal;
 use crate::identity::Identity;
 
 /// What one access line says.
@@ -19,6 +20,8 @@ pub struct AccessLine<'a> {
     pub peer: SocketAddr,
     pub upstream: Option<&'a str>,
     pub identity: Option<&'a Identity>,
+    /// Why the credential was refused, and whose it was when known.
+    pub refusal: Option<&'a AuthRefusal>,
     /// The response body's length, when known.
     pub bytes: Option<u64>,
     pub trace_id: Option<&'a str>,
@@ -40,6 +43,7 @@ impl AccessLine<'_> {
     pub(crate) fn emit(&self) {
         let identity = self.identity;
         let socket = self.socket.as_ref();
+        let refusal = self.refusal;
         tracing::info!(
             target: "keygate::access",
             request_id = self.request_id,
@@ -57,9 +61,14 @@ impl AccessLine<'_> {
             trace_id = self.trace_id,
             peer = %self.peer,
             auth = identity.map(|i| i.method.label()),
-            user_id = identity.map(|i| tracing::field::display(i.principal.user_id)),
+            refused = refusal.map(|r| r.failure.label()),
+            user_id = identity
+                .map(|i| i.principal.user_id)
+                .or(refusal.and_then(|r| r.user_id))
+                .map(tracing::field::display),
             key_id = identity
                 .and_then(|i| i.api_key_id())
+                .or(refusal.and_then(|r| r.key_id))
                 .map(tracing::field::display),
         );
     }

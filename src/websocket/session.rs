@@ -425,6 +425,7 @@ impl Session {
             peer: self.conn.peer,
             upstream: Some(self.upstream.as_str()),
             identity,
+            refusal: None,
             bytes: None,
             trace_id: None,
             socket: Some(SocketEnd {

@@ -693,6 +693,20 @@ pub fn tls_connector(ca: &[u8]) -> tokio_rustls::TlsConnector {
 /// any CI that sets `CI`), that fails the test; elsewhere a `SKIPPED:` line
 /// goes to the terminal (past the test harness's capture), so a skip never
 /// reads as a pass.
+/// The PostgreSQL server of the tests that need one (each is marked
+/// `#[ignore]` with that reason, so a run without it lists them as ignored,
+/// never as passed; CI sets the variable and runs them with
+/// `--include-ignored`).
+#[allow(dead_code)]
+pub fn test_database_url() -> String {
+    std::env::var("KEYGATE_TEST_DATABASE_URL").unwrap_or_else(|_| {
+        panic!(
+            "KEYGATE_TEST_DATABASE_URL is not set: this PostgreSQL test needs it \
+             (postgres://postgres@127.0.0.1:5432/test, say)"
+        )
+    })
+}
+
 pub fn skipped_without(tool: &str, check: &str) {
     use std::io::Write;
     let required = std::env::var_os("KEYGATE_TEST_REQUIRE_TOOLS").is_some()
