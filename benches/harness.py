@@ -179,6 +179,8 @@ LABELS = {
     "keygate-scoped": "keygate HTTPS + scoped API key (4 grants)",
     "keygate-quota": "keygate HTTPS + API key, quota far above the load",
     "keygate-jwt": "keygate HTTPS + Bearer JWT",
+    "keygate-assertion": "keygate HTTPS + API key, identity as a signed assertion",
+    "keygate-platform": "keygate HTTPS + API key, identity as the platform's token",
     "keygate-public": "keygate plain HTTP, public route",
     "keygate-entity": "keygate HTTPS + API key, entity service",
     "keygate-1key": "keygate HTTPS, 1 key via lua",
@@ -303,6 +305,13 @@ def table(args):
         lines.append(
             f"- Bearer JWT vs API key: {ratio(s['keygate-jwt']['rps'], s['keygate-apikey']['rps'])} req/s"
         )
+    for case, what in (("keygate-assertion", "a signed assertion"), ("keygate-platform", "the platform's token")):
+        if case in s and "keygate-apikey" in s:
+            lines.append(
+                f"- identity as {what} vs headers (API key): "
+                f"{ratio(s[case]['rps'], s['keygate-apikey']['rps'])} req/s, "
+                f"{ratio(s[case]['cpu'], s['keygate-apikey']['cpu'])} CPU/req"
+            )
     for name in ("rss_idle_kib", "rss_million_kib"):
         if meta.get(name):
             what = "idle" if name == "rss_idle_kib" else f"with {meta.get('million_keys', 0):,} cached keys"
