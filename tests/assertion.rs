@@ -665,6 +665,9 @@ async fn assertion_rotate_makes_a_new_key_current_and_the_listing_never_shows_a_
     let store_url = format!("sqlite://{}/cli.db", dir.path().display());
     let config = dir.path().join("keygate.toml");
     std::fs::write(&config, format!("[store]\nurl = \"{store_url}\"\n")).unwrap();
+    // Management commands work on a store `keygate serve` made; they never
+    // create one.
+    keygate::store::Store::connect(&store_url, 1).await.unwrap();
     let (ok, first, err) = keygate_cli(&config, &["assertion", "rotate"]);
     assert!(ok, "{err}");
     let first = first.trim().to_owned();
