@@ -245,12 +245,13 @@ def main():
         # one user: far past the default limit on management writes, which the
         # soak does not measure (tests/management.rs does).
         keygate.env["KEYGATE_LIMITS_MANAGEMENT_WRITES_PER_USER"] = ""
+        # The server makes the store; management commands never create one.
+        keygate.start()
         keygate.cli(
             "user", "add", "--email", TENANT_EMAIL, "--authority", "TENANT_ADMIN",
             "--tenant-id", TENANT_ID, "--first-name", "Soak", stdin=TENANT_PASSWORD + "\n",
         )
         keygate.api_key = keygate.cli("apikey", "create", "--email", TENANT_EMAIL).stdout.splitlines()[-1]
-        keygate.start()
         soak = Soak(keygate, seconds)
         workers = [soak.api_keys, soak.api_keys, soak.bearer, soak.logins, soak.revocations, soak.websockets]
         threads = [threading.Thread(target=soak.guarded(w), daemon=True) for w in workers]

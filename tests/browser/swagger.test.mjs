@@ -133,10 +133,11 @@ openapi = "/v3/api-docs"
   const env = Object.fromEntries(Object.entries(process.env).filter(([name]) => !name.startsWith("KEYGATE_")));
   Object.assign(env, { KEYGATE_BOOTSTRAP_PASSWORD: "bootstrap-password", RUST_LOG: "info" });
   const cli = (args, input = "") => execFileSync(KEYGATE, ["--config", config, ...args], { input, env, encoding: "utf8" });
-  cli(["user", "add", "--email", EMAIL, "--authority", "TENANT_ADMIN", "--tenant-id", TENANT], PASSWORD + "\n");
-  apiKey = cli(["apikey", "create", "--email", EMAIL]).trim().split("\n").pop();
+  // The server makes the store; management commands never create one.
   keygate = spawn(KEYGATE, ["--config", config, "--log-format", "json", "serve"], { env, stdio: ["ignore", "ignore", "pipe"] });
   const [, port] = await firstMatch(keygate.stderr, /"https":"127\.0\.0\.1:(\d+)"/, "keygate");
+  cli(["user", "add", "--email", EMAIL, "--authority", "TENANT_ADMIN", "--tenant-id", TENANT], PASSWORD + "\n");
+  apiKey = cli(["apikey", "create", "--email", EMAIL]).trim().split("\n").pop();
   base = `https://localhost:${port}`;
   browser = await chromium.launch({
     executablePath: process.env.CHROMIUM || "/usr/bin/chromium",

@@ -96,6 +96,8 @@ def gateway():
     try:
         match = _read_line(upstream.stdout, r"listening on (\S+)", time.monotonic() + 30)
         keygate = Keygate(workdir, f"http://{match.group(1)}")
+        # The server makes the store; management commands never create one.
+        keygate.start()
         keygate.cli(
             "user", "add", "--email", TENANT_EMAIL, "--authority", "TENANT_ADMIN",
             "--tenant-id", TENANT_ID, "--first-name", "Tess",
@@ -106,7 +108,6 @@ def gateway():
             "user", "add", "--email", TWO_FACTOR_EMAIL, "--authority", "TENANT_ADMIN",
             "--tenant-id", TENANT_ID, stdin=TWO_FACTOR_PASSWORD + "\n",
         )
-        keygate.start()
         os.environ["REQUESTS_CA_BUNDLE"] = keygate.ca
         yield keygate
         keygate.stop()
