@@ -25,9 +25,22 @@ STORE=${KEYGATE_BENCH_STORE_URL:-sqlite://$WORK/keygate.db}
 cat >"$WORK/keygate.toml" <<TOML
 [server]
 data_dir = "$WORK"
+[listen]
+https = "127.0.0.1:0"
+http = ""
+admin = "127.0.0.1:0"
 [store]
 url = "$STORE"
 TOML
+
+# The store is made by the server, as in production: management commands
+# (the import too) never create one. Started until it is ready, then stopped.
+KEYGATE_BOOTSTRAP_PASSWORD=import-bench-bootstrap RUST_LOG=info \
+  "$BIN" --config "$WORK/keygate.toml" serve >"$WORK/serve.log" 2>&1 &
+SERVE=$!
+for _ in $(seq 300); do grep -q 'keygate is serving' "$WORK/serve.log" && break; sleep 0.1; done
+grep -q 'keygate is serving' "$WORK/serve.log" || { cat "$WORK/serve.log" >&2; echo "keygate did not start" >&2; exit 1; }
+kill "$SERVE"; wait "$SERVE" 2>/dev/null || true
 
 # One bcrypt hash for every user (its cost is the platform's: 10).
 HASH='$2a$10$N9qo8uLOickgx2ZMRZoMyeIjZAgcfl7p92ldGxad68LJZdL17lhWy'
