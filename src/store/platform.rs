@@ -163,23 +163,36 @@ fn placeholders(first: usize, n: usize) -> String {
 }
 
 impl Store {
+    /// The rows `SELECT {columns} FROM {table} WHERE {column} IN (values)`:
+    /// one query per batch; none for no values.
+    async fn rows_in(
+        &self,
+        columns: &str,
+        table: &str,
+        column: &str,
+        values: impl ExactSizeIterator<Item = String>,
+    ) -> Result<Vec<sqlx::any::AnyRow>, StoreError> {
+        if values.len() == 0 {
+            return Ok(Vec::new());
+        }
+        let sql = format!(
+            "SELECT {columns} FROM {table} WHERE {column} IN {}",
+            placeholders(1, values.len())
+        );
+        let mut query = sqlx::query(AssertSqlSafe(sql));
+        for value in values {
+            query = query.bind(value);
+        }
+        Ok(query.fetch_all(&self.pool).await?)
+    }
+
     /// The users keygate holds with these ids.
     pub async fn users_by_ids(
         &self,
         ids: &[Uuid],
     ) -> Result<HashMap<Uuid, UserRecord>, StoreError> {
-        if ids.is_empty() {
-            return Ok(HashMap::new());
-        }
-        let sql = format!(
-            "SELECT {USER_COLUMNS} FROM users WHERE id IN {}",
-            placeholders(1, ids.len())
-        );
-        let mut query = sqlx::query(AssertSqlSafe(sql));
-        for id in ids {
-            query = query.bind(id.to_string());
-        }
-        let rows = query.fetch_all(&self.pool).await?;
+        let ids = ids.iter().map(Uuid::to_string);
+        let rows = self.rows_in(USER_COLUMNS, "users", "id", ids).await?;
         rows.iter()
             .map(|row| user_from_row(row).map(|u| (u.id, u)))
             .collect()
@@ -190,18 +203,8 @@ impl Store {
         &self,
         emails: &[String],
     ) -> Result<HashMap<String, Uuid>, StoreError> {
-        if emails.is_empty() {
-            return Ok(HashMap::new());
-        }
-        let sql = format!(
-            "SELECT email, id FROM users WHERE email IN {}",
-            placeholders(1, emails.len())
-        );
-        let mut query = sqlx::query(AssertSqlSafe(sql));
-        for email in emails {
-            query = query.bind(email);
-        }
-        let rows = query.fetch_all(&self.pool).await?;
+        let emails = emails.iter().cloned();
+        let rows = self.rows_in("email, id", "users", "email", emails).await?;
         rows.iter()
             .map(|row| Ok((row.try_get(0)?, super::uuid_col(row, 1)?)))
             .collect()
@@ -212,19 +215,10 @@ impl Store {
         &self,
         ids: &[Uuid],
     ) -> Result<HashMap<Uuid, ApiKeyRecord>, StoreError> {
-        if ids.is_empty() {
-            return Ok(HashMap::new());
-        }
-        let sql = format!(
-            "SELECT {} FROM api_keys WHERE id IN {}",
-            super::keys::KEY_COLUMNS,
-            placeholders(1, ids.len())
-        );
-        let mut query = sqlx::query(AssertSqlSafe(sql));
-        for id in ids {
-            query = query.bind(id.to_string());
-        }
-        let rows = query.fetch_all(&self.pool).await?;
+        let ids = ids.iter().map(Uuid::to_string);
+        let rows = self
+            .rows_in(super::keys::KEY_COLUMNS, "api_keys", "id", ids)
+            .await?;
         rows.iter()
             .map(|row| key_from_row(row).map(|k| (k.id, k)))
             .collect()
@@ -235,18 +229,10 @@ impl Store {
         &self,
         digests: &[String],
     ) -> Result<HashMap<String, Uuid>, StoreError> {
-        if digests.is_empty() {
-            return Ok(HashMap::new());
-        }
-        let sql = format!(
-            "SELECT digest, id FROM api_keys WHERE digest IN {}",
-            placeholders(1, digests.len())
-        );
-        let mut query = sqlx::query(AssertSqlSafe(sql));
-        for digest in digests {
-            query = query.bind(digest);
-        }
-        let rows = query.fetch_all(&self.pool).await?;
+        let digests = digests.iter().cloned();
+        let rows = self
+            .rows_in("digest, id", "api_keys", "digest", digests)
+            .await?;
         rows.iter()
             .map(|row| Ok((row.try_get(0)?, super::uuid_col(row, 1)?)))
             .collect()
