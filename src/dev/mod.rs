@@ -173,7 +173,7 @@ pub async fn quick_start(running: &Running, settings: &Settings) -> Result<Strin
         "  curl {cacert}-H 'X-Authorization: ApiKey {key}' '{base}/api/tenant/devices?pageSize=10&page=0'\n"
     ));
     out.push_str(
-        "\nStop with Ctrl-C. For production, run `keygate serve --config FILE` (see README).\n",
+        "\nStop with Ctrl-C. For production, run `keygate serve --config FILE` (see docs/deploying.md).\n",
     );
     Ok(out)
 }
