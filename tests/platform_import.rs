@@ -12,6 +12,7 @@ use std::path::Path;
 use std::process::{Command, Output};
 use std::time::Duration;
 
+use common::platform::{NULL_UUID, PlatformDouble};
 use common::{Gateway, Upstream, api_key_header, drop_schema, fresh_schema, gateway, wait_until};
 use sqlx::Connection;
 use sqlx::postgres::PgConnection;
@@ -22,7 +23,7 @@ const PLATFORM_PASSWORD: &str = "platform-Passw0rd!";
 const NEW_PASSWORD: &str = "keygate-Passw0rd!2";
 const INVITATION: &str = "platformActivationToken0123456789";
 const SIGNING_KEY: &str =
-    "c2VjcmV0LXNpZ25pbmcta2V5LW9mLXRoZS1wbGF0Zm9ybS0xMjM0NTY3ODkwMTIzNDU2Nzg5MA==";
+    "c2VjcmV0LXNpZ25pbmcta2V5LW9mLXRoZS1wbGF0Zm9ybS1mb3ItdGhlLWltcG9ydC10ZXN0cy0wMTIzNDU2Nzg5";
 
 /// The platform's tables the import reads, with the platform's columns.
 const PLATFORM_SCHEMA: &str = "
@@ -574,4 +575,111 @@ async fn an_unreachable_platform_database_is_named_with_host_port_and_cause() {
     assert!(line.contains("thingsboard"), "{line}");
     assert!(line.to_lowercase().contains("refused"), "{line}");
     assert_eq!(gw.running.store.list_users().await.unwrap(), before);
+}
+
+/// A platform route in front of `double`, with no `[platform] signing_key`:
+/// the key comes from the store, where the import put it.
+fn platform_route(double: &PlatformDouble) -> String {
+    format!(
+        r#"
+[[route]]
+name = "platform"
+prefix = "/api/tb/"
+identity = "platform"
+upstreams = ["{}"]
+"#,
+        double.url()
+    )
+}
+
+#[tokio::test]
+#[ignore = "needs PostgreSQL: set KEYGATE_TEST_DATABASE_URL and run with --include-ignored"]
+async fn an_imported_key_reaches_an_unmodified_platform_as_its_owner_with_the_platforms_ids() {
+    let platform = Platform::start().await;
+    let (_upstream, gw) = gateway("").await;
+    let report = import_json(&gw, &platform, &[]).await;
+    assert_eq!(report["signing"]["state"], "imported", "{report}");
+
+    // A replica started after the import signs with the platform's own key:
+    // the double checks the signature with that key alone.
+    let double = PlatformDouble::start(SIGNING_KEY).await;
+    let store_url = format!("sqlite://{}/keygate.db", gw.dir.path().display());
+    let upstream = Upstream::start().await;
+    let replica =
+        Gateway::start_on(&upstream.url(), &platform_route(&double), Some(&store_url)).await;
+    for (value, owner, email, customer) in [
+        (
+            &platform.admin_key,
+            platform.admin,
+            "tenant@platform.test",
+            NULL_UUID.to_owned(),
+        ),
+        (
+            &platform.customer_key,
+            platform.customer_user,
+            "customer@platform.test",
+            platform.customer.to_string(),
+        ),
+    ] {
+        let response = replica
+            .client()
+            .get(replica.https("/api/tb/user"))
+            .header("X-Authorization", api_key_header(value))
+            .send()
+            .await
+            .unwrap();
+        let status = response.status();
+        let user: serde_json::Value = response.json().await.unwrap();
+        assert_eq!(status, 200, "the platform accepted keygate's token: {user}");
+        assert_eq!(user["id"], owner.to_string(), "{user}");
+        assert_eq!(
+            user["email"].as_str().unwrap().to_lowercase(),
+            email,
+            "{user}"
+        );
+        assert_eq!(user["tenantId"], platform.tenant.to_string(), "{user}");
+        assert_eq!(user["customerId"], customer, "{user}");
+    }
+    // The platform never sees the client's key.
+    assert!(
+        double
+            .seen()
+            .iter()
+            .all(|seen| !seen.contains(&platform.admin_key)
+                && !seen.contains(&platform.customer_key))
+    );
+    platform.drop().await;
+}
+
+#[tokio::test]
+#[ignore = "needs PostgreSQL: set KEYGATE_TEST_DATABASE_URL and run with --include-ignored"]
+async fn a_platform_key_shorter_than_hs512_needs_is_not_imported_and_keygate_still_starts() {
+    let platform = Platform::start().await;
+    // A 55-byte key: the platform itself replaces such a key at install.
+    platform
+        .execute(
+            "UPDATE admin_settings SET json_value = '{\"tokenIssuer\":\"platform.test\",\
+             \"tokenSigningKey\":\"c2VjcmV0LXNpZ25pbmcta2V5LW9mLXRoZS1wbGF0Zm9ybS0xMjM0NTY3ODkwMTIzNDU2Nzg5MA==\"}' \
+             WHERE key = 'jwt'",
+        )
+        .await;
+    let (_upstream, gw) = gateway("").await;
+    let report = import_json(&gw, &platform, &[]).await;
+    assert_eq!(report["signing"]["state"], "invalid", "{report}");
+    assert!(
+        report["signing"]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("440 bits"),
+        "{report}"
+    );
+    assert_eq!(gw.running.store.platform_signing().await.unwrap(), None);
+    // Users and keys came in all the same, and a restart on the store works.
+    assert_eq!(report["users"]["added"], 5, "{report}");
+    let store_url = format!("sqlite://{}/keygate.db", gw.dir.path().display());
+    let upstream = Upstream::start().await;
+    let replica = Gateway::start_on(&upstream.url(), "", Some(&store_url)).await;
+    let response = current_user(&replica, &api_key_header(&platform.admin_key)).await;
+    assert_eq!(response.status(), 200);
+    platform.drop().await;
 }

@@ -277,8 +277,17 @@ async fn signing(
             "the jwt settings lack tokenSigningKey or tokenIssuer",
         ));
     };
+    // HS512 needs a key of at least 512 bits; the platform itself replaces a
+    // shorter one at install and upgrade (`validateKeyLength`), so such a key
+    // is not one it signs with, and keygate would refuse to start with it.
     match base64::engine::general_purpose::STANDARD.decode(&key) {
-        Ok(bytes) if !bytes.is_empty() => {}
+        Ok(bytes) if bytes.len() >= 64 => {}
+        Ok(bytes) if !bytes.is_empty() => {
+            return Ok(invalid(&format!(
+                "tokenSigningKey decodes to {} bits, fewer than the 512 HS512 needs",
+                bytes.len() * 8
+            )));
+        }
         _ => return Ok(invalid("tokenSigningKey is not base64")),
     }
     let changed = if dry_run {
