@@ -266,7 +266,7 @@ pub struct PlatformSection {
 }
 
 /// One `[[platform.public_customers]]` entry: a public customer and its tenant.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PublicCustomerEntry {
     pub customer_id: String,
@@ -614,6 +614,8 @@ pub(super) fn check_shape(value: &mut Value, schema: &Value, path: &str, errors:
         (Value::Array(items), Value::Array(expected)) => {
             let element_schema = if path == "route" {
                 Some(Value::try_from(RouteSection::default()).expect("route serializes"))
+            } else if path == "platform.public_customers" {
+                Some(Value::try_from(PublicCustomerEntry::default()).expect("entry serializes"))
             } else {
                 expected
                     .first()
