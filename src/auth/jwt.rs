@@ -457,6 +457,62 @@ mod tests {
     }
 
     #[test]
+    fn a_public_users_tokens_verify_only_in_the_platforms_shape() {
+        let k = keys();
+        let (customer, tenant) = (Uuid::from_u128(30), Uuid::from_u128(20));
+        let access = k
+            .sign_public_access(customer, tenant, Uuid::from_u128(5), now())
+            .unwrap();
+        let claims = k.verify_access(&access.token).unwrap();
+        assert!(claims.is_public);
+        assert_eq!(claims.user_id, NULL_UUID);
+        assert_eq!(claims.customer_id, customer);
+        let refresh = k
+            .sign_public_refresh(customer, Uuid::from_u128(5), "jti-p", now())
+            .unwrap();
+        assert_eq!(k.verify_refresh(&refresh.token).unwrap().public_id(), Some(customer));
+        assert_eq!(k.verify_access(&refresh.token), Err(TokenError::WrongScope));
+        // `isPublic` on a token that names a real user, another authority,
+        // or a `sub` other than its customer is never a public user's.
+        let now = now();
+        let shaped = |edit: &dyn Fn(&mut AccessClaims)| {
+            let mut claims = AccessClaims {
+                sub: customer.to_string(),
+                user_id: NULL_UUID,
+                scopes: vec!["CUSTOMER_USER".into()],
+                session_id: Uuid::from_u128(5),
+                iss: "thingsboard.io".into(),
+                iat: now,
+                exp: now + 60,
+                first_name: None,
+                last_name: None,
+                enabled: true,
+                is_public: true,
+                tenant_id: tenant,
+                customer_id: customer,
+            };
+            edit(&mut claims);
+            k.sign(&claims).unwrap()
+        };
+        assert!(k.verify_access(&shaped(&|_| {})).is_ok());
+        for edit in [
+            &(|c: &mut AccessClaims| c.user_id = Uuid::from_u128(10)) as &dyn Fn(&mut AccessClaims),
+            &|c: &mut AccessClaims| c.scopes = vec!["TENANT_ADMIN".into()],
+            &|c: &mut AccessClaims| c.sub = "tenant@example.com".into(),
+            &|c: &mut AccessClaims| c.sub = Uuid::from_u128(31).to_string(),
+            &|c: &mut AccessClaims| c.customer_id = NULL_UUID,
+        ] {
+            assert_eq!(k.verify_access(&shaped(edit)), Err(TokenError::WrongScope));
+        }
+        let mut user_refresh = k
+            .verify_refresh(&k.sign_refresh(&user(), Uuid::from_u128(5), "j", now).unwrap().token)
+            .unwrap();
+        assert_eq!(user_refresh.public_id(), None, "a user's refresh token is no public one");
+        user_refresh.is_public = true;
+        assert_eq!(user_refresh.public_id(), None, "its sub is no customer id");
+    }
+
+    #[test]
     fn token_signed_with_another_key_is_a_bad_signature() {
         let other = TokenKeys::new(
             &[1u8; 64],

@@ -267,7 +267,7 @@ pub struct PlatformSection {
 
 /// One `[[platform.public_customers]]` entry: a public customer and its tenant.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 pub struct PublicCustomerEntry {
     pub customer_id: String,
     pub tenant_id: String,
