@@ -604,7 +604,11 @@ async fn customers_the_platform_marks_public_open_a_public_login_after_the_impor
     let (_upstream, gw) = gateway("").await;
     let dry = import_json(&gw, &platform, &["--dry-run"]).await;
     assert_eq!(dry["publicCustomers"], 1, "{dry}");
-    assert_eq!(public_login(&gw, public).await.status(), 401, "a dry run stores none");
+    assert_eq!(
+        public_login(&gw, public).await.status(),
+        401,
+        "a dry run stores none"
+    );
     let report = import_json(&gw, &platform, &[]).await;
     assert_eq!(report["publicCustomers"], 1, "{report}");
     let skipped = report["skipped"].as_array().unwrap();
@@ -628,7 +632,9 @@ async fn customers_the_platform_marks_public_open_a_public_login_after_the_impor
     assert_eq!(public_login(&gw, platform.customer).await.status(), 401);
     // The platform stops marking it public: the next import follows.
     platform
-        .execute(&format!("UPDATE customer SET is_public = FALSE WHERE id = '{public}'"))
+        .execute(&format!(
+            "UPDATE customer SET is_public = FALSE WHERE id = '{public}'"
+        ))
         .await;
     let report = import_json(&gw, &platform, &[]).await;
     assert_eq!(report["publicCustomers"], 0, "{report}");

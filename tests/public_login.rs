@@ -79,7 +79,10 @@ async fn a_public_customer_gets_the_token_pair_the_platform_issues() {
     assert_eq!(refresh["scopes"], json!(["REFRESH_TOKEN"]));
     assert_eq!(refresh["sessionId"], access["sessionId"]);
     assert!(
-        common::counter(&gw.metrics().await, "keygate_login_attempts_total{outcome=\"public_success\"}") >= 1
+        common::counter(
+            &gw.metrics().await,
+            "keygate_login_attempts_total{outcome=\"public_success\"}"
+        ) >= 1
     );
 }
 
@@ -89,21 +92,36 @@ async fn unknown_and_non_public_ids_are_refused_as_the_platform_refuses_them() {
     let upstream = Upstream::start().await;
     let gw = Gateway::start(&upstream.url(), &configured(customer, tenant)).await;
     // A customer keygate knows (it has a user) that is not public.
-    let private = gw.user("private@public.test", Authority::CustomerUser).await;
+    let private = gw
+        .user("private@public.test", Authority::CustomerUser)
+        .await;
     for public_id in [
         Uuid::new_v4().to_string(),
         private.customer_id.to_string(),
         NULL_UUID.to_owned(),
         "not-a-uuid".to_owned(),
     ] {
-        let (status, body) = error_body(public_login(&gw, json!({ "publicId": public_id })).await).await;
+        let (status, body) =
+            error_body(public_login(&gw, json!({ "publicId": public_id })).await).await;
         assert_eq!(status, 401, "{public_id}");
-        assert_eq!(body["message"], "Invalid username or password", "{public_id}");
+        assert_eq!(
+            body["message"], "Invalid username or password",
+            "{public_id}"
+        );
         assert_eq!(body["errorCode"], 10);
     }
-    for body in [json!({}), json!({ "publicId": "  " }), json!({ "publicId": 7 }), json!([1])] {
+    for body in [
+        json!({}),
+        json!({ "publicId": "  " }),
+        json!({ "publicId": 7 }),
+        json!([1]),
+    ] {
         let (status, answer) = error_body(public_login(&gw, body.clone()).await).await;
-        assert_eq!((status, answer["message"].as_str()), (401, Some("Authentication failed")), "{body}");
+        assert_eq!(
+            (status, answer["message"].as_str()),
+            (401, Some("Authentication failed")),
+            "{body}"
+        );
     }
     let wrong_method = gw
         .client()
@@ -125,14 +143,26 @@ async fn a_public_token_is_refused_on_every_account_endpoint() {
     for (method, path) in [
         (Method::POST, "/api/auth/changePassword".to_owned()),
         (Method::POST, "/api/apiKey".to_owned()),
-        (Method::GET, format!("/api/apiKeys/{NULL_UUID}?pageSize=10&page=0")),
-        (Method::POST, "/api/2fa/account/config/generate?providerType=TOTP".to_owned()),
+        (
+            Method::GET,
+            format!("/api/apiKeys/{NULL_UUID}?pageSize=10&page=0"),
+        ),
+        (
+            Method::POST,
+            "/api/2fa/account/config/generate?providerType=TOTP".to_owned(),
+        ),
         (Method::GET, "/api/2fa/account/settings".to_owned()),
         (Method::POST, "/api/user".to_owned()),
         (Method::GET, format!("/api/user/{NULL_UUID}")),
         (Method::GET, "/api/users?pageSize=10&page=0".to_owned()),
-        (Method::GET, "/api/userInfos/all?pageSize=10&page=0".to_owned()),
-        (Method::GET, format!("/api/customer/{customer}/userInfos?pageSize=10&page=0")),
+        (
+            Method::GET,
+            "/api/userInfos/all?pageSize=10&page=0".to_owned(),
+        ),
+        (
+            Method::GET,
+            format!("/api/customer/{customer}/userInfos?pageSize=10&page=0"),
+        ),
     ] {
         let (status, body) = error_body(call(&gw, method.clone(), &path, &token).await).await;
         assert_eq!(status, 403, "{method} {path}: {body}");
@@ -184,7 +214,10 @@ async fn a_public_token_reaches_headers_routes_marked_public_and_clients_cannot_
         .await
         .unwrap();
     let h = upstream.last_to("/api/dashboard/2").headers;
-    assert!(h.get("x-auth-public").is_none() && h.get("x_auth_public").is_none(), "{h:?}");
+    assert!(
+        h.get("x-auth-public").is_none() && h.get("x_auth_public").is_none(),
+        "{h:?}"
+    );
     assert_eq!(h["x-auth-user-id"], user.id.to_string());
 }
 
@@ -198,7 +231,10 @@ async fn a_public_refresh_holds_only_while_the_customer_is_public() {
         customer_id: customer,
         tenant_id: tenant,
     };
-    store.replace_public_customers(&[public], keygate::clock::now_ms()).await.unwrap();
+    store
+        .replace_public_customers(&[public], keygate::clock::now_ms())
+        .await
+        .unwrap();
     let (_, refresh) = pair(&gw, customer).await;
     let refreshed = gw
         .client()
@@ -210,9 +246,15 @@ async fn a_public_refresh_holds_only_while_the_customer_is_public() {
     assert_eq!(refreshed.status(), 200);
     let body: Value = refreshed.json().await.unwrap();
     let access = claims(body["token"].as_str().unwrap());
-    assert_eq!((access["isPublic"].clone(), access["sub"].clone()), (json!(true), json!(customer.to_string())));
+    assert_eq!(
+        (access["isPublic"].clone(), access["sub"].clone()),
+        (json!(true), json!(customer.to_string()))
+    );
     // The platform stops marking it public: the next import empties the set.
-    store.replace_public_customers(&[], keygate::clock::now_ms()).await.unwrap();
+    store
+        .replace_public_customers(&[], keygate::clock::now_ms())
+        .await
+        .unwrap();
     let (status, body) = error_body(
         gw.client()
             .post(gw.https("/api/auth/token"))
@@ -223,7 +265,8 @@ async fn a_public_refresh_holds_only_while_the_customer_is_public() {
     )
     .await;
     assert_eq!(status, 401, "{body}");
-    let (status, _) = error_body(public_login(&gw, json!({ "publicId": customer.to_string() })).await).await;
+    let (status, _) =
+        error_body(public_login(&gw, json!({ "publicId": customer.to_string() })).await).await;
     assert_eq!(status, 401);
 }
 
@@ -279,7 +322,9 @@ upstreams = ["{url}"]
         assert_eq!(user["tenantId"], tenant.to_string());
         assert_eq!(user["firstName"], "Public");
     }
-    let real = gw.user("real@platform-public.test", Authority::CustomerUser).await;
+    let real = gw
+        .user("real@platform-public.test", Authority::CustomerUser)
+        .await;
     let (_, token) = gw.access_token(&real).await;
     let user = seen_as(token).await;
     assert_eq!(user["isPublic"], false);

@@ -256,7 +256,8 @@ mod tests {
                 sort: None,
             }
         );
-        let sorted = page_request(Some("pageSize=1&page=0&sortProperty=email&sortOrder=desc")).unwrap();
+        let sorted =
+            page_request(Some("pageSize=1&page=0&sortProperty=email&sortOrder=desc")).unwrap();
         assert_eq!(
             sorted.sort,
             Some(Sort {
@@ -267,13 +268,24 @@ mod tests {
         let ascending = page_request(Some("pageSize=1&page=0&sortProperty=email")).unwrap();
         assert_eq!(ascending.sort.map(|s| s.descending), Some(false));
         let unsorted = page_request(Some("pageSize=1&page=0&sortOrder=DESC")).unwrap();
-        assert_eq!(unsorted.sort, None, "an order without a property sorts nothing");
-        let bad = page_request(Some("pageSize=1&page=0&sortProperty=email&sortOrder=UP")).unwrap_err();
-        assert!(bad.message.contains("Unsupported sort order 'UP'"), "{}", bad.message);
+        assert_eq!(
+            unsorted.sort, None,
+            "an order without a property sorts nothing"
+        );
+        let bad =
+            page_request(Some("pageSize=1&page=0&sortProperty=email&sortOrder=UP")).unwrap_err();
+        assert!(
+            bad.message.contains("Unsupported sort order 'UP'"),
+            "{}",
+            bad.message
+        );
         let users = [("email", "email")];
         assert!(check_sort(&sorted, &users).is_ok());
         let password = page_request(Some("pageSize=1&page=0&sortProperty=password_hash")).unwrap();
-        assert_eq!(check_sort(&password, &users).unwrap_err().message, "Invalid sort property");
+        assert_eq!(
+            check_sort(&password, &users).unwrap_err().message,
+            "Invalid sort property"
+        );
         assert!(
             page_request(Some("page=0"))
                 .unwrap_err()

@@ -309,7 +309,9 @@ pub async fn customer_user_infos(
     };
     let page = user_page_request(&req)?;
     let users = api.store.users_page(&scope, &page).await?;
-    Ok(json_response(&page_json(&users, &page, |u| UserInfo::from(u))))
+    Ok(json_response(&page_json(&users, &page, |u| {
+        UserInfo::from(u)
+    })))
 }
 
 /// `GET /api/userInfos/all`: for a TENANT_ADMIN the tenant's own users (its
@@ -359,7 +361,9 @@ pub async fn all_user_infos(
     };
     let page = user_page_request(&req)?;
     let users = api.store.users_page(&scope, &page).await?;
-    Ok(json_response(&page_json(&users, &page, |u| UserInfo::from(u))))
+    Ok(json_response(&page_json(&users, &page, |u| {
+        UserInfo::from(u)
+    })))
 }
 
 #[utoipa::path(

@@ -96,7 +96,9 @@ impl RefreshClaims {
         if !self.is_public {
             return None;
         }
-        Uuid::parse_str(&self.sub).ok().filter(|id| *id != NULL_UUID)
+        Uuid::parse_str(&self.sub)
+            .ok()
+            .filter(|id| *id != NULL_UUID)
     }
 }
 
@@ -470,7 +472,10 @@ mod tests {
         let refresh = k
             .sign_public_refresh(customer, Uuid::from_u128(5), "jti-p", now())
             .unwrap();
-        assert_eq!(k.verify_refresh(&refresh.token).unwrap().public_id(), Some(customer));
+        assert_eq!(
+            k.verify_refresh(&refresh.token).unwrap().public_id(),
+            Some(customer)
+        );
         assert_eq!(k.verify_access(&refresh.token), Err(TokenError::WrongScope));
         // `isPublic` on a token that names a real user, another authority,
         // or a `sub` other than its customer is never a public user's.
@@ -505,9 +510,17 @@ mod tests {
             assert_eq!(k.verify_access(&shaped(edit)), Err(TokenError::WrongScope));
         }
         let mut user_refresh = k
-            .verify_refresh(&k.sign_refresh(&user(), Uuid::from_u128(5), "j", now).unwrap().token)
+            .verify_refresh(
+                &k.sign_refresh(&user(), Uuid::from_u128(5), "j", now)
+                    .unwrap()
+                    .token,
+            )
             .unwrap();
-        assert_eq!(user_refresh.public_id(), None, "a user's refresh token is no public one");
+        assert_eq!(
+            user_refresh.public_id(),
+            None,
+            "a user's refresh token is no public one"
+        );
         user_refresh.is_public = true;
         assert_eq!(user_refresh.public_id(), None, "its sub is no customer id");
     }

@@ -847,15 +847,33 @@ fn public_customers_are_read_with_their_tenants_and_checked() {
     );
     let errors = load_text(&bad, &[]).unwrap_err().0;
     let has = |part: &str| errors.iter().any(|e| e.contains(part));
-    assert!(has("platform.public_customers[0].customer_id: must be a UUID"), "{errors:?}");
-    assert!(has("platform.public_customers[1].tenant_id: must be a UUID other than the null id"), "{errors:?}");
-    assert!(has("platform.public_customers[3].customer_id") && has("listed twice"), "{errors:?}");
-    assert!(has("platform.public_customers[4].tenant_id: must be a UUID"), "{errors:?}");
+    assert!(
+        has("platform.public_customers[0].customer_id: must be a UUID"),
+        "{errors:?}"
+    );
+    assert!(
+        has("platform.public_customers[1].tenant_id: must be a UUID other than the null id"),
+        "{errors:?}"
+    );
+    assert!(
+        has("platform.public_customers[3].customer_id") && has("listed twice"),
+        "{errors:?}"
+    );
+    assert!(
+        has("platform.public_customers[4].tenant_id: must be a UUID"),
+        "{errors:?}"
+    );
     let shapes = format!(
         "[platform]\npublic_customers = [{{ customer_id = \"{customer}\", tenant = \"{tenant}\" }}, \"{customer}\"]\n"
     );
     let errors = load_text(&shapes, &[]).unwrap_err().0;
     let has = |part: &str| errors.iter().any(|e| e.contains(part));
-    assert!(has("platform.public_customers[0].tenant: unknown key"), "{errors:?}");
-    assert!(has("platform.public_customers[1]: expected table, got string"), "{errors:?}");
+    assert!(
+        has("platform.public_customers[0].tenant: unknown key"),
+        "{errors:?}"
+    );
+    assert!(
+        has("platform.public_customers[1]: expected table, got string"),
+        "{errors:?}"
+    );
 }

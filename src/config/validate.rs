@@ -419,13 +419,15 @@ impl PlatformSection {
         let mut public_customers = Vec::new();
         for (index, entry) in self.public_customers.iter().enumerate() {
             let here = format!("platform.public_customers[{index}]");
-            let id = |name: &str, text: &str, errors: &mut Vec<String>| {
-                match uuid::Uuid::parse_str(text.trim()) {
-                    Ok(id) if id != crate::identity::NULL_UUID => Some(id),
-                    _ => {
-                        errors.push(format!("{here}.{name}: must be a UUID other than the null id, got {text:?}"));
-                        None
-                    }
+            let id = |name: &str, text: &str, errors: &mut Vec<String>| match uuid::Uuid::parse_str(
+                text.trim(),
+            ) {
+                Ok(id) if id != crate::identity::NULL_UUID => Some(id),
+                _ => {
+                    errors.push(format!(
+                        "{here}.{name}: must be a UUID other than the null id, got {text:?}"
+                    ));
+                    None
                 }
             };
             let customer_id = id("customer_id", &entry.customer_id, errors);

@@ -21,9 +21,7 @@ use serde::Serialize;
 use uuid::Uuid;
 
 use crate::identity::NULL_UUID;
-use crate::store::{
-    Audit, PlatformKey, PlatformUser, PublicCustomer, RowKind, Store, StoreError,
-};
+use crate::store::{Audit, PlatformKey, PlatformUser, PublicCustomer, RowKind, Store, StoreError};
 use plan::Plan;
 use source::{KeyRow, Source, UserRow};
 

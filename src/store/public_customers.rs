@@ -73,4 +73,3 @@ impl Store {
         Ok(customers.len())
     }
 }
-

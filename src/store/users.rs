@@ -286,7 +286,10 @@ impl Store {
 
     /// The tenant a customer id belongs to, as far as keygate knows: the
     /// tenant of its users ([`claim_customer`]), or of the public customer.
-    pub(crate) async fn customer_tenant(&self, customer_id: Uuid) -> Result<Option<Uuid>, StoreError> {
+    pub(crate) async fn customer_tenant(
+        &self,
+        customer_id: Uuid,
+    ) -> Result<Option<Uuid>, StoreError> {
         let row = sqlx::query(
             "SELECT tenant_id FROM customer_tenants WHERE customer_id = $1 \
              UNION SELECT tenant_id FROM public_customers WHERE customer_id = $1",
