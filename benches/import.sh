@@ -66,6 +66,9 @@ CREATE TABLE api_key (
 CREATE TABLE admin_settings (
     id uuid NOT NULL PRIMARY KEY, tenant_id uuid NOT NULL, created_time bigint NOT NULL,
     json_value varchar, key varchar(255));
+CREATE TABLE customer (
+    id uuid NOT NULL PRIMARY KEY, created_time bigint NOT NULL, tenant_id uuid,
+    title varchar(255), is_public boolean, version BIGINT DEFAULT 1);
 -- 100 tenants; every tenth user a tenant administrator, the others customer users.
 INSERT INTO tb_user
 SELECT md5('user' || n)::uuid, 1700000000000 + n, '{"lang":"en_US"}',

@@ -592,6 +592,15 @@ upstreams = ["{}"]
     )
 }
 
+async fn public_login(gw: &Gateway, public_id: Uuid) -> reqwest::Response {
+    gw.client()
+        .post(gw.https("/api/auth/login/public"))
+        .json(&serde_json::json!({ "publicId": public_id.to_string() }))
+        .send()
+        .await
+        .unwrap()
+}
+
 #[tokio::test]
 #[ignore = "needs PostgreSQL: set KEYGATE_TEST_DATABASE_URL and run with --include-ignored"]
 async fn an_imported_key_reaches_an_unmodified_platform_as_its_owner_with_the_platforms_ids() {
@@ -681,5 +690,68 @@ async fn a_platform_key_shorter_than_hs512_needs_is_not_imported_and_keygate_sti
     let replica = Gateway::start_on(&upstream.url(), "", Some(&store_url)).await;
     let response = current_user(&replica, &api_key_header(&platform.admin_key)).await;
     assert_eq!(response.status(), 200);
+    platform.drop().await;
+}
+
+#[tokio::test]
+#[ignore = "needs PostgreSQL: set KEYGATE_TEST_DATABASE_URL and run with --include-ignored"]
+async fn customers_the_platform_marks_public_open_a_public_login_after_the_import() {
+    let platform = Platform::start().await;
+    let public = Uuid::new_v4();
+    platform
+        .execute(&format!(
+            "INSERT INTO customer (id, created_time, tenant_id, title, is_public) VALUES \
+             ('{public}', 1, '{tenant}', 'Public', TRUE), \
+             ('{private}', 2, '{tenant}', 'Private', FALSE), \
+             ('{orphan}', 3, NULL, 'Orphan', TRUE)",
+            tenant = platform.tenant,
+            private = platform.customer,
+            orphan = Uuid::new_v4(),
+        ))
+        .await;
+    let (_upstream, gw) = gateway("").await;
+    let dry = import_json(&gw, &platform, &["--dry-run"]).await;
+    assert_eq!(dry["publicCustomers"], 1, "{dry}");
+    assert_eq!(
+        public_login(&gw, public).await.status(),
+        401,
+        "a dry run stores none"
+    );
+    let report = import_json(&gw, &platform, &[]).await;
+    assert_eq!(report["publicCustomers"], 1, "{report}");
+    let skipped = report["skipped"].as_array().unwrap();
+    assert!(
+        skipped
+            .iter()
+            .any(|s| s["kind"] == "public customer" && s["reason"] == "it has no tenant"),
+        "{report}"
+    );
+    let response = public_login(&gw, public).await;
+    assert_eq!(response.status(), 200);
+    let pair: serde_json::Value = response.json().await.unwrap();
+    let token = pair["token"].as_str().unwrap();
+    let me: serde_json::Value = current_user(&gw, &format!("Bearer {token}"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(me["tenantId"]["id"], platform.tenant.to_string());
+    assert_eq!(me["customerId"]["id"], public.to_string());
+    assert_eq!(public_login(&gw, platform.customer).await.status(), 401);
+    // The platform stops marking it public: the next import follows.
+    platform
+        .execute(&format!(
+            "UPDATE customer SET is_public = FALSE WHERE id = '{public}'"
+        ))
+        .await;
+    let report = import_json(&gw, &platform, &[]).await;
+    assert_eq!(report["publicCustomers"], 0, "{report}");
+    assert_eq!(public_login(&gw, public).await.status(), 401);
+    let human = import(&gw, &platform.url, &[]).await;
+    assert!(
+        String::from_utf8_lossy(&human.stdout).contains("public customers: 0 stored"),
+        "{}",
+        String::from_utf8_lossy(&human.stdout)
+    );
     platform.drop().await;
 }

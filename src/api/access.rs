@@ -6,7 +6,7 @@ use uuid::Uuid;
 use super::records::PageData;
 use crate::error::ApiError;
 use crate::identity::{Authority, Identity, Principal};
-use crate::store::{Audit, Page, PageRequest, Store, UserRecord};
+use crate::store::{Audit, Page, PageRequest, Sort, Store, UserRecord};
 
 /// Largest page a listing returns.
 pub const MAX_PAGE_SIZE: i64 = 1000;
@@ -96,7 +96,10 @@ pub fn param<'a>(pairs: &'a [(String, String)], name: &str) -> Option<&'a str> {
         .map(|(_, v)| v.as_str())
 }
 
-/// `pageSize` (1..=1000), `page` (from 0) and optional `textSearch`.
+/// `pageSize` (1..=1000), `page` (from 0), optional `textSearch`, and
+/// optional `sortProperty` with `sortOrder` (`ASC`, the default, or `DESC`,
+/// in any case, as the platform reads it). Which properties a listing sorts
+/// by is its own check ([`check_sort`]).
 pub fn page_request(query: Option<&str>) -> Result<PageRequest, ApiError> {
     let pairs = query_pairs(query);
     let number = |name: &str, min: i64, max: i64| -> Result<i64, ApiError> {
@@ -118,7 +121,39 @@ pub fn page_request(query: Option<&str>) -> Result<PageRequest, ApiError> {
         text_search: param(&pairs, "textSearch")
             .map(str::to_owned)
             .filter(|t| !t.is_empty()),
+        sort: sort(&pairs)?,
     })
+}
+
+fn sort(pairs: &[(String, String)]) -> Result<Option<Sort>, ApiError> {
+    let Some(property) = param(pairs, "sortProperty").filter(|p| !p.is_empty()) else {
+        return Ok(None);
+    };
+    let descending = match param(pairs, "sortOrder").unwrap_or_default() {
+        "" => false,
+        order if order.eq_ignore_ascii_case("ASC") => false,
+        order if order.eq_ignore_ascii_case("DESC") => true,
+        order => {
+            return Err(ApiError::bad_request(format!(
+                "Unsupported sort order '{order}'! Only 'ASC' or 'DESC' types are allowed."
+            )));
+        }
+    };
+    Ok(Some(Sort {
+        property: property.to_owned(),
+        descending,
+    }))
+}
+
+/// Refuses a `sortProperty` a listing cannot order by, as the platform
+/// refuses one.
+pub fn check_sort(page: &PageRequest, properties: &[(&str, &str)]) -> Result<(), ApiError> {
+    match &page.sort {
+        Some(sort) if !properties.iter().any(|(name, _)| *name == sort.property) => {
+            Err(ApiError::bad_request("Invalid sort property"))
+        }
+        _ => Ok(()),
+    }
 }
 
 /// The platform's page shape.
@@ -217,8 +252,39 @@ mod tests {
             PageRequest {
                 page_size: 10,
                 page: 2,
-                text_search: Some("a b c".into())
+                text_search: Some("a b c".into()),
+                sort: None,
             }
+        );
+        let sorted =
+            page_request(Some("pageSize=1&page=0&sortProperty=email&sortOrder=desc")).unwrap();
+        assert_eq!(
+            sorted.sort,
+            Some(Sort {
+                property: "email".into(),
+                descending: true
+            })
+        );
+        let ascending = page_request(Some("pageSize=1&page=0&sortProperty=email")).unwrap();
+        assert_eq!(ascending.sort.map(|s| s.descending), Some(false));
+        let unsorted = page_request(Some("pageSize=1&page=0&sortOrder=DESC")).unwrap();
+        assert_eq!(
+            unsorted.sort, None,
+            "an order without a property sorts nothing"
+        );
+        let bad =
+            page_request(Some("pageSize=1&page=0&sortProperty=email&sortOrder=UP")).unwrap_err();
+        assert!(
+            bad.message.contains("Unsupported sort order 'UP'"),
+            "{}",
+            bad.message
+        );
+        let users = [("email", "email")];
+        assert!(check_sort(&sorted, &users).is_ok());
+        let password = page_request(Some("pageSize=1&page=0&sortProperty=password_hash")).unwrap();
+        assert_eq!(
+            check_sort(&password, &users).unwrap_err().message,
+            "Invalid sort property"
         );
         assert!(
             page_request(Some("page=0"))
@@ -242,6 +308,7 @@ mod tests {
             page_size: 2,
             page: 1,
             text_search: None,
+            sort: None,
         };
         let json = page_json(&page, &request, |n| json!(n));
         assert_eq!(

@@ -51,6 +51,7 @@ pub enum Access {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Endpoint {
     Login,
+    PublicLogin,
     Refresh,
     Logout,
     CurrentUser,
@@ -63,6 +64,10 @@ pub enum Endpoint {
     SaveUser,
     GetUser,
     ListUsers,
+    AllUserInfos,
+    TenantAdmins,
+    CustomerUsers,
+    CustomerUserInfos,
     DeleteUser,
     EnableUser,
     ActivationLink,
@@ -82,6 +87,16 @@ pub enum Endpoint {
     TwoFaCheckCode,
 }
 
+impl Endpoint {
+    /// May a public customer's public user call it? Only what a public user
+    /// of the platform can use of keygate's own endpoints: who it is, and
+    /// logging out. Every account operation (password, API keys, second
+    /// factors, users) is refused with 403: it has no account.
+    pub fn opens_to_public(self) -> bool {
+        matches!(self, Endpoint::CurrentUser | Endpoint::Logout)
+    }
+}
+
 /// One owned route: `{name}` segments match any one path segment.
 #[derive(Debug)]
 pub struct EndpointRoute {
@@ -98,6 +113,12 @@ pub static ROUTES: &[EndpointRoute] = &[
         pattern: "/api/auth/login",
         access: Access::Public,
         endpoint: Endpoint::Login,
+    },
+    EndpointRoute {
+        method: Method::POST,
+        pattern: "/api/auth/login/public",
+        access: Access::Public,
+        endpoint: Endpoint::PublicLogin,
     },
     EndpointRoute {
         method: Method::POST,
@@ -176,6 +197,30 @@ pub static ROUTES: &[EndpointRoute] = &[
         pattern: "/api/users",
         access: Access::Authenticated,
         endpoint: Endpoint::ListUsers,
+    },
+    EndpointRoute {
+        method: Method::GET,
+        pattern: "/api/userInfos/all",
+        access: Access::Authenticated,
+        endpoint: Endpoint::AllUserInfos,
+    },
+    EndpointRoute {
+        method: Method::GET,
+        pattern: "/api/tenant/{tenantId}/users",
+        access: Access::Authenticated,
+        endpoint: Endpoint::TenantAdmins,
+    },
+    EndpointRoute {
+        method: Method::GET,
+        pattern: "/api/customer/{customerId}/users",
+        access: Access::Authenticated,
+        endpoint: Endpoint::CustomerUsers,
+    },
+    EndpointRoute {
+        method: Method::GET,
+        pattern: "/api/customer/{customerId}/userInfos",
+        access: Access::Authenticated,
+        endpoint: Endpoint::CustomerUserInfos,
     },
     EndpointRoute {
         method: Method::POST,
@@ -528,8 +573,17 @@ impl Endpoints {
         endpoint: Endpoint,
         req: EndpointRequest,
     ) -> Result<Response<Body>, ApiError> {
+        if req
+            .identity
+            .as_ref()
+            .is_some_and(|identity| identity.principal.is_public)
+            && !endpoint.opens_to_public()
+        {
+            return Err(ApiError::permission_denied());
+        }
         match endpoint {
             Endpoint::Login => session::login(self, req).await,
+            Endpoint::PublicLogin => session::public_login(self, req).await,
             Endpoint::Refresh => session::refresh(self, req).await,
             Endpoint::Logout => session::logout(self, req).await,
             Endpoint::CurrentUser => session::current_user(self, req).await,
@@ -542,6 +596,10 @@ impl Endpoints {
             Endpoint::SaveUser => users::save(self, req).await,
             Endpoint::GetUser => users::get(self, req).await,
             Endpoint::ListUsers => users::list(self, req).await,
+            Endpoint::AllUserInfos => users::all_user_infos(self, req).await,
+            Endpoint::TenantAdmins => users::tenant_admins(self, req).await,
+            Endpoint::CustomerUsers => users::customer_users(self, req).await,
+            Endpoint::CustomerUserInfos => users::customer_user_infos(self, req).await,
             Endpoint::DeleteUser => users::delete(self, req).await,
             Endpoint::EnableUser => users::set_enabled(self, req).await,
             Endpoint::ActivationLink => users::activation_link(self, req).await,
@@ -599,8 +657,12 @@ mod tests {
     fn owned_routes_match_exactly_and_wrong_methods_are_405() {
         let m = find(&Method::POST, "/api/auth/login").unwrap().unwrap();
         assert_eq!(m.route.endpoint, Endpoint::Login);
+        let public = find(&Method::POST, "/api/auth/login/public")
+            .unwrap()
+            .unwrap();
+        assert_eq!(public.route.endpoint, Endpoint::PublicLogin);
         assert!(
-            find(&Method::POST, "/api/auth/login/public")
+            find(&Method::GET, "/api/customer/c1/devices")
                 .unwrap()
                 .is_none()
         );

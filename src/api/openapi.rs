@@ -4,11 +4,13 @@
 use serde_json::Value;
 use utoipa::OpenApi;
 
-use super::records::{ApiKey, EntityId, PageDataApiKey, PageDataUser, User};
+use super::records::{
+    ApiKey, EntityId, PageDataApiKey, PageDataUser, PageDataUserInfo, User, UserInfo,
+};
 use super::users::UserPasswordPolicy;
 use super::wire::{
     ActivateUserRequest, ApiKeyCreateRequest, ChangePasswordRequest, JwtPair, LoginRequest,
-    RefreshTokenRequest, ScopeGrant,
+    PublicLoginRequest, RefreshTokenRequest, ScopeGrant,
 };
 use super::{jwks, keys, session, two_factor, users};
 use crate::error::ErrorResponse;
@@ -21,6 +23,7 @@ use crate::error::ErrorResponse;
     ),
     paths(
         session::login,
+        session::public_login,
         session::refresh,
         session::logout,
         session::current_user,
@@ -33,6 +36,10 @@ use crate::error::ErrorResponse;
         users::save,
         users::get,
         users::list,
+        users::all_user_infos,
+        users::tenant_admins,
+        users::customer_users,
+        users::customer_user_infos,
         users::delete,
         users::set_enabled,
         users::activation_link,
@@ -65,6 +72,9 @@ use crate::error::ErrorResponse;
         ScopeGrant,
         PageDataApiKey,
         PageDataUser,
+        UserInfo,
+        PageDataUserInfo,
+        PublicLoginRequest,
         UserPasswordPolicy,
         two_factor::PlatformTwoFaSettings,
         two_factor::ProviderConfig,

@@ -89,6 +89,55 @@ impl From<&UserRecord> for User {
     }
 }
 
+// A user record with its owner, as the user-info listings return it: the
+// owner is the customer for a customer's user, else the tenant. keygate
+// holds no titles, so `ownerName` is null, and no entity groups.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct UserInfo {
+    #[serde(flatten)]
+    pub user: User,
+    pub owner_id: EntityId,
+    pub owner_name: Option<String>,
+    pub groups: Vec<EntityId>,
+}
+
+impl From<&UserRecord> for UserInfo {
+    fn from(user: &UserRecord) -> UserInfo {
+        let owner_id = if user.customer_id == crate::identity::NULL_UUID {
+            EntityId::new("TENANT", user.tenant_id)
+        } else {
+            EntityId::new("CUSTOMER", user.customer_id)
+        };
+        UserInfo {
+            user: User::from(user),
+            owner_id,
+            owner_name: None,
+            groups: Vec::new(),
+        }
+    }
+}
+
+impl User {
+    /// The record of a public customer's public user, as its token names it.
+    pub fn public(p: &crate::identity::Principal) -> User {
+        User {
+            id: EntityId::new("USER", p.user_id),
+            created_time: 0,
+            tenant_id: EntityId::new("TENANT", p.tenant_id),
+            customer_id: EntityId::new("CUSTOMER", p.customer_id),
+            email: p.email.clone(),
+            authority: p.authority.as_str().to_string(),
+            first_name: p.first_name.clone(),
+            last_name: p.last_name.clone(),
+            phone: None,
+            version: 0,
+            name: p.email.clone(),
+            additional_info: None,
+        }
+    }
+}
+
 // The API key record; `value` only in the create response.
 #[derive(Debug, Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
@@ -194,12 +243,14 @@ macro_rules! page_schemas {
     };
 }
 
-page_schemas!(ApiKey => "PageDataApiKey", User => "PageDataUser");
+page_schemas!(ApiKey => "PageDataApiKey", User => "PageDataUser", UserInfo => "PageDataUserInfo");
 
 /// A page of API key records, as the document names it.
 pub type PageDataApiKey = PageData<ApiKey>;
 /// A page of user records, as the document names it.
 pub type PageDataUser = PageData<User>;
+/// A page of user records with their owners, as the document names it.
+pub type PageDataUserInfo = PageData<UserInfo>;
 
 #[cfg(test)]
 mod tests {
@@ -236,5 +287,29 @@ mod tests {
             !json.to_string().contains("argon2"),
             "never the password hash"
         );
+    }
+
+    #[test]
+    fn user_info_names_the_customer_or_else_the_tenant_as_owner() {
+        let tenant_user = UserRecord {
+            tenant_id: Uuid::from_u128(2),
+            ..UserRecord::test_user("t@example.com")
+        };
+        let json = serde_json::to_value(UserInfo::from(&tenant_user)).unwrap();
+        assert_eq!(
+            json["ownerId"],
+            json!({"entityType": "TENANT", "id": Uuid::from_u128(2)})
+        );
+        assert_eq!(json["email"], "t@example.com", "the user's own fields");
+        assert_eq!(json["groups"], json!([]));
+        assert_eq!(json["ownerName"], Value::Null);
+        let customer_user = UserRecord {
+            customer_id: Uuid::from_u128(3),
+            authority: crate::identity::Authority::CustomerUser,
+            ..tenant_user
+        };
+        let json = serde_json::to_value(UserInfo::from(&customer_user)).unwrap();
+        assert_eq!(json["ownerId"]["entityType"], "CUSTOMER");
+        assert_eq!(json["ownerId"]["id"], Uuid::from_u128(3).to_string());
     }
 }

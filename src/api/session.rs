@@ -5,7 +5,7 @@ use uuid::Uuid;
 use super::records::User;
 use super::wire::{
     BodyErrors, ChangePasswordRequest, CredentialErrors, JwtPair, LoginErrors, LoginRequest,
-    RefreshErrors, RefreshTokenRequest, TokenErrors,
+    PublicLoginRequest, RefreshErrors, RefreshTokenRequest, TokenErrors,
 };
 use super::{EndpointRequest, Endpoints, empty_response, json_response};
 use crate::auth::jwt::TokenError;
@@ -14,7 +14,7 @@ use crate::auth::password;
 use crate::body::Body;
 use crate::error::ApiError;
 use crate::identity::AuthMethod;
-use crate::store::{SessionRecord, UserRecord};
+use crate::store::{PublicCustomer, SessionRecord, UserRecord};
 
 /// Which allowance a password hash is computed on: logins have their own, so
 /// password changes and activations can never starve them.
@@ -260,6 +260,99 @@ async fn failed_login(
     }
 }
 
+impl Endpoints {
+    /// The public customer `customer_id`, if it is one: configured
+    /// (`platform.public_customers`) or imported from the platform.
+    async fn public_customer(&self, customer_id: Uuid) -> Result<Option<PublicCustomer>, ApiError> {
+        let configured = self
+            .settings
+            .platform
+            .public_customers
+            .iter()
+            .find(|c| c.customer_id == customer_id);
+        if let Some(customer) = configured {
+            return Ok(Some(*customer));
+        }
+        Ok(self.store.public_customer(customer_id).await?)
+    }
+
+    /// A token pair of the public user of `customer`, as the platform
+    /// issues one: no session is stored (the platform keeps none for it),
+    /// each pair names a new session id.
+    fn sign_public_pair(&self, customer: &PublicCustomer) -> Result<JwtPair, ApiError> {
+        let keys = self.auth.token_keys();
+        let now = crate::clock::now_secs();
+        let session_id = Uuid::new_v4();
+        let access = keys
+            .sign_public_access(customer.customer_id, customer.tenant_id, session_id, now)
+            .map_err(|_| ApiError::internal())?;
+        let refresh = keys
+            .sign_public_refresh(
+                customer.customer_id,
+                session_id,
+                &Uuid::new_v4().to_string(),
+                now,
+            )
+            .map_err(|_| ApiError::internal())?;
+        Ok(JwtPair {
+            token: access.token,
+            refresh_token: refresh.token,
+        })
+    }
+}
+
+/// `POST /api/auth/login/public`: a token pair of a public customer's public
+/// user. A body without a `publicId` is refused as the platform refuses it
+/// ("Authentication failed"); an id that is no public customer's, as a bad
+/// password is. Unknown ids count against the client's address like failed
+/// logins, so the ids cannot be guessed at speed.
+#[utoipa::path(
+    post,
+    path = "/api/auth/login/public",
+    tag = "auth-controller",
+    operation_id = "loginPublic",
+    summary = "Log in as the public user of a public customer",
+    request_body = PublicLoginRequest,
+    responses(
+        (status = 200, description = "Token pair of the public user (CUSTOMER_USER, isPublic)", body = JwtPair),
+        LoginErrors
+    )
+)]
+pub async fn public_login(
+    api: &Endpoints,
+    req: EndpointRequest,
+) -> Result<http::Response<Body>, ApiError> {
+    api.require_confidential(&req)?;
+    let refused = |error: ApiError| {
+        api.metrics.login("public_refused");
+        error
+    };
+    let body: PublicLoginRequest = serde_json::from_slice(&req.body)
+        .map_err(|_| refused(ApiError::authentication_failed()))?;
+    let public_id = body.public_id.unwrap_or_default();
+    if public_id.trim().is_empty() {
+        return Err(refused(ApiError::authentication_failed()));
+    }
+    let attempt = api
+        .limiter
+        .acquire_address(req.client_key)
+        .await
+        .map_err(|limited| refused(api.rate_limited(limited, None, &req)))?;
+    let customer = match Uuid::parse_str(public_id.trim()) {
+        Ok(id) if id != crate::identity::NULL_UUID => api.public_customer(id).await?,
+        _ => None,
+    };
+    let Some(customer) = customer else {
+        tracing::info!(target: "keygate::security", client = %req.client_ip, "public login with an id that is no public customer's");
+        return Err(refused(ApiError::invalid_credentials()));
+    };
+    api.limiter.succeeded(attempt).await;
+    let pair = api.sign_public_pair(&customer)?;
+    api.metrics.login("public_success");
+    tracing::info!(target: "keygate::security", customer_id = %customer.customer_id, client = %req.client_ip, "public login");
+    Ok(json_response(&pair))
+}
+
 #[utoipa::path(
     post,
     path = "/api/auth/token",
@@ -286,6 +379,15 @@ pub async fn refresh(
             TokenError::Expired | TokenError::BadSignature => ApiError::token_expired(),
             TokenError::Malformed | TokenError::WrongScope => ApiError::invalid_credentials(),
         })?;
+    // A public user's refresh holds while its customer is still public, as
+    // on the platform; it has no stored session to rotate.
+    if let Some(public_id) = claims.public_id() {
+        let customer = api
+            .public_customer(public_id)
+            .await?
+            .ok_or_else(ApiError::invalid_credentials)?;
+        return Ok(json_response(&api.sign_public_pair(&customer)?));
+    }
     let session = api.store.session_by_id(claims.session_id).await?;
     // A pruned session is gone: refused exactly like an ended one.
     let Some(session) = session.filter(|s| !s.ended && s.user_id == claims.user_id) else {
@@ -374,9 +476,14 @@ pub async fn current_user(
     req: EndpointRequest,
 ) -> Result<http::Response<Body>, ApiError> {
     let identity = req.identity()?;
+    let p = &identity.principal;
+    if p.is_public {
+        // No user of the store: the user its token names.
+        return Ok(json_response(&User::public(p)));
+    }
     let user = api
         .store
-        .user_by_id(identity.principal.user_id)
+        .user_by_id(p.user_id)
         .await?
         .ok_or_else(ApiError::not_active)?;
     Ok(json_response(&User::from(&user)))

@@ -3,8 +3,12 @@
 
 use serde::Deserialize;
 
-use super::access::{audited, check_manage, page_json, page_request, param, path_id, query_pairs};
-use super::records::{EntityId, PageDataUser, User};
+use uuid::Uuid;
+
+use super::access::{
+    audited, check_manage, check_sort, page_json, page_request, param, path_id, query_pairs,
+};
+use super::records::{EntityId, PageDataUser, PageDataUserInfo, User, UserInfo};
 use super::session::HashFor;
 use super::wire::{ActivateUserRequest, BodyErrors, JwtPair, ListErrors, ManageErrors};
 use super::{EndpointRequest, Endpoints, empty_response, json_response};
@@ -12,8 +16,8 @@ use crate::accounts::{self, NewProfile, NewUser};
 use crate::auth::api_key::{self, KeyDigest};
 use crate::body::Body;
 use crate::error::ApiError;
-use crate::identity::{Authority, NULL_UUID};
-use crate::store::Audit;
+use crate::identity::{Authority, NULL_UUID, Principal};
+use crate::store::{Audit, PageRequest, USER_SORT_PROPERTIES, UserScope};
 
 /// How long an activation link stays valid.
 pub const ACTIVATION_TTL_MS: i64 = 24 * 3600 * 1000;
@@ -141,7 +145,7 @@ pub async fn get(api: &Endpoints, req: EndpointRequest) -> Result<http::Response
     tag = "user-controller",
     operation_id = "getUsers",
     summary = "Users in scope",
-    params(("pageSize" = i64, Query, description = "Items per page (1 to 1000)"), ("page" = i64, Query, description = "Page number, from 0"), ("textSearch" = Option<String>, Query, description = "Case-insensitive filter")),
+    params(UserPageParams),
     responses(
         (status = 200, description = "Page of user records", body = PageDataUser),
         ListErrors
@@ -155,9 +159,211 @@ pub async fn list(api: &Endpoints, req: EndpointRequest) -> Result<http::Respons
         Authority::TenantAdmin => Some(actor.tenant_id),
         Authority::CustomerUser => return Err(ApiError::permission_denied()),
     };
-    let page = page_request(req.query.as_deref())?;
-    let users = api.store.users_page(tenant, &page).await?;
+    let scope = UserScope {
+        tenant_id: tenant,
+        ..UserScope::default()
+    };
+    let page = user_page_request(&req)?;
+    let users = api.store.users_page(&scope, &page).await?;
     Ok(json_response(&page_json(&users, &page, |u| User::from(u))))
+}
+
+/// The paging parameters of a user listing, its sort property checked.
+fn user_page_request(req: &EndpointRequest) -> Result<PageRequest, ApiError> {
+    let page = page_request(req.query.as_deref())?;
+    check_sort(&page, &USER_SORT_PROPERTIES)?;
+    Ok(page)
+}
+
+/// The query parameters of every user listing.
+#[derive(utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+#[allow(dead_code, non_snake_case)]
+struct UserPageParams {
+    /// Items per page (1 to 1000)
+    pageSize: i64,
+    /// Page number, from 0
+    page: i64,
+    /// Case-insensitive filter on the e-mail and names
+    textSearch: Option<String>,
+    /// createdTime, firstName, lastName or email
+    sortProperty: Option<String>,
+    /// ASC (default) or DESC
+    sortOrder: Option<String>,
+}
+
+/// `customerId` of a listing as a TENANT_ADMIN may read it: a customer
+/// another tenant's users belong to is refused (403, as the platform refuses
+/// reading another tenant's customer); one keygate has no users of yet
+/// lists nothing.
+async fn own_customer(api: &Endpoints, actor: &Principal, text: &str) -> Result<Uuid, ApiError> {
+    let customer = path_id(text)?;
+    match api.store.customer_tenant(customer).await? {
+        Some(tenant) if tenant != actor.tenant_id => Err(ApiError::permission_denied()),
+        _ => Ok(customer),
+    }
+}
+
+/// `GET /api/tenant/{tenantId}/users`: the tenant's administrators, for a
+/// SYS_ADMIN.
+#[utoipa::path(
+    get,
+    path = "/api/tenant/{tenantId}/users",
+    tag = "user-controller",
+    operation_id = "getTenantAdmins",
+    summary = "The administrators of a tenant (SYS_ADMIN)",
+    params(("tenantId" = String, Path, description = "Tenant id"), UserPageParams),
+    responses(
+        (status = 200, description = "Page of user records", body = PageDataUser),
+        ListErrors
+    ),
+    security(("HttpLoginForm" = []), ("ApiKeyForm" = []))
+)]
+pub async fn tenant_admins(
+    api: &Endpoints,
+    req: EndpointRequest,
+) -> Result<http::Response<Body>, ApiError> {
+    let actor = &req.identity()?.principal;
+    if actor.authority != Authority::SysAdmin {
+        return Err(ApiError::permission_denied());
+    }
+    let scope = UserScope {
+        tenant_id: Some(path_id(&req.params[0])?),
+        customer_id: None,
+        authority: Some(Authority::TenantAdmin),
+    };
+    let page = user_page_request(&req)?;
+    let users = api.store.users_page(&scope, &page).await?;
+    Ok(json_response(&page_json(&users, &page, |u| User::from(u))))
+}
+
+/// `GET /api/customer/{customerId}/users`: a customer's users, for a
+/// TENANT_ADMIN of the customer's tenant.
+#[utoipa::path(
+    get,
+    path = "/api/customer/{customerId}/users",
+    tag = "user-controller",
+    operation_id = "getCustomerUsers",
+    summary = "The users of a customer (TENANT_ADMIN)",
+    params(("customerId" = String, Path, description = "Customer id"), UserPageParams),
+    responses(
+        (status = 200, description = "Page of user records", body = PageDataUser),
+        ListErrors
+    ),
+    security(("HttpLoginForm" = []), ("ApiKeyForm" = []))
+)]
+pub async fn customer_users(
+    api: &Endpoints,
+    req: EndpointRequest,
+) -> Result<http::Response<Body>, ApiError> {
+    let actor = &req.identity()?.principal;
+    if actor.authority != Authority::TenantAdmin {
+        return Err(ApiError::permission_denied());
+    }
+    let customer = own_customer(api, actor, &req.params[0]).await?;
+    let scope = UserScope {
+        tenant_id: Some(actor.tenant_id),
+        customer_id: Some(customer),
+        authority: None,
+    };
+    let page = user_page_request(&req)?;
+    let users = api.store.users_page(&scope, &page).await?;
+    Ok(json_response(&page_json(&users, &page, |u| User::from(u))))
+}
+
+/// `GET /api/customer/{customerId}/userInfos`: a customer's users with their
+/// owner, for a TENANT_ADMIN of its tenant or a user of that customer.
+#[utoipa::path(
+    get,
+    path = "/api/customer/{customerId}/userInfos",
+    tag = "user-controller",
+    operation_id = "getCustomerUserInfos",
+    summary = "The users of a customer, with their owner (TENANT_ADMIN, or CUSTOMER_USER of that customer)",
+    params(("customerId" = String, Path, description = "Customer id"), UserPageParams),
+    responses(
+        (status = 200, description = "Page of user records with their owner", body = PageDataUserInfo),
+        ListErrors
+    ),
+    security(("HttpLoginForm" = []), ("ApiKeyForm" = []))
+)]
+pub async fn customer_user_infos(
+    api: &Endpoints,
+    req: EndpointRequest,
+) -> Result<http::Response<Body>, ApiError> {
+    let actor = &req.identity()?.principal;
+    let customer = match actor.authority {
+        Authority::TenantAdmin => own_customer(api, actor, &req.params[0]).await?,
+        Authority::CustomerUser => {
+            let customer = path_id(&req.params[0])?;
+            if customer != actor.customer_id {
+                return Err(ApiError::permission_denied());
+            }
+            customer
+        }
+        Authority::SysAdmin => return Err(ApiError::permission_denied()),
+    };
+    let scope = UserScope {
+        tenant_id: Some(actor.tenant_id),
+        customer_id: Some(customer),
+        authority: None,
+    };
+    let page = user_page_request(&req)?;
+    let users = api.store.users_page(&scope, &page).await?;
+    Ok(json_response(&page_json(&users, &page, |u| {
+        UserInfo::from(u)
+    })))
+}
+
+/// `GET /api/userInfos/all`: for a TENANT_ADMIN the tenant's own users (its
+/// administrators), or with `includeCustomers=true` every user of the tenant;
+/// for a CUSTOMER_USER the users of its customer.
+#[utoipa::path(
+    get,
+    path = "/api/userInfos/all",
+    tag = "user-controller",
+    operation_id = "getAllUserInfos",
+    summary = "The users the caller's tenant or customer owns, with their owner (TENANT_ADMIN, CUSTOMER_USER)",
+    params(
+        UserPageParams,
+        ("includeCustomers" = Option<bool>, Query, description = "For a TENANT_ADMIN: also the users of every customer (default false)")
+    ),
+    responses(
+        (status = 200, description = "Page of user records with their owner", body = PageDataUserInfo),
+        ListErrors
+    ),
+    security(("HttpLoginForm" = []), ("ApiKeyForm" = []))
+)]
+pub async fn all_user_infos(
+    api: &Endpoints,
+    req: EndpointRequest,
+) -> Result<http::Response<Body>, ApiError> {
+    let actor = &req.identity()?.principal;
+    let pairs = query_pairs(req.query.as_deref());
+    let include_customers = match param(&pairs, "includeCustomers") {
+        None | Some("") | Some("false") => false,
+        Some("true") => true,
+        Some(other) => {
+            return Err(ApiError::bad_request(format!(
+                "Parameter 'includeCustomers' must be true or false, got {other:?}"
+            )));
+        }
+    };
+    let customer = match actor.authority {
+        Authority::TenantAdmin if include_customers => None,
+        Authority::TenantAdmin => Some(NULL_UUID),
+        Authority::CustomerUser => Some(actor.customer_id),
+        Authority::SysAdmin => return Err(ApiError::permission_denied()),
+    };
+    let scope = UserScope {
+        tenant_id: Some(actor.tenant_id),
+        customer_id: customer,
+        authority: None,
+    };
+    let page = user_page_request(&req)?;
+    let users = api.store.users_page(&scope, &page).await?;
+    Ok(json_response(&page_json(&users, &page, |u| {
+        UserInfo::from(u)
+    })))
 }
 
 #[utoipa::path(

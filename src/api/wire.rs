@@ -28,6 +28,14 @@ pub struct JwtPair {
     pub refresh_token: String,
 }
 
+/// The body of `POST /api/auth/login/public`: the public customer's id.
+#[derive(Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PublicLoginRequest {
+    #[schema(example = "784f394c-42b6-435a-983c-b7beff2784f9")]
+    pub public_id: Option<String>,
+}
+
 #[derive(Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RefreshTokenRequest {

@@ -16,7 +16,7 @@ use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use crate::identity::Authority;
+use crate::identity::{Authority, NULL_UUID, PUBLIC_NAME};
 use crate::store::UserRecord;
 
 pub const REFRESH_SCOPE: &str = "REFRESH_TOKEN";
@@ -64,6 +64,15 @@ impl AccessClaims {
             _ => None,
         }
     }
+
+    /// Has the token the shape of a public user's, as the platform issues
+    /// it: CUSTOMER_USER, the null user id, and its customer id as `sub`?
+    fn is_public_shape(&self) -> bool {
+        self.authority() == Some(Authority::CustomerUser)
+            && self.user_id == NULL_UUID
+            && self.customer_id != NULL_UUID
+            && Uuid::parse_str(&self.sub).is_ok_and(|sub| sub == self.customer_id)
+    }
 }
 
 /// Claims of a refresh token.
@@ -79,6 +88,18 @@ pub struct RefreshClaims {
     pub exp: i64,
     pub is_public: bool,
     pub jti: String,
+}
+
+impl RefreshClaims {
+    /// The public id (customer id) of a public user's refresh token.
+    pub fn public_id(&self) -> Option<Uuid> {
+        if !self.is_public {
+            return None;
+        }
+        Uuid::parse_str(&self.sub)
+            .ok()
+            .filter(|id| *id != NULL_UUID)
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -193,6 +214,58 @@ impl TokenKeys {
         self.sign(&claims).map(|token| Signed { token, exp })
     }
 
+    /// Signs the access token of the public user of `customer_id`, exactly
+    /// as the platform signs one: `sub` the public id (the customer id),
+    /// the null user id, CUSTOMER_USER, "Public" "Public", `isPublic`.
+    pub fn sign_public_access(
+        &self,
+        customer_id: Uuid,
+        tenant_id: Uuid,
+        session_id: Uuid,
+        now_secs: i64,
+    ) -> Result<Signed, TokenError> {
+        let exp = now_secs + self.access_ttl.as_secs() as i64;
+        let claims = AccessClaims {
+            sub: customer_id.to_string(),
+            user_id: NULL_UUID,
+            scopes: vec![Authority::CustomerUser.as_str().to_string()],
+            session_id,
+            iss: self.issuer.clone(),
+            iat: now_secs,
+            exp,
+            first_name: Some(PUBLIC_NAME.into()),
+            last_name: Some(PUBLIC_NAME.into()),
+            enabled: true,
+            is_public: true,
+            tenant_id,
+            customer_id,
+        };
+        self.sign(&claims).map(|token| Signed { token, exp })
+    }
+
+    /// Signs the refresh token of the public user of `customer_id`.
+    pub fn sign_public_refresh(
+        &self,
+        customer_id: Uuid,
+        session_id: Uuid,
+        jti: &str,
+        now_secs: i64,
+    ) -> Result<Signed, TokenError> {
+        let exp = now_secs + self.refresh_ttl.as_secs() as i64;
+        let claims = RefreshClaims {
+            sub: customer_id.to_string(),
+            user_id: NULL_UUID,
+            scopes: vec![REFRESH_SCOPE.to_string()],
+            session_id,
+            iss: self.issuer.clone(),
+            iat: now_secs,
+            exp,
+            is_public: true,
+            jti: jti.to_string(),
+        };
+        self.sign(&claims).map(|token| Signed { token, exp })
+    }
+
     /// Signs a pre-verification token: the user's claims with the single
     /// scope [`PRE_VERIFICATION_SCOPE`], living `ttl`. `attempt_id` names
     /// this login attempt (its wrong codes are counted against it).
@@ -250,16 +323,22 @@ impl TokenKeys {
                 TokenError::Malformed
             });
         }
-        if claims.is_public {
+        // A public user's token is accepted only in the exact shape the
+        // platform gives it: never as a real user, never naming a user.
+        if claims.is_public && !claims.is_public_shape() {
             return Err(TokenError::WrongScope);
         }
         Ok(claims)
     }
 
-    /// Verifies a refresh token; an access token is refused here.
+    /// Verifies a refresh token; an access token is refused here. A public
+    /// user's must name the null user and a customer id as `sub`.
     pub(crate) fn verify_refresh(&self, token: &str) -> Result<RefreshClaims, TokenError> {
         let claims: RefreshClaims = self.decode(token)?;
         if claims.scopes.as_slice() != [REFRESH_SCOPE] {
+            return Err(TokenError::WrongScope);
+        }
+        if claims.is_public && (claims.user_id != NULL_UUID || claims.public_id().is_none()) {
             return Err(TokenError::WrongScope);
         }
         Ok(claims)
@@ -377,6 +456,73 @@ mod tests {
         assert_eq!(k.verify_refresh(&refresh.token).unwrap().jti, "jti-1");
         let access = k.sign_access(&user(), Uuid::from_u128(5), now()).unwrap();
         assert!(k.verify_refresh(&access.token).is_err());
+    }
+
+    #[test]
+    fn a_public_users_tokens_verify_only_in_the_platforms_shape() {
+        let k = keys();
+        let (customer, tenant) = (Uuid::from_u128(30), Uuid::from_u128(20));
+        let access = k
+            .sign_public_access(customer, tenant, Uuid::from_u128(5), now())
+            .unwrap();
+        let claims = k.verify_access(&access.token).unwrap();
+        assert!(claims.is_public);
+        assert_eq!(claims.user_id, NULL_UUID);
+        assert_eq!(claims.customer_id, customer);
+        let refresh = k
+            .sign_public_refresh(customer, Uuid::from_u128(5), "jti-p", now())
+            .unwrap();
+        assert_eq!(
+            k.verify_refresh(&refresh.token).unwrap().public_id(),
+            Some(customer)
+        );
+        assert_eq!(k.verify_access(&refresh.token), Err(TokenError::WrongScope));
+        // `isPublic` on a token that names a real user, another authority,
+        // or a `sub` other than its customer is never a public user's.
+        let now = now();
+        let shaped = |edit: &dyn Fn(&mut AccessClaims)| {
+            let mut claims = AccessClaims {
+                sub: customer.to_string(),
+                user_id: NULL_UUID,
+                scopes: vec!["CUSTOMER_USER".into()],
+                session_id: Uuid::from_u128(5),
+                iss: "thingsboard.io".into(),
+                iat: now,
+                exp: now + 60,
+                first_name: None,
+                last_name: None,
+                enabled: true,
+                is_public: true,
+                tenant_id: tenant,
+                customer_id: customer,
+            };
+            edit(&mut claims);
+            k.sign(&claims).unwrap()
+        };
+        assert!(k.verify_access(&shaped(&|_| {})).is_ok());
+        for edit in [
+            &(|c: &mut AccessClaims| c.user_id = Uuid::from_u128(10)) as &dyn Fn(&mut AccessClaims),
+            &|c: &mut AccessClaims| c.scopes = vec!["TENANT_ADMIN".into()],
+            &|c: &mut AccessClaims| c.sub = "tenant@example.com".into(),
+            &|c: &mut AccessClaims| c.sub = Uuid::from_u128(31).to_string(),
+            &|c: &mut AccessClaims| c.customer_id = NULL_UUID,
+        ] {
+            assert_eq!(k.verify_access(&shaped(edit)), Err(TokenError::WrongScope));
+        }
+        let mut user_refresh = k
+            .verify_refresh(
+                &k.sign_refresh(&user(), Uuid::from_u128(5), "j", now)
+                    .unwrap()
+                    .token,
+            )
+            .unwrap();
+        assert_eq!(
+            user_refresh.public_id(),
+            None,
+            "a user's refresh token is no public one"
+        );
+        user_refresh.is_public = true;
+        assert_eq!(user_refresh.public_id(), None, "its sub is no customer id");
     }
 
     #[test]

@@ -101,7 +101,7 @@ impl LiveCredentials {
         identity: &Identity,
         limits: HoldLimits,
     ) -> Result<Held, OverLimit> {
-        let user_id = identity.principal.user_id;
+        let user_id = identity.principal.counted_as();
         let tenant_id = identity.principal.tenant_id;
         let mut inner = self.lock();
         let users = inner.per_user.get(&user_id).copied().unwrap_or(0);

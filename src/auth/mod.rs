@@ -370,6 +370,18 @@ impl Authenticator {
         if claims.exp <= crate::clock::now_secs() {
             return Err(refused(AuthFailure::TokenExpired));
         }
+        // A public user is no user of the store: as on the platform, its
+        // token is the identity until it expires; its refresh re-checks
+        // that the customer is still public.
+        if let Some(public) = &verified.public {
+            return Ok(Identity::new(
+                public.clone(),
+                AuthMethod::Jwt {
+                    session_id: claims.session_id,
+                },
+                verified.session_header.clone(),
+            ));
+        }
         let user = self
             .user_state(claims.user_id)
             .await
@@ -417,7 +429,11 @@ impl Authenticator {
         }
         let claims = self.tokens.verify_access(token)?;
         let lifetime = self.caches.token_lifetime(&claims);
+        let public = claims
+            .is_public
+            .then(|| Arc::new(Principal::public(claims.customer_id, claims.tenant_id)));
         let verified = Arc::new(VerifiedToken {
+            public,
             session_header: id_header_value(&claims.session_id),
             claims,
             token: token.into(),

@@ -260,6 +260,17 @@ pub struct PlatformSection {
     pub signing_key: String,
     pub issuer: String,
     pub token_lifetime: String,
+    /// Customers whose id opens `POST /api/auth/login/public`, besides those
+    /// `keygate import platform` found marked public.
+    pub public_customers: Vec<PublicCustomerEntry>,
+}
+
+/// One `[[platform.public_customers]]` entry: a public customer and its tenant.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PublicCustomerEntry {
+    pub customer_id: String,
+    pub tenant_id: String,
 }
 
 impl std::fmt::Debug for PlatformSection {
@@ -271,6 +282,7 @@ impl std::fmt::Debug for PlatformSection {
             )
             .field("issuer", &self.issuer)
             .field("token_lifetime", &self.token_lifetime)
+            .field("public_customers", &self.public_customers)
             .finish()
     }
 }
@@ -281,6 +293,7 @@ impl Default for PlatformSection {
             signing_key: String::new(),
             issuer: "thingsboard.io".into(),
             token_lifetime: "5m".into(),
+            public_customers: Vec::new(),
         }
     }
 }
@@ -601,6 +614,8 @@ pub(super) fn check_shape(value: &mut Value, schema: &Value, path: &str, errors:
         (Value::Array(items), Value::Array(expected)) => {
             let element_schema = if path == "route" {
                 Some(Value::try_from(RouteSection::default()).expect("route serializes"))
+            } else if path == "platform.public_customers" {
+                Some(Value::try_from(PublicCustomerEntry::default()).expect("entry serializes"))
             } else {
                 expected
                     .first()

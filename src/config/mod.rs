@@ -331,6 +331,9 @@ pub struct PlatformSettings {
     pub issuer: String,
     /// How long a minted token is valid.
     pub token_lifetime: Duration,
+    /// `platform.public_customers`: customers whose id opens a public
+    /// login, besides those the import stored.
+    pub public_customers: Vec<crate::store::PublicCustomer>,
 }
 
 impl std::fmt::Debug for PlatformSettings {
@@ -342,6 +345,7 @@ impl std::fmt::Debug for PlatformSettings {
             )
             .field("issuer", &self.issuer)
             .field("token_lifetime", &self.token_lifetime)
+            .field("public_customers", &self.public_customers)
             .finish()
     }
 }

@@ -819,3 +819,61 @@ fn a_reload_names_each_changed_setting_it_cannot_apply() {
         ["cache.ttl", "limits.max_body_bytes", "quota.per_key"]
     );
 }
+
+#[test]
+fn public_customers_are_read_with_their_tenants_and_checked() {
+    let (customer, tenant) = (uuid::Uuid::from_u128(7), uuid::Uuid::from_u128(8));
+    let text = format!(
+        "[platform]\npublic_customers = [{{ customer_id = \"{customer}\", tenant_id = \"{tenant}\" }}]\n"
+    );
+    let settings = load_text(&text, &[]).unwrap();
+    assert_eq!(
+        settings.platform.public_customers,
+        [crate::store::PublicCustomer {
+            customer_id: customer,
+            tenant_id: tenant
+        }]
+    );
+    assert!(
+        load_text("", &[])
+            .unwrap()
+            .platform
+            .public_customers
+            .is_empty()
+    );
+    let null = crate::identity::NULL_UUID;
+    let bad = format!(
+        "[platform]\npublic_customers = [\n  {{ customer_id = \"nope\", tenant_id = \"{tenant}\" }},\n  {{ customer_id = \"{customer}\", tenant_id = \"{null}\" }},\n  {{ customer_id = \"{customer}\", tenant_id = \"{tenant}\" }},\n  {{ customer_id = \"{customer}\", tenant_id = \"{tenant}\" }},\n  {{ customer_id = \"{customer}\" }},\n]\n"
+    );
+    let errors = load_text(&bad, &[]).unwrap_err().0;
+    let has = |part: &str| errors.iter().any(|e| e.contains(part));
+    assert!(
+        has("platform.public_customers[0].customer_id: must be a UUID"),
+        "{errors:?}"
+    );
+    assert!(
+        has("platform.public_customers[1].tenant_id: must be a UUID other than the null id"),
+        "{errors:?}"
+    );
+    assert!(
+        has("platform.public_customers[3].customer_id") && has("listed twice"),
+        "{errors:?}"
+    );
+    assert!(
+        has("platform.public_customers[4].tenant_id: must be a UUID"),
+        "{errors:?}"
+    );
+    let shapes = format!(
+        "[platform]\npublic_customers = [{{ customer_id = \"{customer}\", tenant = \"{tenant}\" }}, \"{customer}\"]\n"
+    );
+    let errors = load_text(&shapes, &[]).unwrap_err().0;
+    let has = |part: &str| errors.iter().any(|e| e.contains(part));
+    assert!(
+        has("platform.public_customers[0].tenant: unknown key"),
+        "{errors:?}"
+    );
+    assert!(
+        has("platform.public_customers[1]: expected table, got string"),
+        "{errors:?}"
+    );
+}

@@ -416,10 +416,40 @@ impl PlatformSection {
                 self.token_lifetime
             ));
         }
+        let mut public_customers = Vec::new();
+        for (index, entry) in self.public_customers.iter().enumerate() {
+            let here = format!("platform.public_customers[{index}]");
+            let id = |name: &str, text: &str, errors: &mut Vec<String>| match uuid::Uuid::parse_str(
+                text.trim(),
+            ) {
+                Ok(id) if id != crate::identity::NULL_UUID => Some(id),
+                _ => {
+                    errors.push(format!(
+                        "{here}.{name}: must be a UUID other than the null id, got {text:?}"
+                    ));
+                    None
+                }
+            };
+            let customer_id = id("customer_id", &entry.customer_id, errors);
+            let tenant_id = id("tenant_id", &entry.tenant_id, errors);
+            if let (Some(customer_id), Some(tenant_id)) = (customer_id, tenant_id) {
+                if public_customers
+                    .iter()
+                    .any(|c: &crate::store::PublicCustomer| c.customer_id == customer_id)
+                {
+                    errors.push(format!("{here}.customer_id: {customer_id} is listed twice"));
+                }
+                public_customers.push(crate::store::PublicCustomer {
+                    customer_id,
+                    tenant_id,
+                });
+            }
+        }
         PlatformSettings {
             signing_key,
             issuer: self.issuer.trim().to_owned(),
             token_lifetime: token_lifetime.max(MIN_PLATFORM_TOKEN_LIFETIME),
+            public_customers,
         }
     }
 }

@@ -11,6 +11,9 @@ pub mod passport;
 pub mod platform;
 pub use passport::{IdentityMode, Passport, Passports};
 
+/// The first and last name of the platform's public user.
+pub const PUBLIC_NAME: &str = "Public";
+
 /// The "no tenant" / "no customer" id of the platform.
 pub const NULL_UUID: Uuid = Uuid::from_u128(0x13814000_1dd2_11b2_8080_808080808080);
 
@@ -75,6 +78,11 @@ pub struct Principal {
     /// The names the platform's own tokens carry; `None` when empty.
     pub first_name: Option<String>,
     pub last_name: Option<String>,
+    /// The platform's public user of a public customer
+    /// (`POST /api/auth/login/public`): no user of the store, its id is the
+    /// null id and its e-mail the public id. It opens what a public user
+    /// of the platform may open, never an account operation.
+    pub is_public: bool,
     headers: [HeaderValue; 5],
 }
 
@@ -105,6 +113,34 @@ impl Principal {
             email,
             first_name: None,
             last_name: None,
+            is_public: false,
+        }
+    }
+
+    /// The public user of `customer_id` of `tenant_id`, as the platform
+    /// builds it: CUSTOMER_USER, the null user id, the public id (the
+    /// customer id) as its name, and "Public" as first and last name.
+    pub fn public(customer_id: Uuid, tenant_id: Uuid) -> Principal {
+        let mut principal = Principal::new(
+            NULL_UUID,
+            tenant_id,
+            customer_id,
+            Authority::CustomerUser,
+            customer_id.to_string(),
+        )
+        .with_names(PUBLIC_NAME, PUBLIC_NAME);
+        principal.is_public = true;
+        principal
+    }
+
+    /// Whom per-user limits (quotas, open sockets) count this principal as:
+    /// the user, or for a public user the customer whose public user it is,
+    /// so that the public users of different customers never share a count.
+    pub fn counted_as(&self) -> Uuid {
+        if self.is_public {
+            self.customer_id
+        } else {
+            self.user_id
         }
     }
 
@@ -196,6 +232,8 @@ pub static X_AUTH_EMAIL: HeaderName = HeaderName::from_static("x-auth-email");
 pub static X_AUTH_METHOD: HeaderName = HeaderName::from_static("x-auth-method");
 pub static X_AUTH_API_KEY_ID: HeaderName = HeaderName::from_static("x-auth-api-key-id");
 pub static X_AUTH_SESSION_ID: HeaderName = HeaderName::from_static("x-auth-session-id");
+/// `true` on a request of a public customer's public user; absent otherwise.
+pub static X_AUTH_PUBLIC: HeaderName = HeaderName::from_static("x-auth-public");
 
 const RESERVED_PREFIX: &[u8] = b"x-auth-";
 
@@ -252,6 +290,9 @@ pub(crate) fn inject(headers: &mut HeaderMap, identity: &Identity) {
             headers.insert(X_AUTH_METHOD.clone(), HeaderValue::from_static("api-key"));
             headers.insert(X_AUTH_API_KEY_ID.clone(), identity.method_id.clone());
         }
+    }
+    if p.is_public {
+        headers.insert(X_AUTH_PUBLIC.clone(), HeaderValue::from_static("true"));
     }
 }
 
@@ -315,7 +356,28 @@ mod tests {
         assert_eq!(headers[&X_AUTH_METHOD], "api-key");
         assert_eq!(headers[&X_AUTH_API_KEY_ID], Uuid::from_u128(3).to_string());
         assert!(!headers.contains_key(&X_AUTH_SESSION_ID));
+        assert!(!headers.contains_key(&X_AUTH_PUBLIC));
         assert_eq!(headers.get_all(&X_AUTH_USER_ID).iter().count(), 1);
+    }
+
+    #[test]
+    fn a_public_identity_goes_out_as_the_customers_public_user_marked_public() {
+        let customer = Uuid::from_u128(7);
+        let session_id = Uuid::from_u128(8);
+        let identity = Identity::new(
+            Arc::new(Principal::public(customer, Uuid::from_u128(2))),
+            AuthMethod::Jwt { session_id },
+            id_header_value(&session_id),
+        );
+        let mut headers = HeaderMap::new();
+        headers.insert("x-auth-public", HeaderValue::from_static("false"));
+        inject(&mut headers, &identity);
+        assert_eq!(headers[&X_AUTH_PUBLIC], "true");
+        assert_eq!(headers.get_all(&X_AUTH_PUBLIC).iter().count(), 1);
+        assert_eq!(headers[&X_AUTH_USER_ID], NULL_UUID.to_string());
+        assert_eq!(headers[&X_AUTH_CUSTOMER_ID], customer.to_string());
+        assert_eq!(headers[&X_AUTH_AUTHORITY], "CUSTOMER_USER");
+        assert_eq!(headers[&X_AUTH_EMAIL], customer.to_string());
     }
 
     #[test]

@@ -15,6 +15,10 @@
 //! `exp` is `iat`, against the moments it outdated the user's or the
 //! session's tokens (`TokenOutdatingService.isOutdated`).
 //!
+//! A public customer's public user (`POST /api/auth/login/public`) goes
+//! out as the platform writes it: `isPublic: true`, `sub` the public id,
+//! `userId` the null id, CUSTOMER_USER, named "Public" "Public".
+//!
 //! `sessionId` is keygate's session id for a request with a JWT, and the
 //! key's id for a request with an API key: stable per credential, so the
 //! platform's per-session outdating and accounting see one session per key.
@@ -89,7 +93,8 @@ impl PlatformTokens {
             last_name: p.last_name.as_deref(),
             // Only a verified identity of an enabled user is ever forwarded.
             enabled: true,
-            is_public: false,
+            // A public customer's public user: `sub` is its public id.
+            is_public: p.is_public,
             // The store holds the platform's "null" id where the platform
             // has one (a SYS_ADMIN's tenant and customer, a TENANT_ADMIN's
             // customer), so the ids go out as they are.
@@ -203,6 +208,27 @@ mod tests {
         assert!(claims.get("lastName").is_none(), "{claims}");
         // An API key's requests are one platform session: the key's.
         assert_eq!(claims["sessionId"], key_id.to_string());
+    }
+
+    #[test]
+    fn a_public_identity_is_minted_as_the_platforms_public_user() {
+        let customer = Uuid::from_u128(5);
+        let session_id = Uuid::from_u128(9);
+        let identity = Identity::new(
+            Arc::new(Principal::public(customer, Uuid::from_u128(2))),
+            AuthMethod::Jwt { session_id },
+            id_header_value(&session_id),
+        );
+        let token = tokens().token(&identity, 1000).unwrap();
+        let claims = part(&token, 1);
+        assert_eq!(claims["isPublic"], true);
+        assert_eq!(claims["sub"], customer.to_string());
+        assert_eq!(claims["userId"], NULL_UUID.to_string());
+        assert_eq!(claims["scopes"], json!(["CUSTOMER_USER"]));
+        assert_eq!(claims["customerId"], customer.to_string());
+        assert_eq!(claims["tenantId"], Uuid::from_u128(2).to_string());
+        assert_eq!(claims["firstName"], "Public");
+        assert_eq!(claims["lastName"], "Public");
     }
 
     #[test]

@@ -20,7 +20,8 @@ use futures_util::StreamExt;
 use serde::Serialize;
 use uuid::Uuid;
 
-use crate::store::{Audit, PlatformKey, PlatformUser, RowKind, Store, StoreError};
+use crate::identity::NULL_UUID;
+use crate::store::{Audit, PlatformKey, PlatformUser, PublicCustomer, RowKind, Store, StoreError};
 use plan::Plan;
 use source::{KeyRow, Source, UserRow};
 
@@ -106,6 +107,9 @@ pub struct Report {
     pub deleted_users: Vec<Uuid>,
     pub deleted_keys: Vec<Uuid>,
     pub signing: Signing,
+    /// The customers marked public on the platform: their ids open
+    /// `POST /api/auth/login/public`. The stored set is replaced by them.
+    pub public_customers: u64,
 }
 
 impl Report {
@@ -153,6 +157,11 @@ impl Report {
                 self.users.deleted_on_platform, self.keys.deleted_on_platform
             );
         }
+        let _ = writeln!(
+            out,
+            "public customers: {} {verb}stored",
+            self.public_customers
+        );
         let issuer = self.signing.issuer.as_deref().unwrap_or("");
         let _ = match self.signing.state {
             "imported" => writeln!(out, "signing settings: {verb}imported (issuer {issuer})"),
@@ -209,6 +218,7 @@ async fn import(
             deleted_users: Vec::new(),
             deleted_keys: Vec::new(),
             signing,
+            public_customers: 0,
         },
         seen_users: HashSet::new(),
         added_users: HashSet::new(),
@@ -247,6 +257,8 @@ async fn import(
         run.keys(batch).await?;
     }
     run.deleted(options.prune).await?;
+    let public = source.public_customers().await?;
+    run.public_customers(public).await?;
     Ok(run.report)
 }
 
@@ -533,6 +545,45 @@ impl Run {
 
     /// Reports what was imported and is gone from the platform; removes it
     /// with `prune` (keys first: a removed user takes their keys along).
+    /// Replaces the stored public customers with the platform's; a row
+    /// without a usable id or tenant is skipped, named and counted.
+    async fn public_customers(
+        &mut self,
+        rows: Vec<(String, Option<String>)>,
+    ) -> Result<(), ImportError> {
+        let mut customers = Vec::with_capacity(rows.len());
+        for (id, tenant) in rows {
+            let customer_id = Uuid::parse_str(&id).ok();
+            let tenant_id = tenant
+                .as_deref()
+                .and_then(|t| Uuid::parse_str(t).ok())
+                .filter(|t| *t != NULL_UUID);
+            match (customer_id, tenant_id) {
+                (Some(customer_id), Some(tenant_id)) => customers.push(PublicCustomer {
+                    customer_id,
+                    tenant_id,
+                }),
+                _ => self.report.skipped.push(Skipped {
+                    kind: "public customer",
+                    id,
+                    name: String::new(),
+                    reason: if customer_id.is_none() {
+                        "its id is not a UUID".into()
+                    } else {
+                        "it has no tenant".into()
+                    },
+                }),
+            }
+        }
+        self.report.public_customers = customers.len() as u64;
+        if !self.dry_run {
+            self.store
+                .replace_public_customers(&customers, self.now_ms)
+                .await?;
+        }
+        Ok(())
+    }
+
     async fn deleted(&mut self, prune: bool) -> Result<(), ImportError> {
         let keys = self
             .store

@@ -87,6 +87,7 @@ pub const REQUIRED: &[(&str, &[&str])] = &[
         ],
     ),
     ("admin_settings", &["key", "json_value", "tenant_id"]),
+    ("customer", &["id", "tenant_id", "is_public"]),
 ];
 
 /// An open read-only snapshot of the platform's database.
@@ -172,6 +173,20 @@ impl Source {
         .fetch_optional(&mut self.conn)
         .await?;
         Ok(row.and_then(|r| r.try_get(0).ok()))
+    }
+
+    /// The customers marked public, with their tenants, by id (as text:
+    /// a row that is not what keygate can use is the caller's to skip).
+    pub async fn public_customers(&mut self) -> Result<Vec<(String, Option<String>)>, ImportError> {
+        let rows = sqlx::query(
+            "SELECT id::text, tenant_id::text FROM customer WHERE is_public ORDER BY id",
+        )
+        .fetch_all(&mut self.conn)
+        .await?;
+        rows.iter()
+            .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
+            .collect::<Result<_, sqlx::Error>>()
+            .map_err(ImportError::from)
     }
 
     /// Every user with its credentials, by id.

@@ -30,7 +30,7 @@ impl Dimension {
     pub(super) fn subject(self, identity: &Identity) -> Option<Uuid> {
         match self {
             Dimension::Key => identity.api_key_id(),
-            Dimension::User => Some(identity.principal.user_id),
+            Dimension::User => Some(identity.principal.counted_as()),
             Dimension::Tenant => Some(identity.principal.tenant_id).filter(|t| *t != NULL_UUID),
         }
     }

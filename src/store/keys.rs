@@ -169,7 +169,7 @@ impl Store {
             columns: KEY_COLUMNS,
             filter,
             binds,
-            order: "created_time, id",
+            order: "created_time, id".into(),
         };
         self.page(listing, page, key_from_row).await
     }

@@ -56,6 +56,11 @@ const SQLITE: &[(i64, &str, &str)] = &[
         "api_key_scopes",
         include_str!("../../migrations/sqlite/0010_api_key_scopes.sql"),
     ),
+    (
+        11,
+        "public_customers",
+        include_str!("../../migrations/sqlite/0011_public_customers.sql"),
+    ),
 ];
 const POSTGRES: &[(i64, &str, &str)] = &[
     (
@@ -107,6 +112,11 @@ const POSTGRES: &[(i64, &str, &str)] = &[
         10,
         "api_key_scopes",
         include_str!("../../migrations/postgres/0010_api_key_scopes.sql"),
+    ),
+    (
+        11,
+        "public_customers",
+        include_str!("../../migrations/postgres/0011_public_customers.sql"),
     ),
 ];
 

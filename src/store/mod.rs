@@ -32,6 +32,7 @@ mod migrate;
 mod paging;
 mod platform;
 mod prune;
+mod public_customers;
 pub mod retention;
 mod revocation;
 mod sessions;
@@ -41,14 +42,15 @@ mod users;
 
 pub use audit::{Actor, Audit, AuditEvent, AuditFilter};
 pub use keys::ApiKeyRecord;
-pub use paging::{Page, PageRequest};
+pub use paging::{Page, PageRequest, Sort};
 pub use platform::{KeyUpdate, PlatformKey, PlatformUser, RowKind, UserUpdate};
 pub use prune::PruneKind;
+pub use public_customers::PublicCustomer;
 pub use revocation::{Published, REVOCATION_CHANNEL, Revocation};
 pub use sessions::SessionRecord;
 pub use signing_keys::SigningKeyRecord;
 pub use two_factor::TwoFactorRecord;
-pub use users::UserRecord;
+pub use users::{USER_SORT_PROPERTIES, UserRecord, UserScope};
 
 use std::path::Path;
 use std::time::Duration;

@@ -13,6 +13,15 @@ pub struct PageRequest {
     pub page: i64,
     /// Case-insensitive substring filter.
     pub text_search: Option<String>,
+    /// The order asked for; `None`: the listing's own.
+    pub sort: Option<Sort>,
+}
+
+/// A `sortProperty` (as the platform names it) and its direction.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Sort {
+    pub property: String,
+    pub descending: bool,
 }
 
 /// One page of a listing and the total count of matching items.
@@ -29,7 +38,8 @@ pub(super) struct Listing {
     pub columns: &'static str,
     pub filter: String,
     pub binds: Vec<String>,
-    pub order: &'static str,
+    /// `ORDER BY` text built only from the listing's own column names.
+    pub order: String,
 }
 
 /// `%text%` for `LIKE ... ESCAPE '\'`, with the pattern characters escaped.

@@ -180,7 +180,102 @@ store_tests!(
     check_a_backup_code_is_used_once_when_raced,
     check_two_factor_rows_go_with_their_user,
     check_api_key_scopes_are_stored_as_given_and_absent_when_unscoped,
+    check_user_pages_are_scoped_and_sorted_by_the_asked_property,
+    check_public_customers_are_replaced_as_a_set_and_name_their_tenant,
 );
+
+async fn check_user_pages_are_scoped_and_sorted_by_the_asked_property(store: &Store) {
+    let (tenant, customer) = (Uuid::new_v4(), Uuid::new_v4());
+    let admin = UserRecord {
+        tenant_id: tenant,
+        first_name: "Zoe".into(),
+        ..user("admin@scope.io", 1)
+    };
+    store.insert_user(&admin).await.unwrap();
+    for (email, first, t) in [("b@scope.io", "Ann", 3), ("a@scope.io", "Cid", 2)] {
+        let u = UserRecord {
+            first_name: first.into(),
+            ..customer_user(email, tenant, customer, t)
+        };
+        store.insert_user(&u).await.unwrap();
+    }
+    store
+        .insert_user(&user("elsewhere@scope.io", 4))
+        .await
+        .unwrap();
+    let page = |sort: Option<(&str, bool)>| PageRequest {
+        page_size: 10,
+        page: 0,
+        text_search: None,
+        sort: sort.map(|(property, descending)| Sort {
+            property: property.into(),
+            descending,
+        }),
+    };
+    let emails = |page: &Page<UserRecord>| -> Vec<String> {
+        page.data.iter().map(|u| u.email.clone()).collect()
+    };
+    let customers = UserScope {
+        tenant_id: Some(tenant),
+        customer_id: Some(customer),
+        authority: None,
+    };
+    let by_time = store.users_page(&customers, &page(None)).await.unwrap();
+    assert_eq!(emails(&by_time), ["a@scope.io", "b@scope.io"]);
+    assert_eq!(by_time.total, 2);
+    let by_name = store
+        .users_page(&customers, &page(Some(("firstName", false))))
+        .await
+        .unwrap();
+    assert_eq!(emails(&by_name), ["b@scope.io", "a@scope.io"]);
+    let by_email_desc = store
+        .users_page(&customers, &page(Some(("email", true))))
+        .await
+        .unwrap();
+    assert_eq!(emails(&by_email_desc), ["b@scope.io", "a@scope.io"]);
+    let admins = UserScope {
+        tenant_id: Some(tenant),
+        customer_id: None,
+        authority: Some(Authority::TenantAdmin),
+    };
+    let admins = store.users_page(&admins, &page(None)).await.unwrap();
+    assert_eq!(emails(&admins), ["admin@scope.io"]);
+    let own = UserScope {
+        tenant_id: Some(tenant),
+        customer_id: Some(NULL_UUID),
+        authority: None,
+    };
+    assert_eq!(store.users_page(&own, &page(None)).await.unwrap().total, 1);
+    assert_eq!(store.customer_tenant(customer).await.unwrap(), Some(tenant));
+    assert_eq!(store.customer_tenant(Uuid::new_v4()).await.unwrap(), None);
+}
+
+async fn check_public_customers_are_replaced_as_a_set_and_name_their_tenant(store: &Store) {
+    let (tenant, first, second) = (Uuid::new_v4(), Uuid::new_v4(), Uuid::new_v4());
+    let public = |customer_id| PublicCustomer {
+        customer_id,
+        tenant_id: tenant,
+    };
+    assert_eq!(store.public_customer(first).await.unwrap(), None);
+    let stored = store
+        .replace_public_customers(&[public(first), public(second)], 1)
+        .await
+        .unwrap();
+    assert_eq!(stored, 2);
+    assert_eq!(
+        store.public_customer(first).await.unwrap(),
+        Some(public(first))
+    );
+    assert_eq!(store.customer_tenant(second).await.unwrap(), Some(tenant));
+    store
+        .replace_public_customers(&[public(second)], 2)
+        .await
+        .unwrap();
+    assert_eq!(store.public_customer(first).await.unwrap(), None);
+    assert_eq!(store.public_customers().await.unwrap(), [public(second)]);
+    store.replace_public_customers(&[], 3).await.unwrap();
+    assert!(store.public_customers().await.unwrap().is_empty());
+}
 
 fn factor(provider: &str, use_by_default: bool, secret: &str) -> TwoFactorRecord {
     TwoFactorRecord {

@@ -6,7 +6,7 @@ use sqlx::{AssertSqlSafe, Row};
 use uuid::Uuid;
 
 use super::audit::Target;
-use super::paging::{Listing, like_pattern};
+use super::paging::{Listing, Sort, like_pattern};
 use super::revocation::Change;
 use super::sessions::END_SESSIONS_OF_USER;
 use super::{
@@ -66,6 +66,45 @@ impl std::fmt::Debug for UserRecord {
             .field("authority", &self.authority)
             .field("enabled", &self.enabled)
             .finish_non_exhaustive()
+    }
+}
+
+/// Which users a listing holds: each `Some` narrows it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct UserScope {
+    pub tenant_id: Option<Uuid>,
+    pub customer_id: Option<Uuid>,
+    pub authority: Option<Authority>,
+}
+
+/// The `sortProperty` values a user listing orders by, as the platform
+/// names them, and their columns.
+pub const USER_SORT_PROPERTIES: [(&str, &str); 4] = [
+    ("createdTime", "created_time"),
+    ("firstName", "first_name"),
+    ("lastName", "last_name"),
+    ("email", "email"),
+];
+
+/// The `ORDER BY` of a user listing: the asked column, then the e-mail
+/// (unique) so that pages never overlap; creation time by default.
+fn user_order(sort: Option<&Sort>) -> String {
+    let column = sort.and_then(|sort| {
+        USER_SORT_PROPERTIES
+            .iter()
+            .find(|(name, _)| *name == sort.property)
+            .map(|(_, column)| (*column, sort.descending))
+    });
+    match column {
+        None => "created_time, email".into(),
+        Some((column, descending)) => {
+            let direction = if descending { "DESC" } else { "ASC" };
+            if column == "email" {
+                format!("email {direction}")
+            } else {
+                format!("{column} {direction}, email {direction}")
+            }
+        }
     }
 }
 
@@ -206,17 +245,27 @@ impl Store {
         .await
     }
 
-    /// Users, optionally of one tenant, by creation time.
+    /// The users in `scope`, by creation time or in the order `page` asks
+    /// for ([`USER_SORT_PROPERTIES`]; another property reads as the default).
     pub(crate) async fn users_page(
         &self,
-        tenant_id: Option<Uuid>,
+        scope: &UserScope,
         page: &PageRequest,
     ) -> Result<Page<UserRecord>, StoreError> {
         let mut filter = String::from(" WHERE 1 = 1");
         let mut binds: Vec<String> = Vec::new();
-        if let Some(tenant) = tenant_id {
-            binds.push(tenant.to_string());
-            filter.push_str(&format!(" AND tenant_id = ${}", binds.len()));
+        let mut equal = |column: &str, value: String, filter: &mut String| {
+            binds.push(value);
+            filter.push_str(&format!(" AND {column} = ${}", binds.len()));
+        };
+        if let Some(tenant) = scope.tenant_id {
+            equal("tenant_id", tenant.to_string(), &mut filter);
+        }
+        if let Some(customer) = scope.customer_id {
+            equal("customer_id", customer.to_string(), &mut filter);
+        }
+        if let Some(authority) = scope.authority {
+            equal("authority", authority.as_str().to_string(), &mut filter);
         }
         if let Some(text) = page.text_search.as_deref().filter(|t| !t.is_empty()) {
             binds.push(like_pattern(text));
@@ -230,9 +279,25 @@ impl Store {
             columns: USER_COLUMNS,
             filter,
             binds,
-            order: "created_time, email",
+            order: user_order(page.sort.as_ref()),
         };
         self.page(listing, page, user_from_row).await
+    }
+
+    /// The tenant a customer id belongs to, as far as keygate knows: the
+    /// tenant of its users ([`claim_customer`]), or of the public customer.
+    pub(crate) async fn customer_tenant(
+        &self,
+        customer_id: Uuid,
+    ) -> Result<Option<Uuid>, StoreError> {
+        let row = sqlx::query(
+            "SELECT tenant_id FROM customer_tenants WHERE customer_id = $1 \
+             UNION SELECT tenant_id FROM public_customers WHERE customer_id = $1",
+        )
+        .bind(customer_id.to_string())
+        .fetch_optional(&self.pool)
+        .await?;
+        row.map(|r| uuid_col(&r, 0)).transpose()
     }
 
     /// Updates the editable profile fields. Returns false when no such user.

@@ -298,7 +298,7 @@ impl Operations {
 }
 
 /// Login outcomes ([`Metrics::login`]).
-pub const LOGIN_OUTCOMES: [&str; 8] = [
+pub const LOGIN_OUTCOMES: [&str; 10] = [
     "success",
     "bad_credentials",
     "disabled",
@@ -307,6 +307,8 @@ pub const LOGIN_OUTCOMES: [&str; 8] = [
     "bad_request",
     "second_factor_required",
     "bad_second_factor",
+    "public_success",
+    "public_refused",
 ];
 
 /// Login rate limiters ([`Metrics::rate_limited`]).

@@ -45,7 +45,7 @@ impl Seat {
         let Some(seats) = seats else {
             return Ok(Seat { held, shared: None });
         };
-        let (user, tenant) = (identity.principal.user_id, tenant_of(identity));
+        let (user, tenant) = (identity.principal.counted_as(), tenant_of(identity));
         let (users, tenants) = live.held_by(user, identity.principal.tenant_id);
         // Made before asking, so that a refusal frees this replica's count
         // (and publishes it) like any close.

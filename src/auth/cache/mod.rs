@@ -57,6 +57,9 @@ pub struct VerifiedToken {
     pub session_header: http::HeaderValue,
     /// The token as verified: a cache hit must present exactly this.
     pub token: Box<str>,
+    /// The public user a public customer's token carries
+    /// ([`Principal::public`]); `None` for a user's token.
+    pub public: Option<Arc<Principal>>,
 }
 
 /// Cached lookups: `None` records that the store has no such item.

@@ -43,6 +43,9 @@ struct Claims<'a> {
     /// absent for an unscoped key and a session.
     #[serde(skip_serializing_if = "Option::is_none")]
     scopes: Option<&'a Scopes>,
+    /// `true` for a public customer's public user; absent otherwise.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    public: bool,
     iat: u64,
     nbf: u64,
     exp: u64,
@@ -86,6 +89,7 @@ impl AssertionMinter {
             key_id,
             session_id,
             scopes: identity.scopes(),
+            public: p.is_public,
             iat: now,
             nbf: now,
             exp: now + self.lifetime.as_secs(),
