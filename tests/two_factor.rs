@@ -966,3 +966,49 @@ async fn enforcement_applies_to_the_users_the_platform_settings_name() {
     token_of(&gw, "chosen-tenant@example.com").await;
     mfa_token(&gw, keygate::accounts::BOOTSTRAP_EMAIL).await;
 }
+
+#[tokio::test]
+async fn activation_of_an_enforced_user_answers_the_mfa_configuration_token_not_the_pair() {
+    let config = "[two_factor]\nenforce = true\nenforced_users = \"TENANT_ADMINISTRATORS\"\n";
+    let (_up, gw) = common::gateway(config).await;
+    let sys = token_of(&gw, keygate::accounts::BOOTSTRAP_EMAIL).await;
+    let body = json!({
+        "email": "invited@example.com",
+        "authority": "TENANT_ADMIN",
+        "tenantId": {"entityType": "TENANT", "id": uuid::Uuid::new_v4()}
+    });
+    let created: Value = send(&gw, reqwest::Method::POST, "/api/user", &sys, Some(body))
+        .await
+        .json()
+        .await
+        .unwrap();
+    let id = created["id"]["id"].as_str().unwrap();
+    let link = send(
+        &gw,
+        reqwest::Method::GET,
+        &format!("/api/user/{id}/activationLink"),
+        &sys,
+        None,
+    )
+    .await
+    .text()
+    .await
+    .unwrap();
+    let token = link.split("activateToken=").nth(1).unwrap();
+    let answer: Value = gw
+        .client()
+        .post(gw.https("/api/noauth/activate"))
+        .json(&json!({"activateToken": token, "password": "activated-password"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(answer["scope"], "MFA_CONFIGURATION_TOKEN", "{answer}");
+    assert!(answer["refreshToken"].is_null(), "{answer}");
+    let mfa = answer["token"].as_str().unwrap();
+    assert_eq!(current_user(&gw, mfa).await.status(), 401);
+    let (status, _) = error_body(configured_login(&gw, mfa).await).await;
+    assert_eq!(status, 400);
+}

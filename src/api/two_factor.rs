@@ -454,7 +454,7 @@ fn same(a: &str, b: &str) -> bool {
 /// has none yet).
 enum Configurer<'r> {
     SignedIn(&'r Identity),
-    Enforced(UserRecord),
+    Enforced(Box<UserRecord>),
 }
 
 impl Configurer<'_> {
@@ -490,7 +490,7 @@ async fn configurer<'r>(
         return Ok(Configurer::SignedIn(identity));
     }
     let (_, user) = waiting_login(api, req, MFA_CONFIGURATION_SCOPE).await?;
-    Ok(Configurer::Enforced(user))
+    Ok(Configurer::Enforced(Box::new(user)))
 }
 
 #[utoipa::path(
