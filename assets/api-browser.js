@@ -9,6 +9,11 @@
 // expires. A refused login shows the server's message inside the dialog.
 // ApiKeyForm: the user types the key only; requests carry "X-Authorization:
 // ApiKey <key>". When both are authorized the Bearer token is sent.
+// A user with a second factor: the login answers a pre-verification token
+// (kept in memory only); the form then asks for a code (TOTP or a backup code)
+// inside the dialog, checks it at /api/auth/2fa/verification/check and goes
+// on with the token pair it answers. A user who must configure a second
+// factor first (MFA_CONFIGURATION_TOKEN) is told so; the page keeps no token.
 // A session of the main web UI in this origin (localStorage jwt_token and
 // jwt_token_expiration, not expired, not a public token) is used without asking.
 //
@@ -68,18 +73,41 @@
     });
   }
 
+  function answerOf(response) {
+    return response.json().catch(function () { return {}; }).then(function (json) {
+      if (!response.ok) {
+        var error = new Error(json.message || ("HTTP " + response.status));
+        error.status = response.status;
+        throw error;
+      }
+      return json;
+    });
+  }
   function postJson(path, body) {
     return ownCall(path, {
       method: "POST",
       headers: { "Content-Type": "application/json", "Accept": "application/json" },
       body: JSON.stringify(body)
-    }).then(function (response) {
-      return response.json().catch(function () { return {}; }).then(function (json) {
-        if (!response.ok) { throw new Error(json.message || ("HTTP " + response.status)); }
-        return json;
-      });
-    });
+    }).then(answerOf);
   }
+  // A call of a second-factor endpoint with the pre-verification token.
+  function withPreToken(method, path, token) {
+    return ownCall(path, {
+      method: method,
+      headers: { "Accept": "application/json", "X-Authorization": "Bearer " + token }
+    }).then(answerOf);
+  }
+
+  // The login waiting for its second factor: its token (in memory only, never
+  // stored), the providers the user may answer with, and what to do with the
+  // pair. The login form listens to it.
+  var pending = null;
+  var listeners = [];
+  function setPending(next) {
+    pending = next;
+    listeners.forEach(function (listener) { listener(pending); });
+  }
+  var PROVIDER_LABELS = { TOTP: "code from the authenticator app", BACKUP_CODE: "backup code", EMAIL: "code sent by e-mail" };
 
   // A valid access token for the login session: refreshed when expired, or
   // nothing (and the user is asked to authorize again).
@@ -148,6 +176,13 @@
       var Input = get("Input"), Row = get("Row"), Col = get("Col"), AuthError = get("authError");
       var Markdown = get("Markdown", true);
       var typed = React.useRef({});
+      var waiting = React.useState(pending);
+      React.useEffect(function () {
+        var listener = function (next) { waiting[1](next); };
+        listeners.push(listener);
+        return function () { listeners.splice(listeners.indexOf(listener), 1); };
+      }, []);
+      var second = waiting[0];
       var value = props.authorized && props.authorized.getIn([props.name, "value"]);
       var username = value && value.get ? value.get("username") : null;
       var errors = props.errSelectors.allErrors().filter(function (err) { return err.get("authId") === props.name; });
@@ -163,12 +198,30 @@
             ? h("code", null, name === "username" ? " " + username + " " : " ****** ")
             : h(Col, null, h(Input, { id: id, name: name, type: type, autoComplete: autoComplete, required: true, onChange: change })));
       }
+      // The second step: which provider, and its code.
+      function secondFactor() {
+        var choose = function (event) { setPending(Object.assign({}, pending, { provider: event.target.value })); };
+        return h("div", { className: "keygate-second-factor" },
+          h(Row, null, h("p", null, "This account has a second factor: enter the " +
+            (PROVIDER_LABELS[second.provider] || second.provider) + ", then Authorize.")),
+          second.providers.length > 1
+            ? h(Row, null,
+              h("label", { htmlFor: "keygate-login-provider" }, "Second factor:"),
+              h(Col, null, h("select", { id: "keygate-login-provider", value: second.provider, onChange: choose },
+                second.providers.map(function (type) { return h("option", { key: type, value: type }, type); }))))
+            : null,
+          h(Row, null,
+            h("label", { htmlFor: "keygate-login-code" }, "Code:"),
+            h(Col, null, h(Input, { id: "keygate-login-code", name: "code", type: "text", inputMode: "text",
+              autoComplete: "one-time-code", required: true, onChange: change }))));
+      }
       return h("div", null,
         h("h4", null, h("code", null, props.name), " (username and password, posted to ", h("code", null, "/api/auth/login"), ")"),
         username ? h("h6", null, "Authorized") : null,
         h(Row, null, h(Markdown, { source: props.schema.get("description") })),
         field("username", "Username:", "text", "username"),
         field("password", "Password:", "password", "current-password"),
+        second && !username ? secondFactor() : null,
         errors.valueSeq().map(function (error, index) { return h(AuthError, { error: error, key: index }); }));
     };
   }
@@ -190,16 +243,54 @@
             authorize: function (original, system) {
               return function (payload) {
                 var login = payload && payload[LOGIN];
-                if (!login || !login.value || !login.value.password) { return original(payload); }
+                if (!login || !login.value) { return original(payload); }
                 var username = login.value.username;
+                // The pair: kept, and the scheme authorized as today.
+                var authorized = function (pair) {
+                  setPending(null);
+                  saveSession(pair);
+                  var kept = {};
+                  kept[LOGIN] = Object.assign({}, login, { value: { username: username, password: "" } });
+                  original(kept);
+                  system.authActions.persistAuthorizationIfNeeded();
+                };
+                var code = login.value.code ? String(login.value.code).trim() : "";
+                if (pending && pending.username === username && code) {
+                  loginError(system, null);
+                  var check = "/api/auth/2fa/verification/check?providerType=" + encodeURIComponent(pending.provider) +
+                    "&verificationCode=" + encodeURIComponent(code);
+                  withPreToken("POST", check, pending.token)
+                    .then(authorized)
+                    .catch(function (error) {
+                      // A 401: this login attempt is over (expired, or too
+                      // many wrong codes); the password is asked again.
+                      if (error.status === 401) { setPending(null); }
+                      loginError(system, error.message);
+                    });
+                  return undefined;
+                }
+                if (!login.value.password) { return original(payload); }
                 loginError(system, null);
+                setPending(null);
                 postJson("/api/auth/login", { username: username, password: login.value.password })
-                  .then(function (pair) {
-                    saveSession(pair);
-                    var kept = {};
-                    kept[LOGIN] = Object.assign({}, login, { value: { username: username, password: "" } });
-                    original(kept);
-                    system.authActions.persistAuthorizationIfNeeded();
+                  .then(function (answer) {
+                    if (answer.scope === "PRE_VERIFICATION_TOKEN") {
+                      return withPreToken("GET", "/api/auth/2fa/providers", answer.token).then(function (infos) {
+                        var providers = (infos || []).map(function (info) { return info.type; });
+                        var preferred = (infos || []).filter(function (info) { return info["default"]; })[0];
+                        setPending({
+                          token: answer.token,
+                          username: username,
+                          providers: providers,
+                          provider: preferred ? preferred.type : (providers[0] || "TOTP")
+                        });
+                      });
+                    }
+                    if (answer.scope === "MFA_CONFIGURATION_TOKEN") {
+                      throw new Error("This account must configure a second factor before it can log in: " +
+                        "configure one in the web UI (or with /api/2fa/account/config), then log in again.");
+                    }
+                    authorized(answer);
                   })
                   .catch(function (error) {
                     // The contract's message ("Invalid username or password"), in the dialog.
@@ -211,6 +302,7 @@
             logout: function (original) {
               return function (names) {
                 if (names && names.indexOf(LOGIN) >= 0) {
+                  setPending(null);
                   var session = loadSession();
                   if (session) {
                     ownCall("/api/auth/logout", { method: "POST", headers: { "X-Authorization": "Bearer " + session.token } })

@@ -407,7 +407,21 @@ impl App {
         path: &str,
         ex: &mut Exchange<'_>,
     ) -> Result<Response<Body>, ApiError> {
-        let required = matches!(matched.route.access, Access::Authenticated);
+        // An MFA configuration token on a route that takes one is left to
+        // the handler; any other credential there is checked as usual.
+        let mfa_token = match (&matched.route.access, &ex.credential) {
+            (Access::Configuring, Ok(Credential::Bearer(token))) => self
+                .auth
+                .token_keys()
+                .verify_mfa_configuration(token.expose())
+                .is_ok(),
+            _ => false,
+        };
+        let required = match matched.route.access {
+            Access::Authenticated => true,
+            Access::Configuring => !mfa_token,
+            Access::Public | Access::PreVerification | Access::MfaConfiguration => false,
+        };
         let scope = match matched.route.endpoint {
             // Clients call it to check a key: any key may.
             Endpoint::CurrentUser => ScopeCheck::Exempt,
@@ -429,7 +443,13 @@ impl App {
             identity: identity.clone(),
             params: matched.params,
             bearer: match (&matched.route.access, &ex.credential) {
-                (Access::PreVerification, Ok(Credential::Bearer(token))) => Some(token.clone()),
+                (
+                    Access::PreVerification | Access::MfaConfiguration,
+                    Ok(Credential::Bearer(token)),
+                ) => Some(token.clone()),
+                (Access::Configuring, Ok(Credential::Bearer(token))) if mfa_token => {
+                    Some(token.clone())
+                }
                 _ => None,
             },
         };

@@ -178,6 +178,19 @@ async fn signing_key(settings: &Settings, store: &Store) -> Result<Vec<u8>, Star
     }
 }
 
+/// The sealer of second-factor secrets that `serve` on this store uses:
+/// what the import writes, the server opens.
+pub async fn two_factor_sealer(
+    settings: &Settings,
+    store: &Store,
+) -> Result<crate::auth::at_rest::Sealer, StartError> {
+    let fallback = signing_key(settings, store).await?;
+    Ok(crate::auth::at_rest::Sealer::configured(
+        &settings.two_factor,
+        &fallback,
+    ))
+}
+
 /// A hash of a random password, verified against when a login names an
 /// unknown user, so that costs what a wrong password costs.
 async fn dummy_hash() -> Result<String, StartError> {

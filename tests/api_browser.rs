@@ -352,3 +352,28 @@ async fn an_upstream_document_that_fails_at_first_is_fetched_again_soon() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+#[tokio::test]
+async fn served_login_script_asks_for_the_second_factor_inside_the_dialog() {
+    let (_upstream, gw) = common::gateway("").await;
+    let script = gw
+        .client()
+        .get(gw.https("/swagger-ui/keygate-api-browser.js"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    // The login's pre-verification answer leads to a code field in the
+    // dialog, checked at the platform's endpoint with that token.
+    for wiring in [
+        "answer.scope === \"PRE_VERIFICATION_TOKEN\"",
+        "\"/api/auth/2fa/providers\"",
+        "\"/api/auth/2fa/verification/check?providerType=\"",
+        "\"keygate-login-code\"",
+        "answer.scope === \"MFA_CONFIGURATION_TOKEN\"",
+    ] {
+        assert!(script.contains(wiring), "missing {wiring}");
+    }
+}

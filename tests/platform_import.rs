@@ -13,6 +13,7 @@ use std::process::{Command, Output};
 use std::time::Duration;
 
 use common::platform::{NULL_UUID, PlatformDouble};
+use common::totp::{step_now, totp_at};
 use common::{Gateway, Upstream, api_key_header, drop_schema, fresh_schema, gateway, wait_until};
 use sqlx::Connection;
 use sqlx::postgres::PgConnection;
@@ -48,6 +49,9 @@ CREATE TABLE admin_settings (
 CREATE TABLE customer (
     id uuid NOT NULL PRIMARY KEY, created_time bigint NOT NULL, tenant_id uuid,
     title varchar(255), is_public boolean, version BIGINT DEFAULT 1);
+CREATE TABLE user_auth_settings (
+    id uuid NOT NULL PRIMARY KEY, created_time bigint NOT NULL,
+    user_id uuid UNIQUE NOT NULL REFERENCES tb_user(id), two_fa_settings varchar);
 ";
 
 /// The platform's database, filled: a user of every authority, a disabled
@@ -753,5 +757,207 @@ async fn customers_the_platform_marks_public_open_a_public_login_after_the_impor
         "{}",
         String::from_utf8_lossy(&human.stdout)
     );
+    platform.drop().await;
+}
+
+// --- second factors ---------------------------------------------------------------
+
+const PLATFORM_TOTP: &str = "JBSWY3DPEHPK3PXPJBSWY3DPEHPK3PXP";
+const OTHER_TOTP: &str = "KRSXG5CTMVRXEZLUKRSXG5CTMVRXEZLU";
+
+/// The platform's `AccountTwoFaSettings` JSON, as it stores it (secrets in
+/// plain text).
+fn two_fa_json(secret: &str, codes: &[&str]) -> String {
+    serde_json::json!({"configs": {
+        "TOTP": {"providerType": "TOTP", "useByDefault": true,
+                 "authUrl": format!("otpauth://totp/ThingsBoard:tenant%40platform.test?issuer=ThingsBoard&secret={secret}")},
+        "BACKUP_CODE": {"providerType": "BACKUP_CODE", "useByDefault": false, "codes": codes, "codesLeft": codes.len()}
+    }})
+    .to_string()
+}
+
+impl Platform {
+    async fn set_two_fa(&self, user: Uuid, json: &str) {
+        let mut db = PgConnection::connect(&self.url).await.unwrap();
+        sqlx::query(
+            "INSERT INTO user_auth_settings (id, created_time, user_id, two_fa_settings) \
+             VALUES ($1::uuid, 1700000000000, $2::uuid, $3) \
+             ON CONFLICT (user_id) DO UPDATE SET two_fa_settings = excluded.two_fa_settings",
+        )
+        .bind(Uuid::new_v4().to_string())
+        .bind(user.to_string())
+        .bind(json)
+        .execute(&mut db)
+        .await
+        .unwrap();
+    }
+}
+
+/// A password login that must answer a pre-verification token.
+async fn pre_token(gw: &Gateway, email: &str) -> String {
+    let body: serde_json::Value = gw
+        .login(email, PLATFORM_PASSWORD)
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(body["scope"], "PRE_VERIFICATION_TOKEN", "{body}");
+    body["token"].as_str().unwrap().to_owned()
+}
+
+async fn check(gw: &Gateway, pre: &str, provider: &str, code: &str) -> reqwest::Response {
+    gw.client()
+        .post(gw.https(&format!(
+            "/api/auth/2fa/verification/check?providerType={provider}&verificationCode={code}"
+        )))
+        .header("X-Authorization", format!("Bearer {pre}"))
+        .send()
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+#[ignore = "needs PostgreSQL: set KEYGATE_TEST_DATABASE_URL and run with --include-ignored"]
+async fn platform_second_factors_are_imported_sealed_and_log_in_with_the_platform_codes() {
+    let platform = Platform::start().await;
+    let (_upstream, gw) = gateway("").await;
+    platform
+        .set_two_fa(
+            platform.admin,
+            &two_fa_json(PLATFORM_TOTP, &["0a1b2c3d", "4e5f6a7b"]),
+        )
+        .await;
+    platform
+        .set_two_fa(
+            platform.customer_user,
+            r#"{"configs":{"EMAIL":{"providerType":"EMAIL","useByDefault":true,"email":"customer@platform.test"}}}"#,
+        )
+        .await;
+    let report = import_json(&gw, &platform, &[]).await;
+    assert_eq!(report["twoFactors"]["added"], 2, "{report}");
+    assert_eq!(report["twoFactors"]["skipped"], 1, "{report}");
+    let skipped = report["skipped"].as_array().unwrap();
+    assert!(
+        skipped.iter().any(|s| s["kind"] == "second factor"
+            && s["id"] == platform.customer_user.to_string()
+            && s["reason"].as_str().unwrap().starts_with("EMAIL")),
+        "{report}"
+    );
+
+    // Stored the keygate way: neither the secret nor a code in clear.
+    let url = format!("sqlite://{}/keygate.db", gw.dir.path().display());
+    sqlx::any::install_default_drivers();
+    let pool = sqlx::AnyPool::connect(&url).await.unwrap();
+    let rows: Vec<(String, String)> =
+        sqlx::query_as("SELECT provider, secret FROM two_factor WHERE user_id = $1")
+            .bind(platform.admin.to_string())
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(rows.len(), 2);
+    for (provider, stored) in &rows {
+        assert!(!stored.to_uppercase().contains(PLATFORM_TOTP), "{provider}");
+        assert!(
+            !stored.contains("0a1b2c3d") && !stored.contains("4e5f6a7b"),
+            "{provider}"
+        );
+    }
+    pool.close().await;
+
+    // The platform's authenticator app and backup codes log in.
+    let pre = pre_token(&gw, "tenant@platform.test").await;
+    let response = check(&gw, &pre, "TOTP", &totp_at(PLATFORM_TOTP, step_now())).await;
+    assert_eq!(response.status(), 200);
+    let pre = pre_token(&gw, "tenant@platform.test").await;
+    let response = check(&gw, &pre, "BACKUP_CODE", "4e5f6a7b").await;
+    assert_eq!(response.status(), 200);
+    let pair: serde_json::Value = response.json().await.unwrap();
+    assert_eq!(pair["codesLeft"], 1);
+    // A user whose only provider keygate does not offer has no second step.
+    assert!(
+        bearer(&gw, "customer@platform.test", PLATFORM_PASSWORD)
+            .await
+            .is_some()
+    );
+
+    // Unchanged on the platform: a re-import changes nothing (the used
+    // backup code stays used).
+    let again = import_json(&gw, &platform, &[]).await;
+    assert_eq!(again["twoFactors"]["added"], 0, "{again}");
+    assert_eq!(again["twoFactors"]["updated"], 0, "{again}");
+    assert_eq!(again["twoFactors"]["unchanged"], 2, "{again}");
+    let pre = pre_token(&gw, "tenant@platform.test").await;
+    assert_eq!(
+        check(&gw, &pre, "BACKUP_CODE", "4e5f6a7b").await.status(),
+        400
+    );
+    platform.drop().await;
+}
+
+#[tokio::test]
+#[ignore = "needs PostgreSQL: set KEYGATE_TEST_DATABASE_URL and run with --include-ignored"]
+async fn a_second_factor_changed_in_keygate_survives_a_reimport_and_platform_changes_follow() {
+    let platform = Platform::start().await;
+    let (_upstream, gw) = gateway("").await;
+    platform
+        .set_two_fa(platform.admin, &two_fa_json(PLATFORM_TOTP, &["0a1b2c3d"]))
+        .await;
+    import_json(&gw, &platform, &[]).await;
+    let pre = pre_token(&gw, "tenant@platform.test").await;
+    let step = step_now();
+    let pair: serde_json::Value = check(&gw, &pre, "TOTP", &totp_at(PLATFORM_TOTP, step))
+        .await
+        .json()
+        .await
+        .unwrap();
+    let access = format!("Bearer {}", pair["token"].as_str().unwrap());
+    // In keygate, the user removes the backup codes.
+    let removed = gw
+        .client()
+        .delete(gw.https("/api/2fa/account/config?providerType=BACKUP_CODE"))
+        .header("X-Authorization", &access)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(removed.status(), 200);
+
+    // On the platform, both change: the TOTP secret (still keygate's
+    // imported one) follows; the backup codes (removed in keygate) do not
+    // come back.
+    platform
+        .set_two_fa(platform.admin, &two_fa_json(OTHER_TOTP, &["99998888"]))
+        .await;
+    let report = import_json(&gw, &platform, &[]).await;
+    assert_eq!(report["twoFactors"]["updated"], 1, "{report}");
+    assert_eq!(report["twoFactors"]["added"], 0, "{report}");
+    let pre = pre_token(&gw, "tenant@platform.test").await;
+    assert_eq!(
+        check(&gw, &pre, "BACKUP_CODE", "99998888").await.status(),
+        400
+    );
+    let response = check(&gw, &pre, "TOTP", &totp_at(OTHER_TOTP, step_now())).await;
+    assert_eq!(response.status(), 200);
+
+    // Converges: the same import again changes nothing.
+    let again = import_json(&gw, &platform, &[]).await;
+    assert_eq!(again["twoFactors"]["updated"], 0, "{again}");
+    assert_eq!(again["twoFactors"]["added"], 0, "{again}");
+
+    // Gone from the platform: keygate's imported TOTP goes too.
+    platform
+        .execute(&format!(
+            "DELETE FROM user_auth_settings WHERE user_id = '{}'",
+            platform.admin
+        ))
+        .await;
+    let report = import_json(&gw, &platform, &[]).await;
+    assert_eq!(report["twoFactors"]["removed"], 1, "{report}");
+    let body: serde_json::Value = gw
+        .login("tenant@platform.test", PLATFORM_PASSWORD)
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert!(body["refreshToken"].is_string(), "{body}");
     platform.drop().await;
 }

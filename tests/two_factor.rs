@@ -5,50 +5,10 @@
 mod common;
 
 use base64::Engine;
+use common::totp::{base32_decode, step_now, totp_at};
 use common::{Gateway, PASSWORD, api_key_header, error_body};
 use keygate::identity::Authority;
 use serde_json::{Value, json};
-
-// --- an independent TOTP ---------------------------------------------------------
-
-fn base32_decode(text: &str) -> Vec<u8> {
-    let alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZ234567";
-    let mut bits = String::new();
-    for c in text.trim_end_matches('=').chars() {
-        let value = alphabet.find(c.to_ascii_uppercase()).expect("base32");
-        bits.push_str(&format!("{value:05b}"));
-    }
-    bits.as_bytes()
-        .chunks(8)
-        .filter(|chunk| chunk.len() == 8)
-        .map(|chunk| u8::from_str_radix(std::str::from_utf8(chunk).unwrap(), 2).unwrap())
-        .collect()
-}
-
-/// The 6-digit code of `step` (RFC 4226 truncation of HMAC-SHA1).
-fn totp_at(secret_base32: &str, step: i64) -> String {
-    use aws_lc_rs::hmac;
-    let key = hmac::Key::new(
-        hmac::HMAC_SHA1_FOR_LEGACY_USE_ONLY,
-        &base32_decode(secret_base32),
-    );
-    let mac = hmac::sign(&key, &(step as u64).to_be_bytes());
-    let mac = mac.as_ref();
-    let offset = (mac[19] & 0xf) as usize;
-    let binary = ((u32::from(mac[offset]) & 0x7f) << 24)
-        | (u32::from(mac[offset + 1]) << 16)
-        | (u32::from(mac[offset + 2]) << 8)
-        | u32::from(mac[offset + 3]);
-    format!("{:06}", binary % 1_000_000)
-}
-
-fn step_now() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs() as i64
-        / 30
-}
 
 fn secret_of(auth_url: &str) -> String {
     auth_url
@@ -288,7 +248,12 @@ async fn pre_verification_token_is_refused_by_every_other_endpoint_and_proxied_r
     let pre = pre_token(&gw, "scope@example.com").await;
 
     for route in keygate::api::ROUTES {
-        if route.access != keygate::api::Access::Authenticated {
+        if !matches!(
+            route.access,
+            keygate::api::Access::Authenticated
+                | keygate::api::Access::Configuring
+                | keygate::api::Access::MfaConfiguration
+        ) {
             continue;
         }
         let path = route
@@ -677,5 +642,373 @@ async fn removing_the_last_provider_removes_backup_codes_and_the_second_step() {
         .await,
     )
     .await;
+    assert_eq!(status, 400);
+}
+
+// --- enforcement -------------------------------------------------------------------
+
+const ENFORCED: &str = "[two_factor]\nenforce = true\n";
+
+/// Logs in with the password; the answer must be an MFA configuration token.
+async fn mfa_token(gw: &Gateway, email: &str) -> String {
+    let body = login_json(gw, email).await;
+    assert_eq!(body["scope"], "MFA_CONFIGURATION_TOKEN", "{body}");
+    assert!(body["refreshToken"].is_null(), "{body}");
+    body["token"].as_str().unwrap().to_string()
+}
+
+async fn configured_login(gw: &Gateway, token: &str) -> reqwest::Response {
+    send(
+        gw,
+        reqwest::Method::POST,
+        "/api/auth/2fa/login",
+        token,
+        None,
+    )
+    .await
+}
+
+fn path_of(pattern: &str) -> String {
+    pattern
+        .split('/')
+        .map(|s| {
+            if s.starts_with('{') {
+                "784f394c-42b6-435a-983c-b7beff2784f9"
+            } else {
+                s
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("/")
+}
+
+#[tokio::test]
+async fn enforced_user_without_a_provider_configures_one_with_the_mfa_token_then_gets_the_pair() {
+    let (_up, gw) = common::gateway(ENFORCED).await;
+    gw.user("enforced@example.com", Authority::TenantAdmin)
+        .await;
+    let mfa = mfa_token(&gw, "enforced@example.com").await;
+    let mfa_claims = claims(&mfa);
+    assert_eq!(mfa_claims["scopes"], json!(["MFA_CONFIGURATION_TOKEN"]));
+    assert_eq!(
+        mfa_claims["exp"].as_i64().unwrap() - mfa_claims["iat"].as_i64().unwrap(),
+        300,
+        "lives the verification time"
+    );
+
+    // No provider yet: no pair.
+    let (status, body) = error_body(configured_login(&gw, &mfa).await).await;
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(body["message"], "2FA is not configured");
+
+    // The token opens the configuring endpoints.
+    let providers: Value = send(&gw, reqwest::Method::GET, "/api/2fa/providers", &mfa, None)
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(providers, json!(["TOTP", "BACKUP_CODE"]));
+    let (secret, saved_step) = configure_totp(&gw, &mfa).await;
+    let settings = send(
+        &gw,
+        reqwest::Method::GET,
+        "/api/2fa/account/settings",
+        &mfa,
+        None,
+    )
+    .await;
+    assert_eq!(settings.status(), 200);
+
+    let response = configured_login(&gw, &mfa).await;
+    assert_eq!(response.status(), 200);
+    let pair: Value = response.json().await.unwrap();
+    let access = pair["token"].as_str().unwrap();
+    assert!(pair["refreshToken"].is_string(), "{pair}");
+    assert_eq!(claims(access)["scopes"], json!(["TENANT_ADMIN"]));
+    assert_eq!(current_user(&gw, access).await.status(), 200);
+
+    // That login is over: the token gets nothing more.
+    assert_eq!(configured_login(&gw, &mfa).await.status(), 401);
+    let generate = send(
+        &gw,
+        reqwest::Method::POST,
+        "/api/2fa/account/config/generate?providerType=BACKUP_CODE",
+        &mfa,
+        None,
+    )
+    .await;
+    assert_eq!(generate.status(), 401);
+
+    // From now on the password leads to the second factor.
+    let pre = pre_token(&gw, "enforced@example.com").await;
+    let response = check(&gw, &pre, "TOTP", &totp_at(&secret, saved_step + 1)).await;
+    assert_eq!(response.status(), 200);
+
+    // And the enforced factor cannot be removed.
+    let (status, body) = error_body(
+        send(
+            &gw,
+            reqwest::Method::DELETE,
+            "/api/2fa/account/config?providerType=TOTP",
+            access,
+            None,
+        )
+        .await,
+    )
+    .await;
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(body["message"], "At least one 2FA provider is required");
+}
+
+#[tokio::test]
+async fn mfa_configuration_token_is_refused_by_every_other_endpoint_and_proxied_route() {
+    let (upstream, gw) = common::gateway(ENFORCED).await;
+    gw.user("mfa-scope@example.com", Authority::TenantAdmin)
+        .await;
+    let mfa = mfa_token(&gw, "mfa-scope@example.com").await;
+    for route in keygate::api::ROUTES {
+        if !matches!(
+            route.access,
+            keygate::api::Access::Authenticated | keygate::api::Access::PreVerification
+        ) {
+            continue;
+        }
+        let path = path_of(route.pattern);
+        let response = send(&gw, route.method.clone(), &path, &mfa, Some(json!({}))).await;
+        let (status, body) = error_body(response).await;
+        assert_eq!(status, 401, "{} {path}: {body}", route.method);
+    }
+    // Named: a key, a password change, the platform settings, removing a factor.
+    let attempts = [
+        (
+            reqwest::Method::POST,
+            "/api/apiKey",
+            json!({"description": "mine"}),
+        ),
+        (
+            reqwest::Method::POST,
+            "/api/auth/changePassword",
+            json!({"currentPassword": PASSWORD, "newPassword": "an0ther-Passw0rd!"}),
+        ),
+        (reqwest::Method::GET, "/api/2fa/settings", json!({})),
+        (
+            reqwest::Method::DELETE,
+            "/api/2fa/account/config?providerType=TOTP",
+            json!({}),
+        ),
+    ];
+    for (method, path, body) in attempts {
+        let response = send(&gw, method.clone(), path, &mfa, Some(body)).await;
+        assert_eq!(response.status(), 401, "{method} {path}");
+    }
+    for path in [
+        "/api/tenant/devices?pageSize=10&page=0",
+        "/api/device/1",
+        "/api/auth/2fa/loginx",
+    ] {
+        let response = send(&gw, reqwest::Method::GET, path, &mfa, None).await;
+        assert_eq!(response.status(), 401, "{path}");
+    }
+    let refresh = gw
+        .client()
+        .post(gw.https("/api/auth/token"))
+        .json(&json!({ "refreshToken": mfa }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refresh.status(), 401);
+    assert_eq!(upstream.arrived(), 0, "nothing was forwarded");
+
+    // The old password still works: nothing was changed with that token.
+    mfa_token(&gw, "mfa-scope@example.com").await;
+    // And the configured login takes nothing but that token.
+    let user = gw.user("other@example.com", Authority::TenantAdmin).await;
+    let (_, access) = gw.access_token(&user).await;
+    assert_eq!(configured_login(&gw, &access).await.status(), 401);
+}
+
+#[tokio::test]
+async fn expired_mfa_configuration_token_opens_nothing() {
+    let (_up, gw) = common::gateway(ENFORCED).await;
+    let user = gw
+        .user("expired-mfa@example.com", Authority::TenantAdmin)
+        .await;
+    let keys = gw.running.app.authenticator().token_keys();
+    let expired = keys
+        .sign_second_factor(
+            &user,
+            "MFA_CONFIGURATION_TOKEN",
+            uuid::Uuid::new_v4(),
+            keygate::clock::now_secs() - 400,
+            std::time::Duration::from_secs(300),
+        )
+        .unwrap()
+        .token;
+    for (method, path) in [
+        (reqwest::Method::GET, "/api/2fa/providers"),
+        (
+            reqwest::Method::POST,
+            "/api/2fa/account/config/generate?providerType=TOTP",
+        ),
+        (reqwest::Method::GET, "/api/2fa/account/settings"),
+        (reqwest::Method::POST, "/api/auth/2fa/login"),
+    ] {
+        let (status, body) =
+            error_body(send(&gw, method.clone(), path, &expired, None).await).await;
+        assert_eq!(status, 401, "{method} {path}: {body}");
+    }
+    // A token signed with another key is no MFA token either.
+    let other = keygate::auth::jwt::TokenKeys::new(
+        &[7u8; 64],
+        "keygate",
+        std::time::Duration::from_secs(900),
+        std::time::Duration::from_secs(3600),
+    );
+    let forged = other
+        .sign_second_factor(
+            &user,
+            "MFA_CONFIGURATION_TOKEN",
+            uuid::Uuid::new_v4(),
+            keygate::clock::now_secs(),
+            std::time::Duration::from_secs(300),
+        )
+        .unwrap()
+        .token;
+    assert_eq!(configured_login(&gw, &forged).await.status(), 401);
+    assert_eq!(
+        send(
+            &gw,
+            reqwest::Method::GET,
+            "/api/2fa/providers",
+            &forged,
+            None
+        )
+        .await
+        .status(),
+        401
+    );
+}
+
+#[tokio::test]
+async fn enforcement_applies_to_the_users_the_platform_settings_name() {
+    let (_up, gw) = common::gateway("").await;
+    let chosen = gw
+        .user("chosen-tenant@example.com", Authority::TenantAdmin)
+        .await;
+    gw.user("other-tenant@example.com", Authority::TenantAdmin)
+        .await;
+    gw.user("customer@example.com", Authority::CustomerUser)
+        .await;
+    let admin = token_of(&gw, keygate::accounts::BOOTSTRAP_EMAIL).await;
+    let base = json!({
+        "providers": [{"providerType": "TOTP", "issuerName": "keygate"}],
+        "minVerificationCodeSendPeriod": 30,
+        "totalAllowedTimeForVerification": 300,
+        "enforceTwoFa": true
+    });
+    let save = |body: Value| {
+        let gw = &gw;
+        let admin = admin.clone();
+        async move {
+            send(
+                gw,
+                reqwest::Method::POST,
+                "/api/2fa/settings",
+                &admin,
+                Some(body),
+            )
+            .await
+        }
+    };
+    // Enforcing needs a filter, and keygate knows no tenant profiles.
+    let (status, body) = error_body(save(base.clone()).await).await;
+    assert_eq!(status, 400);
+    assert_eq!(
+        body["message"],
+        "Users filter to enforce 2FA for is required"
+    );
+    let mut profiles = base.clone();
+    profiles["enforcedUsersFilter"] = json!({
+        "type": "TENANT_ADMINISTRATORS",
+        "tenantProfilesIds": [uuid::Uuid::new_v4()]
+    });
+    assert_eq!(save(profiles).await.status(), 400);
+    let mut unknown = base.clone();
+    unknown["enforcedUsersFilter"] = json!({"type": "USER_LIST", "usersIds": []});
+    assert_eq!(save(unknown).await.status(), 400);
+
+    let mut one_tenant = base.clone();
+    one_tenant["enforcedUsersFilter"] = json!({
+        "type": "TENANT_ADMINISTRATORS",
+        "tenantsIds": [chosen.tenant_id]
+    });
+    let saved = save(one_tenant).await;
+    assert_eq!(saved.status(), 200);
+    let current: Value = send(&gw, reqwest::Method::GET, "/api/2fa/settings", &admin, None)
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(current["enforceTwoFa"], true);
+    assert_eq!(
+        current["enforcedUsersFilter"],
+        json!({"type": "TENANT_ADMINISTRATORS", "tenantsIds": [chosen.tenant_id]})
+    );
+    mfa_token(&gw, "chosen-tenant@example.com").await;
+    token_of(&gw, "other-tenant@example.com").await;
+    token_of(&gw, "customer@example.com").await;
+    token_of(&gw, keygate::accounts::BOOTSTRAP_EMAIL).await;
+
+    // Per authority: every SYS_ADMIN, and nobody else.
+    let mut admins = base.clone();
+    admins["enforcedUsersFilter"] = json!({"type": "SYSTEM_ADMINISTRATORS"});
+    assert_eq!(save(admins).await.status(), 200);
+    token_of(&gw, "chosen-tenant@example.com").await;
+    mfa_token(&gw, keygate::accounts::BOOTSTRAP_EMAIL).await;
+}
+
+#[tokio::test]
+async fn activation_of_an_enforced_user_answers_the_mfa_configuration_token_not_the_pair() {
+    let config = "[two_factor]\nenforce = true\nenforced_users = \"TENANT_ADMINISTRATORS\"\n";
+    let (_up, gw) = common::gateway(config).await;
+    let sys = token_of(&gw, keygate::accounts::BOOTSTRAP_EMAIL).await;
+    let body = json!({
+        "email": "invited@example.com",
+        "authority": "TENANT_ADMIN",
+        "tenantId": {"entityType": "TENANT", "id": uuid::Uuid::new_v4()}
+    });
+    let created: Value = send(&gw, reqwest::Method::POST, "/api/user", &sys, Some(body))
+        .await
+        .json()
+        .await
+        .unwrap();
+    let id = created["id"]["id"].as_str().unwrap();
+    let link = send(
+        &gw,
+        reqwest::Method::GET,
+        &format!("/api/user/{id}/activationLink"),
+        &sys,
+        None,
+    )
+    .await
+    .text()
+    .await
+    .unwrap();
+    let token = link.split("activateToken=").nth(1).unwrap();
+    let answer: Value = gw
+        .client()
+        .post(gw.https("/api/noauth/activate"))
+        .json(&json!({"activateToken": token, "password": "activated-password"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(answer["scope"], "MFA_CONFIGURATION_TOKEN", "{answer}");
+    assert!(answer["refreshToken"].is_null(), "{answer}");
+    let mfa = answer["token"].as_str().unwrap();
+    assert_eq!(current_user(&gw, mfa).await.status(), 401);
+    let (status, _) = error_body(configured_login(&gw, mfa).await).await;
     assert_eq!(status, 400);
 }

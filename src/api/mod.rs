@@ -46,6 +46,12 @@ pub enum Access {
     /// A pre-verification token only (a login waiting for its second
     /// factor), which the handler checks; the normal check refuses it.
     PreVerification,
+    /// The normal credential, or an MFA configuration token (a login that
+    /// must configure a second factor first), which the handler checks.
+    Configuring,
+    /// An MFA configuration token only, which the handler checks; the
+    /// normal check refuses it.
+    MfaConfiguration,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -85,6 +91,7 @@ pub enum Endpoint {
     TwoFaLoginProviders,
     TwoFaSendCode,
     TwoFaCheckCode,
+    TwoFaConfiguredLogin,
 }
 
 impl Endpoint {
@@ -255,25 +262,25 @@ pub static ROUTES: &[EndpointRoute] = &[
     EndpointRoute {
         method: Method::GET,
         pattern: "/api/2fa/providers",
-        access: Access::Authenticated,
+        access: Access::Configuring,
         endpoint: Endpoint::TwoFaProviders,
     },
     EndpointRoute {
         method: Method::POST,
         pattern: "/api/2fa/account/config/generate",
-        access: Access::Authenticated,
+        access: Access::Configuring,
         endpoint: Endpoint::TwoFaGenerate,
     },
     EndpointRoute {
         method: Method::POST,
         pattern: "/api/2fa/account/config",
-        access: Access::Authenticated,
+        access: Access::Configuring,
         endpoint: Endpoint::TwoFaSave,
     },
     EndpointRoute {
         method: Method::GET,
         pattern: "/api/2fa/account/settings",
-        access: Access::Authenticated,
+        access: Access::Configuring,
         endpoint: Endpoint::TwoFaAccountSettings,
     },
     EndpointRoute {
@@ -317,6 +324,12 @@ pub static ROUTES: &[EndpointRoute] = &[
         pattern: "/api/auth/2fa/verification/check",
         access: Access::PreVerification,
         endpoint: Endpoint::TwoFaCheckCode,
+    },
+    EndpointRoute {
+        method: Method::POST,
+        pattern: "/api/auth/2fa/login",
+        access: Access::MfaConfiguration,
+        endpoint: Endpoint::TwoFaConfiguredLogin,
     },
 ];
 
@@ -389,8 +402,10 @@ pub struct EndpointRequest {
     /// public base URL, a trusted proxy's forwarded host, or the listener's
     /// address; never a client's own Host header.
     pub base_url: String,
-    /// The bearer token of a [`Access::PreVerification`] route, which its
-    /// handler verifies; `None` on every other route.
+    /// The bearer token of a [`Access::PreVerification`] or
+    /// [`Access::MfaConfiguration`] route, or the MFA configuration token of
+    /// an [`Access::Configuring`] route, which its handler verifies; `None`
+    /// otherwise.
     pub bearer: Option<crate::auth::credential::Secret>,
 }
 
@@ -621,6 +636,7 @@ impl Endpoints {
             Endpoint::TwoFaLoginProviders => two_factor::login_providers(self, req).await,
             Endpoint::TwoFaSendCode => two_factor::send_code(self, req).await,
             Endpoint::TwoFaCheckCode => two_factor::check_code(self, req).await,
+            Endpoint::TwoFaConfiguredLogin => two_factor::configured_login(self, req).await,
         }
     }
 }

@@ -57,6 +57,7 @@ use crate::error::ErrorResponse;
         two_factor::login_providers,
         two_factor::send_code,
         two_factor::check_code,
+        two_factor::configured_login,
     ),
     components(schemas(
         ErrorResponse,
@@ -144,8 +145,10 @@ mod tests {
             );
             let security = operation.get("security").cloned().unwrap_or(Value::Null);
             match route.access {
-                Access::Authenticated => assert_eq!(security, secured(), "{}", route.pattern),
-                Access::PreVerification => assert_eq!(
+                Access::Authenticated | Access::Configuring => {
+                    assert_eq!(security, secured(), "{}", route.pattern)
+                }
+                Access::PreVerification | Access::MfaConfiguration => assert_eq!(
                     security,
                     serde_json::json!([{ "HttpLoginForm": [] }]),
                     "{}",

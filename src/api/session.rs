@@ -202,10 +202,17 @@ pub async fn login(
         tracing::info!(user_id = %user.id, "re-hashed an imported password with Argon2id");
     }
     // A user with a second factor gets a pre-verification token, which
-    // opens nothing but the second-factor check (`api::two_factor`).
-    if let Some(pending) = api.pre_verification(&user).await? {
-        api.metrics.login("second_factor_required");
-        tracing::info!(target: "keygate::security", user_id = %user.id, client = %req.client_ip, "password accepted; second factor required");
+    // opens nothing but the second-factor check; one whom a second factor is
+    // enforced for, without one, an MFA configuration token, which opens
+    // nothing but configuring one (`api::two_factor`).
+    if let Some(pending) = api.second_factor_due(&user).await? {
+        if pending.scope == crate::auth::jwt::MFA_CONFIGURATION_SCOPE {
+            api.metrics.login("second_factor_enforced");
+            tracing::info!(target: "keygate::security", user_id = %user.id, client = %req.client_ip, "password accepted; a second factor must be configured first");
+        } else {
+            api.metrics.login("second_factor_required");
+            tracing::info!(target: "keygate::security", user_id = %user.id, client = %req.client_ip, "password accepted; second factor required");
+        }
         return Ok(json_response(&pending));
     }
     let pair = api.issue_pair(&user).await?;

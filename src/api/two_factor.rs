@@ -4,6 +4,10 @@
 //! that turns a pre-verification token into a token pair
 //! (`/api/auth/2fa/...`).
 //!
+//! Enforcement (the platform's `enforceTwoFa`): a user the settings name who
+//! has no provider logs in to an MFA configuration token, which opens the
+//! four configuring endpoints and `/api/auth/2fa/login`, and nothing else.
+//!
 //! Beyond the platform: a TOTP secret is sealed at rest and shown once, in
 //! the answer that generated it; only a secret keygate generated for the
 //! user moments before can be saved; a TOTP code is accepted once; backup
@@ -21,10 +25,10 @@ use super::access::{param, query_pairs};
 use super::wire::{BodyErrors, CredentialErrors, LoginErrors};
 use super::{EndpointRequest, Endpoints, empty_response, json_response};
 use crate::auth::at_rest::Sealer;
-use crate::auth::jwt::{AccessClaims, PRE_VERIFICATION_SCOPE, TokenError};
+use crate::auth::jwt::{AccessClaims, MFA_CONFIGURATION_SCOPE, PRE_VERIFICATION_SCOPE, TokenError};
 use crate::auth::totp;
 use crate::body::Body;
-use crate::config::TwoFactorSettings;
+use crate::config::{EnforcedUsers, TwoFactorSettings};
 use crate::error::{ApiError, code};
 use crate::identity::{Authority, Identity};
 use crate::store::{Audit, Store, TwoFactorRecord, UserRecord};
@@ -65,12 +69,8 @@ impl TwoFactor {
     /// `fallback_secret` (the token signing key) derives the sealing key
     /// when `[two_factor] encryption_secret` is not set.
     pub fn new(settings: &TwoFactorSettings, fallback_secret: &[u8]) -> TwoFactor {
-        let current = settings
-            .encryption_secret
-            .as_deref()
-            .unwrap_or(fallback_secret);
         TwoFactor {
-            sealer: Sealer::new(current, &settings.old_encryption_secrets),
+            sealer: Sealer::configured(settings, fallback_secret),
             pending: moka::sync::Cache::builder()
                 .max_capacity(100_000)
                 .time_to_live(PENDING_LIFETIME)
@@ -119,8 +119,16 @@ pub struct PlatformTwoFaSettings {
     /// Lifetime of a pre-verification token, in seconds.
     #[serde(default)]
     pub total_allowed_time_for_verification: Option<i64>,
+    /// Users without a provider must configure one before they get a
+    /// token pair: they log in to an MFA configuration token.
     #[serde(default)]
     pub enforce_two_fa: bool,
+    /// Whom `enforceTwoFa` applies to: `ALL_USERS`,
+    /// `SYSTEM_ADMINISTRATORS` or `TENANT_ADMINISTRATORS` (with
+    /// `tenantsIds`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub enforced_users_filter: Option<EnforcedUsers>,
 }
 
 impl PlatformTwoFaSettings {
@@ -142,7 +150,8 @@ impl PlatformTwoFaSettings {
                 settings.max_verification_failures,
             )),
             total_allowed_time_for_verification: Some(settings.verification_time.as_secs() as i64),
-            enforce_two_fa: false,
+            enforce_two_fa: settings.enforced.is_some(),
+            enforced_users_filter: settings.enforced.clone(),
         }
     }
 
@@ -208,11 +217,51 @@ impl PlatformTwoFaSettings {
             ));
         }
         if self.enforce_two_fa {
-            return Err(ApiError::bad_request(
-                "enforceTwoFa is not supported: users configure a second factor themselves",
-            ));
+            if !self
+                .providers
+                .iter()
+                .any(|p| p.provider_type != BACKUP_CODE)
+            {
+                return Err(ApiError::bad_request(
+                    "At least one 2FA provider is required if enforcing is enabled",
+                ));
+            }
+            match &self.enforced_users_filter {
+                None => {
+                    return Err(ApiError::bad_request(
+                        "Users filter to enforce 2FA for is required",
+                    ));
+                }
+                Some(EnforcedUsers::TenantAdministrators {
+                    tenant_profiles_ids: Some(profiles),
+                    ..
+                }) if !profiles.is_empty() => {
+                    return Err(ApiError::bad_request(
+                        "tenantProfilesIds is not supported: keygate does not know tenant profiles; list tenantsIds",
+                    ));
+                }
+                Some(_) => {}
+            }
         }
         Ok(())
+    }
+
+    /// Must `user` configure a second factor before a token pair?
+    fn enforced_for(&self, user: &UserRecord) -> bool {
+        if !self.enforce_two_fa {
+            return false;
+        }
+        match &self.enforced_users_filter {
+            None => false,
+            Some(EnforcedUsers::AllUsers) => true,
+            Some(EnforcedUsers::SystemAdministrators) => user.authority == Authority::SysAdmin,
+            Some(EnforcedUsers::TenantAdministrators { tenants_ids, .. }) => {
+                user.authority == Authority::TenantAdmin
+                    && tenants_ids
+                        .as_deref()
+                        .is_none_or(|ids| ids.is_empty() || ids.contains(&user.tenant_id))
+            }
+        }
     }
 }
 
@@ -238,16 +287,20 @@ pub struct AccountConfigUpdate {
     pub use_by_default: bool,
 }
 
-/// A login's answer when a second factor is due. `refreshToken` is there,
-/// and null: the platform's Python client reads the key unconditionally.
+/// A login's answer when a second factor is due: to answer
+/// (`PRE_VERIFICATION_TOKEN`), or, enforced, to configure first
+/// (`MFA_CONFIGURATION_TOKEN`). `refreshToken` is there, and null: the
+/// platform's Python client reads the key unconditionally.
 #[derive(Debug, Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PreVerificationToken {
-    /// Opens the `/api/auth/2fa/...` endpoints only.
+    /// Opens the `/api/auth/2fa/...` endpoints only (pre-verification), or
+    /// configuring a second factor and `/api/auth/2fa/login` only (MFA
+    /// configuration).
     pub token: String,
     /// Always null: no refresh before the second factor.
     pub refresh_token: Option<String>,
-    /// `PRE_VERIFICATION_TOKEN`.
+    /// `PRE_VERIFICATION_TOKEN` or `MFA_CONFIGURATION_TOKEN`.
     pub scope: String,
 }
 
@@ -287,25 +340,32 @@ impl Endpoints {
         Ok(records)
     }
 
-    /// The login answer for a user with a second factor: a pre-verification
-    /// token; `None` when the user has none.
-    pub(super) async fn pre_verification(
+    /// The login answer when a second factor is due: a pre-verification
+    /// token for a user with a provider, an MFA configuration token for a
+    /// user without one whom the settings make configure one; `None` when
+    /// neither (the caller answers the token pair).
+    pub(super) async fn second_factor_due(
         &self,
         user: &UserRecord,
     ) -> Result<Option<PreVerificationToken>, ApiError> {
         let platform = self.platform_two_fa().await?;
-        if self
+        let scope = if !self
             .active_two_factors(user.id, &platform)
             .await?
             .is_empty()
         {
+            PRE_VERIFICATION_SCOPE
+        } else if platform.enforced_for(user) {
+            MFA_CONFIGURATION_SCOPE
+        } else {
             return Ok(None);
-        }
+        };
         let signed = self
             .auth
             .token_keys()
-            .sign_pre_verification(
+            .sign_second_factor(
                 user,
+                scope,
                 Uuid::new_v4(),
                 crate::clock::now_secs(),
                 platform.verification_time(),
@@ -314,7 +374,7 @@ impl Endpoints {
         Ok(Some(PreVerificationToken {
             token: signed.token,
             refresh_token: None,
-            scope: PRE_VERIFICATION_SCOPE.to_string(),
+            scope: scope.to_string(),
         }))
     }
 }
@@ -389,6 +449,50 @@ fn same(a: &str, b: &str) -> bool {
 
 // --- configuring (any authenticated user, for themselves) -----------------------
 
+/// Who configures a second factor: a signed-in user, or a login holding an
+/// MFA configuration token (a second factor is enforced for the user, who
+/// has none yet).
+enum Configurer<'r> {
+    SignedIn(&'r Identity),
+    Enforced(Box<UserRecord>),
+}
+
+impl Configurer<'_> {
+    fn user_id(&self) -> Uuid {
+        match self {
+            Configurer::SignedIn(identity) => identity.principal.user_id,
+            Configurer::Enforced(user) => user.id,
+        }
+    }
+
+    fn email(&self) -> &str {
+        match self {
+            Configurer::SignedIn(identity) => &identity.principal.email,
+            Configurer::Enforced(user) => &user.email,
+        }
+    }
+
+    fn audited(&self, store: &Store, action: &'static str) -> Store {
+        match self {
+            Configurer::SignedIn(identity) => super::access::audited(store, identity, action),
+            Configurer::Enforced(user) => audited_by_user(store, user, action),
+        }
+    }
+}
+
+/// The configurer of an [`super::Access::Configuring`] route: the verified
+/// identity, else the holder of a valid MFA configuration token.
+async fn configurer<'r>(
+    api: &Endpoints,
+    req: &'r EndpointRequest,
+) -> Result<Configurer<'r>, ApiError> {
+    if let Some(identity) = &req.identity {
+        return Ok(Configurer::SignedIn(identity));
+    }
+    let (_, user) = waiting_login(api, req, MFA_CONFIGURATION_SCOPE).await?;
+    Ok(Configurer::Enforced(Box::new(user)))
+}
+
 #[utoipa::path(
     get,
     path = "/api/2fa/providers",
@@ -405,7 +509,7 @@ pub async fn providers(
     api: &Endpoints,
     req: EndpointRequest,
 ) -> Result<http::Response<Body>, ApiError> {
-    req.identity()?;
+    configurer(api, &req).await?;
     let platform = api.platform_two_fa().await?;
     let types: Vec<&str> = platform
         .providers
@@ -432,11 +536,11 @@ pub async fn generate(
     api: &Endpoints,
     req: EndpointRequest,
 ) -> Result<http::Response<Body>, ApiError> {
-    let identity = req.identity()?;
+    let configurer = configurer(api, &req).await?;
     let provider = provider_param(&req)?;
     let platform = api.platform_two_fa().await?;
     let config = platform.provider(provider).ok_or_else(not_configured)?;
-    let user_id = identity.principal.user_id;
+    let user_id = configurer.user_id();
     let answer = match provider {
         TOTP => {
             let secret: [u8; totp::SECRET_BYTES] =
@@ -446,7 +550,7 @@ pub async fn generate(
                 .issuer_name
                 .clone()
                 .unwrap_or_else(|| api.settings.two_factor.issuer_name.clone());
-            let url = totp::auth_url(&issuer, &identity.principal.email, &secret);
+            let url = totp::auth_url(&issuer, configurer.email(), &secret);
             api.two_factor
                 .pending
                 .insert((user_id, TOTP), Pending::Totp(secret));
@@ -485,14 +589,14 @@ pub async fn generate(
     security(("HttpLoginForm" = []), ("ApiKeyForm" = []))
 )]
 pub async fn save(api: &Endpoints, req: EndpointRequest) -> Result<http::Response<Body>, ApiError> {
-    let identity = req.identity()?;
+    let configurer = configurer(api, &req).await?;
     let body: AccountConfigRequest = req.json()?;
     let provider = provider_name(&body.provider_type)?;
     let platform = api.platform_two_fa().await?;
     platform.provider(provider).ok_or_else(not_configured)?;
     let user = api
         .store
-        .user_by_id(identity.principal.user_id)
+        .user_by_id(configurer.user_id())
         .await?
         .ok_or_else(ApiError::not_active)?;
     let active = api.active_two_factors(user.id, &platform).await?;
@@ -514,7 +618,7 @@ pub async fn save(api: &Endpoints, req: EndpointRequest) -> Result<http::Respons
                 .and_then(totp::secret_of_url)
                 .unwrap_or_default();
             if !same(submitted, &secret) {
-                return Err(not_generated(identity, provider));
+                return Err(not_generated(user.id, provider));
             }
             let pairs = query_pairs(req.query.as_deref());
             let code = param(&pairs, "verificationCode").unwrap_or_default();
@@ -548,7 +652,7 @@ pub async fn save(api: &Endpoints, req: EndpointRequest) -> Result<http::Respons
             let mut generated = codes.clone();
             generated.sort();
             if submitted != generated {
-                return Err(not_generated(identity, provider));
+                return Err(not_generated(user.id, provider));
             }
             let digests: Vec<String> = codes
                 .iter()
@@ -561,9 +665,10 @@ pub async fn save(api: &Endpoints, req: EndpointRequest) -> Result<http::Respons
                 last_step: 0,
             }
         }
-        _ => return Err(not_generated(identity, provider)),
+        _ => return Err(not_generated(user.id, provider)),
     };
-    let added = super::access::audited(&api.store, identity, "two_factor.configure")
+    let added = configurer
+        .audited(&api.store, "two_factor.configure")
         .add_two_factor(user.id, &record, crate::clock::now_ms())
         .await?;
     if !added {
@@ -577,8 +682,8 @@ pub async fn save(api: &Endpoints, req: EndpointRequest) -> Result<http::Respons
 
 /// A config that is not the one keygate generated for this user: refused,
 /// whatever it holds (a secret chosen by the client is never saved).
-fn not_generated(identity: &Identity, provider: &str) -> ApiError {
-    tracing::warn!(target: "keygate::security", user_id = %identity.principal.user_id, provider, "refused a second-factor config that keygate did not generate for this user");
+fn not_generated(user_id: Uuid, provider: &str) -> ApiError {
+    tracing::warn!(target: "keygate::security", %user_id, provider, "refused a second-factor config that keygate did not generate for this user");
     ApiError::bad_request(format!(
         "This {provider} config was not generated for this account (or has expired): generate a new one"
     ))
@@ -600,10 +705,10 @@ pub async fn account_settings_endpoint(
     api: &Endpoints,
     req: EndpointRequest,
 ) -> Result<http::Response<Body>, ApiError> {
-    let identity = req.identity()?;
+    let configurer = configurer(api, &req).await?;
     let platform = api.platform_two_fa().await?;
     let records = api
-        .active_two_factors(identity.principal.user_id, &platform)
+        .active_two_factors(configurer.user_id(), &platform)
         .await?;
     Ok(json_response(&account_settings(&records)))
 }
@@ -663,6 +768,19 @@ pub async fn delete(
     let identity = req.identity()?;
     let provider = provider_param(&req)?;
     let user_id = identity.principal.user_id;
+    let platform = api.platform_two_fa().await?;
+    if let Some(user) = api.store.user_by_id(user_id).await?
+        && platform.enforced_for(&user)
+        && !api
+            .active_two_factors(user_id, &platform)
+            .await?
+            .iter()
+            .any(|r| r.provider != provider && r.provider != BACKUP_CODE)
+    {
+        return Err(ApiError::bad_request(
+            "At least one 2FA provider is required",
+        ));
+    }
     let store = super::access::audited(&api.store, identity, "two_factor.remove");
     if !store.remove_two_factor(user_id, provider).await? {
         return Err(ApiError::bad_request("2FA not configured"));
@@ -672,7 +790,6 @@ pub async fn delete(
         store.remove_two_factor(user_id, BACKUP_CODE).await?;
     }
     tracing::info!(target: "keygate::security", %user_id, provider, "second factor removed");
-    let platform = api.platform_two_fa().await?;
     let records = api.active_two_factors(user_id, &platform).await?;
     Ok(json_response(&account_settings(&records)))
 }
@@ -743,18 +860,30 @@ async fn pre_verified(
     api: &Endpoints,
     req: &EndpointRequest,
 ) -> Result<(AccessClaims, UserRecord), ApiError> {
+    waiting_login(api, req, PRE_VERIFICATION_SCOPE).await
+}
+
+/// The user and login attempt of a valid token of `scope`, a login waiting
+/// for its second factor: as [`pre_verified`].
+async fn waiting_login(
+    api: &Endpoints,
+    req: &EndpointRequest,
+    scope: &'static str,
+) -> Result<(AccessClaims, UserRecord), ApiError> {
     let token = req
         .bearer
         .as_ref()
         .ok_or_else(ApiError::authentication_failed)?;
-    let claims = api
-        .auth
-        .token_keys()
-        .verify_pre_verification(token.expose())
-        .map_err(|error| match error {
-            TokenError::Expired | TokenError::BadSignature => ApiError::token_expired(),
-            TokenError::Malformed | TokenError::WrongScope => ApiError::invalid_credentials(),
-        })?;
+    let keys = api.auth.token_keys();
+    let verified = if scope == MFA_CONFIGURATION_SCOPE {
+        keys.verify_mfa_configuration(token.expose())
+    } else {
+        keys.verify_pre_verification(token.expose())
+    };
+    let claims = verified.map_err(|error| match error {
+        TokenError::Expired | TokenError::BadSignature => ApiError::token_expired(),
+        TokenError::Malformed | TokenError::WrongScope => ApiError::invalid_credentials(),
+    })?;
     let platform = api.platform_two_fa().await?;
     let max = platform.max_failures(&api.settings.two_factor);
     if api
@@ -913,6 +1042,37 @@ pub async fn check_code(
         answer["codesLeft"] = json!(left);
     }
     Ok(json_response(&answer))
+}
+
+#[utoipa::path(
+    post,
+    path = "/api/auth/2fa/login",
+    tag = "two-factor-auth-controller",
+    operation_id = "authenticateByTwoFaConfigurationToken",
+    summary = "The token pair once a second factor is configured (MFA configuration token)",
+    responses(
+        (status = 200, description = "Token pair", body = Object),
+        LoginErrors
+    ),
+    security(("HttpLoginForm" = []))
+)]
+pub async fn configured_login(
+    api: &Endpoints,
+    req: EndpointRequest,
+) -> Result<http::Response<Body>, ApiError> {
+    api.require_confidential(&req)?;
+    let (claims, user) = waiting_login(api, &req, MFA_CONFIGURATION_SCOPE).await?;
+    let platform = api.platform_two_fa().await?;
+    if api.active_two_factors(user.id, &platform).await?.is_empty() {
+        tracing::info!(target: "keygate::security", user_id = %user.id, client = %req.client_ip, "no token pair: the enforced second factor is not configured yet");
+        return Err(ApiError::bad_request("2FA is not configured"));
+    }
+    // The attempt is over: this token opens nothing more.
+    api.two_factor.failures.insert(claims.session_id, u32::MAX);
+    let pair = api.issue_pair(&user).await?;
+    api.metrics.login("success");
+    tracing::info!(target: "keygate::security", user_id = %user.id, client = %req.client_ip, "login succeeded after configuring an enforced second factor");
+    Ok(json_response(&pair))
 }
 
 /// A wrong code: counted against the attempt, which ends at the limit.

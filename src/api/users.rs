@@ -544,6 +544,10 @@ pub async fn activate(
     if !user.enabled {
         return Err(ApiError::not_active());
     }
+    // Activation logs the user in: a second factor due at login is due here.
+    if let Some(pending) = api.second_factor_due(&user).await? {
+        return Ok(json_response(&pending));
+    }
     Ok(json_response(&api.issue_pair(&user).await?))
 }
 

@@ -81,6 +81,13 @@ impl Sealer {
         Sealer { keys }
     }
 
+    /// The sealer of `[two_factor]`: its `encryption_secret`, else
+    /// `fallback` (the token signing key), with the old secrets.
+    pub fn configured(settings: &crate::config::TwoFactorSettings, fallback: &[u8]) -> Sealer {
+        let current = settings.encryption_secret.as_deref().unwrap_or(fallback);
+        Sealer::new(current, &settings.old_encryption_secrets)
+    }
+
     fn key(&self, id: &str) -> Option<&KeySet> {
         self.keys.iter().find(|k| k.id == id)
     }

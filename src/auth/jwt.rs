@@ -23,6 +23,10 @@ pub const REFRESH_SCOPE: &str = "REFRESH_TOKEN";
 /// The only scope of the token a password login answers when the user has
 /// a second factor: it opens the second-factor check and nothing else.
 pub const PRE_VERIFICATION_SCOPE: &str = "PRE_VERIFICATION_TOKEN";
+/// The only scope of the token a password login answers when a second
+/// factor is enforced for a user who has none: it opens configuring one
+/// and nothing else.
+pub const MFA_CONFIGURATION_SCOPE: &str = "MFA_CONFIGURATION_TOKEN";
 
 /// Installs the crypto backend once per process; jsonwebtoken panics at first
 /// use without one. Safe to call repeatedly.
@@ -276,11 +280,25 @@ impl TokenKeys {
         now_secs: i64,
         ttl: Duration,
     ) -> Result<Signed, TokenError> {
+        self.sign_second_factor(user, PRE_VERIFICATION_SCOPE, attempt_id, now_secs, ttl)
+    }
+
+    /// Signs a token of a login waiting for a second factor: the user's
+    /// claims with the single `scope` ([`PRE_VERIFICATION_SCOPE`] or
+    /// [`MFA_CONFIGURATION_SCOPE`]), living `ttl`.
+    pub fn sign_second_factor(
+        &self,
+        user: &UserRecord,
+        scope: &'static str,
+        attempt_id: Uuid,
+        now_secs: i64,
+        ttl: Duration,
+    ) -> Result<Signed, TokenError> {
         let exp = now_secs + ttl.as_secs() as i64;
         let claims = AccessClaims {
             sub: user.email.clone(),
             user_id: user.id,
-            scopes: vec![PRE_VERIFICATION_SCOPE.to_string()],
+            scopes: vec![scope.to_string()],
             session_id: attempt_id,
             iss: self.issuer.clone(),
             iat: now_secs,
@@ -297,8 +315,17 @@ impl TokenKeys {
 
     /// Verifies a pre-verification token; any other token is refused here.
     pub(crate) fn verify_pre_verification(&self, token: &str) -> Result<AccessClaims, TokenError> {
+        self.verify_second_factor(token, PRE_VERIFICATION_SCOPE)
+    }
+
+    /// Verifies an MFA configuration token; any other token is refused here.
+    pub(crate) fn verify_mfa_configuration(&self, token: &str) -> Result<AccessClaims, TokenError> {
+        self.verify_second_factor(token, MFA_CONFIGURATION_SCOPE)
+    }
+
+    fn verify_second_factor(&self, token: &str, scope: &str) -> Result<AccessClaims, TokenError> {
         let claims: AccessClaims = self.decode(token)?;
-        if claims.scopes.as_slice() != [PRE_VERIFICATION_SCOPE] || claims.is_public {
+        if claims.scopes.as_slice() != [scope] || claims.is_public {
             return Err(TokenError::WrongScope);
         }
         Ok(claims)
@@ -316,7 +343,9 @@ impl TokenKeys {
     pub(crate) fn verify_access(&self, token: &str) -> Result<AccessClaims, TokenError> {
         let claims: AccessClaims = self.decode(token)?;
         if claims.authority().is_none() {
-            let wrong = |s: &String| s == REFRESH_SCOPE || s == PRE_VERIFICATION_SCOPE;
+            let wrong = |s: &String| {
+                s == REFRESH_SCOPE || s == PRE_VERIFICATION_SCOPE || s == MFA_CONFIGURATION_SCOPE
+            };
             return Err(if claims.scopes.iter().any(wrong) {
                 TokenError::WrongScope
             } else {

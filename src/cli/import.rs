@@ -1,5 +1,5 @@
 //! `keygate import platform`: the platform's users, passwords, API keys,
-//! invitations and signing settings into keygate's store.
+//! invitations, second factors and signing settings into keygate's store.
 
 use keygate::config::Settings;
 use keygate::import::{self, Options};
@@ -14,10 +14,12 @@ pub(super) async fn import(cmd: ImportCommand, settings: &Settings) -> anyhow::R
         json,
     } = cmd;
     let store = open_store(settings).await?;
+    let sealer = keygate::server::two_factor_sealer(settings, &store).await?;
     let options = Options {
         database_url,
         dry_run,
         prune,
+        sealer: std::sync::Arc::new(sealer),
     };
     let progress = |line: &str| eprintln!("import: {line}");
     let report = import::run(&store, &options, &progress).await?;

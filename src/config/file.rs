@@ -363,6 +363,9 @@ pub struct TwoFactorSection {
     pub max_verification_failures: i64,
     pub encryption_secret: String,
     pub old_encryption_secrets: String,
+    pub enforce: bool,
+    pub enforced_users: String,
+    pub enforced_tenants: Vec<String>,
 }
 
 impl Default for TwoFactorSection {
@@ -375,6 +378,9 @@ impl Default for TwoFactorSection {
             max_verification_failures: 5,
             encryption_secret: String::new(),
             old_encryption_secrets: String::new(),
+            enforce: false,
+            enforced_users: "ALL_USERS".into(),
+            enforced_tenants: Vec::new(),
         }
     }
 }

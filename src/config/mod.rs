@@ -427,6 +427,39 @@ pub struct TwoFactorSettings {
     pub encryption_secret: Option<Vec<u8>>,
     /// Earlier secrets, still accepted for reading (rotation).
     pub old_encryption_secrets: Vec<Vec<u8>>,
+    /// Users who must configure a second factor before they get a token
+    /// pair (the platform's `enforceTwoFa` and `enforcedUsersFilter`);
+    /// `None`: nobody is made to.
+    pub enforced: Option<EnforcedUsers>,
+}
+
+/// Whom a second factor is enforced for: the platform's system-level users
+/// filters, in its wire shape (`{"type": "ALL_USERS"}`, ...).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "type", rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum EnforcedUsers {
+    /// Every user.
+    AllUsers,
+    /// Every SYS_ADMIN.
+    SystemAdministrators,
+    /// TENANT_ADMINs: of the tenants listed, or of every tenant when the
+    /// list is missing or empty.
+    TenantAdministrators {
+        #[serde(
+            default,
+            rename = "tenantsIds",
+            skip_serializing_if = "Option::is_none"
+        )]
+        tenants_ids: Option<Vec<uuid::Uuid>>,
+        /// The platform's tenant profiles, which keygate does not know:
+        /// refused when not empty.
+        #[serde(
+            default,
+            rename = "tenantProfilesIds",
+            skip_serializing_if = "Option::is_none"
+        )]
+        tenant_profiles_ids: Option<Vec<uuid::Uuid>>,
+    },
 }
 
 impl std::fmt::Debug for TwoFactorSettings {
@@ -437,6 +470,7 @@ impl std::fmt::Debug for TwoFactorSettings {
             .field("backup_codes", &self.backup_codes)
             .field("verification_time", &self.verification_time)
             .field("max_verification_failures", &self.max_verification_failures)
+            .field("enforced", &self.enforced)
             .finish_non_exhaustive()
     }
 }

@@ -877,3 +877,42 @@ fn public_customers_are_read_with_their_tenants_and_checked() {
         "{errors:?}"
     );
 }
+
+#[test]
+fn two_factor_enforcement_names_whom_and_refuses_what_cannot_be_enforced() {
+    let settings = load_text("", &[]).unwrap();
+    assert_eq!(settings.two_factor.enforced, None);
+    let tenant = "784f394c-42b6-435a-983c-b7beff2784f9";
+    let settings = load_text(
+        &format!(
+            "[two_factor]\nenforce = true\nenforced_users = \"TENANT_ADMINISTRATORS\"\nenforced_tenants = [\"{tenant}\"]\n"
+        ),
+        &[],
+    )
+    .unwrap();
+    assert_eq!(
+        settings.two_factor.enforced,
+        Some(EnforcedUsers::TenantAdministrators {
+            tenants_ids: Some(vec![uuid::Uuid::parse_str(tenant).unwrap()]),
+            tenant_profiles_ids: None,
+        })
+    );
+    let errors = load_text(
+        "[two_factor]\nenforce = true\nenforced_users = \"CUSTOMERS\"\nenforced_tenants = [\"x\"]\nproviders = [\"BACKUP_CODE\"]\n",
+        &[],
+    )
+    .unwrap_err();
+    let text = errors.to_string();
+    assert!(
+        text.contains("two_factor.enforced_users: \"CUSTOMERS\""),
+        "{text}"
+    );
+    assert!(
+        text.contains("two_factor.enforced_tenants: \"x\" is not a tenant id"),
+        "{text}"
+    );
+    assert!(
+        text.contains("two_factor.enforce: needs a provider other than BACKUP_CODE"),
+        "{text}"
+    );
+}

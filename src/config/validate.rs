@@ -998,7 +998,9 @@ impl super::file::TwoFactorSection {
             .filter(|s| !s.trim().is_empty())
             .map(|text| secret("two_factor.old_encryption_secrets", text, errors))
             .collect();
+        let enforced = self.enforcement(&providers, errors);
         super::TwoFactorSettings {
+            enforced,
             providers,
             issuer_name: self.issuer_name.trim().to_string(),
             backup_codes: self.backup_codes.clamp(1, 100) as usize,
@@ -1011,6 +1013,55 @@ impl super::file::TwoFactorSection {
             encryption_secret,
             old_encryption_secrets,
         }
+    }
+}
+
+impl super::file::TwoFactorSection {
+    /// `enforce`, `enforced_users` and `enforced_tenants` as the platform's
+    /// users filter; `None` when not enforced.
+    fn enforcement(
+        &self,
+        providers: &[String],
+        errors: &mut Vec<String>,
+    ) -> Option<super::EnforcedUsers> {
+        use super::EnforcedUsers;
+        let mut tenants = Vec::new();
+        for text in &self.enforced_tenants {
+            match uuid::Uuid::parse_str(text.trim()) {
+                Ok(id) => tenants.push(id),
+                Err(_) => errors.push(format!(
+                    "two_factor.enforced_tenants: {text:?} is not a tenant id (UUID)"
+                )),
+            }
+        }
+        let filter = match self.enforced_users.trim() {
+            "ALL_USERS" => EnforcedUsers::AllUsers,
+            "SYSTEM_ADMINISTRATORS" => EnforcedUsers::SystemAdministrators,
+            "TENANT_ADMINISTRATORS" => EnforcedUsers::TenantAdministrators {
+                tenants_ids: (!tenants.is_empty()).then(|| tenants.clone()),
+                tenant_profiles_ids: None,
+            },
+            other => {
+                errors.push(format!(
+                    "two_factor.enforced_users: {other:?} is not one of ALL_USERS, SYSTEM_ADMINISTRATORS, TENANT_ADMINISTRATORS"
+                ));
+                EnforcedUsers::AllUsers
+            }
+        };
+        if !tenants.is_empty() && !matches!(filter, EnforcedUsers::TenantAdministrators { .. }) {
+            errors.push(
+                "two_factor.enforced_tenants: only with enforced_users = \"TENANT_ADMINISTRATORS\""
+                    .into(),
+            );
+        }
+        if !self.enforce {
+            return None;
+        }
+        // Backup codes count only beside another provider.
+        if !providers.iter().any(|p| p != "BACKUP_CODE") {
+            errors.push("two_factor.enforce: needs a provider other than BACKUP_CODE".into());
+        }
+        Some(filter)
     }
 }
 

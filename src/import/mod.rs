@@ -1,5 +1,6 @@
-//! Importing the platform's users, passwords, API keys, invitations and
-//! signing settings into keygate's store (`keygate import platform`).
+//! Importing the platform's users, passwords, API keys, invitations,
+//! second factors and signing settings into keygate's store (`keygate
+//! import platform`).
 //!
 //! - `source.rs` reads the platform's database, read-only, streaming rows;
 //! - `plan.rs` maps each row and decides what to do with it;
@@ -12,18 +13,22 @@
 pub mod plan;
 pub mod source;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::pin::pin;
+use std::sync::Arc;
 
 use base64::Engine;
 use futures_util::StreamExt;
 use serde::Serialize;
 use uuid::Uuid;
 
+use crate::auth::at_rest::Sealer;
 use crate::identity::NULL_UUID;
-use crate::store::{Audit, PlatformKey, PlatformUser, PublicCustomer, RowKind, Store, StoreError};
-use plan::Plan;
-use source::{KeyRow, Source, UserRow};
+use crate::store::{
+    Audit, PlatformKey, PlatformUser, PublicCustomer, RowKind, Store, StoreError, TwoFactorRecord,
+};
+use plan::{ImportedTwoFactor, Plan, PlatformSecret, PlatformTwoFactor, TwoFactorPlan};
+use source::{KeyRow, Source, TwoFaRow, UserRow};
 
 /// Rows per transaction.
 pub const BATCH: usize = 500;
@@ -60,7 +65,13 @@ pub struct Options {
     pub dry_run: bool,
     /// Remove from keygate what was imported and is gone from the platform.
     pub prune: bool,
+    /// Seals TOTP secrets and digests backup codes as the server on this
+    /// store does ([`crate::server::two_factor_sealer`]).
+    pub sealer: Arc<Sealer>,
 }
+
+/// Imported second factors of one user, by provider.
+type TwoFactorMemory = BTreeMap<String, ImportedTwoFactor>;
 
 /// What happened to the rows of one kind.
 #[derive(Debug, Default, Clone, PartialEq, Eq, Serialize)]
@@ -103,6 +114,8 @@ pub struct Report {
     pub dry_run: bool,
     pub users: Counts,
     pub keys: Counts,
+    /// Configured second factors (one per user and provider).
+    pub two_factors: Counts,
     pub skipped: Vec<Skipped>,
     pub deleted_users: Vec<Uuid>,
     pub deleted_keys: Vec<Uuid>,
@@ -121,7 +134,11 @@ impl Report {
         if self.dry_run {
             out.push_str("dry run: nothing was written\n");
         }
-        for (kind, counts) in [("users", &self.users), ("API keys", &self.keys)] {
+        for (kind, counts) in [
+            ("users", &self.users),
+            ("API keys", &self.keys),
+            ("second factors", &self.two_factors),
+        ] {
             let _ = writeln!(
                 out,
                 "{kind}: {} {verb}added, {} {verb}updated, {} unchanged, {} skipped",
@@ -208,12 +225,15 @@ async fn import(
         store: store.clone(),
         users_store: store.audited(Audit::command_line("user.import")),
         keys_store: store.audited(Audit::command_line("api_key.import")),
+        two_factor_store: store.audited(Audit::command_line("two_factor.import")),
+        sealer: options.sealer.clone(),
         dry_run: options.dry_run,
         now_ms: crate::clock::now_ms(),
         report: Report {
             dry_run: options.dry_run,
             users: Counts::default(),
             keys: Counts::default(),
+            two_factors: Counts::default(),
             skipped: Vec::new(),
             deleted_users: Vec::new(),
             deleted_keys: Vec::new(),
@@ -223,6 +243,7 @@ async fn import(
         seen_users: HashSet::new(),
         added_users: HashSet::new(),
         seen_keys: HashSet::new(),
+        seen_two_factors: HashSet::new(),
     };
     {
         let mut rows = pin!(source.users());
@@ -255,6 +276,21 @@ async fn import(
             }
         }
         run.keys(batch).await?;
+    }
+    // Older versions of the platform have no second factors to import.
+    if source.has_two_fa().await? {
+        {
+            let mut rows = pin!(source.two_fa_settings());
+            let mut batch = Vec::with_capacity(BATCH);
+            while let Some(row) = rows.next().await {
+                batch.push(row?);
+                if batch.len() == BATCH {
+                    run.two_factors(std::mem::take(&mut batch)).await?;
+                }
+            }
+            run.two_factors(batch).await?;
+        }
+        run.two_factors_gone().await?;
     }
     run.deleted(options.prune).await?;
     let public = source.public_customers().await?;
@@ -318,6 +354,8 @@ struct Run {
     store: Store,
     users_store: Store,
     keys_store: Store,
+    two_factor_store: Store,
+    sealer: Arc<Sealer>,
     dry_run: bool,
     now_ms: i64,
     report: Report,
@@ -325,14 +363,18 @@ struct Run {
     /// Users added by this run (in a dry run: that would be).
     added_users: HashSet<Uuid>,
     seen_keys: HashSet<Uuid>,
+    /// Users whose second-factor settings the platform holds.
+    seen_two_factors: HashSet<Uuid>,
 }
+
+const SECOND_FACTOR: &str = "second factor";
 
 impl Run {
     fn skip(&mut self, kind: &'static str, id: &str, name: &str, reason: String) {
-        let counts = if kind == "user" {
-            &mut self.report.users
-        } else {
-            &mut self.report.keys
+        let counts = match kind {
+            "user" => &mut self.report.users,
+            SECOND_FACTOR => &mut self.report.two_factors,
+            _ => &mut self.report.keys,
         };
         counts.skipped += 1;
         self.report.skipped.push(Skipped {
@@ -541,6 +583,164 @@ impl Run {
             }
         }
         Ok(())
+    }
+
+    async fn two_factors(&mut self, rows: Vec<TwoFaRow>) -> Result<(), ImportError> {
+        let mut users = Vec::with_capacity(rows.len());
+        for row in rows {
+            let Ok(user_id) = Uuid::parse_str(&row.user_id) else {
+                let reason = format!("bad user id {:?}", row.user_id);
+                self.skip(SECOND_FACTOR, &row.user_id, "", reason);
+                continue;
+            };
+            self.seen_two_factors.insert(user_id);
+            users.push((user_id, row.two_fa_settings.unwrap_or_default()));
+        }
+        let ids: Vec<Uuid> = users.iter().map(|(id, _)| *id).collect();
+        let keygate = self.store.users_by_ids(&ids).await?;
+        let imported: HashMap<Uuid, TwoFactorMemory> =
+            self.store.imported_rows(RowKind::TwoFactor, &ids).await?;
+        for (user_id, json) in users {
+            let (mapped, refused) = if json.trim().is_empty() {
+                (Vec::new(), Vec::new())
+            } else {
+                plan::map_two_factors(&json)
+            };
+            let email = keygate.get(&user_id).map(|u| u.email.clone());
+            let known = email.is_some() || self.added_users.contains(&user_id);
+            if !known {
+                if !mapped.is_empty() {
+                    let reason = format!("its user {user_id} is not in keygate");
+                    self.skip(SECOND_FACTOR, &user_id.to_string(), "", reason);
+                }
+                continue;
+            }
+            let email = email.unwrap_or_default();
+            for (provider, reason) in refused {
+                let reason = format!("{provider}: {reason}");
+                self.skip(SECOND_FACTOR, &user_id.to_string(), &email, reason);
+            }
+            let memory = imported.get(&user_id).cloned().unwrap_or_default();
+            self.two_factor_user(user_id, &email, &mapped, memory)
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Users whose second factors were imported and whose settings the
+    /// platform no longer holds: as if they had none.
+    async fn two_factors_gone(&mut self) -> Result<(), ImportError> {
+        let gone = self
+            .store
+            .imported_ids_not_in(RowKind::TwoFactor, &self.seen_two_factors)
+            .await?;
+        let imported: HashMap<Uuid, TwoFactorMemory> =
+            self.store.imported_rows(RowKind::TwoFactor, &gone).await?;
+        for user_id in gone {
+            let memory = imported.get(&user_id).cloned().unwrap_or_default();
+            self.two_factor_user(user_id, "", &[], memory).await?;
+        }
+        Ok(())
+    }
+
+    /// Applies [`plan::plan_two_factor`] to each provider of one user and
+    /// records what was imported.
+    async fn two_factor_user(
+        &mut self,
+        user_id: Uuid,
+        email: &str,
+        platform: &[PlatformTwoFactor],
+        memory: TwoFactorMemory,
+    ) -> Result<(), ImportError> {
+        let times = self.store.two_factor_times(user_id).await?;
+        let mut remembered = TwoFactorMemory::new();
+        for provider in ["TOTP", "BACKUP_CODE"] {
+            let config = platform.iter().find(|f| f.provider == provider);
+            let fingerprint =
+                config.map(|f| self.sealer.code_digest(user_id, &f.secret.canonical()));
+            let before = memory.get(provider);
+            let decided =
+                plan::plan_two_factor(fingerprint.as_deref(), times.get(provider).copied(), before);
+            match (decided, config, fingerprint) {
+                (TwoFactorPlan::Add | TwoFactorPlan::Replace, Some(config), Some(fingerprint)) => {
+                    let Some(record) = self.record_of(user_id, config) else {
+                        let reason = format!("{provider}: the secret could not be sealed");
+                        self.skip(SECOND_FACTOR, &user_id.to_string(), email, reason);
+                        continue;
+                    };
+                    if !self.dry_run {
+                        self.two_factor_store
+                            .put_imported_two_factor(user_id, &record, self.now_ms)
+                            .await?;
+                    }
+                    remembered.insert(
+                        provider.to_owned(),
+                        ImportedTwoFactor {
+                            fingerprint,
+                            created_time: self.now_ms,
+                        },
+                    );
+                    if decided == TwoFactorPlan::Add {
+                        self.report.two_factors.added += 1;
+                    } else {
+                        self.report.two_factors.updated += 1;
+                    }
+                }
+                (TwoFactorPlan::Remove, _, _) => {
+                    self.report.two_factors.deleted_on_platform += 1;
+                    self.report.two_factors.removed += 1;
+                    if !self.dry_run {
+                        self.two_factor_store
+                            .remove_two_factor(user_id, provider)
+                            .await?;
+                    }
+                }
+                (TwoFactorPlan::Forget, _, _) => {
+                    self.report.two_factors.deleted_on_platform += 1;
+                }
+                (TwoFactorPlan::Keep, _, _) => {
+                    if let Some(before) = before {
+                        remembered.insert(provider.to_owned(), before.clone());
+                    }
+                    self.report.two_factors.unchanged += 1;
+                }
+                _ => {}
+            }
+        }
+        if self.dry_run || remembered == memory {
+            return Ok(());
+        }
+        if remembered.is_empty() {
+            self.store
+                .forget_imported(RowKind::TwoFactor, user_id)
+                .await?;
+        } else {
+            self.store
+                .remember_imported(RowKind::TwoFactor, user_id, &remembered, self.now_ms)
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// The keygate record of a platform second factor: the TOTP secret
+    /// sealed, the backup codes as keyed digests.
+    fn record_of(&self, user_id: Uuid, config: &PlatformTwoFactor) -> Option<TwoFactorRecord> {
+        let secret = match &config.secret {
+            PlatformSecret::Totp(raw) => self.sealer.seal(user_id, config.provider, raw).ok()?,
+            PlatformSecret::Codes(codes) => {
+                let digests: Vec<String> = codes
+                    .iter()
+                    .map(|code| self.sealer.code_digest(user_id, code))
+                    .collect();
+                serde_json::to_string(&digests).ok()?
+            }
+        };
+        Some(TwoFactorRecord {
+            provider: config.provider.to_owned(),
+            use_by_default: config.use_by_default,
+            secret,
+            last_step: 0,
+        })
     }
 
     /// Reports what was imported and is gone from the platform; removes it

@@ -245,9 +245,246 @@ pub fn plan_key(
     }
 }
 
+/// One second factor the platform configured for a user, ready to be
+/// stored the keygate way (the caller seals or digests the secret).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlatformTwoFactor {
+    /// `TOTP` or `BACKUP_CODE`.
+    pub provider: &'static str,
+    pub use_by_default: bool,
+    pub secret: PlatformSecret,
+}
+
+/// The secret of a platform second factor, in clear as the platform keeps it.
+#[derive(Clone, PartialEq, Eq)]
+pub enum PlatformSecret {
+    /// The TOTP secret's bytes (from the Base32 of `authUrl`).
+    Totp(Vec<u8>),
+    /// The unused backup codes, sorted.
+    Codes(Vec<String>),
+}
+
+impl std::fmt::Debug for PlatformSecret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PlatformSecret::Totp(_) => f.write_str("Totp(..)"),
+            PlatformSecret::Codes(codes) => write!(f, "Codes({} codes)", codes.len()),
+        }
+    }
+}
+
+impl PlatformSecret {
+    /// The text a keyed fingerprint is taken of: changes when the secret does.
+    pub fn canonical(&self) -> String {
+        match self {
+            PlatformSecret::Totp(raw) => format!("TOTP:{}", crate::auth::totp::base32_encode(raw)),
+            PlatformSecret::Codes(codes) => format!("BACKUP_CODE:{}", codes.join(",")),
+        }
+    }
+}
+
+/// The platform's `AccountTwoFaSettings` JSON of one user: the providers
+/// keygate can store, and for each one it cannot, why.
+pub fn map_two_factors(json: &str) -> (Vec<PlatformTwoFactor>, Vec<(String, String)>) {
+    let mut mapped = Vec::new();
+    let mut refused = Vec::new();
+    let Ok(value) = serde_json::from_str::<serde_json::Value>(json) else {
+        refused.push(("*".to_owned(), "the 2FA settings are not JSON".to_owned()));
+        return (mapped, refused);
+    };
+    let Some(configs) = value.get("configs").and_then(|c| c.as_object()) else {
+        return (mapped, refused);
+    };
+    for (name, config) in configs {
+        let use_by_default = config
+            .get("useByDefault")
+            .and_then(|v| v.as_bool())
+            .unwrap_or(false);
+        let secret = match name.as_str() {
+            "TOTP" => config
+                .get("authUrl")
+                .and_then(|v| v.as_str())
+                .and_then(crate::auth::totp::secret_of_url)
+                .and_then(|secret| crate::auth::totp::base32_decode(&secret.to_ascii_uppercase()))
+                .filter(|raw| !raw.is_empty())
+                .map(PlatformSecret::Totp)
+                .ok_or("authUrl holds no Base32 secret"),
+            "BACKUP_CODE" => {
+                let codes: Option<Vec<String>> =
+                    config.get("codes").and_then(|v| v.as_array()).map(|codes| {
+                        codes
+                            .iter()
+                            .filter_map(|c| c.as_str())
+                            .map(|c| c.trim().to_owned())
+                            .filter(|c| !c.is_empty())
+                            .collect()
+                    });
+                match codes {
+                    Some(mut codes) if !codes.is_empty() => {
+                        codes.sort();
+                        codes.dedup();
+                        Ok(PlatformSecret::Codes(codes))
+                    }
+                    _ => Err("no unused backup codes"),
+                }
+            }
+            "EMAIL" | "SMS" => Err("keygate does not offer this provider"),
+            _ => Err("an unknown provider"),
+        };
+        match secret {
+            Ok(secret) => mapped.push(PlatformTwoFactor {
+                provider: if name == "TOTP" {
+                    "TOTP"
+                } else {
+                    "BACKUP_CODE"
+                },
+                use_by_default,
+                secret,
+            }),
+            Err(reason) => refused.push((name.clone(), reason.to_owned())),
+        }
+    }
+    // Backup codes count only beside another provider, as in keygate.
+    if mapped.iter().all(|f| f.provider == "BACKUP_CODE") && !mapped.is_empty() {
+        mapped.clear();
+        refused.push((
+            "BACKUP_CODE".to_owned(),
+            "backup codes without another provider".to_owned(),
+        ));
+    }
+    (mapped, refused)
+}
+
+/// What was imported of one second factor: a keyed fingerprint of the
+/// platform's config, and when keygate's row was written (a row written
+/// since is keygate's own).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ImportedTwoFactor {
+    pub fingerprint: String,
+    pub created_time: i64,
+}
+
+/// What to do with one second factor of one user.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TwoFactorPlan {
+    /// New on the platform: store it.
+    Add,
+    /// Changed on the platform, and keygate's is still the one imported.
+    Replace,
+    /// Gone from the platform, and keygate's is still the one imported.
+    Remove,
+    /// Nothing changes in keygate (unchanged, or keygate's own since).
+    Keep,
+    /// Gone from the platform, and keygate's is its own: keep it, forget
+    /// the import.
+    Forget,
+    /// Neither side has it.
+    Nothing,
+}
+
+/// The rule of a re-import for second factors, as for passwords: keygate's
+/// config changes only when the platform's changed since the last import
+/// and keygate's is still the one imported; one configured or removed in
+/// keygate since is kept.
+pub fn plan_two_factor(
+    platform: Option<&str>,
+    keygate_created: Option<i64>,
+    imported: Option<&ImportedTwoFactor>,
+) -> TwoFactorPlan {
+    match (platform, keygate_created, imported) {
+        (Some(_), None, None) => TwoFactorPlan::Add,
+        (Some(_), Some(_), None) => TwoFactorPlan::Keep,
+        (Some(_), None, Some(_)) => TwoFactorPlan::Keep,
+        (Some(fingerprint), Some(created), Some(imported)) => {
+            if fingerprint == imported.fingerprint || created != imported.created_time {
+                TwoFactorPlan::Keep
+            } else {
+                TwoFactorPlan::Replace
+            }
+        }
+        (None, Some(created), Some(imported)) if created == imported.created_time => {
+            TwoFactorPlan::Remove
+        }
+        (None, _, Some(_)) => TwoFactorPlan::Forget,
+        (None, _, None) => TwoFactorPlan::Nothing,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn platform_two_fa_settings_map_totp_and_backup_codes_and_name_the_rest() {
+        let json = r#"{"configs":{
+            "TOTP":{"providerType":"TOTP","useByDefault":true,"authUrl":"otpauth://totp/TB:a%40b.c?issuer=TB&secret=JBSWY3DPEHPK3PXP"},
+            "BACKUP_CODE":{"providerType":"BACKUP_CODE","useByDefault":false,"codes":["b2","a1"],"codesLeft":2},
+            "EMAIL":{"providerType":"EMAIL","useByDefault":false,"email":"a@b.c"}}}"#;
+        let (mapped, refused) = map_two_factors(json);
+        assert_eq!(mapped.len(), 2);
+        let totp = mapped.iter().find(|f| f.provider == "TOTP").unwrap();
+        assert!(totp.use_by_default);
+        assert_eq!(
+            totp.secret,
+            PlatformSecret::Totp(b"Hello!\xde\xad\xbe\xef".to_vec())
+        );
+        let codes = mapped.iter().find(|f| f.provider == "BACKUP_CODE").unwrap();
+        assert_eq!(
+            codes.secret,
+            PlatformSecret::Codes(vec!["a1".into(), "b2".into()])
+        );
+        assert_eq!(
+            refused,
+            vec![(
+                "EMAIL".to_owned(),
+                "keygate does not offer this provider".to_owned()
+            )]
+        );
+        let (mapped, refused) = map_two_factors("not json");
+        assert!(mapped.is_empty());
+        assert_eq!(refused.len(), 1);
+        let (mapped, refused) = map_two_factors(
+            r#"{"configs":{"BACKUP_CODE":{"providerType":"BACKUP_CODE","codes":["a1"]}}}"#,
+        );
+        assert!(mapped.is_empty(), "backup codes alone count for nothing");
+        assert_eq!(refused[0].0, "BACKUP_CODE");
+    }
+
+    #[test]
+    fn a_two_factor_config_changed_in_keygate_is_never_overwritten_by_a_reimport() {
+        use TwoFactorPlan::*;
+        let was = ImportedTwoFactor {
+            fingerprint: "f1".into(),
+            created_time: 10,
+        };
+        assert_eq!(plan_two_factor(Some("f1"), None, None), Add);
+        assert_eq!(
+            plan_two_factor(Some("f1"), Some(5), None),
+            Keep,
+            "keygate's own"
+        );
+        assert_eq!(
+            plan_two_factor(Some("f1"), Some(10), Some(&was)),
+            Keep,
+            "unchanged"
+        );
+        assert_eq!(plan_two_factor(Some("f2"), Some(10), Some(&was)), Replace);
+        assert_eq!(
+            plan_two_factor(Some("f2"), Some(20), Some(&was)),
+            Keep,
+            "reconfigured in keygate since"
+        );
+        assert_eq!(
+            plan_two_factor(Some("f2"), None, Some(&was)),
+            Keep,
+            "removed in keygate since"
+        );
+        assert_eq!(plan_two_factor(None, Some(10), Some(&was)), Remove);
+        assert_eq!(plan_two_factor(None, Some(20), Some(&was)), Forget);
+        assert_eq!(plan_two_factor(None, None, Some(&was)), Forget);
+        assert_eq!(plan_two_factor(None, Some(20), None), Nothing);
+    }
 
     const HASH: &str = "$2a$10$N9qo8uLOickgx2ZMRZoMyeIjZAgcfl7p92ldGxad68LJZdL17lhWy";
     const OTHER_HASH: &str = "$2a$10$abcdefghijklmnopqrstuu5Ud1Nw1zJ8jQk5Qb0bq8mXl5lXyVYFW";

@@ -45,6 +45,18 @@ pub struct KeyRow {
     pub description: Option<String>,
 }
 
+/// A `user_auth_settings` row: the user's second factors as the platform
+/// keeps them (`AccountTwoFaSettings` JSON, secrets in plain text).
+#[derive(Debug, Clone, Default)]
+pub struct TwoFaRow {
+    pub user_id: String,
+    pub two_fa_settings: Option<String>,
+}
+
+/// The table of the platform's second factors, read when present (older
+/// versions of the platform have none).
+pub const TWO_FA_TABLE: (&str, &[&str]) = ("user_auth_settings", &["user_id", "two_fa_settings"]);
+
 /// The tables and columns the import reads: a database without them is not
 /// the platform's (or a version too old to import from).
 pub const REQUIRED: &[(&str, &[&str])] = &[
@@ -153,6 +165,37 @@ impl Source {
         } else {
             Err(ImportError::NotPlatform(missing))
         }
+    }
+
+    /// Whether the platform's database has the table of second factors
+    /// with its columns.
+    pub async fn has_two_fa(&mut self) -> Result<bool, ImportError> {
+        let (table, columns) = TWO_FA_TABLE;
+        let row = sqlx::query(
+            "SELECT COUNT(*) FROM information_schema.columns \
+             WHERE table_schema = current_schema() AND table_name = $1 AND column_name = ANY($2)",
+        )
+        .bind(table)
+        .bind(columns)
+        .fetch_one(&mut self.conn)
+        .await?;
+        let found: i64 = row.try_get(0)?;
+        Ok(found == columns.len() as i64)
+    }
+
+    /// Every user's second-factor settings, by user id.
+    pub fn two_fa_settings(&mut self) -> impl Stream<Item = Result<TwoFaRow, ImportError>> + '_ {
+        sqlx::query(
+            "SELECT user_id::text, two_fa_settings FROM user_auth_settings ORDER BY user_id",
+        )
+        .fetch(&mut self.conn)
+        .map(|row| {
+            let row = row?;
+            Ok(TwoFaRow {
+                user_id: row.try_get(0)?,
+                two_fa_settings: row.try_get(1)?,
+            })
+        })
     }
 
     /// How many users and keys there are (for progress).

@@ -121,6 +121,8 @@ impl KeyUpdate {
 pub enum RowKind {
     User,
     Key,
+    /// A user's imported second factors (the id is the user's).
+    TwoFactor,
 }
 
 impl RowKind {
@@ -128,6 +130,7 @@ impl RowKind {
         match self {
             RowKind::User => "user",
             RowKind::Key => "key",
+            RowKind::TwoFactor => "two_factor",
         }
     }
 }

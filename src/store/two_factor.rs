@@ -45,6 +45,54 @@ impl Store {
             .collect()
     }
 
+    /// When each of the user's providers was configured, by provider.
+    pub async fn two_factor_times(
+        &self,
+        user_id: Uuid,
+    ) -> Result<std::collections::HashMap<String, i64>, StoreError> {
+        let rows = sqlx::query("SELECT provider, created_time FROM two_factor WHERE user_id = $1")
+            .bind(user_id.to_string())
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter()
+            .map(|row| Ok((row.try_get(0)?, row.try_get(1)?)))
+            .collect()
+    }
+
+    /// Stores an imported provider in place of the user's one of that type,
+    /// if any, configured at `now_ms`.
+    pub async fn put_imported_two_factor(
+        &self,
+        user_id: Uuid,
+        record: &TwoFactorRecord,
+        now_ms: i64,
+    ) -> Result<(), StoreError> {
+        let mut tx = self.pool.begin().await?;
+        if record.use_by_default {
+            sqlx::query("UPDATE two_factor SET use_by_default = 0 WHERE user_id = $1")
+                .bind(user_id.to_string())
+                .execute(&mut *tx)
+                .await?;
+        }
+        sqlx::query(
+            "INSERT INTO two_factor (user_id, provider, use_by_default, secret, last_step, created_time) \
+             VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (user_id, provider) DO UPDATE SET \
+             use_by_default = excluded.use_by_default, secret = excluded.secret, \
+             last_step = excluded.last_step, created_time = excluded.created_time",
+        )
+        .bind(user_id.to_string())
+        .bind(&record.provider)
+        .bind(i64::from(record.use_by_default))
+        .bind(&record.secret)
+        .bind(record.last_step)
+        .bind(now_ms)
+        .execute(&mut *tx)
+        .await?;
+        let event = self.record_if(&mut tx, true, Target::User(user_id)).await?;
+        event.commit(tx).await?;
+        Ok(())
+    }
+
     /// Adds a provider; `false` when the user has it already. A provider
     /// saved as the default takes that from the others.
     pub(crate) async fn add_two_factor(
@@ -117,7 +165,7 @@ impl Store {
     }
 
     /// Removes a provider; `false` when the user had none such.
-    pub(crate) async fn remove_two_factor(
+    pub async fn remove_two_factor(
         &self,
         user_id: Uuid,
         provider: &str,

@@ -201,7 +201,7 @@ impl Operations {
     fn new(r: &Registrar<'_>) -> Operations {
         let logins = r.counter(
             "keygate_login_attempts_total",
-            "Login attempts, by outcome (success, bad_credentials, disabled, locked, rate_limited, bad_request, second_factor_required, bad_second_factor).",
+            "Login attempts, by outcome (success, bad_credentials, disabled, locked, rate_limited, bad_request, second_factor_required, second_factor_enforced, bad_second_factor).",
             &["outcome"],
         );
         let rate_limited = r.counter(
@@ -298,7 +298,7 @@ impl Operations {
 }
 
 /// Login outcomes ([`Metrics::login`]).
-pub const LOGIN_OUTCOMES: [&str; 10] = [
+pub const LOGIN_OUTCOMES: [&str; 11] = [
     "success",
     "bad_credentials",
     "disabled",
@@ -306,6 +306,7 @@ pub const LOGIN_OUTCOMES: [&str; 10] = [
     "rate_limited",
     "bad_request",
     "second_factor_required",
+    "second_factor_enforced",
     "bad_second_factor",
     "public_success",
     "public_refused",

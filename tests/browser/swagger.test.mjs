@@ -12,6 +12,7 @@ import { mkdtempSync, writeFileSync, mkdirSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
 import { createInterface } from "node:readline";
+import { createHmac } from "node:crypto";
 import { chromium } from "playwright-core";
 
 const ROOT = resolve(import.meta.dirname, "../..");
@@ -21,6 +22,7 @@ const ARTIFACTS = join(ROOT, "tests/artifacts");
 const EMAIL = "browser@example.com";
 const PASSWORD = "browser-password";
 const TENANT = "5f1c0c9e-1d2a-4c3b-9e8f-0a1b2c3d4e5f";
+const TOTP_EMAIL = "second-factor@example.com";
 
 let workdir, upstream, keygate, browser, base, apiKey, attacker, hostile;
 
@@ -88,6 +90,26 @@ async function startHostileUpstream(attackerOrigin) {
   });
 }
 
+// RFC 6238 of the test's own (6 digits, 30 s, HMAC-SHA1): the code an
+// authenticator app shows for `step`.
+function base32Decode(text) {
+  const alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZ234567";
+  let bits = "";
+  for (const c of text.replace(/=+$/, "").toUpperCase()) bits += alphabet.indexOf(c).toString(2).padStart(5, "0");
+  const bytes = [];
+  for (let i = 0; i + 8 <= bits.length; i += 8) bytes.push(parseInt(bits.slice(i, i + 8), 2));
+  return Buffer.from(bytes);
+}
+function totp(secret, step) {
+  const counter = Buffer.alloc(8);
+  counter.writeBigUInt64BE(BigInt(step));
+  const mac = createHmac("sha1", base32Decode(secret)).update(counter).digest();
+  const offset = mac[19] & 0xf;
+  const binary = ((mac[offset] & 0x7f) << 24) | (mac[offset + 1] << 16) | (mac[offset + 2] << 8) | mac[offset + 3];
+  return String(binary % 1_000_000).padStart(6, "0");
+}
+const stepNow = () => Math.floor(Date.now() / 1000 / 30);
+
 function firstMatch(stream, pattern, what) {
   return new Promise((resolveMatch, reject) => {
     const timer = setTimeout(() => reject(new Error(`timed out waiting for ${what}`)), 60_000);
@@ -138,6 +160,7 @@ openapi = "/v3/api-docs"
   const [, port] = await firstMatch(keygate.stderr, /"https":"127\.0\.0\.1:(\d+)"/, "keygate");
   cli(["user", "add", "--email", EMAIL, "--authority", "TENANT_ADMIN", "--tenant-id", TENANT], PASSWORD + "\n");
   apiKey = cli(["apikey", "create", "--email", EMAIL]).trim().split("\n").pop();
+  cli(["user", "add", "--email", TOTP_EMAIL, "--authority", "TENANT_ADMIN", "--tenant-id", TENANT], PASSWORD + "\n");
   base = `https://localhost:${port}`;
   browser = await chromium.launch({
     executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
@@ -460,5 +483,71 @@ test("the stock Swagger UI addresses lead to keygate's page", async () => {
     await page.click(".auth-wrapper button.authorize");
     assert.doesNotMatch(await page.locator(".modal-ux").innerText(), /\(http, Basic\)/, path);
   }
+  await context.close();
+});
+
+test("a user with a second factor is asked for the code inside the dialog, then runs calls with the pair", async () => {
+  // TOTP configured as a person would, from the page's origin (Node's fetch
+  // does not trust the development CA); the code computed here.
+  const setup = await openPage();
+  const authUrl = await setup.page.evaluate(async ([email, password]) => {
+    const login = await (await fetch("/api/auth/login", { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ username: email, password }) })).json();
+    window.fullToken = login.token;
+    const generated = await fetch("/api/2fa/account/config/generate?providerType=TOTP", { method: "POST", headers: { "x-authorization": `Bearer ${login.token}` } });
+    window.generated = await generated.json();
+    return window.generated.authUrl;
+  }, [TOTP_EMAIL, PASSWORD]);
+  const secret = new URL(authUrl).searchParams.get("secret");
+  const savedStep = stepNow();
+  const saved = await setup.page.evaluate(async (code) => {
+    const r = await fetch(`/api/2fa/account/config?verificationCode=${code}`, { method: "POST", headers: { "content-type": "application/json", "x-authorization": `Bearer ${window.fullToken}` }, body: JSON.stringify(window.generated) });
+    return r.status;
+  }, totp(secret, savedStep));
+  assert.equal(saved, 200);
+  await setup.context.close();
+
+  const { context, page, sent, violations } = await openPage();
+  await page.click(".auth-wrapper button.authorize");
+  const section = page.locator(".modal-ux .auth-container", { hasText: "HttpLoginForm" });
+  await section.locator("input[type=text]").first().fill(TOTP_EMAIL);
+  await section.locator("input[type=password]").fill(PASSWORD);
+  await section.locator("button.authorize").click();
+  const codeField = section.locator("#keygate-login-code");
+  await codeField.waitFor({ timeout: 15_000 });
+  assert.match(await section.innerText(), /code from the authenticator app/);
+  assert.equal(await section.locator("button", { hasText: "Logout" }).count(), 0, "not authorized before the code");
+
+  // A wrong code: the server's message in the dialog, and the code asked again.
+  await codeField.fill(totp(secret, savedStep - 5));
+  const refused = page.waitForResponse((r) => r.url().includes("/api/auth/2fa/verification/check"));
+  await section.locator("button.authorize").click();
+  assert.equal((await refused).status(), 400);
+  await section.locator(".errors", { hasText: "Verification code is incorrect" }).waitFor({ timeout: 15_000 });
+  mkdirSync(ARTIFACTS, { recursive: true });
+  await page.locator(".modal-ux .modal-ux-content").screenshot({ path: join(ARTIFACTS, "api-browser-second-factor.png") });
+
+  // The current code (not the one that saved the secret): authorized.
+  await codeField.fill(totp(secret, savedStep + 1));
+  await section.locator("button.authorize").click();
+  await section.locator("button", { hasText: "Logout" }).waitFor({ timeout: 15_000 });
+  await page.locator(".modal-ux button.btn-done").first().click();
+  const [status, body] = await tryItOut(page, "operations-auth-controller-getUser");
+  assert.equal(status, "200", body);
+  assert.ok(body.includes(TOTP_EMAIL), body);
+
+  // The pre-verification token went to the check only and is not kept; the
+  // pair is, with its refresh token, and no password.
+  const checks = sent.filter((s) => s.url.includes("/api/auth/2fa/"));
+  assert.ok(checks.length >= 2, JSON.stringify(sent));
+  const preToken = checks[0].header.slice("Bearer ".length);
+  const session = JSON.parse(await page.evaluate(() => localStorage.getItem("keygate.apiBrowser.session")));
+  assert.ok(session.refreshToken, "the pair's refresh token is kept");
+  assert.notEqual(session.token, preToken);
+  const stored = await page.evaluate(() => JSON.stringify(localStorage));
+  assert.ok(!stored.includes(preToken), "the pre-verification token is not stored");
+  assert.ok(!stored.includes(PASSWORD), "the password is never stored");
+  const user = sent.filter((s) => s.url.endsWith("/api/auth/user"));
+  assert.ok(user.length > 0 && user.every((s) => s.header === `Bearer ${session.token}`), JSON.stringify(user));
+  assert.deepEqual(violations, [], "the second step stays within the content policy");
   await context.close();
 });
