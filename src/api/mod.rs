@@ -7,6 +7,7 @@ pub(crate) mod jwks;
 pub(crate) mod keys;
 pub(crate) mod openapi;
 pub(crate) mod records;
+pub(crate) mod reset;
 pub(crate) mod session;
 pub(crate) mod two_factor;
 pub(crate) mod users;
@@ -80,6 +81,11 @@ pub enum Endpoint {
     TwoFaLoginProviders,
     TwoFaSendCode,
     TwoFaCheckCode,
+    TwoFaSubmit,
+    SendActivationMail,
+    RequestPasswordReset,
+    CheckResetToken,
+    ResetPassword,
 }
 
 /// One owned route: `{name}` segments match any one path segment.
@@ -273,6 +279,36 @@ pub static ROUTES: &[EndpointRoute] = &[
         access: Access::PreVerification,
         endpoint: Endpoint::TwoFaCheckCode,
     },
+    EndpointRoute {
+        method: Method::POST,
+        pattern: "/api/2fa/account/config/submit",
+        access: Access::Authenticated,
+        endpoint: Endpoint::TwoFaSubmit,
+    },
+    EndpointRoute {
+        method: Method::POST,
+        pattern: "/api/user/sendActivationMail",
+        access: Access::Authenticated,
+        endpoint: Endpoint::SendActivationMail,
+    },
+    EndpointRoute {
+        method: Method::POST,
+        pattern: "/api/noauth/resetPasswordByEmail",
+        access: Access::Public,
+        endpoint: Endpoint::RequestPasswordReset,
+    },
+    EndpointRoute {
+        method: Method::GET,
+        pattern: "/api/noauth/resetPassword",
+        access: Access::Public,
+        endpoint: Endpoint::CheckResetToken,
+    },
+    EndpointRoute {
+        method: Method::POST,
+        pattern: "/api/noauth/resetPassword",
+        access: Access::Public,
+        endpoint: Endpoint::ResetPassword,
+    },
 ];
 
 /// A matched owned route and its path parameters.
@@ -459,6 +495,11 @@ pub struct Endpoints {
     pub key_ring: Arc<crate::identity::assertion::KeyRing>,
     /// Second factors: sealing, generated configs, wrong codes per attempt.
     pub two_factor: two_factor::TwoFactor,
+    /// Outgoing mail; `None` when `[mail]` is not configured.
+    pub mail: Option<crate::mail::Mailer>,
+    /// Password reset requests handled in the background at once
+    /// ([`reset::request_by_email`]).
+    pub reset_work: Arc<tokio::sync::Semaphore>,
 }
 
 impl Endpoints {
@@ -563,6 +604,11 @@ impl Endpoints {
             Endpoint::TwoFaLoginProviders => two_factor::login_providers(self, req).await,
             Endpoint::TwoFaSendCode => two_factor::send_code(self, req).await,
             Endpoint::TwoFaCheckCode => two_factor::check_code(self, req).await,
+            Endpoint::TwoFaSubmit => two_factor::submit(self, req).await,
+            Endpoint::SendActivationMail => users::send_activation_mail(self, req).await,
+            Endpoint::RequestPasswordReset => reset::request_by_email(self, req).await,
+            Endpoint::CheckResetToken => reset::check_token(self, req).await,
+            Endpoint::ResetPassword => reset::reset(self, req).await,
         }
     }
 }

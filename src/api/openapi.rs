@@ -10,7 +10,7 @@ use super::wire::{
     ActivateUserRequest, ApiKeyCreateRequest, ChangePasswordRequest, JwtPair, LoginRequest,
     RefreshTokenRequest, ScopeGrant,
 };
-use super::{jwks, keys, session, two_factor, users};
+use super::{jwks, keys, reset, session, two_factor, users};
 use crate::error::ErrorResponse;
 
 #[derive(OpenApi)]
@@ -50,6 +50,11 @@ use crate::error::ErrorResponse;
         two_factor::login_providers,
         two_factor::send_code,
         two_factor::check_code,
+        two_factor::submit,
+        users::send_activation_mail,
+        reset::request_by_email,
+        reset::check_token,
+        reset::reset,
     ),
     components(schemas(
         ErrorResponse,
@@ -70,7 +75,9 @@ use crate::error::ErrorResponse;
         two_factor::ProviderConfig,
         two_factor::AccountConfigRequest,
         two_factor::AccountConfigUpdate,
-        two_factor::PreVerificationToken
+        two_factor::PreVerificationToken,
+        reset::ResetPasswordEmailRequest,
+        reset::ResetPasswordRequest
     ))
 )]
 struct KeygateApi;

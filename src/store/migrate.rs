@@ -56,6 +56,11 @@ const SQLITE: &[(i64, &str, &str)] = &[
         "api_key_scopes",
         include_str!("../../migrations/sqlite/0010_api_key_scopes.sql"),
     ),
+    (
+        13,
+        "reset_tokens",
+        include_str!("../../migrations/sqlite/0013_reset_tokens.sql"),
+    ),
 ];
 const POSTGRES: &[(i64, &str, &str)] = &[
     (
@@ -107,6 +112,11 @@ const POSTGRES: &[(i64, &str, &str)] = &[
         10,
         "api_key_scopes",
         include_str!("../../migrations/postgres/0010_api_key_scopes.sql"),
+    ),
+    (
+        13,
+        "reset_tokens",
+        include_str!("../../migrations/postgres/0013_reset_tokens.sql"),
     ),
 ];
 

@@ -4,6 +4,7 @@
 
 pub mod platform;
 pub mod shared_redis;
+pub mod smtp;
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
