@@ -164,11 +164,19 @@ async fn session(
                 .find_map(|l| l.strip_prefix("Subject: "))
                 .unwrap_or_default()
                 .to_string();
+            let quoted = head
+                .lines()
+                .any(|l| l.eq_ignore_ascii_case("Content-Transfer-Encoding: quoted-printable"));
+            let body = if quoted {
+                quoted_printable(body)
+            } else {
+                body.to_string()
+            };
             mails.lock().unwrap().push(Mail {
                 from: from.clone(),
                 to: to.clone(),
                 subject,
-                body: body.to_string(),
+                body,
             });
             write.write_all(b"250 OK queued\r\n").await?;
         } else if upper == "QUIT" {
@@ -178,4 +186,27 @@ async fn session(
             write.write_all(b"250 OK\r\n").await?;
         }
     }
+}
+
+/// Undoes quoted-printable (RFC 2045 6.7): soft line breaks and `=XX`.
+fn quoted_printable(text: &str) -> String {
+    let joined = text.replace("=\n", "");
+    let bytes = joined.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'=' && i + 2 < bytes.len() {
+            if let Some(byte) = std::str::from_utf8(&bytes[i + 1..i + 3])
+                .ok()
+                .and_then(|hex| u8::from_str_radix(hex, 16).ok())
+            {
+                out.push(byte);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
