@@ -160,7 +160,7 @@ impl Worker {
     /// or the last failed attempt ends in the dead-letter line.
     async fn deliver(&self, outgoing: Outgoing) {
         let kind = outgoing.kind.label();
-        let to = redact(&outgoing.to.email.to_string());
+        let to = redact(outgoing.to.email.as_ref());
         let message = match Message::builder()
             .from(self.from.clone())
             .to(outgoing.to.clone())
