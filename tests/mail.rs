@@ -338,6 +338,8 @@ async fn reset_request_for_unknown_or_disabled_addresses_answers_exactly_as_for_
         .await
         .unwrap();
 
+    // The connection is set up first, so the times below compare the answers.
+    request_reset(&gw, "warm-up@example.com").await;
     let mut answers = Vec::new();
     let mut times = Vec::new();
     for email in [
@@ -370,9 +372,9 @@ async fn reset_request_for_unknown_or_disabled_addresses_answers_exactly_as_for_
         ));
     }
     assert_eq!(answers[0].0, 200);
-    assert_eq!(answers[0], answers[1], "unknown address");
-    assert_eq!(answers[0], answers[2], "disabled account");
-    eprintln!("resetPasswordByEmail answer times (active, unknown, disabled): {times:?}");
+    assert_eq!(answers[1], answers[0], "unknown address");
+    assert_eq!(answers[1], answers[2], "disabled account");
+    eprintln!("resetPasswordByEmail answer times (unknown, active, disabled): {times:?}");
 
     sink.wait_for("active@example.com", 0).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
