@@ -25,6 +25,7 @@ pub(crate) mod error;
 pub mod identity;
 pub mod import;
 pub mod listener;
+pub mod mail;
 pub(crate) mod path;
 pub(crate) mod probes;
 pub mod proxy;

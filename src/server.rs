@@ -49,6 +49,8 @@ pub enum StartError {
         #[source]
         source: std::io::Error,
     },
+    #[error(transparent)]
+    Mail(#[from] crate::mail::MailError),
     #[error("creating the bootstrap admin")]
     Bootstrap(#[from] accounts::AccountError),
     #[error("assertion signing key")]
@@ -569,6 +571,10 @@ fn tls_acceptor(
     )))
 }
 
+/// Password reset requests being looked up and stored at once, beyond which
+/// further ones are answered as usual and dropped (counted in the log).
+const RESET_WORK: usize = 64;
+
 async fn api(
     settings: &Arc<Settings>,
     store: &Store,
@@ -604,6 +610,11 @@ async fn api(
             )
         }),
         two_factor: crate::api::two_factor::TwoFactor::new(&settings.two_factor, secret),
+        mail: match &settings.mail {
+            Some(mail) => Some(crate::mail::Mailer::start(mail, metrics.clone())?),
+            None => None,
+        },
+        reset_work: Arc::new(Semaphore::new(RESET_WORK)),
     })
 }
 

@@ -7,6 +7,7 @@ pub(crate) mod jwks;
 pub(crate) mod keys;
 pub(crate) mod openapi;
 pub(crate) mod records;
+pub(crate) mod reset;
 pub(crate) mod session;
 pub(crate) mod two_factor;
 pub(crate) mod users;
@@ -92,6 +93,11 @@ pub enum Endpoint {
     TwoFaSendCode,
     TwoFaCheckCode,
     TwoFaConfiguredLogin,
+    TwoFaSubmit,
+    SendActivationMail,
+    RequestPasswordReset,
+    CheckResetToken,
+    ResetPassword,
 }
 
 impl Endpoint {
@@ -331,6 +337,36 @@ pub static ROUTES: &[EndpointRoute] = &[
         access: Access::MfaConfiguration,
         endpoint: Endpoint::TwoFaConfiguredLogin,
     },
+    EndpointRoute {
+        method: Method::POST,
+        pattern: "/api/2fa/account/config/submit",
+        access: Access::Configuring,
+        endpoint: Endpoint::TwoFaSubmit,
+    },
+    EndpointRoute {
+        method: Method::POST,
+        pattern: "/api/user/sendActivationMail",
+        access: Access::Authenticated,
+        endpoint: Endpoint::SendActivationMail,
+    },
+    EndpointRoute {
+        method: Method::POST,
+        pattern: "/api/noauth/resetPasswordByEmail",
+        access: Access::Public,
+        endpoint: Endpoint::RequestPasswordReset,
+    },
+    EndpointRoute {
+        method: Method::GET,
+        pattern: "/api/noauth/resetPassword",
+        access: Access::Public,
+        endpoint: Endpoint::CheckResetToken,
+    },
+    EndpointRoute {
+        method: Method::POST,
+        pattern: "/api/noauth/resetPassword",
+        access: Access::Public,
+        endpoint: Endpoint::ResetPassword,
+    },
 ];
 
 /// A matched owned route and its path parameters.
@@ -519,6 +555,11 @@ pub struct Endpoints {
     pub key_ring: Arc<crate::identity::assertion::KeyRing>,
     /// Second factors: sealing, generated configs, wrong codes per attempt.
     pub two_factor: two_factor::TwoFactor,
+    /// Outgoing mail; `None` when `[mail]` is not configured.
+    pub mail: Option<crate::mail::Mailer>,
+    /// Password reset requests handled in the background at once
+    /// ([`reset::request_by_email`]).
+    pub reset_work: Arc<tokio::sync::Semaphore>,
 }
 
 impl Endpoints {
@@ -637,6 +678,11 @@ impl Endpoints {
             Endpoint::TwoFaSendCode => two_factor::send_code(self, req).await,
             Endpoint::TwoFaCheckCode => two_factor::check_code(self, req).await,
             Endpoint::TwoFaConfiguredLogin => two_factor::configured_login(self, req).await,
+            Endpoint::TwoFaSubmit => two_factor::submit(self, req).await,
+            Endpoint::SendActivationMail => users::send_activation_mail(self, req).await,
+            Endpoint::RequestPasswordReset => reset::request_by_email(self, req).await,
+            Endpoint::CheckResetToken => reset::check_token(self, req).await,
+            Endpoint::ResetPassword => reset::reset(self, req).await,
         }
     }
 }
@@ -706,8 +752,14 @@ mod tests {
             assert_eq!(found.route.pattern, route.pattern, "{path}");
             assert!(found.params.iter().all(|p| p == "p1"), "{path}");
             if !route.pattern.ends_with('}') {
+                // Not this route; a sibling's pattern may own the longer path
+                // (`/api/user/{id}` owns `/api/user/sendActivationMailx`).
                 let longer = format!("{path}x");
-                assert!(find(&route.method, &longer).unwrap().is_none(), "{longer}");
+                let other = find(&route.method, &longer);
+                assert!(
+                    !matches!(other, Ok(Some(m)) if std::ptr::eq(m.route, route)),
+                    "{longer}"
+                );
             }
         }
     }

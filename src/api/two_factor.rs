@@ -35,6 +35,7 @@ use crate::store::{Audit, Store, TwoFactorRecord, UserRecord};
 
 pub const TOTP: &str = "TOTP";
 pub const BACKUP_CODE: &str = "BACKUP_CODE";
+pub const EMAIL: &str = "EMAIL";
 
 /// The `settings` row that holds what `POST /api/2fa/settings` saved.
 const PLATFORM_SETTINGS: &str = "two_factor_platform";
@@ -51,6 +52,24 @@ const BACKUP_CODE_ALPHABET: &[u8; 16] = b"0123456789abcdef";
 enum Pending {
     Totp(String),
     Codes(Vec<String>),
+    /// The address codes go to: always the user's own.
+    Email(String),
+}
+
+/// What an e-mail code is for: saving the EMAIL provider, or a login.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum CodeFor {
+    Config,
+    Login,
+}
+
+/// An e-mail code that was sent: its keyed digest (never the code), when,
+/// and for how long it holds.
+#[derive(Clone)]
+struct SentCode {
+    digest: String,
+    sent: std::time::Instant,
+    lifetime: Duration,
 }
 
 /// State of the second factors: the sealer, what was generated and not yet
@@ -63,6 +82,8 @@ pub struct TwoFactor {
     sealer: Sealer,
     pending: moka::sync::Cache<(Uuid, &'static str), Pending>,
     failures: moka::sync::Cache<Uuid, u32>,
+    /// The last e-mail code sent to each user, per purpose (one at a time).
+    codes: moka::sync::Cache<(Uuid, CodeFor), SentCode>,
 }
 
 impl TwoFactor {
@@ -76,6 +97,10 @@ impl TwoFactor {
                 .time_to_live(PENDING_LIFETIME)
                 .build(),
             failures: moka::sync::Cache::builder()
+                .max_capacity(100_000)
+                .time_to_live(Duration::from_secs(MAX_VERIFICATION_TIME as u64))
+                .build(),
+            codes: moka::sync::Cache::builder()
                 .max_capacity(100_000)
                 .time_to_live(Duration::from_secs(MAX_VERIFICATION_TIME as u64))
                 .build(),
@@ -102,6 +127,9 @@ pub struct ProviderConfig {
     /// BACKUP_CODE: how many codes are generated at once.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub codes_quantity: Option<i64>,
+    /// EMAIL: how long a mailed code holds, in seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verification_code_lifetime: Option<i64>,
 }
 
 /// The platform's two-factor settings (`/api/2fa/settings`).
@@ -132,7 +160,10 @@ pub struct PlatformTwoFaSettings {
 }
 
 impl PlatformTwoFaSettings {
-    fn from_config(settings: &TwoFactorSettings) -> PlatformTwoFaSettings {
+    fn from_config(
+        settings: &TwoFactorSettings,
+        code_lifetime: Option<Duration>,
+    ) -> PlatformTwoFaSettings {
         PlatformTwoFaSettings {
             providers: settings
                 .providers
@@ -142,6 +173,9 @@ impl PlatformTwoFaSettings {
                     issuer_name: (provider == TOTP).then(|| settings.issuer_name.clone()),
                     codes_quantity: (provider == BACKUP_CODE)
                         .then_some(settings.backup_codes as i64),
+                    verification_code_lifetime: (provider == EMAIL)
+                        .then(|| code_lifetime.map(|d| d.as_secs() as i64))
+                        .flatten(),
                 })
                 .collect(),
             min_verification_code_send_period: Some(30),
@@ -176,8 +210,23 @@ impl PlatformTwoFaSettings {
         }
     }
 
-    /// Refuses what keygate cannot honour, with the reason.
-    fn check(&self) -> Result<(), ApiError> {
+    /// How long a mailed code holds: the EMAIL provider's setting, else
+    /// `[mail] code_lifetime`.
+    fn code_lifetime(&self, mail: &crate::mail::Mailer) -> Duration {
+        self.provider(EMAIL)
+            .and_then(|p| p.verification_code_lifetime)
+            .filter(|secs| *secs > 0)
+            .map_or(mail.code_lifetime, |secs| Duration::from_secs(secs as u64))
+    }
+
+    /// Shortest time between two mailed codes (`minVerificationCodeSendPeriod`).
+    fn send_period(&self) -> Duration {
+        Duration::from_secs(self.min_verification_code_send_period.unwrap_or(30).max(0) as u64)
+    }
+
+    /// Refuses what keygate cannot honour, with the reason; EMAIL only when
+    /// mail is configured.
+    fn check(&self, mail: bool) -> Result<(), ApiError> {
         for provider in &self.providers {
             match provider.provider_type.as_str() {
                 TOTP => {
@@ -194,9 +243,23 @@ impl PlatformTwoFaSettings {
                         return Err(ApiError::bad_request("codesQuantity must be from 1 to 100"));
                     }
                 }
+                EMAIL if mail => {
+                    if !(1..=MAX_VERIFICATION_TIME)
+                        .contains(&provider.verification_code_lifetime.unwrap_or(120))
+                    {
+                        return Err(ApiError::bad_request(format!(
+                            "verificationCodeLifetime must be from 1 to {MAX_VERIFICATION_TIME} seconds"
+                        )));
+                    }
+                }
                 other => {
+                    let offered = if mail {
+                        "TOTP, BACKUP_CODE and EMAIL"
+                    } else {
+                        "TOTP and BACKUP_CODE (EMAIL needs [mail])"
+                    };
                     return Err(ApiError::bad_request(format!(
-                        "2FA provider {other} is not available: keygate offers TOTP and BACKUP_CODE"
+                        "2FA provider {other} is not available: keygate offers {offered}"
                     )));
                 }
             }
@@ -278,6 +341,9 @@ pub struct AccountConfigRequest {
     /// BACKUP_CODE: the codes `generate` answered.
     #[serde(default)]
     pub codes: Option<Vec<String>>,
+    /// EMAIL: the address `generate` answered (the user's own).
+    #[serde(default)]
+    pub email: Option<String>,
 }
 
 /// `PUT /api/2fa/account/config`.
@@ -309,15 +375,86 @@ pub struct PreVerificationToken {
 impl Endpoints {
     /// The platform settings in force: saved by a SYS_ADMIN, else `[two_factor]`.
     async fn platform_two_fa(&self) -> Result<PlatformTwoFaSettings, ApiError> {
-        match self.store.setting(PLATFORM_SETTINGS).await? {
+        let mut settings = match self.store.setting(PLATFORM_SETTINGS).await? {
             Some(text) => serde_json::from_str(&text).map_err(|error| {
                 tracing::error!(%error, "stored two-factor settings do not parse");
                 ApiError::internal()
-            }),
-            None => Ok(PlatformTwoFaSettings::from_config(
+            })?,
+            None => PlatformTwoFaSettings::from_config(
                 &self.settings.two_factor,
-            )),
+                self.mail.as_ref().map(|m| m.code_lifetime),
+            ),
+        };
+        // Saved while mail was configured: without mail EMAIL cannot work.
+        if self.mail.is_none() {
+            settings.providers.retain(|p| p.provider_type != EMAIL);
         }
+        Ok(settings)
+    }
+
+    /// Mails `user` a new 6-digit code for `purpose` at `email`, replacing
+    /// the one sent before; at most one per `minVerificationCodeSendPeriod`.
+    /// Only the code's keyed digest is kept.
+    async fn mail_code(
+        &self,
+        user: &UserRecord,
+        email: &str,
+        purpose: CodeFor,
+        platform: &PlatformTwoFaSettings,
+    ) -> Result<(), ApiError> {
+        let mailer = self.mail.as_ref().ok_or_else(not_configured)?;
+        let key = (user.id, purpose);
+        let period = platform.send_period();
+        if let Some(previous) = self.two_factor.codes.get(&key)
+            && previous.sent.elapsed() < period
+        {
+            let wait = period.saturating_sub(previous.sent.elapsed());
+            self.metrics.rate_limited("email_code");
+            return Err(ApiError {
+                message: "Too many verification code requests: wait before asking again".into(),
+                ..ApiError::too_many_requests(wait.as_secs().max(1))
+            });
+        }
+        let code = email_code()?;
+        let lifetime = platform.code_lifetime(mailer);
+        self.two_factor.codes.insert(
+            key,
+            SentCode {
+                digest: self.two_factor.sealer.code_digest(user.id, &code),
+                sent: std::time::Instant::now(),
+                lifetime,
+            },
+        );
+        let seconds = lifetime.as_secs().to_string();
+        mailer.send(
+            crate::mail::MailKind::Code,
+            email,
+            &[("code", &code), ("expirationTimeSeconds", &seconds)],
+        );
+        tracing::info!(target: "keygate::security", user_id = %user.id, "e-mail verification code sent");
+        Ok(())
+    }
+
+    /// Whether `code` is the unexpired code last mailed to `user` for
+    /// `purpose`; a right code is used up.
+    fn take_code(&self, user: &UserRecord, code: &str, purpose: CodeFor) -> bool {
+        let key = (user.id, purpose);
+        let Some(sent) = self.two_factor.codes.get(&key) else {
+            return false;
+        };
+        if sent.sent.elapsed() > sent.lifetime {
+            self.two_factor.codes.invalidate(&key);
+            return false;
+        }
+        if !self
+            .two_factor
+            .sealer
+            .code_matches(user.id, code, &sent.digest)
+        {
+            return false;
+        }
+        // Used once: of two checks at once, one removes it.
+        self.two_factor.codes.remove(&key).is_some()
     }
 
     /// The user's providers that count: those the platform offers, backup
@@ -397,6 +534,19 @@ fn account_settings(records: &[TwoFactorRecord]) -> Value {
     json!({ "configs": configs })
 }
 
+/// A 6-digit code, uniformly drawn.
+fn email_code() -> Result<String, ApiError> {
+    loop {
+        let bytes: [u8; 4] =
+            crate::auth::api_key::random_bytes().map_err(|_| ApiError::internal())?;
+        let n = u32::from_le_bytes(bytes);
+        // Below the largest multiple of a million: no digit is likelier.
+        if n < 4_294_000_000 {
+            return Ok(format!("{:06}", n % 1_000_000));
+        }
+    }
+}
+
 fn code_digests(stored: &str) -> Vec<String> {
     serde_json::from_str(stored).unwrap_or_default()
 }
@@ -407,6 +557,7 @@ fn provider_param(req: &EndpointRequest) -> Result<&'static str, ApiError> {
     match param(&pairs, "providerType") {
         Some(TOTP) => Ok(TOTP),
         Some(BACKUP_CODE) => Ok(BACKUP_CODE),
+        Some(EMAIL) => Ok(EMAIL),
         Some(other) => Err(ApiError::bad_request(format!(
             "Invalid providerType: {other}"
         ))),
@@ -420,6 +571,7 @@ fn provider_name(text: &str) -> Result<&'static str, ApiError> {
     match text {
         TOTP => Ok(TOTP),
         BACKUP_CODE => Ok(BACKUP_CODE),
+        EMAIL => Ok(EMAIL),
         other => Err(ApiError::bad_request(format!(
             "Invalid providerType: {other}"
         ))),
@@ -525,7 +677,7 @@ pub async fn providers(
     tag = "two-factor-auth-config-controller",
     operation_id = "generateTwoFaAccountConfig",
     summary = "Generate a TOTP secret or backup codes; shown this once",
-    params(("providerType" = String, Query, description = "TOTP or BACKUP_CODE")),
+    params(("providerType" = String, Query, description = "TOTP, BACKUP_CODE or EMAIL")),
     responses(
         (status = 200, description = "The new config, with its secret", body = Object),
         BodyErrors
@@ -555,6 +707,14 @@ pub async fn generate(
                 .pending
                 .insert((user_id, TOTP), Pending::Totp(secret));
             json!({"providerType": TOTP, "useByDefault": false, "authUrl": url})
+        }
+        EMAIL => {
+            // Codes go to the account's own address, never one the client names.
+            let email = configurer.email().to_owned();
+            api.two_factor
+                .pending
+                .insert((user_id, EMAIL), Pending::Email(email.clone()));
+            json!({"providerType": EMAIL, "useByDefault": false, "email": email})
         }
         _ => {
             let quantity = config.codes_quantity.unwrap_or(10).clamp(1, 100) as usize;
@@ -641,6 +801,25 @@ pub async fn save(api: &Endpoints, req: EndpointRequest) -> Result<http::Respons
                 last_step: step,
             }
         }
+        (EMAIL, Some(Pending::Email(email))) => {
+            if !same_address(body.email.as_deref(), &email) {
+                return Err(not_generated(user.id, provider));
+            }
+            let pairs = query_pairs(req.query.as_deref());
+            let code = param(&pairs, "verificationCode").unwrap_or_default();
+            let attempt = api.password_attempt(&user.email, &req).await?;
+            if !api.take_code(&user, code.trim(), CodeFor::Config) {
+                tracing::info!(target: "keygate::security", user_id = %user.id, client = %req.client_ip, "second factor not saved: wrong verification code");
+                return Err(ApiError::bad_request("Verification code is incorrect"));
+            }
+            api.limiter.succeeded(attempt).await;
+            TwoFactorRecord {
+                provider: EMAIL.into(),
+                use_by_default: body.use_by_default,
+                secret: email,
+                last_step: 0,
+            }
+        }
         (BACKUP_CODE, Some(Pending::Codes(codes))) => {
             if active.is_empty() {
                 return Err(ApiError::bad_request(
@@ -678,6 +857,52 @@ pub async fn save(api: &Endpoints, req: EndpointRequest) -> Result<http::Respons
     tracing::info!(target: "keygate::security", user_id = %user.id, provider, "second factor configured");
     let records = api.active_two_factors(user.id, &platform).await?;
     Ok(json_response(&account_settings(&records)))
+}
+
+/// Whether a submitted address is the generated one (any case).
+fn same_address(submitted: Option<&str>, generated: &str) -> bool {
+    submitted.is_some_and(|s| s.trim().eq_ignore_ascii_case(generated))
+}
+
+#[utoipa::path(
+    post,
+    path = "/api/2fa/account/config/submit",
+    tag = "two-factor-auth-config-controller",
+    operation_id = "submitTwoFaAccountConfig",
+    summary = "EMAIL: mail a code to check before saving the config; other providers need none",
+    request_body = AccountConfigRequest,
+    responses(
+        (status = 200, description = "Code sent (EMAIL), or nothing to send"),
+        BodyErrors
+    ),
+    security(("HttpLoginForm" = []), ("ApiKeyForm" = []))
+)]
+pub async fn submit(
+    api: &Endpoints,
+    req: EndpointRequest,
+) -> Result<http::Response<Body>, ApiError> {
+    let configurer = configurer(api, &req).await?;
+    let body: AccountConfigRequest = req.json()?;
+    let provider = provider_name(&body.provider_type)?;
+    let platform = api.platform_two_fa().await?;
+    platform.provider(provider).ok_or_else(not_configured)?;
+    if provider != EMAIL {
+        return Ok(empty_response());
+    }
+    let user = api
+        .store
+        .user_by_id(configurer.user_id())
+        .await?
+        .ok_or_else(ApiError::not_active)?;
+    let Some(Pending::Email(email)) = api.two_factor.pending.get(&(user.id, EMAIL)) else {
+        return Err(not_generated(user.id, provider));
+    };
+    if !same_address(body.email.as_deref(), &email) {
+        return Err(not_generated(user.id, provider));
+    }
+    api.mail_code(&user, &email, CodeFor::Config, &platform)
+        .await?;
+    Ok(empty_response())
 }
 
 /// A config that is not the one keygate generated for this user: refused,
@@ -719,7 +944,7 @@ pub async fn account_settings_endpoint(
     tag = "two-factor-auth-config-controller",
     operation_id = "updateTwoFaAccountConfig",
     summary = "Make a configured provider the default, or not",
-    params(("providerType" = String, Query, description = "TOTP or BACKUP_CODE")),
+    params(("providerType" = String, Query, description = "TOTP, BACKUP_CODE or EMAIL")),
     request_body = AccountConfigUpdate,
     responses(
         (status = 200, description = "The account's two-factor settings", body = Object),
@@ -754,7 +979,7 @@ pub async fn update(
     tag = "two-factor-auth-config-controller",
     operation_id = "deleteTwoFaAccountConfig",
     summary = "Remove a provider; backup codes go with the last other one",
-    params(("providerType" = String, Query, description = "TOTP or BACKUP_CODE")),
+    params(("providerType" = String, Query, description = "TOTP, BACKUP_CODE or EMAIL")),
     responses(
         (status = 200, description = "The account's two-factor settings", body = Object),
         BodyErrors
@@ -844,7 +1069,7 @@ pub async fn save_platform_settings(
     let identity = req.identity()?;
     require_sys_admin(identity)?;
     let settings: PlatformTwoFaSettings = req.json()?;
-    settings.check()?;
+    settings.check(api.mail.is_some())?;
     let text = serde_json::to_string(&settings).map_err(|_| ApiError::internal())?;
     api.store.put_setting(PLATFORM_SETTINGS, &text).await?;
     tracing::info!(target: "keygate::security", user_id = %identity.principal.user_id, settings = %text, "platform two-factor settings saved");
@@ -945,7 +1170,7 @@ pub async fn login_providers(
             json!({
                 "type": record.provider,
                 "default": record.use_by_default,
-                "contact": null,
+                "contact": (record.provider == EMAIL).then(|| crate::mail::redact(&record.secret)),
                 "minVerificationCodeSendPeriod": platform.min_verification_code_send_period,
             })
         })
@@ -958,8 +1183,8 @@ pub async fn login_providers(
     path = "/api/auth/2fa/verification/send",
     tag = "two-factor-auth-controller",
     operation_id = "requestTwoFaVerificationCode",
-    summary = "Ask for a code to be sent; TOTP and backup codes need none (pre-verification token)",
-    params(("providerType" = String, Query, description = "TOTP or BACKUP_CODE")),
+    summary = "EMAIL: mail a code (at most one per minVerificationCodeSendPeriod); TOTP and backup codes need none (pre-verification token)",
+    params(("providerType" = String, Query, description = "TOTP, BACKUP_CODE or EMAIL")),
     responses(
         (status = 200, description = "Nothing to send for these providers"),
         BodyErrors
@@ -973,13 +1198,20 @@ pub async fn send_code(
     let (_, user) = pre_verified(api, &req).await?;
     let provider = provider_param(&req)?;
     let platform = api.platform_two_fa().await?;
-    if !api
+    let Some(record) = api
         .active_two_factors(user.id, &platform)
         .await?
-        .iter()
-        .any(|r| r.provider == provider)
-    {
+        .into_iter()
+        .find(|r| r.provider == provider)
+    else {
         return Err(ApiError::bad_request("2FA is not configured for account"));
+    };
+    if provider == EMAIL {
+        api.mail_code(&user, &record.secret, CodeFor::Login, &platform)
+            .await?;
+        audited_by_user(&api.store, &user, "two_factor.code_sent")
+            .record_user_event(user.id)
+            .await?;
     }
     Ok(empty_response())
 }
@@ -991,7 +1223,7 @@ pub async fn send_code(
     operation_id = "checkTwoFaVerificationCode",
     summary = "Check a code for the token pair (pre-verification token)",
     params(
-        ("providerType" = String, Query, description = "TOTP or BACKUP_CODE"),
+        ("providerType" = String, Query, description = "TOTP, BACKUP_CODE or EMAIL"),
         ("verificationCode" = String, Query, description = "The code")
     ),
     responses(
@@ -1026,6 +1258,16 @@ pub async fn check_code(
     let attempt = api.password_attempt(&user.email, &req).await?;
     let checked = match provider {
         TOTP => check_totp(api, &user, &record, &code).await?,
+        EMAIL => {
+            if api.take_code(&user, &code, CodeFor::Login) {
+                audited_by_user(&api.store, &user, "two_factor.use")
+                    .record_user_event(user.id)
+                    .await?;
+                Some(None)
+            } else {
+                None
+            }
+        }
         _ => check_backup_code(api, &user, &record, &code).await?,
     };
     let Some(codes_left) = checked else {

@@ -17,6 +17,7 @@ use crate::auth::api_key::{self, KeyDigest};
 use crate::body::Body;
 use crate::error::ApiError;
 use crate::identity::{Authority, NULL_UUID, Principal};
+use crate::mail::MailKind;
 use crate::store::{Audit, PageRequest, USER_SORT_PROPERTIES, UserScope};
 
 /// How long an activation link stays valid.
@@ -46,6 +47,7 @@ struct UserBody {
     tag = "user-controller",
     operation_id = "saveUser",
     summary = "Create a user (activated through a link) or update a profile",
+    params(("sendActivationMail" = Option<bool>, Query, description = "Mail the new user an activation link (default: true when mail is configured)")),
     request_body = User,
     responses(
         (status = 200, description = "The user record", body = User),
@@ -57,6 +59,24 @@ pub async fn save(api: &Endpoints, req: EndpointRequest) -> Result<http::Respons
     let identity = req.identity()?;
     let actor = &identity.principal;
     let body: UserBody = req.json()?;
+    // The platform's default is to send; without mail, only an explicit
+    // request for it is refused (before anything is created).
+    let pairs = query_pairs(req.query.as_deref());
+    let send_mail = match param(&pairs, "sendActivationMail") {
+        None => api.mail.is_some(),
+        Some("true") => {
+            if api.mail.is_none() {
+                return Err(mail_not_configured());
+            }
+            true
+        }
+        Some("false") => false,
+        Some(_) => {
+            return Err(ApiError::bad_request(
+                "sendActivationMail must be true or false",
+            ));
+        }
+    };
     if let Some(id) = &body.id {
         let existing = api.store.user_by_id(id.id).await?;
         check_manage(actor, existing.as_ref())?;
@@ -115,6 +135,9 @@ pub async fn save(api: &Endpoints, req: EndpointRequest) -> Result<http::Respons
     };
     let store = audited(&api.store, identity, "user.create");
     let user = accounts::create_pending_user(&store, new, profile).await?;
+    if send_mail && let Some(mailer) = &api.mail {
+        mail_activation(api, mailer, identity, &user, &req.base_url).await?;
+    }
     Ok(json_response(&User::from(&user)))
 }
 
@@ -464,16 +487,7 @@ pub async fn activation_link(
     if user.is_some_and(|u| !u.password_hash.is_empty()) {
         return Err(ApiError::bad_request("User is already active"));
     }
-    let token = api_key::generate("").map_err(|_| ApiError::internal())?;
-    let expires_at = crate::clock::now_ms() + ACTIVATION_TTL_MS;
-    audited(&api.store, identity, "user.activation_link")
-        .replace_activation(id, &token.digest.to_hex(), expires_at)
-        .await?;
-    let link = format!(
-        "{}/api/noauth/activate?activateToken={}",
-        req.base_url,
-        token.value.expose()
-    );
+    let link = new_activation_link(api, identity, id, &req.base_url).await?;
     let mut response = http::Response::new(crate::body::full(link));
     response.headers_mut().insert(
         http::header::CONTENT_TYPE,
@@ -484,6 +498,87 @@ pub async fn activation_link(
         http::HeaderValue::from_static("no-store"),
     );
     Ok(response)
+}
+
+/// A new one-time activation link for `user_id` (older ones stop working),
+/// on `base_url` (the configured public base URL, never the client's Host).
+async fn new_activation_link(
+    api: &Endpoints,
+    identity: &crate::identity::Identity,
+    user_id: uuid::Uuid,
+    base_url: &str,
+) -> Result<String, ApiError> {
+    let token = api_key::generate("").map_err(|_| ApiError::internal())?;
+    let expires_at = crate::clock::now_ms() + ACTIVATION_TTL_MS;
+    audited(&api.store, identity, "user.activation_link")
+        .replace_activation(user_id, &token.digest.to_hex(), expires_at)
+        .await?;
+    Ok(format!(
+        "{base_url}/api/noauth/activate?activateToken={}",
+        token.value.expose()
+    ))
+}
+
+/// Mails `user` a new activation link: queued, never waited for.
+async fn mail_activation(
+    api: &Endpoints,
+    mailer: &crate::mail::Mailer,
+    identity: &crate::identity::Identity,
+    user: &crate::store::UserRecord,
+    base_url: &str,
+) -> Result<(), ApiError> {
+    let link = new_activation_link(api, identity, user.id, base_url).await?;
+    let hours = (ACTIVATION_TTL_MS / 3_600_000).to_string();
+    mailer.send(
+        MailKind::Activation,
+        &user.email,
+        &[
+            ("activationLink", &link),
+            ("activationLinkTtlInHours", &hours),
+        ],
+    );
+    Ok(())
+}
+
+fn mail_not_configured() -> ApiError {
+    ApiError::bad_request("Mail is not configured on this server: set [mail] host to send mail")
+}
+
+/// `POST /api/user/sendActivationMail?email=`: mails a new activation link
+/// to a user who has not activated yet.
+#[utoipa::path(
+    post,
+    path = "/api/user/sendActivationMail",
+    tag = "user-controller",
+    operation_id = "sendActivationEmail",
+    summary = "Mail a new one-time activation link (24 h)",
+    params(("email" = String, Query, description = "The user's e-mail address")),
+    responses(
+        (status = 200, description = "Queued for sending"),
+        ManageErrors
+    ),
+    security(("HttpLoginForm" = []), ("ApiKeyForm" = []))
+)]
+pub async fn send_activation_mail(
+    api: &Endpoints,
+    req: EndpointRequest,
+) -> Result<http::Response<Body>, ApiError> {
+    let identity = req.identity()?;
+    let pairs = query_pairs(req.query.as_deref());
+    let email = param(&pairs, "email")
+        .filter(|e| !e.trim().is_empty())
+        .ok_or_else(|| {
+            ApiError::bad_request("Required request parameter 'email' is not present")
+        })?;
+    let user = api.store.user_by_email(email).await?;
+    check_manage(&identity.principal, user.as_ref())?;
+    let user = user.ok_or_else(ApiError::not_found)?;
+    if !user.password_hash.is_empty() {
+        return Err(ApiError::bad_request("User is already active"));
+    }
+    let mailer = api.mail.as_ref().ok_or_else(mail_not_configured)?;
+    mail_activation(api, mailer, identity, &user, &req.base_url).await?;
+    Ok(empty_response())
 }
 
 /// `POST /api/noauth/activate`: sets the first password and logs the user in.

@@ -28,6 +28,7 @@ pub struct FileConfig {
     pub platform: PlatformSection,
     pub assertion: AssertionSection,
     pub two_factor: TwoFactorSection,
+    pub mail: MailSection,
     #[serde(rename = "route")]
     pub routes: Vec<RouteSection>,
 }
@@ -385,6 +386,67 @@ impl Default for TwoFactorSection {
     }
 }
 
+/// Outgoing mail: invitations, password resets and e-mail codes.
+#[derive(Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MailSection {
+    /// The SMTP server; "" sends no mail.
+    pub host: String,
+    /// 0: the TLS mode's port (587, 465 or 25).
+    pub port: i64,
+    /// "starttls", "tls" or "none" (loopback only).
+    pub tls: String,
+    pub username: String,
+    /// Best given as `KEYGATE_MAIL_PASSWORD`.
+    pub password: String,
+    pub from: String,
+    pub timeout: String,
+    pub queue_size: i64,
+    pub retries: i64,
+    pub retry_backoff: String,
+    pub reset_link_lifetime: String,
+    pub code_lifetime: String,
+    pub activation_template: String,
+    pub reset_template: String,
+    pub password_reset_template: String,
+    pub code_template: String,
+}
+
+impl std::fmt::Debug for MailSection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MailSection")
+            .field("host", &self.host)
+            .field("port", &self.port)
+            .field("tls", &self.tls)
+            .field("username", &self.username)
+            .field("from", &self.from)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for MailSection {
+    fn default() -> Self {
+        MailSection {
+            host: String::new(),
+            port: 0,
+            tls: "starttls".into(),
+            username: String::new(),
+            password: String::new(),
+            from: String::new(),
+            timeout: "10s".into(),
+            queue_size: 1000,
+            retries: 3,
+            retry_backoff: "5s".into(),
+            reset_link_lifetime: "1h".into(),
+            code_lifetime: "2m".into(),
+            activation_template: String::new(),
+            reset_template: String::new(),
+            password_reset_template: String::new(),
+            code_template: String::new(),
+        }
+    }
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RouteSection {
@@ -424,6 +486,7 @@ impl Default for FileConfig {
             platform: PlatformSection::default(),
             assertion: AssertionSection::default(),
             two_factor: TwoFactorSection::default(),
+            mail: MailSection::default(),
             routes: vec![
                 RouteSection {
                     name: "api".into(),

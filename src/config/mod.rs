@@ -112,6 +112,8 @@ pub struct Settings {
     pub platform: PlatformSettings,
     pub assertion: AssertionSettings,
     pub two_factor: TwoFactorSettings,
+    /// Outgoing mail; `None` when `[mail] host` is empty.
+    pub mail: Option<MailSettings>,
     /// The routes as loaded. A started server moves them into its route
     /// table ([`crate::proxy::Routes`]), the one copy that reload swaps and
     /// everything reads; its settings then hold none.
@@ -471,6 +473,70 @@ impl std::fmt::Debug for TwoFactorSettings {
             .field("verification_time", &self.verification_time)
             .field("max_verification_failures", &self.max_verification_failures)
             .field("enforced", &self.enforced)
+            .finish_non_exhaustive()
+    }
+}
+
+/// How keygate talks to its SMTP server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MailTls {
+    /// Plain connection upgraded with STARTTLS, which must succeed.
+    StartTls,
+    /// TLS from the first byte.
+    Tls,
+    /// No TLS: loopback servers only.
+    None,
+}
+
+/// A message as an operator wrote it: the subject and the body, with
+/// `${name}` placeholders.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MailTemplate {
+    pub subject: String,
+    pub body: String,
+}
+
+/// Outgoing mail (`[mail]`), for invitations, password resets and e-mail
+/// codes.
+#[derive(Clone, PartialEq, Eq)]
+pub struct MailSettings {
+    pub host: String,
+    pub port: u16,
+    pub tls: MailTls,
+    /// Username and password; `None`: no authentication.
+    pub credentials: Option<(String, String)>,
+    pub from: String,
+    /// One SMTP exchange, connect to the server's last answer.
+    pub timeout: Duration,
+    /// Messages waiting to be sent; past this a message is dropped, counted
+    /// and logged, never waited for.
+    pub queue_size: usize,
+    /// Further attempts after a failed send.
+    pub retries: u32,
+    /// Wait before the first retry; doubled for each next one.
+    pub retry_backoff: Duration,
+    /// Lifetime of a password reset link.
+    pub reset_link_lifetime: Duration,
+    /// Lifetime of an e-mail verification code.
+    pub code_lifetime: Duration,
+    /// Operator templates; `None`: the platform's wording.
+    pub activation_template: Option<MailTemplate>,
+    pub reset_template: Option<MailTemplate>,
+    pub password_reset_template: Option<MailTemplate>,
+    pub code_template: Option<MailTemplate>,
+}
+
+impl std::fmt::Debug for MailSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MailSettings")
+            .field("host", &self.host)
+            .field("port", &self.port)
+            .field("tls", &self.tls)
+            .field("username", &self.credentials.as_ref().map(|(user, _)| user))
+            .field("from", &self.from)
+            .field("timeout", &self.timeout)
+            .field("queue_size", &self.queue_size)
+            .field("retries", &self.retries)
             .finish_non_exhaustive()
     }
 }

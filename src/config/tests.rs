@@ -916,3 +916,115 @@ fn two_factor_enforcement_names_whom_and_refuses_what_cannot_be_enforced() {
         "{text}"
     );
 }
+
+#[test]
+fn mail_is_off_by_default_and_its_settings_are_read_and_checked() {
+    let defaults = load_text("", &[]).unwrap();
+    assert!(defaults.mail.is_none());
+    assert_eq!(defaults.two_factor.providers, ["TOTP", "BACKUP_CODE"]);
+
+    let settings = load_text(
+        "[mail]\nhost = \"smtp.example.com\"\nusername = \"keygate\"\nfrom = \"keygate <noreply@example.com>\"\n",
+        &[("KEYGATE_MAIL_PASSWORD", "s3cret-mail-password")],
+    )
+    .unwrap();
+    let mail = settings.mail.unwrap();
+    assert_eq!((mail.port, mail.tls), (587, MailTls::StartTls));
+    assert_eq!(
+        mail.credentials,
+        Some(("keygate".into(), "s3cret-mail-password".into()))
+    );
+    assert_eq!(mail.reset_link_lifetime, Duration::from_secs(3600));
+    assert_eq!(mail.code_lifetime, Duration::from_secs(120));
+    assert!(!format!("{mail:?}").contains("s3cret"), "never shown");
+    // Mail configured: the default providers gain EMAIL.
+    assert_eq!(
+        settings.two_factor.providers,
+        ["TOTP", "BACKUP_CODE", "EMAIL"]
+    );
+    let explicit = load_text(
+        "[mail]\nhost = \"smtp.example.com\"\nfrom = \"a@example.com\"\n[two_factor]\nproviders = [\"TOTP\"]\n",
+        &[],
+    )
+    .unwrap();
+    assert_eq!(explicit.two_factor.providers, ["TOTP"]);
+}
+
+#[test]
+fn mail_without_tls_is_refused_unless_the_server_is_on_loopback() {
+    let errors = load_text(
+        "[mail]\nhost = \"smtp.example.com\"\ntls = \"none\"\nfrom = \"a@example.com\"\n",
+        &[],
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(errors.contains("mail.tls: \"none\""), "{errors}");
+    for host in ["127.0.0.1", "localhost", "::1"] {
+        let text = format!("[mail]\nhost = \"{host}\"\ntls = \"none\"\nfrom = \"a@example.com\"\n");
+        let mail = load_text(&text, &[]).unwrap().mail.unwrap();
+        assert_eq!((mail.tls, mail.port), (MailTls::None, 25), "{host}");
+    }
+    let errors = load_text(
+        "[mail]\nhost = \"127.0.0.1\"\ntls = \"none\"\nusername = \"u\"\nfrom = \"a@example.com\"\n",
+        &[("KEYGATE_MAIL_PASSWORD", "pw")],
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(errors.contains("never sent without TLS"), "{errors}");
+    assert!(!errors.contains("pw\""), "{errors}");
+}
+
+#[test]
+fn bad_mail_settings_are_all_reported() {
+    let errors = load_text(
+        "[mail]\nhost = \"smtp.example.com\"\ntls = \"ssl\"\nfrom = \"not an address\"\nqueue_size = 0\nusername = \"u\"\ncode_lifetime = \"5s\"\nactivation_template = \"/nonexistent/template.txt\"\n",
+        &[],
+    )
+    .unwrap_err()
+    .to_string();
+    for expected in [
+        "mail.tls:",
+        "mail.from:",
+        "mail.queue_size:",
+        "mail.password: required",
+        "mail.code_lifetime:",
+        "mail.activation_template: cannot read",
+    ] {
+        assert!(errors.contains(expected), "{expected} in {errors}");
+    }
+    let errors = load_text("[two_factor]\nproviders = [\"TOTP\", \"EMAIL\"]\n", &[])
+        .unwrap_err()
+        .to_string();
+    assert!(errors.contains("EMAIL needs mail"), "{errors}");
+}
+
+#[test]
+fn a_mail_template_file_gives_the_subject_and_body() {
+    let mut template = tempfile::NamedTempFile::new().unwrap();
+    template
+        .write_all(b"Subject: Reset for ${targetEmail}\n\nGo to ${passwordResetLink}\n")
+        .unwrap();
+    let text = format!(
+        "[mail]\nhost = \"127.0.0.1\"\ntls = \"none\"\nfrom = \"a@example.com\"\nreset_template = \"{}\"\n",
+        template.path().display()
+    );
+    let mail = load_text(&text, &[]).unwrap().mail.unwrap();
+    assert_eq!(
+        mail.reset_template,
+        Some(MailTemplate {
+            subject: "Reset for ${targetEmail}".into(),
+            body: "Go to ${passwordResetLink}\n".into(),
+        })
+    );
+    let mut bad = tempfile::NamedTempFile::new().unwrap();
+    bad.write_all(b"no subject line\n\nbody").unwrap();
+    let text = format!(
+        "[mail]\nhost = \"127.0.0.1\"\ntls = \"none\"\nfrom = \"a@example.com\"\ncode_template = \"{}\"\n",
+        bad.path().display()
+    );
+    let errors = load_text(&text, &[]).unwrap_err().to_string();
+    assert!(
+        errors.contains("must start with a \"Subject: ...\" line"),
+        "{errors}"
+    );
+}

@@ -40,7 +40,8 @@ pub(super) fn validate(file: &FileConfig, errors: &mut Vec<String>) -> Settings 
     let api_keys = file.api_keys.validate(errors);
     let log = file.log.validate(errors);
     let websocket = file.websocket.validate(errors);
-    let two_factor = file.two_factor.validate(errors);
+    let mail = file.mail.validate(errors);
+    let two_factor = file.two_factor.validate(mail.is_some(), errors);
     let routes = validate_routes(&file.routes, proxy.request_timeout, errors);
     let platform = file.platform.validate(&file.jwt, errors);
     let server = file.server.validate(errors);
@@ -75,6 +76,7 @@ pub(super) fn validate(file: &FileConfig, errors: &mut Vec<String>) -> Settings 
         platform,
         assertion,
         two_factor,
+        mail,
         routes,
     }
 }
@@ -942,17 +944,22 @@ impl WebSocketSection {
     }
 }
 
-/// Providers keygate can offer; EMAIL needs mail, which is not configured.
-pub(crate) const TWO_FACTOR_PROVIDERS: [&str; 2] = ["TOTP", "BACKUP_CODE"];
+/// Providers keygate can offer; EMAIL needs `[mail]`.
+pub(crate) const TWO_FACTOR_PROVIDERS: [&str; 3] = ["TOTP", "BACKUP_CODE", "EMAIL"];
 
 /// Shortest at-rest encryption secret, in bytes.
 const MIN_ENCRYPTION_SECRET: usize = 32;
 
 impl super::file::TwoFactorSection {
-    fn validate(&self, errors: &mut Vec<String>) -> super::TwoFactorSettings {
+    fn validate(&self, mail: bool, errors: &mut Vec<String>) -> super::TwoFactorSettings {
         let mut providers: Vec<String> = Vec::new();
         for provider in &self.providers {
-            if !TWO_FACTOR_PROVIDERS.contains(&provider.as_str()) {
+            if provider == "EMAIL" && !mail {
+                errors.push(
+                    "two_factor.providers: EMAIL needs mail: set [mail] host (or leave EMAIL out)"
+                        .into(),
+                );
+            } else if !TWO_FACTOR_PROVIDERS.contains(&provider.as_str()) {
                 errors.push(format!(
                     "two_factor.providers: {provider:?} is not one of {}",
                     TWO_FACTOR_PROVIDERS.join(", ")
@@ -960,6 +967,13 @@ impl super::file::TwoFactorSection {
             } else if !providers.contains(provider) {
                 providers.push(provider.clone());
             }
+        }
+        // The default list gains EMAIL once mail is configured.
+        if mail
+            && self.providers == super::file::TwoFactorSection::default().providers
+            && !providers.iter().any(|p| p == "EMAIL")
+        {
+            providers.push("EMAIL".into());
         }
         if self.issuer_name.trim().is_empty() {
             errors.push("two_factor.issuer_name: must not be empty".into());
@@ -1220,5 +1234,155 @@ impl RouteSection {
                 }
             },
         }
+    }
+}
+
+/// Hosts on which `[mail] tls = "none"` is allowed: nothing leaves the machine.
+fn is_loopback_host(host: &str) -> bool {
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
+/// Reads an operator's mail template: the first line `Subject: ...`, a blank
+/// line, then the body.
+fn mail_template(name: &str, path: &str, errors: &mut Vec<String>) -> Option<MailTemplate> {
+    if path.trim().is_empty() {
+        return None;
+    }
+    let text = match std::fs::read_to_string(path.trim()) {
+        Ok(text) => text,
+        Err(error) => {
+            errors.push(format!("{name}: cannot read {path:?}: {error}"));
+            return None;
+        }
+    };
+    let (first, rest) = text.split_once('\n').unwrap_or((text.as_str(), ""));
+    let Some(subject) = first.trim_end_matches('\r').strip_prefix("Subject:") else {
+        errors.push(format!(
+            "{name}: {path:?} must start with a \"Subject: ...\" line, then a blank line and the body"
+        ));
+        return None;
+    };
+    let body = rest.trim_start_matches(['\r', '\n']);
+    if body.trim().is_empty() {
+        errors.push(format!("{name}: {path:?} has no body after the subject"));
+        return None;
+    }
+    Some(MailTemplate {
+        subject: subject.trim().to_string(),
+        body: body.to_string(),
+    })
+}
+
+impl super::file::MailSection {
+    fn validate(&self, errors: &mut Vec<String>) -> Option<MailSettings> {
+        let host = self.host.trim();
+        if host.is_empty() {
+            return None;
+        }
+        let tls = match self.tls.trim().to_ascii_lowercase().as_str() {
+            "starttls" => MailTls::StartTls,
+            "tls" => MailTls::Tls,
+            "none" => {
+                if !is_loopback_host(host) {
+                    errors.push(format!(
+                        "mail.tls: \"none\" sends passwords and links in clear: only for a loopback host, not {host:?}"
+                    ));
+                }
+                MailTls::None
+            }
+            other => {
+                errors.push(format!(
+                    "mail.tls: \"starttls\", \"tls\" or \"none\", got {other:?}"
+                ));
+                MailTls::StartTls
+            }
+        };
+        let port = match self.port {
+            0 => match tls {
+                MailTls::StartTls => 587,
+                MailTls::Tls => 465,
+                MailTls::None => 25,
+            },
+            n => u16::try_from(n).ok().filter(|p| *p > 0).unwrap_or_else(|| {
+                errors.push(format!(
+                    "mail.port: from 1 to 65535 (0: the TLS mode's), got {n}"
+                ));
+                25
+            }),
+        };
+        let from = self.from.trim();
+        if from.parse::<lettre::message::Mailbox>().is_err() {
+            errors.push(format!(
+                "mail.from: an address such as \"keygate <noreply@example.com>\", got {from:?}"
+            ));
+        }
+        let credentials = match (self.username.trim(), self.password.as_str()) {
+            ("", "") => None,
+            ("", _) => {
+                errors.push("mail.username: required when a mail password is set".into());
+                None
+            }
+            (_, "") => {
+                errors.push(
+                    "mail.password: required with mail.username (set KEYGATE_MAIL_PASSWORD)".into(),
+                );
+                None
+            }
+            (user, password) => Some((user.to_string(), password.to_string())),
+        };
+        if credentials.is_some() && tls == MailTls::None {
+            errors.push("mail.username: a password is never sent without TLS".into());
+        }
+        let queue_size = positive_usize("mail.queue_size", self.queue_size, errors);
+        let retries = if self.retries < 0 {
+            errors.push(format!(
+                "mail.retries: must not be negative, got {}",
+                self.retries
+            ));
+            0
+        } else {
+            self.retries.min(20) as u32
+        };
+        let reset_link_lifetime = nonzero_duration(
+            "mail.reset_link_lifetime",
+            &self.reset_link_lifetime,
+            errors,
+        );
+        if reset_link_lifetime > Duration::from_secs(24 * 3600) {
+            errors.push("mail.reset_link_lifetime: at most 24h".into());
+        }
+        let code_lifetime = nonzero_duration("mail.code_lifetime", &self.code_lifetime, errors);
+        if !(Duration::from_secs(30)..=Duration::from_secs(3600)).contains(&code_lifetime) {
+            errors.push("mail.code_lifetime: from 30s to 1h".into());
+        }
+        Some(MailSettings {
+            host: host.to_string(),
+            port,
+            tls,
+            credentials,
+            from: from.to_string(),
+            timeout: nonzero_duration("mail.timeout", &self.timeout, errors),
+            queue_size,
+            retries,
+            retry_backoff: nonzero_duration("mail.retry_backoff", &self.retry_backoff, errors),
+            reset_link_lifetime,
+            code_lifetime,
+            activation_template: mail_template(
+                "mail.activation_template",
+                &self.activation_template,
+                errors,
+            ),
+            reset_template: mail_template("mail.reset_template", &self.reset_template, errors),
+            password_reset_template: mail_template(
+                "mail.password_reset_template",
+                &self.password_reset_template,
+                errors,
+            ),
+            code_template: mail_template("mail.code_template", &self.code_template, errors),
+        })
     }
 }

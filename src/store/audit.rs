@@ -201,6 +201,14 @@ impl Store {
         }
     }
 
+    /// Records this store's audit event about a user on its own: something
+    /// happened (a code was mailed, a second factor used) that changes no row.
+    pub(crate) async fn record_user_event(&self, user_id: Uuid) -> Result<(), StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let event = self.record(&mut tx, Target::User(user_id)).await?;
+        event.commit(tx).await
+    }
+
     /// Writes the audit event of a change to `target` in the change's
     /// transaction, when this store records one.
     pub(super) async fn record(

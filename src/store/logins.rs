@@ -9,6 +9,31 @@ use super::revocation::Change;
 use super::sessions::END_SESSIONS_OF_USER;
 use super::{Published, Revocation, Store, StoreError};
 
+/// Sets a user's password as a password change does: every older token of
+/// the user is outdated and their sessions end, in the caller's transaction
+/// (API keys stay). `false` when there is no such user.
+pub(super) async fn set_password_ending_sessions(
+    conn: &mut sqlx::AnyConnection,
+    user_id: Uuid,
+    hash: &str,
+    now_secs: i64,
+) -> Result<bool, StoreError> {
+    let updated = sqlx::query(
+        "UPDATE users SET password_hash = $1, tokens_valid_after = $2, version = version + 1 WHERE id = $3",
+    )
+    .bind(hash)
+    .bind(now_secs)
+    .bind(user_id.to_string())
+    .execute(&mut *conn)
+    .await?;
+    sqlx::query(END_SESSIONS_OF_USER)
+        .bind(now_secs.saturating_mul(1000))
+        .bind(user_id.to_string())
+        .execute(&mut *conn)
+        .await?;
+    Ok(updated.rows_affected() > 0)
+}
+
 impl Store {
     /// Replaces a user's password hash. With `outdate_at` (a password change),
     /// every older token of the user is outdated and their sessions end, in the
@@ -20,16 +45,9 @@ impl Store {
         outdate_at: Option<i64>,
     ) -> Result<Published<bool>, StoreError> {
         self.revoking_write(|mut tx| async move {
-            let updated = match outdate_at {
+            let changed = match outdate_at {
                 Some(now_secs) => {
-                    sqlx::query(
-                        "UPDATE users SET password_hash = $1, tokens_valid_after = $2, version = version + 1 WHERE id = $3",
-                    )
-                    .bind(hash)
-                    .bind(now_secs)
-                    .bind(user_id.to_string())
-                    .execute(&mut *tx)
-                    .await?
+                    set_password_ending_sessions(&mut tx, user_id, hash, now_secs).await?
                 }
                 None => {
                     sqlx::query("UPDATE users SET password_hash = $1 WHERE id = $2")
@@ -37,18 +55,17 @@ impl Store {
                         .bind(user_id.to_string())
                         .execute(&mut *tx)
                         .await?
+                        .rows_affected()
+                        > 0
                 }
             };
-            if let Some(now_secs) = outdate_at {
-                sqlx::query(END_SESSIONS_OF_USER)
-                    .bind(now_secs.saturating_mul(1000))
-                    .bind(user_id.to_string())
-                    .execute(&mut *tx)
-                    .await?;
-            }
-            let changed = updated.rows_affected() > 0;
             let revocation = outdate_at.map(|_| Revocation::User(user_id));
-            Change::new(tx, changed, revocation, changed.then_some(Target::User(user_id)))
+            Change::new(
+                tx,
+                changed,
+                revocation,
+                changed.then_some(Target::User(user_id)),
+            )
         })
         .await
     }

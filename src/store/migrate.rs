@@ -61,6 +61,11 @@ const SQLITE: &[(i64, &str, &str)] = &[
         "public_customers",
         include_str!("../../migrations/sqlite/0011_public_customers.sql"),
     ),
+    (
+        12,
+        "reset_tokens",
+        include_str!("../../migrations/sqlite/0012_reset_tokens.sql"),
+    ),
 ];
 const POSTGRES: &[(i64, &str, &str)] = &[
     (
@@ -117,6 +122,11 @@ const POSTGRES: &[(i64, &str, &str)] = &[
         11,
         "public_customers",
         include_str!("../../migrations/postgres/0011_public_customers.sql"),
+    ),
+    (
+        12,
+        "reset_tokens",
+        include_str!("../../migrations/postgres/0012_reset_tokens.sql"),
     ),
 ];
 

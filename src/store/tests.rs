@@ -166,6 +166,8 @@ store_tests!(
     check_activation_token_is_used_once_when_raced,
     check_activation_never_sets_the_password_of_an_active_account,
     check_activation_ends_earlier_sessions_of_the_user,
+    check_reset_token_is_used_once_when_raced_and_ends_sessions_keeping_keys,
+    check_a_new_reset_token_voids_the_older_and_expired_ones,
     check_sessions_record_rotation_and_first_end_times,
     check_pruning_deletes_dead_sessions_past_retention_only,
     check_pruning_deletes_expired_activation_tokens_only,
@@ -1163,6 +1165,95 @@ async fn check_activation_ends_earlier_sessions_of_the_user(store: &Store) {
     assert_eq!(after.tokens_valid_after, 1_800_000_000);
     assert_eq!(after.version, u.version + 1);
     assert!(store.session_by_id(s.id).await.unwrap().unwrap().ended);
+}
+
+async fn check_reset_token_is_used_once_when_raced_and_ends_sessions_keeping_keys(store: &Store) {
+    let u = user("reset@example.com", 1);
+    store.insert_user(&u).await.unwrap();
+    let s = session(&u);
+    store.insert_session(&s).await.unwrap();
+    let k = key(&u, "kept", 1);
+    store.insert_api_key(&k).await.unwrap();
+    store
+        .replace_reset_token(u.id, "tok", i64::MAX, 0)
+        .await
+        .unwrap();
+    assert_eq!(
+        store.reset_token("tok", 0).await.unwrap(),
+        ResetToken::Valid(u.id)
+    );
+    let (a, b) = tokio::join!(
+        store.reset_password("tok", "hash-a", 0, 1_800_000_000),
+        store.reset_password("tok", "hash-b", 0, 1_800_000_000),
+    );
+    let (a, b) = (a.unwrap(), b.unwrap());
+    assert_eq!(
+        [a.outcome, b.outcome].iter().flatten().count(),
+        1,
+        "one use wins"
+    );
+    let winner = if a.outcome.is_some() { &a } else { &b };
+    assert_eq!(winner.revocation, Some(Revocation::User(u.id)));
+    let after = store.user_by_id(u.id).await.unwrap().unwrap();
+    assert!(matches!(after.password_hash.as_str(), "hash-a" | "hash-b"));
+    assert_eq!(after.tokens_valid_after, 1_800_000_000);
+    assert!(store.session_by_id(s.id).await.unwrap().unwrap().ended);
+    assert!(
+        store.api_key_by_id(k.id).await.unwrap().is_some(),
+        "keys stay"
+    );
+    assert_eq!(
+        store.reset_token("tok", 0).await.unwrap(),
+        ResetToken::Unknown
+    );
+}
+
+async fn check_a_new_reset_token_voids_the_older_and_expired_ones(store: &Store) {
+    let u = user("again@example.com", 1);
+    let other = user("other@example.com", 2);
+    store.insert_user(&u).await.unwrap();
+    store.insert_user(&other).await.unwrap();
+    store
+        .replace_reset_token(other.id, "stale", 100, 0)
+        .await
+        .unwrap();
+    assert_eq!(
+        store.reset_token("stale", 100).await.unwrap(),
+        ResetToken::Expired
+    );
+    store
+        .replace_reset_token(u.id, "first", i64::MAX, 0)
+        .await
+        .unwrap();
+    store
+        .replace_reset_token(u.id, "second", i64::MAX, 200)
+        .await
+        .unwrap();
+    assert_eq!(
+        store.reset_token("first", 200).await.unwrap(),
+        ResetToken::Unknown
+    );
+    assert_eq!(
+        store.reset_token("stale", 0).await.unwrap(),
+        ResetToken::Unknown,
+        "expired tokens are dropped as new ones are stored"
+    );
+    assert_eq!(
+        store
+            .reset_password("first", "h", 200, 1)
+            .await
+            .unwrap()
+            .outcome,
+        None
+    );
+    assert_eq!(
+        store
+            .reset_password("second", "h", 200, 1)
+            .await
+            .unwrap()
+            .outcome,
+        Some(u.id)
+    );
 }
 
 async fn check_sessions_record_rotation_and_first_end_times(store: &Store) {

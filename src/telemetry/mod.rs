@@ -37,6 +37,52 @@ pub struct Metrics {
     pub tls_cert_not_after: IntGauge,
     /// Limits shared through Redis, and quota refusals.
     pub limits: LimitMetrics,
+    /// Outgoing mail.
+    pub mail: MailMetrics,
+}
+
+/// Outgoing mail: messages by kind and outcome, and the queue's depth.
+pub struct MailMetrics {
+    sent: IntCounterVec,
+    pub queue_depth: IntGauge,
+}
+
+/// Kinds of mail ([`MailMetrics::sent`]).
+pub const MAIL_KINDS: [&str; 4] = ["activation", "reset", "password_reset", "code"];
+/// What became of a message, or of one attempt to send it: `sent`, `retried`
+/// (an attempt failed and another follows), `dead_letter` (given up) and
+/// `dropped` (the queue was full).
+pub const MAIL_OUTCOMES: [&str; 4] = ["sent", "retried", "dead_letter", "dropped"];
+
+impl MailMetrics {
+    fn new(r: &Registrar<'_>) -> MailMetrics {
+        let sent = r.counter(
+            "keygate_mail_sent_total",
+            "Outgoing mail, by kind (activation, reset, password_reset, code) and outcome (sent, retried, dead_letter, dropped).",
+            &["kind", "outcome"],
+        );
+        let queue_depth = IntGauge::new(
+            "keygate_mail_queue_depth",
+            "Messages waiting in the mail queue.",
+        )
+        .expect("valid metric");
+        r.0.register(Box::new(queue_depth.clone()))
+            .expect("unique metric");
+        MailMetrics { sent, queue_depth }
+    }
+
+    /// Creates every kind and outcome with 0 (mail is configured).
+    pub fn init(&self) {
+        for kind in MAIL_KINDS {
+            for outcome in MAIL_OUTCOMES {
+                self.sent.with_label_values(&[kind, outcome]);
+            }
+        }
+    }
+
+    pub fn sent(&self, kind: &str, outcome: &str) {
+        self.sent.with_label_values(&[kind, outcome]).inc();
+    }
 }
 
 /// Registers each metric as it is created; a clash is a programming error.
@@ -206,7 +252,7 @@ impl Operations {
         );
         let rate_limited = r.counter(
             "keygate_rate_limited_total",
-            "Requests refused by a rate limit, by limiter (account, address, management_writes, unknown_api_keys).",
+            "Requests refused by a rate limit, by limiter (account, address, management_writes, unknown_api_keys, email_code).",
             &["limiter"],
         );
         let password_hashes = r.counter(
@@ -313,11 +359,12 @@ pub const LOGIN_OUTCOMES: [&str; 11] = [
 ];
 
 /// Login rate limiters ([`Metrics::rate_limited`]).
-pub const RATE_LIMITERS: [&str; 4] = [
+pub const RATE_LIMITERS: [&str; 5] = [
     "account",
     "address",
     "management_writes",
     "unknown_api_keys",
+    "email_code",
 ];
 
 /// Password-hashing allowances ([`Metrics::password_hash`]).
@@ -339,6 +386,7 @@ impl Metrics {
         let traffic = Traffic::new(&r);
         let operations = Operations::new(&r);
         let limits = LimitMetrics::new(&r);
+        let mail = MailMetrics::new(&r);
         let tls_cert_not_after = IntGauge::new(
             "keygate_tls_certificate_expiry_timestamp_seconds",
             "When the served TLS certificate expires (Unix time).",
@@ -362,6 +410,7 @@ impl Metrics {
             operations,
             tls_cert_not_after,
             limits,
+            mail,
             registry,
         }
     }

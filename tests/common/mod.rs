@@ -4,6 +4,7 @@
 
 pub mod platform;
 pub mod shared_redis;
+pub mod smtp;
 pub mod totp;
 
 use std::net::SocketAddr;
