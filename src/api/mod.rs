@@ -275,6 +275,41 @@ pub static ROUTES: &[EndpointRoute] = &[
     },
 ];
 
+/// The user-entity endpoints the platform answers while the sync is on
+/// (`[platform] database_url`): it owns user records then, and keygate
+/// forwards these to its route `[platform] upstream`. The platform's own
+/// paths (`UserController`); keygate keeps every credential endpoint.
+/// `/api/user/{id}/userCredentialsEnabled` and the activation link change
+/// the platform's `user_credentials` row, which the sync carries back (a
+/// disable revokes at the next round); an invitation the platform issues
+/// works at once ([`crate::import::lookup_activation_token`]).
+const PLATFORM_USER_PATHS: &[&str] = &[
+    "/api/user",
+    "/api/user/{id}",
+    "/api/user/{id}/userCredentialsEnabled",
+    "/api/user/{id}/activationLink",
+    "/api/user/{id}/activationLinkInfo",
+    "/api/users",
+    "/api/users/info",
+    "/api/tenant/{id}/users",
+    "/api/customer/{id}/users",
+    "/api/customer/{id}/userInfos",
+];
+
+/// Prefixes of the platform's user endpoints with paths below them.
+const PLATFORM_USER_PREFIXES: &[&str] = &["/api/userInfos/", "/api/user/settings/"];
+
+/// Whether a normalised path is a user-entity endpoint the platform
+/// answers while the sync is on ([`PLATFORM_USER_PATHS`]).
+pub fn platform_owns(path: &str) -> bool {
+    PLATFORM_USER_PREFIXES
+        .iter()
+        .any(|prefix| path.starts_with(prefix))
+        || PLATFORM_USER_PATHS
+            .iter()
+            .any(|pattern| match_pattern(pattern, path).is_some())
+}
+
 /// A matched owned route and its path parameters.
 #[derive(Debug)]
 pub struct Matched {

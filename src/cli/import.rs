@@ -18,6 +18,7 @@ pub(super) async fn import(cmd: ImportCommand, settings: &Settings) -> anyhow::R
         database_url,
         dry_run,
         prune,
+        origin: import::Origin::CommandLine,
     };
     let progress = |line: &str| eprintln!("import: {line}");
     let report = import::run(&store, &options, &progress).await?;

@@ -260,6 +260,13 @@ pub struct PlatformSection {
     pub signing_key: String,
     pub issuer: String,
     pub token_lifetime: String,
+    /// The platform's PostgreSQL database, read every `sync_interval`;
+    /// empty: no sync.
+    pub database_url: String,
+    pub sync_interval: String,
+    /// The `[[route]]` (with `identity = "platform"`) the user-entity
+    /// endpoints go to while the sync is on.
+    pub upstream: String,
 }
 
 impl std::fmt::Debug for PlatformSection {
@@ -271,6 +278,12 @@ impl std::fmt::Debug for PlatformSection {
             )
             .field("issuer", &self.issuer)
             .field("token_lifetime", &self.token_lifetime)
+            .field(
+                "database_url",
+                &(!self.database_url.is_empty()).then_some("<redacted>"),
+            )
+            .field("sync_interval", &self.sync_interval)
+            .field("upstream", &self.upstream)
             .finish()
     }
 }
@@ -281,6 +294,9 @@ impl Default for PlatformSection {
             signing_key: String::new(),
             issuer: "thingsboard.io".into(),
             token_lifetime: "5m".into(),
+            database_url: String::new(),
+            sync_interval: "10s".into(),
+            upstream: String::new(),
         }
     }
 }
