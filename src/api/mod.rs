@@ -631,6 +631,44 @@ mod tests {
     use super::*;
 
     #[test]
+    fn with_the_sync_on_user_records_go_to_the_platform_and_credentials_stay() {
+        let id = "784f394c-42b6-435a-983c-b7beff2784f9";
+        for path in [
+            "/api/user".to_owned(),
+            format!("/api/user/{id}"),
+            format!("/api/user/{id}/userCredentialsEnabled"),
+            format!("/api/user/{id}/activationLink"),
+            "/api/user/sendActivationMail".to_owned(),
+            "/api/user/settings".to_owned(),
+            "/api/user/settings/general".to_owned(),
+            "/api/users".to_owned(),
+            "/api/users/info".to_owned(),
+            "/api/userInfos/all".to_owned(),
+            format!("/api/tenant/{id}/users"),
+            format!("/api/customer/{id}/users"),
+            format!("/api/customer/{id}/userInfos"),
+        ] {
+            assert!(platform_owns(&path), "{path} is the platform's");
+        }
+        for path in [
+            "/api/auth/login".to_owned(),
+            "/api/auth/token".to_owned(),
+            "/api/auth/logout".to_owned(),
+            "/api/auth/user".to_owned(),
+            "/api/auth/changePassword".to_owned(),
+            "/api/noauth/activate".to_owned(),
+            "/api/apiKey".to_owned(),
+            format!("/api/apiKeys/{id}"),
+            "/api/2fa/account/config".to_owned(),
+            format!("/api/user/{id}/token"),
+            "/api/userx".to_owned(),
+            format!("/api/tenant/{id}/devices"),
+        ] {
+            assert!(!platform_owns(&path), "{path} is not the platform's");
+        }
+    }
+
+    #[test]
     fn owned_routes_match_exactly_and_wrong_methods_are_405() {
         let m = find(&Method::POST, "/api/auth/login").unwrap().unwrap();
         assert_eq!(m.route.endpoint, Endpoint::Login);

@@ -429,7 +429,11 @@ impl PlatformSection {
     /// `upstream`, when named, must be a route with `identity = "platform"`
     /// (the user-entity endpoints reach the platform with its own token);
     /// `keygate serve` refuses to sync without one.
-    fn validate_sync(&self, routes: &[RouteSpec], errors: &mut Vec<String>) -> Option<SyncSettings> {
+    fn validate_sync(
+        &self,
+        routes: &[RouteSpec],
+        errors: &mut Vec<String>,
+    ) -> Option<SyncSettings> {
         let url = self.database_url.trim();
         let interval = nonzero_duration("platform.sync_interval", &self.sync_interval, errors);
         let upstream = self.upstream.trim();

@@ -147,11 +147,10 @@ impl SyncLock {
     /// Gives the lock up and the connection back.
     pub async fn release(mut self) {
         if let Some(mut conn) = self.conn.take() {
-            let unlocked =
-                sqlx::query("SELECT pg_advisory_unlock($1, hashtext(current_schema()))")
-                    .bind(SYNC_LOCK)
-                    .execute(&mut *conn)
-                    .await;
+            let unlocked = sqlx::query("SELECT pg_advisory_unlock($1, hashtext(current_schema()))")
+                .bind(SYNC_LOCK)
+                .execute(&mut *conn)
+                .await;
             if unlocked.is_err() {
                 // Closing the connection ends the lock with its session.
                 drop(conn.detach());

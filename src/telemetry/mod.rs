@@ -794,6 +794,25 @@ mod tests {
     }
 
     #[test]
+    fn platform_sync_series_exist_at_start_for_alerts_to_read() {
+        let m = Metrics::new();
+        let text = m.render();
+        assert!(text.contains("keygate_platform_sync_last_success_timestamp_seconds 0"));
+        assert!(text.contains("keygate_platform_sync_errors_total 0"));
+        for kind in SYNC_KINDS {
+            let series = format!("keygate_platform_sync_rows_applied_total{{kind=\"{kind}\"}} 0");
+            assert!(text.contains(&series), "{series}");
+        }
+        m.sync_failed();
+        m.sync_applied("users_added", 3);
+        m.sync_succeeded(1_700_000_000);
+        let text = m.render();
+        assert!(text.contains("keygate_platform_sync_errors_total 1"));
+        assert!(text.contains("keygate_platform_sync_rows_applied_total{kind=\"users_added\"} 3"));
+        assert!(text.contains("keygate_platform_sync_last_success_timestamp_seconds 1700000000"));
+    }
+
+    #[test]
     fn revocation_listener_up_exists_only_once_a_listener_does() {
         let m = Metrics::new();
         assert!(!m.render().contains("keygate_revocation_listener_up"));
