@@ -204,12 +204,14 @@ impl Source {
     }
 
     /// A digest of every row and column the import reads, computed by the
-    /// database: 32 hex characters cross the wire, not the rows. Equal
-    /// digests of two snapshots mean nothing the import reads changed
-    /// between them (a row's `NULL` and empty text differ here too).
+    /// database: the row count and the sum of each row's 64-bit hash cross
+    /// the wire, not the rows. A sum needs no sort, so it costs one scan of
+    /// each table. Equal digests of two snapshots mean nothing the import
+    /// reads changed between them (a row's `NULL` and empty text differ here
+    /// too).
     pub async fn fingerprint(&mut self) -> Result<String, ImportError> {
         let row = sqlx::query(
-            "SELECT md5(coalesce(string_agg(r, E'\\n' ORDER BY r), '')) FROM ( \
+            "SELECT count(*) || ':' || coalesce(sum(hashtextextended(r, 0)::numeric), 0) FROM ( \
                SELECT 'u' || ROW(u.id, u.created_time, u.tenant_id, u.customer_id, u.email, \
                  u.authority, u.first_name, u.last_name, u.phone, u.additional_info, \
                  c.enabled, c.password, c.activate_token, c.activate_token_exp_time, c.user_id)::text AS r \
