@@ -1,7 +1,8 @@
 //! Moving from the platform: `keygate import platform` reads a database laid
 //! out as the platform's (its tables, built here from the platform's column
 //! definitions) and its users, passwords, keys and invitations then work
-//! through keygate as they did on the platform. Needs PostgreSQL: the tests
+//! through keygate as they did on the platform; with `[platform]
+//! database_url`, `keygate serve` keeps in sync with it. Needs PostgreSQL: the tests
 //! that do are ignored unless run with `--include-ignored` and
 //! KEYGATE_TEST_DATABASE_URL set (CI does both); the test of an unreachable
 //! database always runs.
@@ -994,4 +995,70 @@ async fn the_platform_database_down_keeps_keygate_ready_counts_and_logs_once() {
     keygate.signal("TERM");
     drop(keygate);
     platform.drop().await;
+}
+
+#[tokio::test]
+#[ignore = "needs PostgreSQL: set KEYGATE_TEST_DATABASE_URL and run with --include-ignored"]
+async fn replicas_on_one_store_take_turns_at_the_sync_and_other_stores_do_not_wait() {
+    let base = common::test_database_url();
+    let (url, schema) = fresh_schema(&base).await;
+    let (other_url, other_schema) = fresh_schema(&base).await;
+    let replica_a = keygate::store::Store::connect(&url, 4).await.unwrap();
+    let replica_b = keygate::store::Store::connect(&url, 4).await.unwrap();
+    let elsewhere = keygate::store::Store::connect(&other_url, 4).await.unwrap();
+    let held = replica_a
+        .try_sync_lock()
+        .await
+        .unwrap()
+        .expect("free at first");
+    assert!(
+        replica_b.try_sync_lock().await.unwrap().is_none(),
+        "one at a time"
+    );
+    let other = elsewhere.try_sync_lock().await.unwrap();
+    assert!(other.is_some(), "another store's sync is its own");
+    held.release().await;
+    let next = replica_b.try_sync_lock().await.unwrap();
+    assert!(next.is_some(), "free again once released");
+    // A replica that stops midway gives the lock up with its connection.
+    drop(next);
+    wait_until(
+        "the lock freed by a dropped holder",
+        Duration::from_secs(10),
+        async || match replica_a.try_sync_lock().await.unwrap() {
+            Some(lock) => {
+                lock.release().await;
+                true
+            }
+            None => false,
+        },
+    )
+    .await;
+    if let Some(other) = other {
+        other.release().await;
+    }
+    drop_schema(&base, &schema).await;
+    drop_schema(&base, &other_schema).await;
+}
+
+#[tokio::test]
+async fn a_sync_without_a_route_for_the_user_endpoints_is_refused_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().display();
+    let text = format!(
+        "[server]\ndata_dir = \"{data}\"\n[listen]\nhttps = \"127.0.0.1:0\"\nadmin = \"127.0.0.1:0\"\n\
+         [store]\nurl = \"sqlite://{data}/k.db\"\n\
+         [platform]\ndatabase_url = \"postgres://reader@127.0.0.1:1/thingsboard\"\n\
+         [[route]]\nname = \"api\"\nprefix = \"/api/\"\nupstreams = [\"http://127.0.0.1:9\"]\n"
+    );
+    let path = dir.path().join("keygate.toml");
+    std::fs::write(&path, text).unwrap();
+    let settings = keygate::config::load(&keygate::config::Source {
+        file: Some(&path),
+        env: vec![],
+    })
+    .unwrap();
+    let refused = keygate::server::start(settings, keygate::server::StartOptions::default()).await;
+    let error = refused.err().expect("refused").to_string();
+    assert!(error.contains("set platform.upstream"), "{error}");
 }
