@@ -1062,3 +1062,37 @@ async fn a_sync_without_a_route_for_the_user_endpoints_is_refused_at_start() {
     let error = refused.err().expect("refused").to_string();
     assert!(error.contains("set platform.upstream"), "{error}");
 }
+
+#[tokio::test]
+async fn the_import_reads_the_syncs_database_url_from_the_config_and_says_when_there_is_none() {
+    let (_upstream, gw) = gateway("").await;
+    let config = gw.dir.path().join("keygate.toml");
+    let args = ["import".to_owned(), "platform".to_owned()];
+    let out = tokio::task::spawn_blocking({
+        let (config, args) = (config.clone(), args.clone());
+        move || keygate(&config, &args)
+    })
+    .await
+    .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("no platform database"), "{stderr}");
+    // A port nothing listens on, named in the config: the import goes there.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let text = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(
+        &config,
+        format!("{text}\n[platform]\ndatabase_url = \"postgres://reader@127.0.0.1:{port}/tb\"\n"),
+    )
+    .unwrap();
+    let out = tokio::task::spawn_blocking(move || keygate(&config, &args))
+        .await
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains(&format!("127.0.0.1:{port}")), "{stderr}");
+}
