@@ -266,7 +266,8 @@ pub(crate) async fn import(
 /// database and, when a user holds it there, imports that user (or their
 /// new invitation) by the rules of a re-import; returns the user's id. An
 /// invitation sent on the platform then works at once, before the next
-/// sync. For the password-reset flow as much as for activation.
+/// sync. Reads the platform's `activate_token`; a password-reset flow
+/// brings the user in the same way before it checks its own token.
 pub async fn lookup_activation_token(
     store: &Store,
     database_url: &str,
