@@ -197,6 +197,11 @@ impl App {
         &self.settings
     }
 
+    /// The sealer of second-factor secrets, shared with the sync's import.
+    pub fn two_factor_sealer(&self) -> Arc<crate::auth::at_rest::Sealer> {
+        self.endpoints.two_factor.sealer()
+    }
+
     pub fn metrics(&self) -> &Arc<Metrics> {
         &self.metrics
     }
@@ -346,6 +351,7 @@ impl App {
     }
 
     /// The one target of a normalised path, in this order: the API browser,
+    /// with the sync on the platform's user endpoints (to its route),
     /// keygate's own endpoints (a 405 for one asked with another method), the
     /// proxied routes (a 404 when none matches), where a WebSocket upgrade
     /// on a platform WebSocket route is a target of its own.
@@ -358,6 +364,15 @@ impl App {
     ) -> Result<Target<'t>, ApiError> {
         if let Some(browser) = self.browser.as_deref().filter(|_| ApiBrowser::owns(path)) {
             return Ok(Target::ApiBrowser(browser));
+        }
+        if let Some(sync) = self.settings.platform.sync.as_ref() {
+            if api::platform_owns(path) {
+                // The platform owns user records: its route, its token.
+                let route = routes
+                    .named(&sync.upstream)
+                    .ok_or_else(ApiError::unavailable)?;
+                return Ok(Target::Proxied(route));
+            }
         }
         if let Some(matched) = api::find(method, path)? {
             return Ok(Target::Endpoint(matched));

@@ -66,6 +66,10 @@ pub enum StartError {
     )]
     PlatformKeyMissing(String),
     #[error(
+        "platform.database_url turns the sync on, and with it the platform owns user records: set platform.upstream to the [[route]] (identity = \"platform\") the user endpoints go to"
+    )]
+    SyncWithoutUpstream,
+    #[error(
         "the platform signing key kept in the store (from `keygate import platform`) is unusable"
     )]
     StoredPlatformKey,
@@ -306,6 +310,14 @@ pub async fn start(mut settings: Settings, options: StartOptions) -> Result<Runn
     let generated_password = bootstrap(&store, options, &settings).await?;
     let secret = signing_key(&settings, &store).await?;
     platform_signing(&mut settings, &store).await?;
+    if settings
+        .platform
+        .sync
+        .as_ref()
+        .is_some_and(|sync| sync.upstream.is_empty())
+    {
+        return Err(StartError::SyncWithoutUpstream);
+    }
     // keygate's key may come from the store, which validation never sees.
     if settings.platform.signing_key.as_deref() == Some(secret.as_slice()) {
         return Err(StartError::PlatformKeyIsOwn);
@@ -759,7 +771,8 @@ fn spawn(
     running
 }
 
-/// The revocation listener, store pruning, the syncs of shared limits, the
+/// The revocation listener, the sync with the platform's database, store
+/// pruning, the syncs of shared limits, the
 /// API browser's refresh and the certificate watch, each where configured.
 fn spawn_background(
     running: &mut Running,
@@ -778,6 +791,16 @@ fn spawn_background(
                 metrics.clone(),
                 shutdown_rx.clone(),
             )));
+    }
+    if let Some(sync) = &settings.platform.sync {
+        let sync = crate::import::sync::Sync::new(
+            running.store.clone(),
+            auth.clone(),
+            metrics.clone(),
+            sync.clone(),
+            running.app.two_factor_sealer(),
+        );
+        tokio::spawn(sync.run(shutdown_rx.clone()));
     }
     if let Some(interval) = settings.retention.interval {
         let pruner = crate::store::retention::Pruner {

@@ -1,7 +1,8 @@
 //! Moving from the platform: `keygate import platform` reads a database laid
 //! out as the platform's (its tables, built here from the platform's column
 //! definitions) and its users, passwords, keys and invitations then work
-//! through keygate as they did on the platform. Needs PostgreSQL: the tests
+//! through keygate as they did on the platform; with `[platform]
+//! database_url`, `keygate serve` keeps in sync with it. Needs PostgreSQL: the tests
 //! that do are ignored unless run with `--include-ignored` and
 //! KEYGATE_TEST_DATABASE_URL set (CI does both); the test of an unreachable
 //! database always runs.
@@ -960,4 +961,524 @@ async fn a_second_factor_changed_in_keygate_survives_a_reimport_and_platform_cha
         .unwrap();
     assert!(body["refreshToken"].is_string(), "{body}");
     platform.drop().await;
+}
+
+// Keeping in sync: `[platform] database_url` makes `keygate serve` read the
+// platform's database every `sync_interval` and apply it as a re-import
+// with `--prune` does. A short interval here; the store is SQLite (one
+// replica), so what the sync revokes takes effect through this replica's
+// own revocation path.
+
+/// How long a change on the platform may take to arrive: many sync rounds
+/// of [`SYNC_INTERVAL`] on a loaded machine.
+const SYNCED: Duration = Duration::from_secs(20);
+const SYNC_INTERVAL: &str = "200ms";
+
+/// The platform's signing key as configured for the platform route (the
+/// fixture's own is shorter than the platform accepts for minting).
+const MINTING_KEY: &str =
+    "a2V5Z2F0ZS1zeW5jLXRlc3RzLW1pbnRpbmcta2V5LWZvci10aGUtcGxhdGZvcm0tcm91dGUtMTIzNDU2Nzg5MA==";
+
+/// The config of a syncing keygate: the platform's database, and the route
+/// with the platform's own tokens the user endpoints go to. A cached
+/// credential state lives 300 s: what ends sooner was revoked.
+fn sync_config(database_url: &str, platform_upstream: &str, interval: &str) -> String {
+    format!(
+        "[cache]\nttl = \"300s\"\n[platform]\nsigning_key = \"{MINTING_KEY}\"\ndatabase_url = \"{database_url}\"\n\
+         sync_interval = \"{interval}\"\nupstream = \"platform\"\n\
+         [[route]]\nname = \"platform\"\nprefix = \"/platform-only/\"\n\
+         upstreams = [\"{platform_upstream}\"]\nidentity = \"platform\"\n"
+    )
+}
+
+/// keygate syncing with `platform` in front of `upstream`, once the first
+/// round has brought the platform's users in.
+async fn syncing(
+    platform: &Platform,
+    upstream: &str,
+    platform_upstream: &str,
+    interval: &str,
+) -> Gateway {
+    let gw = Gateway::start(
+        upstream,
+        &sync_config(&platform.url, platform_upstream, interval),
+    )
+    .await;
+    wait_until("the first sync", SYNCED, async || {
+        bearer(&gw, "tenant@platform.test", PLATFORM_PASSWORD)
+            .await
+            .is_some()
+    })
+    .await;
+    gw
+}
+
+#[tokio::test]
+#[ignore = "needs PostgreSQL: set KEYGATE_TEST_DATABASE_URL and run with --include-ignored"]
+async fn the_sync_picks_up_a_new_user_a_changed_email_and_a_deleted_user() {
+    let platform = Platform::start().await;
+    let upstream = Upstream::start().await;
+    let gw = syncing(&platform, &upstream.url(), &upstream.url(), SYNC_INTERVAL).await;
+    let metrics = gw.metrics().await;
+    assert_eq!(
+        common::counter(
+            &metrics,
+            "keygate_platform_sync_rows_applied_total{kind=\"users_added\"}"
+        ),
+        5,
+        "{metrics}"
+    );
+    assert!(!metrics.contains("keygate_platform_sync_last_success_timestamp_seconds 0\n"));
+
+    let newcomer = Uuid::new_v4();
+    let hash = bcrypt_2a(PLATFORM_PASSWORD);
+    platform
+        .execute(&format!(
+            "INSERT INTO tb_user (id, created_time, authority, customer_id, email, tenant_id) \
+             VALUES ('{newcomer}', 1700000000001, 'TENANT_ADMIN', '{NULL}', 'new@platform.test', '{}'); \
+             INSERT INTO user_credentials (id, created_time, enabled, password, user_id) \
+             VALUES ('{}', 1700000000001, true, '{hash}', '{newcomer}'); \
+             UPDATE tb_user SET email = 'renamed@platform.test' WHERE id = '{}';",
+            platform.tenant,
+            Uuid::new_v4(),
+            platform.admin
+        ))
+        .await;
+    wait_until("the new user logs in", SYNCED, async || {
+        bearer(&gw, "new@platform.test", PLATFORM_PASSWORD)
+            .await
+            .is_some()
+    })
+    .await;
+    wait_until("the changed e-mail logs in", SYNCED, async || {
+        bearer(&gw, "renamed@platform.test", PLATFORM_PASSWORD)
+            .await
+            .is_some()
+    })
+    .await;
+    assert!(
+        bearer(&gw, "tenant@platform.test", PLATFORM_PASSWORD)
+            .await
+            .is_none(),
+        "the old address no longer logs in"
+    );
+
+    let customer = bearer(&gw, "customer@platform.test", PLATFORM_PASSWORD)
+        .await
+        .unwrap();
+    platform
+        .execute(&format!(
+            "DELETE FROM api_key WHERE user_id = '{0}'; DELETE FROM user_credentials WHERE user_id = '{0}'; \
+             DELETE FROM tb_user WHERE id = '{0}';",
+            platform.customer_user
+        ))
+        .await;
+    wait_until("the deleted user's token refused", SYNCED, async || {
+        current_user(&gw, &customer).await.status() == 401
+    })
+    .await;
+    assert_eq!(
+        current_user(&gw, &api_key_header(&platform.customer_key))
+            .await
+            .status(),
+        401
+    );
+    assert!(
+        bearer(&gw, "customer@platform.test", PLATFORM_PASSWORD)
+            .await
+            .is_none()
+    );
+    let metrics = gw.metrics().await;
+    assert_eq!(
+        common::counter(
+            &metrics,
+            "keygate_platform_sync_rows_applied_total{kind=\"users_removed\"}"
+        ),
+        1,
+        "{metrics}"
+    );
+    assert_eq!(
+        common::counter(&metrics, "keygate_platform_sync_errors_total"),
+        0
+    );
+    drop(gw);
+    platform.drop().await;
+}
+
+mod socket {
+    use std::time::Duration;
+
+    use futures_util::{SinkExt, StreamExt};
+    use tokio::net::TcpStream;
+    use tokio_tungstenite::WebSocketStream;
+    use tokio_tungstenite::tungstenite::Message;
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+
+    use super::common::Gateway;
+
+    pub type Socket = WebSocketStream<tokio_rustls::client::TlsStream<TcpStream>>;
+
+    /// A socket to `/api/ws` authenticated by its first frame with the API
+    /// key `key`, its first message echoed by the reference service.
+    pub async fn keyed(gw: &Gateway, key: &str) -> Socket {
+        let port = gw.running.https.unwrap().port();
+        let request = format!("wss://localhost:{port}/api/ws")
+            .into_client_request()
+            .unwrap();
+        let tcp = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+        let name = rustls_pki_types::ServerName::try_from("localhost").unwrap();
+        let tls = super::common::tls_connector(&gw.ca_pem)
+            .connect(name, tcp)
+            .await
+            .unwrap();
+        let (mut socket, _) = tokio_tungstenite::client_async(request, tls).await.unwrap();
+        let auth = serde_json::json!({"authCmd": {"cmdId": 0, "apiKey": key}}).to_string();
+        socket.send(Message::text(auth)).await.unwrap();
+        socket.send(Message::text("up")).await.unwrap();
+        loop {
+            match tokio::time::timeout(Duration::from_secs(10), socket.next()).await {
+                Ok(Some(Ok(Message::Text(text)))) if text.contains("up") => return socket,
+                Ok(Some(Ok(Message::Ping(_) | Message::Pong(_)))) => {}
+                other => panic!("expected the echo, got {other:?}"),
+            }
+        }
+    }
+
+    /// The close frame's code and reason.
+    pub async fn close_of(socket: &mut Socket, within: Duration) -> (u16, String) {
+        let read = async {
+            loop {
+                match socket.next().await {
+                    Some(Ok(Message::Close(Some(frame)))) => {
+                        return (u16::from(frame.code), frame.reason.to_string());
+                    }
+                    Some(Ok(Message::Close(None))) => return (1005, String::new()),
+                    Some(Ok(_)) => {}
+                    other => panic!("expected a close frame, got {other:?}"),
+                }
+            }
+        };
+        tokio::time::timeout(within, read)
+            .await
+            .expect("a close frame in time")
+    }
+}
+
+#[tokio::test]
+#[ignore = "needs PostgreSQL: set KEYGATE_TEST_DATABASE_URL and run with --include-ignored"]
+async fn a_user_disabled_on_the_platform_is_refused_after_the_next_sync_and_their_socket_closes() {
+    let platform = Platform::start().await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let reference = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(keygate::dev::serve_reference_upstream_counted(
+        listener,
+        std::future::pending(),
+        Default::default(),
+    ));
+    let gw = syncing(&platform, &reference, &reference, SYNC_INTERVAL).await;
+    let token = bearer(&gw, "tenant@platform.test", PLATFORM_PASSWORD)
+        .await
+        .unwrap();
+    let mut socket = socket::keyed(&gw, &platform.admin_key).await;
+    let started = std::time::Instant::now();
+    platform
+        .execute(&format!(
+            "UPDATE user_credentials SET enabled = false WHERE user_id = '{}'",
+            platform.admin
+        ))
+        .await;
+    let close = socket::close_of(&mut socket, SYNCED).await;
+    println!(
+        "disabled on the platform: socket closed {:?} later",
+        started.elapsed()
+    );
+    assert_eq!(close, (1008, "User account is not active".into()));
+    assert_eq!(current_user(&gw, &token).await.status(), 401);
+    assert_eq!(
+        current_user(&gw, &api_key_header(&platform.admin_key))
+            .await
+            .status(),
+        401
+    );
+    assert_eq!(
+        gw.login("tenant@platform.test", PLATFORM_PASSWORD)
+            .await
+            .status(),
+        401
+    );
+    drop(gw);
+    platform.drop().await;
+}
+
+#[tokio::test]
+#[ignore = "needs PostgreSQL: set KEYGATE_TEST_DATABASE_URL and run with --include-ignored"]
+async fn a_fresh_platform_invitation_activates_before_the_next_sync() {
+    let platform = Platform::start().await;
+    let upstream = Upstream::start().await;
+    // One round at start, the next in an hour: only the lookup can help.
+    let gw = syncing(&platform, &upstream.url(), &upstream.url(), "1h").await;
+    let invited = Uuid::new_v4();
+    let token = format!("freshInvitation{}", Uuid::new_v4().simple());
+    platform
+        .execute(&format!(
+            "INSERT INTO tb_user (id, created_time, authority, customer_id, email, tenant_id) \
+             VALUES ('{invited}', 1700000000002, 'TENANT_ADMIN', '{NULL}', 'invited@platform.test', '{}'); \
+             INSERT INTO user_credentials (id, created_time, enabled, activate_token, activate_token_exp_time, user_id) \
+             VALUES ('{}', 1700000000002, false, '{token}', {}, '{invited}');",
+            platform.tenant,
+            Uuid::new_v4(),
+            keygate::clock::now_ms() + 3_600_000
+        ))
+        .await;
+    let activate = |token: String| {
+        gw.client()
+            .post(gw.https("/api/noauth/activate"))
+            .json(&serde_json::json!({"activateToken": token, "password": NEW_PASSWORD}))
+            .send()
+    };
+    let bogus = activate("notAnInvitationAnywhere".into()).await.unwrap();
+    assert_eq!(bogus.status(), 400);
+    let activated = activate(token.clone()).await.unwrap();
+    assert_eq!(
+        activated.status(),
+        200,
+        "{}",
+        activated.text().await.unwrap()
+    );
+    assert!(
+        bearer(&gw, "invited@platform.test", NEW_PASSWORD)
+            .await
+            .is_some()
+    );
+    // Used once.
+    assert_eq!(activate(token).await.unwrap().status(), 400);
+    drop(gw);
+    platform.drop().await;
+}
+
+#[tokio::test]
+#[ignore = "needs PostgreSQL: set KEYGATE_TEST_DATABASE_URL and run with --include-ignored"]
+async fn with_the_sync_on_user_endpoints_reach_the_platform_with_its_own_token() {
+    let platform = Platform::start().await;
+    let upstream = Upstream::start().await;
+    let double = common::platform::PlatformDouble::start(MINTING_KEY).await;
+    let gw = syncing(&platform, &upstream.url(), &double.url(), SYNC_INTERVAL).await;
+    let token = bearer(&gw, "tenant@platform.test", PLATFORM_PASSWORD)
+        .await
+        .unwrap();
+    let paths = [
+        format!("/api/user/{}", platform.admin),
+        "/api/users?pageSize=10&page=0".to_owned(),
+        "/api/userInfos/all?pageSize=10&page=0".to_owned(),
+        format!(
+            "/api/customer/{}/users?pageSize=10&page=0",
+            platform.customer
+        ),
+    ];
+    for path in &paths {
+        let response = gw
+            .client()
+            .get(gw.https(path))
+            .header("X-Authorization", &token)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200, "{path}");
+    }
+    let seen = double.seen();
+    assert_eq!(seen.len(), paths.len(), "{seen:?}");
+    for (seen, path) in seen.iter().zip(&paths) {
+        assert!(seen.uri.ends_with(path.as_str()), "{seen:?}");
+        assert!(
+            !seen.contains(token.trim_start_matches("Bearer ")),
+            "the client's token stays with keygate"
+        );
+        let minted = seen
+            .header("X-Authorization")
+            .unwrap()
+            .trim_start_matches("Bearer ");
+        let user = double
+            .authenticate(minted)
+            .expect("a token the platform accepts");
+        assert_eq!(user["id"], platform.admin.to_string(), "{user}");
+    }
+    // Credentials stay keygate's.
+    assert_eq!(current_user(&gw, &token).await.status(), 200);
+    assert_eq!(double.seen().len(), paths.len());
+    assert!(upstream.requests().is_empty());
+    drop(gw);
+    platform.drop().await;
+}
+
+#[tokio::test]
+#[ignore = "needs PostgreSQL: set KEYGATE_TEST_DATABASE_URL and run with --include-ignored"]
+async fn the_platform_database_down_keeps_keygate_ready_counts_and_logs_once() {
+    let platform = Platform::start().await;
+    let upstream = Upstream::start().await;
+    // keygate reaches the platform's database through a relay the test cuts.
+    let target: std::net::SocketAddr = "127.0.0.1:5432".parse().unwrap();
+    assert!(
+        platform.url.contains("@127.0.0.1:5432/"),
+        "the relay stands in for 127.0.0.1:5432: {}",
+        platform.url
+    );
+    let relay = common::Relay::start(target).await;
+    let relayed = platform
+        .url
+        .replace("@127.0.0.1:5432/", &format!("@{}/", relay.addr));
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    common::certificate_into(dir.path(), &data);
+    let config = dir.path().join("keygate.toml");
+    common::write_config(
+        &config,
+        &data,
+        &upstream.url(),
+        &sync_config(&relayed, &upstream.url(), SYNC_INTERVAL),
+    );
+    let keygate = common::Process::spawn(&config, "info");
+    let admin = |path: &str| format!("http://127.0.0.1:{}{path}", keygate.admin);
+    let scrape = async || {
+        reqwest::get(admin("/metrics"))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    };
+    let errors = async || common::counter(&scrape().await, "keygate_platform_sync_errors_total");
+    wait_until("the first sync", SYNCED, async || {
+        !scrape()
+            .await
+            .contains("keygate_platform_sync_last_success_timestamp_seconds 0\n")
+    })
+    .await;
+    let log = || std::fs::read_to_string(&keygate.log).unwrap();
+    let failed = "sync with the platform's database failed";
+    let recovered = "reachable again";
+
+    relay.cut();
+    wait_until("several failed rounds", SYNCED, async || {
+        errors().await >= 5
+    })
+    .await;
+    let ready = reqwest::get(admin("/readyz")).await.unwrap();
+    assert_eq!(ready.status(), 200, "keygate serves from its own store");
+    assert_eq!(log().matches(failed).count(), 1, "{}", log());
+    assert_eq!(log().matches(recovered).count(), 0);
+
+    relay.restore();
+    wait_until("the recovery logged", SYNCED, async || {
+        log().contains(recovered)
+    })
+    .await;
+    let after = errors().await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(errors().await, after, "no error once recovered");
+    assert_eq!(log().matches(failed).count(), 1);
+    assert_eq!(log().matches(recovered).count(), 1);
+    keygate.signal("TERM");
+    drop(keygate);
+    platform.drop().await;
+}
+
+#[tokio::test]
+#[ignore = "needs PostgreSQL: set KEYGATE_TEST_DATABASE_URL and run with --include-ignored"]
+async fn replicas_on_one_store_take_turns_at_the_sync_and_other_stores_do_not_wait() {
+    let base = common::test_database_url();
+    let (url, schema) = fresh_schema(&base).await;
+    let (other_url, other_schema) = fresh_schema(&base).await;
+    let replica_a = keygate::store::Store::connect(&url, 4).await.unwrap();
+    let replica_b = keygate::store::Store::connect(&url, 4).await.unwrap();
+    let elsewhere = keygate::store::Store::connect(&other_url, 4).await.unwrap();
+    let held = replica_a
+        .try_sync_lock()
+        .await
+        .unwrap()
+        .expect("free at first");
+    assert!(
+        replica_b.try_sync_lock().await.unwrap().is_none(),
+        "one at a time"
+    );
+    let other = elsewhere.try_sync_lock().await.unwrap();
+    assert!(other.is_some(), "another store's sync is its own");
+    held.release().await;
+    let next = replica_b.try_sync_lock().await.unwrap();
+    assert!(next.is_some(), "free again once released");
+    // A replica that stops midway gives the lock up with its connection.
+    drop(next);
+    wait_until(
+        "the lock freed by a dropped holder",
+        Duration::from_secs(10),
+        async || match replica_a.try_sync_lock().await.unwrap() {
+            Some(lock) => {
+                lock.release().await;
+                true
+            }
+            None => false,
+        },
+    )
+    .await;
+    if let Some(other) = other {
+        other.release().await;
+    }
+    drop_schema(&base, &schema).await;
+    drop_schema(&base, &other_schema).await;
+}
+
+#[tokio::test]
+async fn a_sync_without_a_route_for_the_user_endpoints_is_refused_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().display();
+    let text = format!(
+        "[server]\ndata_dir = \"{data}\"\n[listen]\nhttps = \"127.0.0.1:0\"\nadmin = \"127.0.0.1:0\"\n\
+         [store]\nurl = \"sqlite://{data}/k.db\"\n\
+         [platform]\ndatabase_url = \"postgres://reader@127.0.0.1:1/thingsboard\"\n\
+         [[route]]\nname = \"api\"\nprefix = \"/api/\"\nupstreams = [\"http://127.0.0.1:9\"]\n"
+    );
+    let path = dir.path().join("keygate.toml");
+    std::fs::write(&path, text).unwrap();
+    let settings = keygate::config::load(&keygate::config::Source {
+        file: Some(&path),
+        env: vec![],
+    })
+    .unwrap();
+    let refused = keygate::server::start(settings, keygate::server::StartOptions::default()).await;
+    let error = refused.err().expect("refused").to_string();
+    assert!(error.contains("set platform.upstream"), "{error}");
+}
+
+#[tokio::test]
+async fn the_import_reads_the_syncs_database_url_from_the_config_and_says_when_there_is_none() {
+    let (_upstream, gw) = gateway("").await;
+    let config = gw.dir.path().join("keygate.toml");
+    let args = ["import".to_owned(), "platform".to_owned()];
+    let out = tokio::task::spawn_blocking({
+        let (config, args) = (config.clone(), args.clone());
+        move || keygate(&config, &args)
+    })
+    .await
+    .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("no platform database"), "{stderr}");
+    // A port nothing listens on, named in the config: the import goes there.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let text = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(
+        &config,
+        format!("{text}\n[platform]\ndatabase_url = \"postgres://reader@127.0.0.1:{port}/tb\"\n"),
+    )
+    .unwrap();
+    let out = tokio::task::spawn_blocking(move || keygate(&config, &args))
+        .await
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains(&format!("127.0.0.1:{port}")), "{stderr}");
 }

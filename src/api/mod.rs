@@ -369,6 +369,41 @@ pub static ROUTES: &[EndpointRoute] = &[
     },
 ];
 
+/// The user-entity endpoints the platform answers while the sync is on
+/// (`[platform] database_url`): it owns user records then, and keygate
+/// forwards these to its route `[platform] upstream`. The platform's own
+/// paths (`UserController`); keygate keeps every credential endpoint.
+/// `/api/user/{id}/userCredentialsEnabled` and the activation link change
+/// the platform's `user_credentials` row, which the sync carries back (a
+/// disable revokes at the next round); an invitation the platform issues
+/// works at once ([`crate::import::lookup_activation_token`]).
+const PLATFORM_USER_PATHS: &[&str] = &[
+    "/api/user",
+    "/api/user/{id}",
+    "/api/user/{id}/userCredentialsEnabled",
+    "/api/user/{id}/activationLink",
+    "/api/user/{id}/activationLinkInfo",
+    "/api/users",
+    "/api/users/info",
+    "/api/tenant/{id}/users",
+    "/api/customer/{id}/users",
+    "/api/customer/{id}/userInfos",
+];
+
+/// Prefixes of the platform's user endpoints with paths below them.
+const PLATFORM_USER_PREFIXES: &[&str] = &["/api/userInfos/", "/api/user/settings/"];
+
+/// Whether a normalised path is a user-entity endpoint the platform
+/// answers while the sync is on ([`PLATFORM_USER_PATHS`]).
+pub fn platform_owns(path: &str) -> bool {
+    PLATFORM_USER_PREFIXES
+        .iter()
+        .any(|prefix| path.starts_with(prefix))
+        || PLATFORM_USER_PATHS
+            .iter()
+            .any(|pattern| match_pattern(pattern, path).is_some())
+}
+
 /// A matched owned route and its path parameters.
 #[derive(Debug)]
 pub struct Matched {
@@ -714,6 +749,44 @@ impl From<AccountError> for ApiError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn with_the_sync_on_user_records_go_to_the_platform_and_credentials_stay() {
+        let id = "784f394c-42b6-435a-983c-b7beff2784f9";
+        for path in [
+            "/api/user".to_owned(),
+            format!("/api/user/{id}"),
+            format!("/api/user/{id}/userCredentialsEnabled"),
+            format!("/api/user/{id}/activationLink"),
+            "/api/user/sendActivationMail".to_owned(),
+            "/api/user/settings".to_owned(),
+            "/api/user/settings/general".to_owned(),
+            "/api/users".to_owned(),
+            "/api/users/info".to_owned(),
+            "/api/userInfos/all".to_owned(),
+            format!("/api/tenant/{id}/users"),
+            format!("/api/customer/{id}/users"),
+            format!("/api/customer/{id}/userInfos"),
+        ] {
+            assert!(platform_owns(&path), "{path} is the platform's");
+        }
+        for path in [
+            "/api/auth/login".to_owned(),
+            "/api/auth/token".to_owned(),
+            "/api/auth/logout".to_owned(),
+            "/api/auth/user".to_owned(),
+            "/api/auth/changePassword".to_owned(),
+            "/api/noauth/activate".to_owned(),
+            "/api/apiKey".to_owned(),
+            format!("/api/apiKeys/{id}"),
+            "/api/2fa/account/config".to_owned(),
+            format!("/api/user/{id}/token"),
+            "/api/userx".to_owned(),
+            format!("/api/tenant/{id}/devices"),
+        ] {
+            assert!(!platform_owns(&path), "{path} is not the platform's");
+        }
+    }
 
     #[test]
     fn owned_routes_match_exactly_and_wrong_methods_are_405() {

@@ -79,7 +79,7 @@ struct SentCode {
 /// counted per replica (the password limiter, shared through Redis when
 /// configured, still bounds guessing across replicas).
 pub struct TwoFactor {
-    sealer: Sealer,
+    sealer: std::sync::Arc<Sealer>,
     pending: moka::sync::Cache<(Uuid, &'static str), Pending>,
     failures: moka::sync::Cache<Uuid, u32>,
     /// The last e-mail code sent to each user, per purpose (one at a time).
@@ -87,11 +87,17 @@ pub struct TwoFactor {
 }
 
 impl TwoFactor {
+    /// The sealer of second-factor secrets (the import run by the sync
+    /// stores the platform's the same way).
+    pub fn sealer(&self) -> std::sync::Arc<Sealer> {
+        self.sealer.clone()
+    }
+
     /// `fallback_secret` (the token signing key) derives the sealing key
     /// when `[two_factor] encryption_secret` is not set.
     pub fn new(settings: &TwoFactorSettings, fallback_secret: &[u8]) -> TwoFactor {
         TwoFactor {
-            sealer: Sealer::configured(settings, fallback_secret),
+            sealer: std::sync::Arc::new(Sealer::configured(settings, fallback_secret)),
             pending: moka::sync::Cache::builder()
                 .max_capacity(100_000)
                 .time_to_live(PENDING_LIFETIME)

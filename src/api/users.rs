@@ -20,8 +20,7 @@ use crate::identity::{Authority, NULL_UUID, Principal};
 use crate::mail::MailKind;
 use crate::store::{Audit, PageRequest, USER_SORT_PROPERTIES, UserScope};
 
-/// How long an activation link stays valid.
-pub const ACTIVATION_TTL_MS: i64 = 24 * 3600 * 1000;
+pub use crate::store::ACTIVATION_TTL_MS;
 
 /// A `User` as a create or update request carries it: every field may be
 /// left out, and ids need no `entityType`.
@@ -615,7 +614,11 @@ pub async fn activate(
     // The token is checked before anything is hashed: a flood of bogus tokens
     // costs a lookup each, never an Argon2 computation.
     let now_ms = crate::clock::now_ms();
-    let Some(owner) = api.store.activation_user(&digest, now_ms).await? else {
+    let known = match api.store.activation_user(&digest, now_ms).await? {
+        Some(owner) => Some(owner),
+        None => platform_invitation(api, &body.activate_token).await,
+    };
+    let Some(owner) = known else {
         tracing::info!(target: "keygate::security", client = %req.client_ip, "activation with an unknown or expired token");
         return Err(invalid());
     };
@@ -644,6 +647,34 @@ pub async fn activate(
         return Ok(json_response(&pending));
     }
     Ok(json_response(&api.issue_pair(&user).await?))
+}
+
+/// With the sync on, a token keygate does not know may be an invitation
+/// the platform sent since the last sync: its holder is imported now
+/// ([`crate::import::lookup_activation_token`]). The platform's database
+/// down reads as an unknown token.
+async fn platform_invitation(api: &Endpoints, token: &str) -> Option<uuid::Uuid> {
+    let sync = api.settings.platform.sync.as_ref()?;
+    match crate::import::lookup_activation_token(
+        &api.store,
+        api.two_factor.sealer(),
+        &sync.database_url,
+        token,
+    )
+    .await
+    {
+        Ok(Some((id, revocations))) => {
+            for revocation in revocations {
+                api.auth.revoke(Some(revocation)).await;
+            }
+            Some(id)
+        }
+        Ok(None) => None,
+        Err(error) => {
+            tracing::warn!(%error, "could not look an activation token up in the platform's database");
+            None
+        }
+    }
 }
 
 /// The password rules in the platform's shape. keygate's rules are a length

@@ -13,6 +13,16 @@ pub(super) async fn import(cmd: ImportCommand, settings: &Settings) -> anyhow::R
         prune,
         json,
     } = cmd;
+    let configured = settings
+        .platform
+        .sync
+        .as_ref()
+        .map(|s| s.database_url.clone());
+    let Some(database_url) = database_url.or(configured) else {
+        anyhow::bail!(
+            "no platform database: pass --database-url, or set KEYGATE_PLATFORM_DATABASE_URL or [platform] database_url"
+        );
+    };
     let store = open_store(settings).await?;
     let sealer = keygate::server::two_factor_sealer(settings, &store).await?;
     let options = Options {
@@ -20,6 +30,7 @@ pub(super) async fn import(cmd: ImportCommand, settings: &Settings) -> anyhow::R
         dry_run,
         prune,
         sealer: std::sync::Arc::new(sealer),
+        origin: import::Origin::CommandLine,
     };
     let progress = |line: &str| eprintln!("import: {line}");
     let report = import::run(&store, &options, &progress).await?;

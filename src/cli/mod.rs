@@ -184,9 +184,10 @@ Example:
       --database-url postgres://reader@platform-db:5432/thingsboard
   keygate import platform --database-url postgres://reader@platform-db:5432/thingsboard")]
     Platform {
-        /// The platform's PostgreSQL database, e.g. postgres://user:pass@host:5432/thingsboard.
+        /// The platform's PostgreSQL database, e.g. postgres://user:pass@host:5432/thingsboard;
+        /// without it, the config's platform.database_url (the sync's).
         #[arg(long, env = "KEYGATE_PLATFORM_DATABASE_URL")]
-        database_url: String,
+        database_url: Option<String>,
         /// Read and validate everything and print what would be done; write nothing.
         #[arg(long)]
         dry_run: bool,

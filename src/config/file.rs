@@ -261,6 +261,13 @@ pub struct PlatformSection {
     pub signing_key: String,
     pub issuer: String,
     pub token_lifetime: String,
+    /// The platform's PostgreSQL database, read every `sync_interval`;
+    /// empty: no sync.
+    pub database_url: String,
+    pub sync_interval: String,
+    /// The `[[route]]` (with `identity = "platform"`) the user-entity
+    /// endpoints go to while the sync is on.
+    pub upstream: String,
     /// Customers whose id opens `POST /api/auth/login/public`, besides those
     /// `keygate import platform` found marked public.
     pub public_customers: Vec<PublicCustomerEntry>,
@@ -284,6 +291,12 @@ impl std::fmt::Debug for PlatformSection {
             .field("issuer", &self.issuer)
             .field("token_lifetime", &self.token_lifetime)
             .field("public_customers", &self.public_customers)
+            .field(
+                "database_url",
+                &(!self.database_url.is_empty()).then_some("<redacted>"),
+            )
+            .field("sync_interval", &self.sync_interval)
+            .field("upstream", &self.upstream)
             .finish()
     }
 }
@@ -295,6 +308,9 @@ impl Default for PlatformSection {
             issuer: "thingsboard.io".into(),
             token_lifetime: "5m".into(),
             public_customers: Vec::new(),
+            database_url: String::new(),
+            sync_interval: "10s".into(),
+            upstream: String::new(),
         }
     }
 }

@@ -336,6 +336,31 @@ pub struct PlatformSettings {
     /// `platform.public_customers`: customers whose id opens a public
     /// login, besides those the import stored.
     pub public_customers: Vec<crate::store::PublicCustomer>,
+    /// Keeping keygate in sync with the platform's database; `None`: off.
+    pub sync: Option<SyncSettings>,
+}
+
+/// The sync with the platform's database (`[platform] database_url`,
+/// [`crate::import::sync`]).
+#[derive(Clone)]
+pub struct SyncSettings {
+    /// The platform's PostgreSQL database (only read).
+    pub database_url: String,
+    /// How often it is read.
+    pub interval: Duration,
+    /// The name of the route (`identity = "platform"`) the user-entity
+    /// endpoints are forwarded to.
+    pub upstream: String,
+}
+
+impl std::fmt::Debug for SyncSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SyncSettings")
+            .field("database_url", &"<redacted>")
+            .field("interval", &self.interval)
+            .field("upstream", &self.upstream)
+            .finish()
+    }
 }
 
 impl std::fmt::Debug for PlatformSettings {
@@ -348,6 +373,7 @@ impl std::fmt::Debug for PlatformSettings {
             .field("issuer", &self.issuer)
             .field("token_lifetime", &self.token_lifetime)
             .field("public_customers", &self.public_customers)
+            .field("sync", &self.sync)
             .finish()
     }
 }

@@ -1028,3 +1028,51 @@ fn a_mail_template_file_gives_the_subject_and_body() {
         "{errors}"
     );
 }
+
+#[test]
+fn the_sync_is_off_by_default_and_reads_its_url_from_the_environment() {
+    let settings = load_text("", &[]).unwrap();
+    assert!(settings.platform.sync.is_none());
+    let url = "postgres://reader:secret-pw@platform-db:5432/thingsboard";
+    let text = format!(
+        "{}[platform]\nupstream = \"tb\"\n",
+        platform_config("").replace("[platform]\nsigning_key = \"\"\n", "")
+    );
+    let settings = load_text(&text, &[("KEYGATE_PLATFORM_DATABASE_URL", url)]).unwrap();
+    let sync = settings.platform.sync.as_ref().unwrap();
+    assert_eq!(sync.database_url, url);
+    assert_eq!(sync.interval, Duration::from_secs(10));
+    assert_eq!(sync.upstream, "tb");
+    let printed = format!("{settings:?}");
+    assert!(!printed.contains("secret-pw"), "{printed}");
+}
+
+#[test]
+fn the_sync_upstream_must_name_a_platform_route_and_the_url_be_postgres() {
+    let routes =
+        "[[route]]\nname = \"api\"\nprefix = \"/api/\"\nupstreams = [\"http://127.0.0.1:9000\"]\n";
+    let errors = load_text(
+        &format!("[platform]\ndatabase_url = \"mysql://db/tb\"\nupstream = \"api\"\nsync_interval = \"0s\"\n{routes}"),
+        &[],
+    )
+    .unwrap_err();
+    for expected in [
+        "platform.upstream: the route \"api\" must have identity = \"platform\"",
+        "platform.database_url (KEYGATE_PLATFORM_DATABASE_URL): must be a postgres:// URL",
+        "platform.sync_interval: must be greater than zero",
+    ] {
+        assert!(errors.0.iter().any(|e| e.contains(expected)), "{errors}");
+    }
+    let errors = load_text(
+        &format!("[platform]\nupstream = \"nowhere\"\n{routes}"),
+        &[],
+    )
+    .unwrap_err();
+    assert!(
+        errors
+            .0
+            .iter()
+            .any(|e| e.contains("platform.upstream: no [[route]] is named \"nowhere\"")),
+        "{errors}"
+    );
+}

@@ -43,7 +43,8 @@ pub(super) fn validate(file: &FileConfig, errors: &mut Vec<String>) -> Settings 
     let mail = file.mail.validate(errors);
     let two_factor = file.two_factor.validate(mail.is_some(), errors);
     let routes = validate_routes(&file.routes, proxy.request_timeout, errors);
-    let platform = file.platform.validate(&file.jwt, errors);
+    let mut platform = file.platform.validate(&file.jwt, errors);
+    platform.sync = file.platform.validate_sync(&routes, errors);
     let server = file.server.validate(errors);
     let assertion = file
         .assertion
@@ -452,7 +453,48 @@ impl PlatformSection {
             issuer: self.issuer.trim().to_owned(),
             token_lifetime: token_lifetime.max(MIN_PLATFORM_TOKEN_LIFETIME),
             public_customers,
+            sync: None,
         }
+    }
+
+    /// The sync: on with a `database_url`, which must be PostgreSQL's. Its
+    /// `upstream`, when named, must be a route with `identity = "platform"`
+    /// (the user-entity endpoints reach the platform with its own token);
+    /// `keygate serve` refuses to sync without one.
+    fn validate_sync(
+        &self,
+        routes: &[RouteSpec],
+        errors: &mut Vec<String>,
+    ) -> Option<SyncSettings> {
+        let url = self.database_url.trim();
+        let interval = nonzero_duration("platform.sync_interval", &self.sync_interval, errors);
+        let upstream = self.upstream.trim();
+        if !upstream.is_empty() {
+            match routes.iter().find(|route| route.name == upstream) {
+                None => errors.push(format!(
+                    "platform.upstream: no [[route]] is named {upstream:?}"
+                )),
+                Some(route) if route.identity != crate::identity::IdentityMode::Platform => {
+                    errors.push(format!(
+                        "platform.upstream: the route {upstream:?} must have identity = \"platform\": the platform accepts only its own tokens"
+                    ))
+                }
+                Some(_) => {}
+            }
+        }
+        if url.is_empty() {
+            return None;
+        }
+        if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
+            errors.push(
+                "platform.database_url (KEYGATE_PLATFORM_DATABASE_URL): must be a postgres:// URL: the platform keeps its users in PostgreSQL".into(),
+            );
+        }
+        Some(SyncSettings {
+            database_url: url.to_owned(),
+            interval,
+            upstream: upstream.to_owned(),
+        })
     }
 }
 

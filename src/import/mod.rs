@@ -5,13 +5,17 @@
 //! - `source.rs` reads the platform's database, read-only, streaming rows;
 //! - `plan.rs` maps each row and decides what to do with it;
 //! - this file runs the import batch by batch, applies the plan through the
-//!   store (`store::platform`) and counts what it did.
+//!   store (`store::platform`) and counts what it did;
+//! - `sync.rs` runs the same import inside `keygate serve` every
+//!   `[platform] sync_interval`, and looks up invitations keygate does not
+//!   know yet ([`lookup_activation_token`]).
 //!
 //! Memory stays bounded by the batch size, plus one id per row seen (to find
 //! the rows deleted on the platform since the last import).
 
 pub mod plan;
 pub mod source;
+pub mod sync;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::pin::pin;
@@ -22,10 +26,12 @@ use futures_util::StreamExt;
 use serde::Serialize;
 use uuid::Uuid;
 
+use crate::auth::api_key::KeyDigest;
 use crate::auth::at_rest::Sealer;
 use crate::identity::NULL_UUID;
 use crate::store::{
-    Audit, PlatformKey, PlatformUser, PublicCustomer, RowKind, Store, StoreError, TwoFactorRecord,
+    Audit, PlatformKey, PlatformUser, PublicCustomer, Published, Revocation, RowKind, Store,
+    StoreError, TwoFactorRecord,
 };
 use plan::{ImportedTwoFactor, Plan, PlatformSecret, PlatformTwoFactor, TwoFactorPlan};
 use source::{KeyRow, Source, TwoFaRow, UserRow};
@@ -68,6 +74,24 @@ pub struct Options {
     /// Seals TOTP secrets and digests backup codes as the server on this
     /// store does ([`crate::server::two_factor_sealer`]).
     pub sealer: Arc<Sealer>,
+    /// Who the audit events name.
+    pub origin: Origin,
+}
+
+/// Who runs an import: an operator, or the sync inside `keygate serve`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    CommandLine,
+    Sync,
+}
+
+impl Origin {
+    fn audit(self, action: &'static str) -> Audit {
+        match self {
+            Origin::CommandLine => Audit::command_line(action),
+            Origin::Sync => Audit::platform_sync(action),
+        }
+    }
 }
 
 /// Imported second factors of one user, by provider.
@@ -123,6 +147,10 @@ pub struct Report {
     /// The customers marked public on the platform: their ids open
     /// `POST /api/auth/login/public`. The stored set is replaced by them.
     pub public_customers: u64,
+    /// What the writes published, for a running server to apply to its own
+    /// caches and open sockets ([`crate::auth::Authenticator::revoke`]).
+    #[serde(skip)]
+    pub revocations: Vec<Revocation>,
 }
 
 impl Report {
@@ -209,7 +237,8 @@ pub async fn run(
     result
 }
 
-async fn import(
+/// Imports from an open snapshot of the platform's database.
+pub(crate) async fn import(
     store: &Store,
     options: &Options,
     source: &mut Source,
@@ -221,30 +250,7 @@ async fn import(
         "the platform holds {user_total} users and {key_total} API keys"
     ));
     let signing = signing(store, options.dry_run, source.jwt_settings().await?).await?;
-    let mut run = Run {
-        store: store.clone(),
-        users_store: store.audited(Audit::command_line("user.import")),
-        keys_store: store.audited(Audit::command_line("api_key.import")),
-        two_factor_store: store.audited(Audit::command_line("two_factor.import")),
-        sealer: options.sealer.clone(),
-        dry_run: options.dry_run,
-        now_ms: crate::clock::now_ms(),
-        report: Report {
-            dry_run: options.dry_run,
-            users: Counts::default(),
-            keys: Counts::default(),
-            two_factors: Counts::default(),
-            skipped: Vec::new(),
-            deleted_users: Vec::new(),
-            deleted_keys: Vec::new(),
-            signing,
-            public_customers: 0,
-        },
-        seen_users: HashSet::new(),
-        added_users: HashSet::new(),
-        seen_keys: HashSet::new(),
-        seen_two_factors: HashSet::new(),
-    };
+    let mut run = Run::new(store, options, signing);
     {
         let mut rows = pin!(source.users());
         let mut batch = Vec::with_capacity(BATCH);
@@ -296,6 +302,60 @@ async fn import(
     let public = source.public_customers().await?;
     run.public_customers(public).await?;
     Ok(run.report)
+}
+
+/// Looks an activation token keygate does not know up in the platform's
+/// database and, when a user holds it there, imports that user (or their
+/// new invitation) by the rules of a re-import; returns the user's id. An
+/// invitation sent on the platform then works at once, before the next
+/// sync. Reads the platform's `activate_token`; a password-reset flow
+/// brings the user in the same way before it checks its own token.
+pub async fn lookup_activation_token(
+    store: &Store,
+    sealer: Arc<Sealer>,
+    database_url: &str,
+    token: &str,
+) -> Result<Option<(Uuid, Vec<Revocation>)>, ImportError> {
+    let mut source = Source::open(database_url).await?;
+    let result = lookup(store, sealer, database_url, &mut source, token).await;
+    source.close().await;
+    result
+}
+
+async fn lookup(
+    store: &Store,
+    sealer: Arc<Sealer>,
+    database_url: &str,
+    source: &mut Source,
+    token: &str,
+) -> Result<Option<(Uuid, Vec<Revocation>)>, ImportError> {
+    let Some(row) = source.user_by_activation_token(token).await? else {
+        return Ok(None);
+    };
+    let options = Options {
+        database_url: database_url.to_owned(),
+        dry_run: false,
+        prune: false,
+        origin: Origin::Sync,
+        sealer,
+    };
+    let absent = Signing {
+        state: "absent",
+        issuer: None,
+        reason: None,
+    };
+    let mut run = Run::new(store, &options, absent);
+    run.users(vec![row]).await?;
+    let Some(id) = run.seen_users.iter().next().copied() else {
+        return Ok(None);
+    };
+    // Imported, or kept as keygate holds it: either way the token is the
+    // user's only if keygate now holds it for them.
+    let digest = KeyDigest::of(token).to_hex();
+    let holder = store
+        .activation_user(&digest, crate::clock::now_ms())
+        .await?;
+    Ok((holder == Some(id)).then_some((id, run.report.revocations)))
 }
 
 /// The platform's `jwt` settings into keygate's store.
@@ -356,6 +416,7 @@ struct Run {
     keys_store: Store,
     two_factor_store: Store,
     sealer: Arc<Sealer>,
+    origin: Origin,
     dry_run: bool,
     now_ms: i64,
     report: Report,
@@ -370,6 +431,41 @@ struct Run {
 const SECOND_FACTOR: &str = "second factor";
 
 impl Run {
+    fn new(store: &Store, options: &Options, signing: Signing) -> Run {
+        let origin = options.origin;
+        Run {
+            store: store.clone(),
+            users_store: store.audited(origin.audit("user.import")),
+            keys_store: store.audited(origin.audit("api_key.import")),
+            two_factor_store: store.audited(origin.audit("two_factor.import")),
+            sealer: options.sealer.clone(),
+            origin,
+            dry_run: options.dry_run,
+            now_ms: crate::clock::now_ms(),
+            report: Report {
+                dry_run: options.dry_run,
+                users: Counts::default(),
+                keys: Counts::default(),
+                two_factors: Counts::default(),
+                skipped: Vec::new(),
+                deleted_users: Vec::new(),
+                deleted_keys: Vec::new(),
+                signing,
+                public_customers: 0,
+                revocations: Vec::new(),
+            },
+            seen_users: HashSet::new(),
+            added_users: HashSet::new(),
+            seen_keys: HashSet::new(),
+            seen_two_factors: HashSet::new(),
+        }
+    }
+
+    /// Keeps what a write published for the server to apply.
+    fn published<T>(&mut self, change: Published<T>) {
+        self.report.revocations.extend(change.revocation);
+    }
+
     fn skip(&mut self, kind: &'static str, id: &str, name: &str, reason: String) {
         let counts = match kind {
             "user" => &mut self.report.users,
@@ -428,9 +524,11 @@ impl Run {
                 Plan::Update(user, update) => {
                     if !self.dry_run {
                         let now_secs = self.now_ms / 1000;
-                        self.users_store
+                        let change = self
+                            .users_store
                             .update_imported_user(&user, &update, now_secs)
                             .await?;
+                        self.published(change);
                     }
                     self.report.users.updated += 1;
                 }
@@ -529,9 +627,11 @@ impl Run {
                 }
                 Plan::Update(key, update) => {
                     if !self.dry_run {
-                        self.keys_store
+                        let change = self
+                            .keys_store
                             .update_imported_key(&key, &update, self.now_ms)
                             .await?;
+                        self.published(change);
                     }
                     self.report.keys.updated += 1;
                 }
@@ -799,14 +899,16 @@ impl Run {
             self.report.keys.removed = keys.len() as u64;
             self.report.users.removed = users.len() as u64;
             if !self.dry_run {
-                let keys_store = self.store.audited(Audit::command_line("api_key.prune"));
+                let keys_store = self.store.audited(self.origin.audit("api_key.prune"));
                 for id in &keys {
-                    keys_store.delete_api_key(*id).await?;
+                    let change = keys_store.delete_api_key(*id).await?;
+                    self.published(change);
                     self.store.forget_imported(RowKind::Key, *id).await?;
                 }
-                let users_store = self.store.audited(Audit::command_line("user.prune"));
+                let users_store = self.store.audited(self.origin.audit("user.prune"));
                 for id in &users {
-                    users_store.delete_user(*id).await?;
+                    let change = users_store.delete_user(*id).await?;
+                    self.published(change);
                     self.store.forget_imported(RowKind::User, *id).await?;
                 }
             }

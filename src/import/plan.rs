@@ -16,7 +16,7 @@ use crate::store::{ApiKeyRecord, KeyUpdate, PlatformKey, PlatformUser, UserRecor
 
 /// How long an imported invitation stays valid when the platform's has no
 /// expiry time: as long as one keygate sends.
-use crate::api::users::ACTIVATION_TTL_MS;
+use crate::store::ACTIVATION_TTL_MS;
 
 /// What to do with one row.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -244,6 +244,46 @@ impl Source {
         .map(|row| Ok(user_row(&row?)?))
     }
 
+    /// The user holding an activation token on the platform, if any.
+    pub async fn user_by_activation_token(
+        &mut self,
+        token: &str,
+    ) -> Result<Option<UserRow>, ImportError> {
+        let row = sqlx::query(
+            "SELECT u.id::text, u.created_time, u.tenant_id::text, u.customer_id::text, u.email, \
+             u.authority, u.first_name, u.last_name, u.phone, u.additional_info, \
+             c.enabled, c.password, c.activate_token, c.activate_token_exp_time, c.user_id IS NOT NULL \
+             FROM user_credentials c JOIN tb_user u ON u.id = c.user_id WHERE c.activate_token = $1",
+        )
+        .bind(token)
+        .fetch_optional(&mut self.conn)
+        .await?;
+        Ok(row.as_ref().map(user_row).transpose()?)
+    }
+
+    /// A digest of every row and column the import reads, computed by the
+    /// database: the row count and the sum of each row's 64-bit hash cross
+    /// the wire, not the rows. A sum needs no sort, so it costs one scan of
+    /// each table. Equal digests of two snapshots mean nothing the import
+    /// reads changed between them (a row's `NULL` and empty text differ here
+    /// too).
+    pub async fn fingerprint(&mut self) -> Result<String, ImportError> {
+        let row = sqlx::query(
+            "SELECT count(*) || ':' || coalesce(sum(hashtextextended(r, 0)::numeric), 0) FROM ( \
+               SELECT 'u' || ROW(u.id, u.created_time, u.tenant_id, u.customer_id, u.email, \
+                 u.authority, u.first_name, u.last_name, u.phone, u.additional_info, \
+                 c.enabled, c.password, c.activate_token, c.activate_token_exp_time, c.user_id)::text AS r \
+                 FROM tb_user u LEFT JOIN user_credentials c ON c.user_id = u.id \
+               UNION ALL SELECT 'k' || ROW(id, created_time, tenant_id, user_id, value, enabled, \
+                 expiration_time, description)::text FROM api_key \
+               UNION ALL SELECT 's' || ROW(tenant_id, json_value)::text \
+                 FROM admin_settings WHERE key = 'jwt') rows",
+        )
+        .fetch_one(&mut self.conn)
+        .await?;
+        Ok(row.try_get(0)?)
+    }
+
     /// Every API key, by id.
     pub fn keys(&mut self) -> impl Stream<Item = Result<KeyRow, ImportError>> + '_ {
         sqlx::query(

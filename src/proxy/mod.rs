@@ -137,6 +137,11 @@ impl RouteTable {
         }
     }
 
+    /// The route of that name.
+    pub fn named(&self, name: &str) -> Option<&Route> {
+        self.routes.iter().find(|r| r.name == name)
+    }
+
     /// The route whose prefix is the longest match for a normalised path.
     pub fn find(&self, path: &str) -> Option<&Route> {
         self.routes.iter().find(|r| path.starts_with(&r.prefix))

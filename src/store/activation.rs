@@ -8,6 +8,9 @@ use super::audit::Target;
 use super::revocation::Change;
 use super::{Published, Revocation, Store, StoreError};
 
+/// How long an activation link stays valid.
+pub const ACTIVATION_TTL_MS: i64 = 24 * 3600 * 1000;
+
 impl Store {
     /// Stores a new activation token digest for a user, replacing older ones.
     pub(crate) async fn replace_activation(

@@ -28,6 +28,9 @@ pub enum Actor {
     },
     /// An operator, through keygate's command line.
     CommandLine,
+    /// The platform, through the sync with its database
+    /// (`[platform] database_url`).
+    PlatformSync,
 }
 
 /// The change about to be made: its actor and action (`user.create`, ...).
@@ -67,6 +70,14 @@ impl Audit {
     pub fn command_line(action: &'static str) -> Audit {
         Audit {
             actor: Actor::CommandLine,
+            action,
+        }
+    }
+
+    /// The sync with the platform's database makes the change.
+    pub fn platform_sync(action: &'static str) -> Audit {
+        Audit {
+            actor: Actor::PlatformSync,
             action,
         }
     }
@@ -110,6 +121,7 @@ impl AuditEvent {
                 email,
             } => (*id, email.clone(), *tenant_id),
             Actor::CommandLine => (NULL_UUID, "command-line".to_owned(), NULL_UUID),
+            Actor::PlatformSync => (NULL_UUID, "platform-sync".to_owned(), NULL_UUID),
         };
         let (target_type, target_id) = match target {
             Target::User(id) => ("USER", id),

@@ -135,6 +135,43 @@ impl RowKind {
     }
 }
 
+/// The first key of the advisory lock of the sync; the second is the hash
+/// of the store's schema, so stores in one database do not contend.
+const SYNC_LOCK: i32 = 0x6b67_7379; // "kgsy"
+
+/// The right to apply a sync with the platform's database: one replica at
+/// a time. On PostgreSQL a session advisory lock held on one of the store's
+/// connections; on SQLite (one replica) always granted.
+pub struct SyncLock {
+    conn: Option<sqlx::pool::PoolConnection<sqlx::Any>>,
+}
+
+impl SyncLock {
+    /// Gives the lock up and the connection back.
+    pub async fn release(mut self) {
+        if let Some(mut conn) = self.conn.take() {
+            let unlocked = sqlx::query("SELECT pg_advisory_unlock($1, hashtext(current_schema()))")
+                .bind(SYNC_LOCK)
+                .execute(&mut *conn)
+                .await;
+            if unlocked.is_err() {
+                // Closing the connection ends the lock with its session.
+                drop(conn.detach());
+            }
+        }
+    }
+}
+
+impl Drop for SyncLock {
+    /// Not released (the task ended midway): the connection closes rather
+    /// than return to the pool holding the lock.
+    fn drop(&mut self) {
+        if let Some(conn) = self.conn.take() {
+            drop(conn.detach());
+        }
+    }
+}
+
 const SIGNING_KEY: &str = "platform.signing_key";
 const ISSUER: &str = "platform.issuer";
 
@@ -166,6 +203,20 @@ fn placeholders(first: usize, n: usize) -> String {
 }
 
 impl Store {
+    /// The sync lock ([`SyncLock`]) if no other replica holds it.
+    pub async fn try_sync_lock(&self) -> Result<Option<SyncLock>, StoreError> {
+        if self.dialect != super::Dialect::Postgres {
+            return Ok(Some(SyncLock { conn: None }));
+        }
+        let mut conn = self.pool.acquire().await?;
+        let row = sqlx::query("SELECT pg_try_advisory_lock($1, hashtext(current_schema()))")
+            .bind(SYNC_LOCK)
+            .fetch_one(&mut *conn)
+            .await?;
+        let held: bool = row.try_get(0)?;
+        Ok(held.then_some(SyncLock { conn: Some(conn) }))
+    }
+
     /// The rows `SELECT {columns} FROM {table} WHERE {column} IN (values)`:
     /// one query per batch; none for no values.
     async fn rows_in(

@@ -241,6 +241,9 @@ struct Operations {
     last_reload: IntGauge,
     pruned_rows: IntCounterVec,
     prune_runs: IntCounterVec,
+    sync_last_success: IntGauge,
+    sync_rows: IntCounterVec,
+    sync_errors: prometheus::IntCounter,
 }
 
 impl Operations {
@@ -305,6 +308,22 @@ impl Operations {
             "Runs of the store pruning, by outcome (success, failure).",
             &["outcome"],
         );
+        let sync_last_success = IntGauge::new(
+            "keygate_platform_sync_last_success_timestamp_seconds",
+            "When the sync with the platform's database last succeeded (Unix time; 0 before the first, and without a sync).",
+        )
+        .expect("valid metric");
+        r.0.register(Box::new(sync_last_success.clone()))
+            .expect("unique metric");
+        let sync_rows = r.counter(
+            "keygate_platform_sync_rows_applied_total",
+            "Rows the sync with the platform's database changed in keygate, by kind (users_added, users_updated, users_removed, keys_added, keys_updated, keys_removed).",
+            &["kind"],
+        );
+        let sync_errors = r.single_counter(
+            "keygate_platform_sync_errors_total",
+            "Syncs with the platform's database that failed (unreachable, not the platform's, or a store error).",
+        );
         let operations = Operations {
             logins,
             rate_limited,
@@ -318,6 +337,9 @@ impl Operations {
             last_reload,
             pruned_rows,
             prune_runs,
+            sync_last_success,
+            sync_rows,
+            sync_errors,
         };
         operations.zero_known_outcomes();
         operations
@@ -334,6 +356,9 @@ impl Operations {
         for purpose in HASH_PURPOSES {
             self.password_hashes.with_label_values(&[purpose]);
             self.password_hashes_refused.with_label_values(&[purpose]);
+        }
+        for kind in SYNC_KINDS {
+            self.sync_rows.with_label_values(&[kind]);
         }
         for what in RELOADED {
             for outcome in OUTCOMES {
@@ -369,6 +394,16 @@ pub const RATE_LIMITERS: [&str; 5] = [
 
 /// Password-hashing allowances ([`Metrics::password_hash`]).
 pub const HASH_PURPOSES: [&str; 2] = ["login", "other"];
+
+/// What the sync with the platform counts ([`Metrics::sync_applied`]).
+pub const SYNC_KINDS: [&str; 6] = [
+    "users_added",
+    "users_updated",
+    "users_removed",
+    "keys_added",
+    "keys_updated",
+    "keys_removed",
+];
 
 /// What a reload reloads ([`Metrics::reload`]).
 pub const RELOADED: [&str; 2] = ["routes", "tls"];
@@ -602,6 +637,23 @@ impl Metrics {
             .inc();
     }
 
+    /// A sync with the platform's database succeeded at `now_secs`.
+    pub(crate) fn sync_succeeded(&self, now_secs: i64) {
+        self.operations.sync_last_success.set(now_secs);
+    }
+
+    /// Rows of `kind` ([`SYNC_KINDS`]) a sync changed.
+    pub(crate) fn sync_applied(&self, kind: &str, rows: u64) {
+        self.operations
+            .sync_rows
+            .with_label_values(&[kind])
+            .inc_by(rows);
+    }
+
+    pub(crate) fn sync_failed(&self) {
+        self.operations.sync_errors.inc();
+    }
+
     pub(crate) fn revocation_received(&self) {
         self.operations.revocations.inc();
     }
@@ -791,6 +843,25 @@ mod tests {
         ] {
             assert!(text.contains(series), "{series} missing:\n{text}");
         }
+    }
+
+    #[test]
+    fn platform_sync_series_exist_at_start_for_alerts_to_read() {
+        let m = Metrics::new();
+        let text = m.render();
+        assert!(text.contains("keygate_platform_sync_last_success_timestamp_seconds 0"));
+        assert!(text.contains("keygate_platform_sync_errors_total 0"));
+        for kind in SYNC_KINDS {
+            let series = format!("keygate_platform_sync_rows_applied_total{{kind=\"{kind}\"}} 0");
+            assert!(text.contains(&series), "{series}");
+        }
+        m.sync_failed();
+        m.sync_applied("users_added", 3);
+        m.sync_succeeded(1_700_000_000);
+        let text = m.render();
+        assert!(text.contains("keygate_platform_sync_errors_total 1"));
+        assert!(text.contains("keygate_platform_sync_rows_applied_total{kind=\"users_added\"} 3"));
+        assert!(text.contains("keygate_platform_sync_last_success_timestamp_seconds 1700000000"));
     }
 
     #[test]

@@ -1,0 +1,193 @@
+//! Keeping keygate in sync with the platform's database while `keygate
+//! serve` runs (`[platform] database_url`): every `sync_interval` one
+//! replica reads the platform's database and applies what changed through
+//! the import ([`super::import`], one code path), then applies what the
+//! writes revoked to its caches and open sockets the way every change does
+//! ([`crate::auth::Authenticator::revoke`]); other replicas hear of it by
+//! notification.
+//!
+//! The platform's tables have no column that moves on every change a sync
+//! needs (`tb_user.version` misses `user_credentials` and `api_key`), so
+//! each round asks the platform's database for a digest of what the import
+//! reads ([`Source::fingerprint`]): the rows are read and compared only
+//! when it moved since the last round applied.
+//!
+//! With several replicas on a PostgreSQL store, one applies at a time: the
+//! round runs under a session advisory lock on the store
+//! ([`Store::try_sync_lock`]); a replica that does not get it skips the
+//! round. An SQLite store serves one replica.
+//!
+//! The platform's database down leaves keygate serving from its own store
+//! (`/readyz` stays ready): the error is logged once per outage, and once on
+//! recovery, and counted every round.
+
+use std::sync::Arc;
+
+use tokio::sync::watch;
+
+use super::source::Source;
+use super::{ImportError, Options, Origin, Report};
+use crate::auth::Authenticator;
+use crate::config::SyncSettings;
+use crate::store::Store;
+use crate::telemetry::Metrics;
+
+/// The sync task's state between rounds.
+pub struct Sync {
+    store: Store,
+    auth: Arc<Authenticator>,
+    metrics: Arc<Metrics>,
+    settings: SyncSettings,
+    /// Seals the platform's second factors as the server does.
+    sealer: Arc<crate::auth::at_rest::Sealer>,
+    /// The digest of the platform's rows the last applied round read.
+    applied: Option<String>,
+    /// Whether the last round failed (an outage is logged once).
+    failing: bool,
+}
+
+/// What one round did.
+#[derive(Debug)]
+pub enum Round {
+    /// Another replica holds the lock.
+    NotMine,
+    /// Nothing the import reads changed since the last round applied.
+    Unchanged,
+    Applied(Box<Report>),
+}
+
+impl Sync {
+    pub fn new(
+        store: Store,
+        auth: Arc<Authenticator>,
+        metrics: Arc<Metrics>,
+        settings: SyncSettings,
+        sealer: Arc<crate::auth::at_rest::Sealer>,
+    ) -> Sync {
+        Sync {
+            store,
+            auth,
+            metrics,
+            settings,
+            sealer,
+            applied: None,
+            failing: false,
+        }
+    }
+
+    /// Runs a round at once, then one every interval, until shutdown.
+    pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) {
+        tracing::info!(
+            interval = ?self.settings.interval,
+            "syncing with the platform's database"
+        );
+        loop {
+            self.round().await;
+            tokio::select! {
+                _ = shutdown.changed() => return,
+                _ = tokio::time::sleep(self.settings.interval) => {}
+            }
+        }
+    }
+
+    /// One round, counted and logged.
+    pub async fn round(&mut self) -> Option<Round> {
+        match self.try_round().await {
+            Ok(round) => {
+                if self.failing {
+                    tracing::info!("the platform's database is reachable again; syncing");
+                    self.failing = false;
+                }
+                if !matches!(round, Round::NotMine) {
+                    self.metrics.sync_succeeded(crate::clock::now_secs());
+                }
+                Some(round)
+            }
+            Err(error) => {
+                self.metrics.sync_failed();
+                if !self.failing {
+                    tracing::error!(
+                        %error,
+                        "sync with the platform's database failed; serving from keygate's store until it recovers (logged once per outage)"
+                    );
+                    self.failing = true;
+                }
+                None
+            }
+        }
+    }
+
+    async fn try_round(&mut self) -> Result<Round, ImportError> {
+        let Some(lock) = self.store.try_sync_lock().await? else {
+            return Ok(Round::NotMine);
+        };
+        let mut source = Source::open(&self.settings.database_url).await?;
+        let result = self.apply(&mut source).await;
+        source.close().await;
+        lock.release().await;
+        result
+    }
+
+    async fn apply(&mut self, source: &mut Source) -> Result<Round, ImportError> {
+        source.check_schema().await?;
+        let fingerprint = source.fingerprint().await?;
+        if self.applied.as_ref() == Some(&fingerprint) {
+            return Ok(Round::Unchanged);
+        }
+        let options = Options {
+            database_url: self.settings.database_url.clone(),
+            dry_run: false,
+            // The platform owns the users: one deleted there goes here too.
+            prune: true,
+            origin: Origin::Sync,
+            sealer: self.sealer.clone(),
+        };
+        let quiet = |_: &str| {};
+        let result = super::import(&self.store, &options, source, &quiet).await;
+        let report = match result {
+            Ok(report) => report,
+            Err(error) => return Err(error),
+        };
+        for revocation in &report.revocations {
+            self.auth.revoke(Some(*revocation)).await;
+        }
+        self.count(&report);
+        self.applied = Some(fingerprint);
+        Ok(Round::Applied(Box::new(report)))
+    }
+
+    fn count(&self, report: &Report) {
+        let applied = [
+            ("users_added", report.users.added),
+            ("users_updated", report.users.updated),
+            ("users_removed", report.users.removed),
+            ("keys_added", report.keys.added),
+            ("keys_updated", report.keys.updated),
+            ("keys_removed", report.keys.removed),
+        ];
+        let mut any = false;
+        for (kind, rows) in applied {
+            self.metrics.sync_applied(kind, rows);
+            any |= rows > 0;
+        }
+        if any {
+            tracing::info!(
+                users_added = report.users.added,
+                users_updated = report.users.updated,
+                users_removed = report.users.removed,
+                keys_added = report.keys.added,
+                keys_updated = report.keys.updated,
+                keys_removed = report.keys.removed,
+                "applied the platform's changes"
+            );
+        }
+        for skipped in &report.skipped {
+            tracing::warn!(
+                kind = skipped.kind,
+                id = %skipped.id,
+                reason = %skipped.reason,
+                "a platform row was not synced"
+            );
+        }
+    }
+}
