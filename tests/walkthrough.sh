@@ -52,7 +52,15 @@ printf '%s\n' "$block" > "$script"
 cd "$scratch"
 setsid bash -e -o pipefail "$script" > "$out" 2>&1 < /dev/null &
 group=$!
-( sleep 600; kill -- "-$group" 2>/dev/null ) &
+# The watchdog's sleep goes with it: left behind, it would hold this
+# script's stdout open for the rest of the 10 minutes.
+(
+  sleep 600 &
+  nap=$!
+  trap 'kill "$nap" 2>/dev/null; exit 0' TERM
+  wait "$nap"
+  kill -- "-$group" 2>/dev/null
+) &
 watchdog=$!
 if wait "$group"; then status=0; else status=$?; fi
 kill "$watchdog" 2>/dev/null || true
