@@ -180,6 +180,7 @@ store_tests!(
     check_a_backup_code_is_used_once_when_raced,
     check_two_factor_rows_go_with_their_user,
     check_api_key_scopes_are_stored_as_given_and_absent_when_unscoped,
+    check_revocations_after_name_each_changed_user_and_key_once,
 );
 
 fn factor(provider: &str, use_by_default: bool, secret: &str) -> TwoFactorRecord {
@@ -351,6 +352,38 @@ async fn check_pruning_deletes_audit_events_past_their_retention_only(store: &St
     dropping.settings.audit_events = DAY;
     assert_eq!(dropping.run_once(NOW, &rx).await.unwrap().audit_events, 3);
     assert!(store.audit_events(10).await.unwrap().is_empty());
+}
+
+/// What another process changed is found by reading the audit events after
+/// a sequence number: each changed user and key once, in order, and nothing
+/// again from the sequence number returned.
+async fn check_revocations_after_name_each_changed_user_and_key_once(store: &Store) {
+    let start = store.last_audit_seq().await.unwrap();
+    let created = user("polled@example.com", 1);
+    store
+        .audited(Audit::command_line("user.create"))
+        .insert_user(&created)
+        .await
+        .unwrap();
+    let k = key(&created, "polled-digest", 2);
+    store
+        .audited(Audit::command_line("api_key.create"))
+        .insert_api_key(&k)
+        .await
+        .unwrap();
+    store
+        .audited(Audit::command_line("api_key.disable"))
+        .set_api_key_enabled(k.id, false)
+        .await
+        .unwrap();
+    let (last, revocations) = store.revocations_after(start).await.unwrap();
+    assert_eq!(
+        revocations,
+        [Revocation::User(created.id), Revocation::Key(k.id)]
+    );
+    assert!(last > start);
+    assert_eq!(last, store.last_audit_seq().await.unwrap());
+    assert_eq!(store.revocations_after(last).await.unwrap(), (last, vec![]));
 }
 
 /// A change made through an audited store writes its event with it; a
