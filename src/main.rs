@@ -43,6 +43,9 @@ const EXIT_CONFIG: u8 = 64;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Command::ReferenceUpstream(args) = cli.command {
+        return reference_upstream(args);
+    }
     let explicit = cli.config.as_path() != Path::new(DEFAULT_CONFIG);
     let file = if explicit || cli.config.exists() {
         Some(cli.config.as_path())
@@ -129,6 +132,30 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => fail(cli::one_line(&e), ExitCode::FAILURE),
+    }
+}
+
+/// `keygate reference-upstream`: the reference entity service on its own. It
+/// has nothing to do with keygate's configuration or store, so it reads and
+/// names neither.
+fn reference_upstream(args: keygate::dev::ReferenceUpstreamArgs) -> ExitCode {
+    let result = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .and_then(|runtime| {
+            let result = runtime.block_on(keygate::dev::run_reference_upstream(
+                args,
+                keygate::dev::terminated(),
+            ));
+            runtime.shutdown_background();
+            result
+        });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("keygate: reference-upstream: {error}");
+            ExitCode::FAILURE
+        }
     }
 }
 

@@ -791,6 +791,17 @@ fn spawn_background(
                 metrics.clone(),
                 shutdown_rx.clone(),
             )));
+    } else {
+        // No notification crosses processes on SQLite: a change the command
+        // line makes is found by polling.
+        running
+            .tasks
+            .push(tokio::spawn(crate::auth::revocation::poll(
+                running.store.clone(),
+                auth.clone(),
+                crate::auth::revocation::POLL_INTERVAL,
+                shutdown_rx.clone(),
+            )));
     }
     if let Some(sync) = &settings.platform.sync {
         let sync = crate::import::sync::Sync::new(

@@ -222,6 +222,69 @@ async fn cli_created_key_works_and_cli_disable_applies_within_the_cache_bound() 
 }
 
 #[tokio::test]
+async fn a_key_disabled_by_the_cli_is_refused_by_a_running_sqlite_server_within_3_s() {
+    let upstream = Upstream::start().await;
+    // The default cache bound (30 s): the server must learn of the change
+    // from the store, not from its caches expiring.
+    let gw = Gateway::start(&upstream.url(), "").await;
+    let config = gw.dir.path().join("keygate.toml");
+    let out = keygate(
+        &config,
+        &[
+            "user",
+            "add",
+            "--email",
+            "poll@example.com",
+            "--authority",
+            "TENANT_ADMIN",
+            "--tenant-id",
+            "5f1c0c9e-1d2a-4c3b-9e8f-0a1b2c3d4e5f",
+        ],
+        "a-long-password\n",
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = keygate(
+        &config,
+        &["apikey", "create", "--email", "poll@example.com"],
+        "",
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let key = text(&out.stdout).lines().last().unwrap().to_string();
+    let out = keygate(
+        &config,
+        &["apikey", "list", "--email", "poll@example.com", "--json"],
+        "",
+    );
+    let keys: serde_json::Value = serde_json::from_str(&text(&out.stdout)).unwrap();
+    let key_id = keys[0]["id"].as_str().unwrap().to_string();
+
+    let client = gw.client();
+    let call = || {
+        client
+            .get(gw.https("/api/devices"))
+            .header("X-Authorization", common::api_key_header(&key))
+            .send()
+    };
+    // Twice: the second answer comes from the cache.
+    assert_eq!(call().await.unwrap().status(), 200);
+    assert_eq!(call().await.unwrap().status(), 200);
+
+    let out = keygate(&config, &["apikey", "disable", &key_id], "");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let disabled = Instant::now();
+    loop {
+        if call().await.unwrap().status() == 401 {
+            break;
+        }
+        assert!(
+            disabled.elapsed() < Duration::from_secs(3),
+            "a key disabled from the command line was still accepted 3 s later"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
 async fn cli_read_only_and_scoped_keys_are_refused_outside_their_scopes() {
     let upstream = Upstream::start().await;
     let gw = Gateway::start(&upstream.url(), "").await;

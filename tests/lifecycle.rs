@@ -428,3 +428,55 @@ async fn sighup_names_each_changed_setting_it_cannot_apply() {
     process.signal("TERM");
     let _ = process.child.wait();
 }
+
+#[tokio::test]
+async fn process_exits_promptly_after_logging_stopped() {
+    let upstream = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("keygate.toml");
+    write_config(&config, dir.path(), &upstream.url(), "");
+    certificate_into(&dir.path().join("ca"), dir.path());
+    let mut process = Process::spawn(&config, "info");
+    // What a server has done before it stops: a password hash (its threads
+    // started), a proxied request (a pooled upstream connection), a refusal.
+    let http = process.http;
+    let client = reqwest::Client::new();
+    let login = client
+        .post(format!("http://127.0.0.1:{http}/api/auth/login"))
+        .json(&json!({"username": "sysadmin@keygate.local", "password": "bootstrap-password"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(login.status(), 200);
+    let proxied = client
+        .get(format!("http://127.0.0.1:{http}/api/noauth/fast"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(proxied.status(), 200);
+    drop(client);
+
+    process.signal("TERM");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let stopped_seen = loop {
+        let text = std::fs::read_to_string(&process.log).unwrap_or_default();
+        if text.lines().any(|l| l.contains("\"stopped\"")) {
+            break Instant::now();
+        }
+        assert!(Instant::now() < deadline, "no `stopped` line:\n{text}");
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    let exit = loop {
+        if let Some(exit) = process.child.try_wait().unwrap() {
+            break exit;
+        }
+        // A bound on a linger, generous for a loaded machine; an exit takes
+        // a few milliseconds.
+        assert!(
+            stopped_seen.elapsed() < Duration::from_secs(1),
+            "keygate still running 1 s after logging `stopped`"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    assert_eq!(exit.code(), Some(0));
+}

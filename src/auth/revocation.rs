@@ -4,6 +4,10 @@
 //! If the listening connection is lost, notifications sent meanwhile are lost
 //! too: on every (re)connect the credential caches are flushed, and the cache
 //! TTL (`cache.ttl`) bounds staleness while the connection is down.
+//!
+//! On SQLite there is no notification between processes: the server polls the
+//! store's audit events ([`poll`]) every [`POLL_INTERVAL`], so a change the
+//! command line makes reaches it within about a second, not at cache expiry.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,7 +20,7 @@ use uuid::Uuid;
 
 use crate::auth::Authenticator;
 use crate::auth::cache::Caches;
-use crate::store::{REVOCATION_CHANNEL, Revocation};
+use crate::store::{REVOCATION_CHANNEL, Revocation, Store};
 use crate::telemetry::Metrics;
 
 /// Drops what a revocation affects from this replica's caches, then wakes
@@ -95,6 +99,53 @@ async fn listen_until_shutdown(
             _ = tokio::time::sleep(backoff) => {}
         }
         backoff = (backoff * 2).min(Duration::from_secs(5));
+    }
+}
+
+/// How often a server on SQLite looks for changes made by another process.
+pub const POLL_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Polls the store's audit events until shutdown (SQLite): each change to a
+/// user or key written since the last poll, by this process or another, is
+/// applied like a received notification. When a poll fails, nothing is known
+/// of what happened meanwhile: once the store answers again the credential
+/// caches are flushed, as the PostgreSQL listener does on reconnecting.
+pub async fn poll(
+    store: Store,
+    auth: Arc<Authenticator>,
+    interval: Duration,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let mut seen: Option<i64> = None;
+    let mut ticks = tokio::time::interval(interval);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = shutdown.changed() => return,
+            _ = ticks.tick() => {}
+        }
+        let Some(after) = seen else {
+            match store.last_audit_seq().await {
+                Ok(last) => {
+                    auth.caches().invalidate_all();
+                    seen = Some(last);
+                }
+                Err(error) => tracing::warn!(%error, "polling for revocations failed"),
+            }
+            continue;
+        };
+        match store.revocations_after(after).await {
+            Ok((last, revocations)) => {
+                for revocation in revocations {
+                    apply(auth.caches(), revocation).await;
+                }
+                seen = Some(last);
+            }
+            Err(error) => {
+                tracing::warn!(%error, "polling for revocations failed");
+                seen = None;
+            }
+        }
     }
 }
 

@@ -84,6 +84,12 @@ pub enum Command {
     /// Show the latest audit events (changes to users and API keys), newest
     /// first: a table, or one JSON object per line with --json.
     Audit(AuditArgs),
+    /// Run the reference entity service (the upstream `serve --dev` runs in
+    /// its process) on its own, for trying keygate in the production shape.
+    /// It trusts the X-Auth-* headers it is sent and keeps its data in
+    /// memory: never for production. Reads no config; prints
+    /// `entity_service listening on ADDR` once bound; stops on SIGTERM or Ctrl-C.
+    ReferenceUpstream(keygate::dev::ReferenceUpstreamArgs),
 }
 
 #[derive(clap::Args)]
@@ -304,6 +310,10 @@ pub async fn run(
         Command::Assertion(cmd) => assertion::assertion(cmd, &settings).await,
         Command::Audit(args) => audit::audit(args, &settings).await,
         Command::Import(cmd) => import::import(cmd, &settings).await,
+        // Run before any config is read (main).
+        Command::ReferenceUpstream(args) => {
+            Ok(keygate::dev::run_reference_upstream(args, keygate::dev::terminated()).await?)
+        }
     }
 }
 

@@ -10,11 +10,12 @@
 //! upstream keeps its data in memory and the key is printed.
 
 mod reference;
+mod standalone;
 mod verifier;
 
 /// The reference entity service ([`reference`]): serves `listener` until
-/// `shutdown`. Used by `serve --dev`, the `entity_service` example and the
-/// tests; it is a demonstration upstream, not part of the gateway.
+/// `shutdown`. Used by `serve --dev`, `keygate reference-upstream` (and the
+/// `entity_service` example) and the tests; it is a demonstration upstream, not part of the gateway.
 pub use reference::serve as serve_reference_upstream;
 /// [`serve_reference_upstream`], verifying keygate's identity assertion on
 /// every `/api/` request, as an upstream of an `identity = "assertion"`
@@ -25,6 +26,7 @@ pub use reference::serve_verifying as serve_reference_upstream_verifying;
 pub use reference::{
     Counters as ReferenceCounters, serve_counted as serve_reference_upstream_counted,
 };
+pub use standalone::{ReferenceUpstreamArgs, run_reference_upstream, terminated};
 pub use verifier::AssertionCheck;
 
 use std::net::SocketAddr;

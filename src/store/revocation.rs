@@ -3,10 +3,11 @@
 
 use std::future::Future;
 
+use sqlx::Row;
 use uuid::Uuid;
 
 use super::audit::Target;
-use super::{Dialect, Store, StoreError};
+use super::{Dialect, Store, StoreError, uuid_col};
 
 /// A change that can end a credential. Published on PostgreSQL with
 /// `NOTIFY` in the transaction that makes the change, so every replica drops
@@ -148,5 +149,57 @@ impl Store {
                 .await?;
         }
         Ok(())
+    }
+}
+
+/// At most this many audit events are read by one poll of
+/// [`Store::revocations_after`]; the rest come at the next.
+const POLL_BATCH: i64 = 1000;
+
+impl Store {
+    /// The sequence number of the newest audit event (0 for none): where a
+    /// poll of [`Store::revocations_after`] starts.
+    pub(crate) async fn last_audit_seq(&self) -> Result<i64, StoreError> {
+        let row = sqlx::query("SELECT COALESCE(MAX(seq), 0) FROM audit_events")
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(row.try_get::<i64, _>(0)?)
+    }
+
+    /// The revocations the audit events written after `seq` can mean (a
+    /// change to a user ends its credentials, a change to a key ends the
+    /// key), with the sequence number to poll from next. On SQLite, where no
+    /// notification crosses processes, this is how a server learns of a
+    /// change another process (the command line) made: every change that can
+    /// end a credential writes its event in its own transaction. One range
+    /// read of the table's primary key; nothing new costs one index probe.
+    pub(crate) async fn revocations_after(
+        &self,
+        seq: i64,
+    ) -> Result<(i64, Vec<Revocation>), StoreError> {
+        let rows = sqlx::query(
+            "SELECT seq, target_type, target_id FROM audit_events \
+             WHERE seq > $1 ORDER BY seq LIMIT $2",
+        )
+        .bind(seq)
+        .bind(POLL_BATCH)
+        .fetch_all(&self.pool)
+        .await?;
+        let mut last = seq;
+        let mut revocations = Vec::new();
+        for row in &rows {
+            last = last.max(row.try_get::<i64, _>(0)?);
+            let target_type: String = row.try_get(1)?;
+            let target = uuid_col(row, 2)?;
+            let revocation = match target_type.as_str() {
+                "USER" => Revocation::User(target),
+                "API_KEY" => Revocation::Key(target),
+                _ => continue,
+            };
+            if !revocations.contains(&revocation) {
+                revocations.push(revocation);
+            }
+        }
+        Ok((last, revocations))
     }
 }

@@ -184,6 +184,7 @@ store_tests!(
     check_api_key_scopes_are_stored_as_given_and_absent_when_unscoped,
     check_user_pages_are_scoped_and_sorted_by_the_asked_property,
     check_public_customers_are_replaced_as_a_set_and_name_their_tenant,
+    check_revocations_after_name_each_changed_user_and_key_once,
 );
 
 async fn check_user_pages_are_scoped_and_sorted_by_the_asked_property(store: &Store) {
@@ -448,6 +449,38 @@ async fn check_pruning_deletes_audit_events_past_their_retention_only(store: &St
     dropping.settings.audit_events = DAY;
     assert_eq!(dropping.run_once(NOW, &rx).await.unwrap().audit_events, 3);
     assert!(store.audit_events(10).await.unwrap().is_empty());
+}
+
+/// What another process changed is found by reading the audit events after
+/// a sequence number: each changed user and key once, in order, and nothing
+/// again from the sequence number returned.
+async fn check_revocations_after_name_each_changed_user_and_key_once(store: &Store) {
+    let start = store.last_audit_seq().await.unwrap();
+    let created = user("polled@example.com", 1);
+    store
+        .audited(Audit::command_line("user.create"))
+        .insert_user(&created)
+        .await
+        .unwrap();
+    let k = key(&created, "polled-digest", 2);
+    store
+        .audited(Audit::command_line("api_key.create"))
+        .insert_api_key(&k)
+        .await
+        .unwrap();
+    store
+        .audited(Audit::command_line("api_key.disable"))
+        .set_api_key_enabled(k.id, false)
+        .await
+        .unwrap();
+    let (last, revocations) = store.revocations_after(start).await.unwrap();
+    assert_eq!(
+        revocations,
+        [Revocation::User(created.id), Revocation::Key(k.id)]
+    );
+    assert!(last > start);
+    assert_eq!(last, store.last_audit_seq().await.unwrap());
+    assert_eq!(store.revocations_after(last).await.unwrap(), (last, vec![]));
 }
 
 /// A change made through an audited store writes its event with it; a
