@@ -363,7 +363,12 @@ impl App {
 
     /// Answers a request the lean path took: the phases of [`App::handle`]
     /// for a proxied route, on the head and body it read.
-    pub async fn handle_fast(&self, req: Request<()>, body: Bytes, conn: Arc<Peer>) -> Response<Body> {
+    pub async fn handle_fast(
+        &self,
+        req: Request<()>,
+        body: Bytes,
+        conn: Arc<Peer>,
+    ) -> Response<Body> {
         let routes = self.routes.load();
         let mut ex = self.exchange(&req, &conn);
         let req = req.map(|()| RequestBody::Read(body));

@@ -459,9 +459,7 @@ fn date(out: &mut Vec<u8>) {
         static CACHED: RefCell<(u64, String)> = const { RefCell::new((u64::MAX, String::new())) };
     }
     let now = SystemTime::now();
-    let second = now
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
+    let second = now.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
     CACHED.with(|cached| {
         let mut cached = cached.borrow_mut();
         if cached.0 != second {
@@ -579,18 +577,23 @@ mod tests {
         assert_eq!(head.request.method(), Method::GET);
         assert_eq!(head.request.uri(), "/api/x?a=1");
         assert_eq!(head.body_len, 0);
-        let names: Vec<_> = head.request.headers().iter().map(|(n, _)| n.as_str()).collect();
+        let names: Vec<_> = head
+            .request
+            .headers()
+            .iter()
+            .map(|(n, _)| n.as_str())
+            .collect();
         assert_eq!(names, ["host", "x-authorization", "accept", "accept"]);
     }
 
     #[test]
     fn an_unfinished_head_waits_and_an_oversized_one_is_declined() {
-        assert!(matches!(head("GET /api/x HTTP/1.1\r\nHost: gw\r\n"), Parsed::Partial));
-        let long = format!("GET /api/x HTTP/1.1\r\nX: {}", "a".repeat(20_000));
         assert!(matches!(
-            head(&long),
-            Parsed::Declined(Decline::Malformed)
+            head("GET /api/x HTTP/1.1\r\nHost: gw\r\n"),
+            Parsed::Partial
         ));
+        let long = format!("GET /api/x HTTP/1.1\r\nX: {}", "a".repeat(20_000));
+        assert!(matches!(head(&long), Parsed::Declined(Decline::Malformed)));
     }
 
     #[test]
@@ -612,16 +615,36 @@ mod tests {
                 "POST /api/x HTTP/1.1\r\nContent-Length: 3, 3\r\n\r\n",
                 Decline::Length,
             ),
-            ("POST /api/x HTTP/1.1\r\nContent-Length: +3\r\n\r\n", Decline::Length),
-            ("POST /api/x HTTP/1.1\r\nContent-Length: 0x3\r\n\r\n", Decline::Length),
+            (
+                "POST /api/x HTTP/1.1\r\nContent-Length: +3\r\n\r\n",
+                Decline::Length,
+            ),
+            (
+                "POST /api/x HTTP/1.1\r\nContent-Length: 0x3\r\n\r\n",
+                Decline::Length,
+            ),
             ("GET /api/x HTTP/1.0\r\n\r\n", Decline::Version),
             ("HEAD /api/x HTTP/1.1\r\n\r\n", Decline::Method),
-            ("GET /api/ws HTTP/1.1\r\nUpgrade: websocket\r\n\r\n", Decline::Upgrade),
-            ("POST /api/x HTTP/1.1\r\nExpect: 100-continue\r\n\r\n", Decline::Expect),
-            ("GET /api/x HTTP/1.1\r\nConnection: Upgrade\r\n\r\n", Decline::Connection),
-            ("GET /api/x HTTP/1.1\r\nBad Name: x\r\n\r\n", Decline::Malformed),
-            ("GET /api/x HTTP/1.1\r\nX: a\r\n b\r\n\r\n", Decline::Malformed),
-            ("GET /api/x HTTP/1.1\nX: a\r\n\r\n", Decline::Malformed),
+            (
+                "GET /api/ws HTTP/1.1\r\nUpgrade: websocket\r\n\r\n",
+                Decline::Upgrade,
+            ),
+            (
+                "POST /api/x HTTP/1.1\r\nExpect: 100-continue\r\n\r\n",
+                Decline::Expect,
+            ),
+            (
+                "GET /api/x HTTP/1.1\r\nConnection: Upgrade\r\n\r\n",
+                Decline::Connection,
+            ),
+            (
+                "GET /api/x HTTP/1.1\r\nBad Name: x\r\n\r\n",
+                Decline::Malformed,
+            ),
+            (
+                "GET /api/x HTTP/1.1\r\nX: a\r\n b\r\n\r\n",
+                Decline::Malformed,
+            ),
         ] {
             match head(text) {
                 Parsed::Declined(got) => assert_eq!(got, reason, "{text:?}"),
@@ -633,8 +656,14 @@ mod tests {
     #[test]
     fn connection_close_is_taken_and_remembered() {
         for (text, close) in [
-            ("GET /api/x HTTP/1.1\r\nConnection: Close, X-Auth-User-Id\r\n\r\n", true),
-            ("GET /api/x HTTP/1.1\r\nConnection: keep-alive\r\n\r\n", false),
+            (
+                "GET /api/x HTTP/1.1\r\nConnection: Close, X-Auth-User-Id\r\n\r\n",
+                true,
+            ),
+            (
+                "GET /api/x HTTP/1.1\r\nConnection: keep-alive\r\n\r\n",
+                false,
+            ),
         ] {
             let Parsed::Head(taken) = head(text) else {
                 panic!("not taken: {text:?}")

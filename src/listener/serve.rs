@@ -33,8 +33,8 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::Handler;
-use super::h1fast;
 use super::framing::{AmbiguousFraming, FramingScanner};
+use super::h1fast;
 use super::peer::Peer;
 use crate::body::{Body, BoxError};
 

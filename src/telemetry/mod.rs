@@ -182,7 +182,9 @@ impl Traffic {
             traffic.in_flight_refused.with_label_values(&[bound]);
         }
         for reason in crate::listener::h1fast::Decline::ALL {
-            traffic.fast_path_declined.with_label_values(&[reason.label()]);
+            traffic
+                .fast_path_declined
+                .with_label_values(&[reason.label()]);
         }
         traffic
     }
