@@ -130,8 +130,10 @@ pub struct Head {
     pub close: bool,
 }
 
-/// What the bytes read so far hold.
+/// What the bytes read so far hold. Returned once per head and matched at
+/// once: boxing the head would cost an allocation per request.
 #[derive(Debug)]
+#[allow(clippy::large_enum_variant)]
 pub enum Parsed {
     /// Not a whole head yet.
     Partial,
