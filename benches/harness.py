@@ -189,6 +189,7 @@ LABELS = {
     "c1-direct": "1 connection: upstream direct",
     "c1-nginx-https": "1 connection: nginx HTTPS",
     "c1-keygate-apikey": "1 connection: keygate HTTPS + API key",
+    "pingap-apikey": "pingap HTTPS + key_auth plugin",
 }
 
 
@@ -272,6 +273,17 @@ def table(args):
             if case in s:
                 lines.append(f"- one connection, p50 added over direct: {LABELS[case][14:]} "
                              f"{s[case]['p50'] - direct:+,.0f} µs")
+    if "keygate-apikey" in s:
+        k = s["keygate-apikey"]
+        peers = [("nginx HTTPS", https), ("nginx plain", plain), ("pingap", s.get("pingap-apikey"))]
+        lines.append(
+            "- keygate HTTPS + API key vs "
+            + ", ".join(
+                f"{name}: {ratio(k['rps'], p['rps'])} req/s, {ratio(k['cpu'], p['cpu'])} CPU/req"
+                for name, p in peers
+                if p
+            )
+        )
     if "keygate-rotation" in s and "keygate-1key" in s:
         lines.append(
             f"- {meta.get('keys', '?'):,} keys in rotation vs one key: "

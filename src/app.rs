@@ -19,6 +19,7 @@ use std::time::Instant;
 
 use std::borrow::Cow;
 
+use bytes::Bytes;
 use http::{HeaderValue, Method, Request, Response, Uri};
 use hyper::body::Incoming;
 
@@ -34,10 +35,11 @@ use crate::config::Settings;
 use crate::error::ApiError;
 use crate::identity::{Identity, Passport, Passports};
 use crate::listener::framing::AmbiguousFraming;
+use crate::listener::h1fast::{Decline, FastPath};
 use crate::listener::peer::{Client, Crowded, InFlight, Peer};
 use crate::path;
 use crate::proxy::headers::{self, X_REQUEST_ID};
-use crate::proxy::{Proxy, Route, RouteTable, Routes};
+use crate::proxy::{Proxy, RequestBody, Route, RouteTable, Routes};
 use crate::shared_limits::SharedLimits;
 use crate::shared_limits::quota::{Grant, Quotas, Refusal};
 use crate::shared_limits::seats::Seats;
@@ -248,7 +250,7 @@ impl App {
     }
 
     /// The request's context, worked out once from its connection and head.
-    fn exchange<'t>(&self, req: &Request<Incoming>, conn: &'t Peer) -> Exchange<'t> {
+    fn exchange<'t, B>(&self, req: &Request<B>, conn: &'t Peer) -> Exchange<'t> {
         let logged = self.settings.log.access_log.then(|| Logged {
             uri: req.uri().clone(),
             traceparent: req.headers().get(TRACEPARENT).cloned(),
@@ -312,28 +314,99 @@ impl App {
                 Ok(response)
             }
             Target::Proxied(route) => {
-                ex.identity = self
-                    .authenticate(&req, !route.public, ScopeCheck::Path(&path), ex)
-                    .await?;
-                let grant = match self.admit_quota(route, ex) {
-                    Ok(grant) => grant,
-                    Err(refusal) => return Ok(refusal.into_response()),
-                };
-                let in_flight = self.admit_in_flight(ex)?;
-                let passport = self.passport(route, ex)?;
-                let parts = self.headers_to_upstream(req, ex, passport.as_ref());
-                let mut response = self.forward(route, parts, &path, ex, in_flight).await?;
-                grant.write_headers(response.headers_mut());
-                Ok(response)
+                self.proxied(route, req.map(RequestBody::Streamed), &path, ex)
+                    .await
             }
         }
     }
 
+    /// A request to a proxied route (not an upgrade), from hyper's path or
+    /// the lean one: authenticate, quotas, in-flight bounds, passport,
+    /// headers to upstream, forward.
+    async fn proxied<'t>(
+        &'t self,
+        route: &'t Route,
+        req: Request<RequestBody>,
+        path: &str,
+        ex: &mut Exchange<'t>,
+    ) -> Result<Response<Body>, ApiError> {
+        ex.identity = self
+            .authenticate(&req, !route.public, ScopeCheck::Path(path), ex)
+            .await?;
+        let grant = match self.admit_quota(route, ex) {
+            Ok(grant) => grant,
+            Err(refusal) => return Ok(refusal.into_response()),
+        };
+        let in_flight = self.admit_in_flight(ex)?;
+        let passport = self.passport(route, ex)?;
+        let parts = self.headers_to_upstream(req, ex, passport.as_ref());
+        let mut response = self.forward(route, parts, path, ex, in_flight).await?;
+        grant.write_headers(response.headers_mut());
+        Ok(response)
+    }
+
+    /// Whether the lean HTTP/1.1 path takes a request
+    /// ([`crate::listener::h1fast`]): a proxied route (not an upgrade: those
+    /// were declined), its path normalised, no secret sent in clear, its head
+    /// within the limit. Decides as [`App::admit`] and [`App::dispatch`]
+    /// would, without their side effects: whatever those would refuse or
+    /// answer otherwise is left to hyper's path, which does.
+    fn fast_decide(&self, req: &Request<()>, conn: &Peer) -> Result<(), Decline> {
+        if header_block_size(req) > self.settings.limits.max_header_bytes {
+            return Err(Decline::Malformed);
+        }
+        let path = path::normalize(req.uri().path()).map_err(|_| Decline::Path)?;
+        if !conn.client(req.headers()).secure && credential::parse(req.headers()).is_ok() {
+            return Err(Decline::InClear);
+        }
+        let routes = self.routes.load();
+        match self.dispatch(&routes, req.method(), &path, false) {
+            Ok(Target::Proxied(_)) => Ok(()),
+            _ => Err(Decline::NotProxied),
+        }
+    }
+
+    /// Answers a request the lean path took: the phases of [`App::handle`]
+    /// for a proxied route, on the head and body it read.
+    pub async fn handle_fast(
+        &self,
+        req: Request<()>,
+        body: Bytes,
+        conn: Arc<Peer>,
+    ) -> Response<Body> {
+        let routes = self.routes.load();
+        let mut ex = self.exchange(&req, &conn);
+        let req = req.map(|()| RequestBody::Read(body));
+        let result = async {
+            let uri = req.uri().clone();
+            let path = match self.admit(&req, &uri, &ex).await? {
+                Admission::Path(path) => path,
+                Admission::Answered(response) => return Ok(response),
+            };
+            let target = self.dispatch(&routes, req.method(), &path, false)?;
+            match target {
+                Target::Proxied(route) => {
+                    ex.route = Some(&route.series);
+                    self.proxied(route, req, &path, &mut ex).await
+                }
+                // The routes were replaced since the decision: not found.
+                _ => Err(ApiError::not_found()),
+            }
+        }
+        .await;
+        let mut response = result.unwrap_or_else(ApiError::into_response);
+        response
+            .headers_mut()
+            .insert(X_REQUEST_ID.clone(), ex.request_id.clone());
+        self.log(&ex, &response);
+        response
+    }
+
     /// Refuses what must not go further: an oversized head, ambiguous
     /// framing, a path that does not normalise, secrets sent in clear.
-    async fn admit<'p>(
+    async fn admit<'p, B>(
         &self,
-        req: &Request<Incoming>,
+        req: &Request<B>,
         uri: &'p Uri,
         ex: &Exchange<'_>,
     ) -> Result<Admission<'p>, ApiError> {
@@ -519,12 +592,12 @@ impl App {
 
     /// Every edit of the request head before it leaves
     /// ([`headers::to_upstream`]), with the identity authentication verified.
-    fn headers_to_upstream(
+    fn headers_to_upstream<B>(
         &self,
-        req: Request<Incoming>,
+        req: Request<B>,
         ex: &Exchange<'_>,
         passport: Option<&Passport>,
-    ) -> (http::request::Parts, Incoming) {
+    ) -> (http::request::Parts, B) {
         let (mut parts, body) = req.into_parts();
         headers::to_upstream(
             &mut parts,
@@ -550,7 +623,7 @@ impl App {
     async fn forward<'t>(
         &self,
         route: &'t Route,
-        (parts, body): (http::request::Parts, Incoming),
+        (parts, body): (http::request::Parts, RequestBody),
         path: &str,
         ex: &mut Exchange<'t>,
         in_flight: InFlight,
@@ -605,10 +678,10 @@ impl App {
 
     /// Secrets sent in clear, on any route, public ones included
     /// ([`crate::auth::in_clear`]), counted when refused.
-    async fn refuse_secrets_in_clear(
+    async fn refuse_secrets_in_clear<B>(
         &self,
         client: &Client<'_>,
-        req: &Request<Incoming>,
+        req: &Request<B>,
         credential: &Parsed,
     ) -> Result<(), ApiError> {
         let Ok(credential) = credential else {
@@ -637,7 +710,7 @@ impl App {
 
     /// The key the request's client address counts under in per-address
     /// limits.
-    fn address_key(&self, client: &Client<'_>, req: &Request<Incoming>) -> AddressKey {
+    fn address_key<B>(&self, client: &Client<'_>, req: &Request<B>) -> AddressKey {
         let address = client.address(req.headers(), &self.settings.proxy.trusted_proxies);
         AddressKey::of(address, self.settings.limits.ipv6_prefix_len)
     }
@@ -645,9 +718,9 @@ impl App {
     /// Verifies the request's credential when the target asks for one, and
     /// that a scoped key's grants hold the request, counting the outcome.
     /// Secrets sent in clear were refused on admission.
-    async fn authenticate(
+    async fn authenticate<B>(
         &self,
-        req: &Request<Incoming>,
+        req: &Request<B>,
         required: bool,
         scope: ScopeCheck<'_>,
         ex: &mut Exchange<'_>,
@@ -715,6 +788,24 @@ impl ScopeCheck<'_> {
             ScopeCheck::Exempt => true,
             ScopeCheck::Refused => false,
         }
+    }
+}
+
+impl FastPath for App {
+    fn fast_path(&self) -> bool {
+        self.settings.proxy.fast_path
+    }
+
+    fn fast_decide(&self, req: &Request<()>, conn: &Peer) -> Result<(), Decline> {
+        App::fast_decide(self, req, conn)
+    }
+
+    fn fast_declined(&self, reason: Decline) {
+        self.metrics.fast_path_declined(reason.label());
+    }
+
+    async fn fast_handle(&self, req: Request<()>, body: Bytes, conn: Arc<Peer>) -> Response<Body> {
+        self.handle_fast(req, body, conn).await
     }
 }
 

@@ -60,6 +60,9 @@ impl Probes {
     }
 }
 
+/// The admin listener is hyper's alone.
+impl crate::listener::h1fast::FastPath for Probes {}
+
 impl Handler for Probes {
     async fn handle(&self, req: Request<Incoming>, _conn: std::sync::Arc<Peer>) -> Response<Body> {
         Probes::handle(self, req).await

@@ -136,6 +136,7 @@ pub struct ProxySection {
     pub upstream_queue: i64,
     pub upstream_queue_timeout: String,
     pub pass_server_header: bool,
+    pub fast_path: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -615,6 +616,7 @@ impl Default for ProxySection {
             upstream_queue: 256,
             upstream_queue_timeout: "1s".into(),
             pass_server_header: false,
+            fast_path: true,
         }
     }
 }

@@ -406,6 +406,9 @@ pub struct ProxySettings {
     /// Let the upstream's `Server` header reach clients; off, it is removed
     /// (it names the upstream's software and version).
     pub pass_server_header: bool,
+    /// Serve proxied HTTP/1.1 requests on the lean path
+    /// ([`crate::listener::h1fast`]); off, hyper serves every request.
+    pub fast_path: bool,
 }
 
 #[derive(Debug, Clone)]

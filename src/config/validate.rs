@@ -602,6 +602,7 @@ impl ProxySection {
             upstream_queue,
             upstream_queue_timeout,
             pass_server_header: self.pass_server_header,
+            fast_path: self.fast_path,
         }
     }
 }

@@ -6,6 +6,7 @@
 pub(crate) mod address_cap;
 pub(crate) mod descriptors;
 pub(crate) mod framing;
+pub mod h1fast;
 pub mod peer;
 pub(crate) mod serve;
 pub(crate) mod workers;
@@ -32,7 +33,7 @@ use serve::{Deadlines, Reason};
 use workers::Workers;
 
 /// What a listener serves: every request of its connections.
-pub trait Handler: Send + Sync + 'static {
+pub trait Handler: h1fast::FastPath + Send + Sync + 'static {
     fn handle(
         &self,
         req: Request<Incoming>,
@@ -68,6 +69,9 @@ pub struct Setup {
     tls_handshake_timeout: Duration,
     /// How long open connections may take to finish after shutdown.
     grace: Duration,
+    /// The most a request head may take before the lean path leaves it to
+    /// hyper (hyper's own read buffer limit, which answers 431).
+    max_head: usize,
 }
 
 impl Setup {
@@ -108,6 +112,7 @@ impl Setup {
             trusted_proxies,
             tls_handshake_timeout: limits.tls_handshake_timeout,
             grace,
+            max_head: (limits.max_header_bytes * 2).max(8192),
         }
     }
 
@@ -345,6 +350,7 @@ async fn handshake_and_serve<H: Handler>(
             handler,
             conn,
             shared.deadlines,
+            shared.max_head,
             hold,
         )
         .await;
@@ -358,6 +364,7 @@ async fn handshake_and_serve<H: Handler>(
                 handler,
                 conn,
                 shared.deadlines,
+                shared.max_head,
                 hold,
             )
             .await

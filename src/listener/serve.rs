@@ -34,6 +34,7 @@ use tokio::time::Instant;
 
 use super::Handler;
 use super::framing::{AmbiguousFraming, FramingScanner};
+use super::h1fast;
 use super::peer::Peer;
 use crate::body::{Body, BoxError};
 
@@ -344,16 +345,28 @@ pub async fn connection<I, H>(
     handler: Arc<H>,
     conn: Arc<Peer>,
     deadlines: Deadlines,
+    max_head: usize,
     hold: super::Hold,
 ) -> Option<Reason>
 where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     H: Handler,
 {
+    let mut drain = hold.draining();
+    // The lean path reads the connection first; hyper takes it over (with
+    // the bytes read so far) at the first request the lean path declines.
+    let io = if handler.fast_path() {
+        let opened = Instant::now();
+        match h1fast::serve(io, &handler, &conn, opened, deadlines, max_head, &mut drain).await {
+            h1fast::Outcome::Closed(reason) => return reason,
+            h1fast::Outcome::Hyper(replay) => replay,
+        }
+    } else {
+        h1fast::Replay::new(bytes::BytesMut::new(), io)
+    };
     let opened = Instant::now();
     let activity = Arc::new(Activity::new());
     let requests = activity.clone();
-    let drain = hold.draining();
     let service = service_fn(move |mut req: Request<Incoming>| {
         // Only a request that may be upgraded keeps the connection's places.
         if req.headers().contains_key(header::UPGRADE) {

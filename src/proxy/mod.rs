@@ -372,12 +372,13 @@ impl Proxy {
 
     /// The client's body as sent on: held to its pace when there is one, and
     /// cut off at `limits.max_body_bytes` when its length was not declared.
-    fn request_body(
-        &self,
-        incoming: hyper::body::Incoming,
-        declared: bool,
-        version: Version,
-    ) -> Body {
+    /// A body the lean path read whole goes as it is.
+    fn request_body(&self, body: RequestBody, declared: bool, version: Version) -> Body {
+        let incoming = match body {
+            RequestBody::Read(bytes) if bytes.is_empty() => return body::empty(),
+            RequestBody::Read(bytes) => return body::full(bytes),
+            RequestBody::Streamed(incoming) => incoming,
+        };
         if incoming.is_end_stream() {
             return body::boxed(incoming.map_err(body::ClientBodyError));
         }
@@ -408,14 +409,16 @@ impl Proxy {
         &self,
         route: &'r Route,
         mut parts: http::request::Parts,
-        incoming: hyper::body::Incoming,
+        incoming: RequestBody,
         path: &str,
         in_flight: InFlight,
     ) -> Result<(Response<Body>, &'r str), ForwardError<'r>> {
-        let declared = incoming.size_hint().exact();
+        let declared = incoming.declared();
         if declared.is_some_and(|n| n > self.limits.max_body_bytes) {
             // Answered first; over HTTP/2 the rest is read and thrown away.
-            body::discard_rest_if_http2(parts.version, incoming, 0, &self.limits);
+            if let RequestBody::Streamed(incoming) = incoming {
+                body::discard_rest_if_http2(parts.version, incoming, 0, &self.limits);
+            }
             return Err(ApiError::body_too_large().into());
         }
         // Only an empty body can be sent again to another upstream.
@@ -481,6 +484,30 @@ impl Proxy {
                 error,
                 upstream: Some(upstream.label.as_str()),
             });
+        }
+    }
+}
+
+/// A proxied request's body: streamed from hyper's connection, or read
+/// whole with its head by the lean path ([`crate::listener::h1fast`]).
+pub enum RequestBody {
+    Streamed(hyper::body::Incoming),
+    Read(bytes::Bytes),
+}
+
+impl RequestBody {
+    /// The length the client declared (hyper's), or read.
+    fn declared(&self) -> Option<u64> {
+        match self {
+            RequestBody::Streamed(incoming) => incoming.size_hint().exact(),
+            RequestBody::Read(bytes) => Some(bytes.len() as u64),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            RequestBody::Streamed(incoming) => incoming.is_end_stream(),
+            RequestBody::Read(bytes) => bytes.is_empty(),
         }
     }
 }

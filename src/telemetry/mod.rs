@@ -134,6 +134,7 @@ struct Traffic {
     connections_closed: IntCounterVec,
     client_aborts: IntCounterVec,
     in_flight_refused: IntCounterVec,
+    fast_path_declined: IntCounterVec,
     store_lookups: IntCounterVec,
     passports: IntCounterVec,
 }
@@ -212,6 +213,11 @@ impl Traffic {
                  (connection, address).",
                 &["bound"],
             ),
+            fast_path_declined: r.counter(
+                "keygate_fast_path_declined_total",
+                "HTTP/1.1 requests the lean path left to hyper's, by reason (proxy.fast_path).",
+                &["reason"],
+            ),
             store_lookups: r.counter(
                 "keygate_auth_store_lookups_total",
                 "Credential lookups that reached the store (cache misses), by kind (api_key, user, session).",
@@ -220,6 +226,11 @@ impl Traffic {
         };
         for bound in ["connection", "address"] {
             traffic.in_flight_refused.with_label_values(&[bound]);
+        }
+        for reason in crate::listener::h1fast::Decline::ALL {
+            traffic
+                .fast_path_declined
+                .with_label_values(&[reason.label()]);
         }
         traffic
     }
@@ -499,6 +510,14 @@ impl Metrics {
         self.traffic
             .in_flight_refused
             .with_label_values(&[bound])
+            .inc();
+    }
+
+    /// Counts an HTTP/1.1 request the lean path left to hyper's.
+    pub(crate) fn fast_path_declined(&self, reason: &str) {
+        self.traffic
+            .fast_path_declined
+            .with_label_values(&[reason])
             .inc();
     }
 
