@@ -1336,7 +1336,6 @@ async fn relay_until_closed(
     socket: &mut Socket,
     limit: Duration,
 ) -> ((u16, String), Instant, String) {
-    let mut last = String::new();
     let started = Instant::now();
     for n in 0.. {
         assert!(
@@ -1344,7 +1343,7 @@ async fn relay_until_closed(
             "the socket still relayed {limit:?} after its credential died"
         );
         // Sending may fail once keygate has closed; the close frame is read below.
-        last = format!("after-{n}");
+        let last = format!("after-{n}");
         let _ = socket.send(Message::text(last.clone())).await;
         let read = tokio::time::timeout(Duration::from_millis(50), socket.next()).await;
         match read {
