@@ -438,14 +438,14 @@ impl App {
         if let Some(browser) = self.browser.as_deref().filter(|_| ApiBrowser::owns(path)) {
             return Ok(Target::ApiBrowser(browser));
         }
-        if let Some(sync) = self.settings.platform.sync.as_ref() {
-            if api::platform_owns(path) {
-                // The platform owns user records: its route, its token.
-                let route = routes
-                    .named(&sync.upstream)
-                    .ok_or_else(ApiError::unavailable)?;
-                return Ok(Target::Proxied(route));
-            }
+        if let Some(sync) = self.settings.platform.sync.as_ref()
+            && api::platform_owns(path)
+        {
+            // The platform owns user records: its route, its token.
+            let route = routes
+                .named(&sync.upstream)
+                .ok_or_else(ApiError::unavailable)?;
+            return Ok(Target::Proxied(route));
         }
         if let Some(matched) = api::find(method, path)? {
             return Ok(Target::Endpoint(matched));

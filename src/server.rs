@@ -466,30 +466,30 @@ async fn platform_signing(settings: &mut Settings, store: &Store) -> Result<(), 
         .iter()
         .find(|route| route.identity == platform)
         .map(|route| route.name.clone());
-    if settings.platform.signing_key.is_none() {
-        if let Some((key, issuer)) = store.platform_signing().await? {
-            let decoded = crate::config::platform_key_engine()
-                .decode(key.trim())
-                .ok()
-                .filter(|bytes| bytes.len() >= 64);
-            match decoded {
-                Some(key) => {
-                    settings.platform.signing_key = Some(key);
-                    if !issuer.trim().is_empty() {
-                        settings.platform.issuer = issuer;
-                    }
-                    tracing::info!(
-                        "platform tokens are signed with the key imported from the platform"
-                    );
+    if settings.platform.signing_key.is_none()
+        && let Some((key, issuer)) = store.platform_signing().await?
+    {
+        let decoded = crate::config::platform_key_engine()
+            .decode(key.trim())
+            .ok()
+            .filter(|bytes| bytes.len() >= 64);
+        match decoded {
+            Some(key) => {
+                settings.platform.signing_key = Some(key);
+                if !issuer.trim().is_empty() {
+                    settings.platform.issuer = issuer;
                 }
-                // Only a route that mints platform tokens needs the key: a
-                // bad stored one stops nothing else from serving.
-                None if platform_route.is_some() => return Err(StartError::StoredPlatformKey),
-                None => tracing::warn!(
-                    "the platform signing key in the store is not a Base64 key of at least 512 bits; \
-                     no route mints platform tokens, so it is not used"
-                ),
+                tracing::info!(
+                    "platform tokens are signed with the key imported from the platform"
+                );
             }
+            // Only a route that mints platform tokens needs the key: a
+            // bad stored one stops nothing else from serving.
+            None if platform_route.is_some() => return Err(StartError::StoredPlatformKey),
+            None => tracing::warn!(
+                "the platform signing key in the store is not a Base64 key of at least 512 bits; \
+                     no route mints platform tokens, so it is not used"
+            ),
         }
     }
     match platform_route {

@@ -113,10 +113,10 @@ pub fn check_files(cert_path: &Path, key_path: &Path) -> Vec<String> {
         )),
         Ok(_) => {}
     }
-    if problems.is_empty() {
-        if let Err(error) = load_files(cert_path, key_path) {
-            problems.push(format!("tls: {error}"));
-        }
+    if problems.is_empty()
+        && let Err(error) = load_files(cert_path, key_path)
+    {
+        problems.push(format!("tls: {error}"));
     }
     problems
 }

@@ -138,10 +138,9 @@ fn rewrite_refs(value: &mut Value, renames: &BTreeMap<String, String>) {
                     if let Some(target) = child
                         .as_str()
                         .and_then(|r| r.strip_prefix("#/components/schemas/"))
+                        && let Some(renamed) = renames.get(target)
                     {
-                        if let Some(renamed) = renames.get(target) {
-                            *child = Value::String(format!("#/components/schemas/{renamed}"));
-                        }
+                        *child = Value::String(format!("#/components/schemas/{renamed}"));
                     }
                 } else {
                     rewrite_refs(child, renames);
@@ -275,10 +274,10 @@ fn merge_tags(merged: &mut Value, doc: &Value) {
     let Some(tags) = doc.get("tags").and_then(Value::as_array) else {
         return;
     };
-    if !merged.get("tags").is_some_and(Value::is_array) {
-        if let Some(map) = merged.as_object_mut() {
-            map.insert("tags".into(), Value::Array(Vec::new()));
-        }
+    if !merged.get("tags").is_some_and(Value::is_array)
+        && let Some(map) = merged.as_object_mut()
+    {
+        map.insert("tags".into(), Value::Array(Vec::new()));
     }
     if let Some(existing) = merged.get_mut("tags").and_then(Value::as_array_mut) {
         for tag in tags {

@@ -350,13 +350,13 @@ pub async fn reach_dependencies(settings: &Settings) -> Vec<String> {
         Ok(store) => store.close().await,
         Err(error) => problems.push(format!("store.url: {}", one_line(&error))),
     }
-    if let Some(redis) = &settings.redis {
-        if let Err(cause) = reach_redis(redis).await {
-            problems.push(format!(
-                "redis.url: cannot reach {}: {cause}",
-                keygate::config::redacted_url(&redis.url)
-            ));
-        }
+    if let Some(redis) = &settings.redis
+        && let Err(cause) = reach_redis(redis).await
+    {
+        problems.push(format!(
+            "redis.url: cannot reach {}: {cause}",
+            keygate::config::redacted_url(&redis.url)
+        ));
     }
     problems
 }

@@ -261,7 +261,7 @@ pub(crate) async fn import(
             if batch.len() == BATCH {
                 run.users(std::mem::take(&mut batch)).await?;
             }
-            if read % PROGRESS_EVERY == 0 {
+            if read.is_multiple_of(PROGRESS_EVERY) {
                 progress(&format!("users: {read} of {user_total}"));
             }
         }
@@ -277,7 +277,7 @@ pub(crate) async fn import(
             if batch.len() == BATCH {
                 run.keys(std::mem::take(&mut batch)).await?;
             }
-            if read % PROGRESS_EVERY == 0 {
+            if read.is_multiple_of(PROGRESS_EVERY) {
                 progress(&format!("API keys: {read} of {key_total}"));
             }
         }

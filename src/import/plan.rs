@@ -158,10 +158,9 @@ pub fn plan_user(
             // first import; the same invitation later keeps it.
             if let (Some((digest, expires)), Some((was, expired))) =
                 (platform.activation.as_mut(), imported.activation.as_ref())
+                && digest == was
             {
-                if digest == was {
-                    *expires = *expired;
-                }
+                *expires = *expired;
             }
             let identity = (
                 &platform.email,

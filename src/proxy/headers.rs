@@ -83,13 +83,10 @@ fn remove_where(headers: &mut HeaderMap, doomed: impl Fn(&HeaderName) -> bool) {
 
 /// The request id: kept when a trusted proxy sent a sane one, generated otherwise.
 pub fn request_id(headers: &HeaderMap, trusted: bool) -> HeaderValue {
-    if trusted {
-        if let Some(value) = headers.get(&X_REQUEST_ID) {
-            let bytes = value.as_bytes();
-            if !bytes.is_empty() && bytes.len() <= 128 && bytes.iter().all(|b| b.is_ascii_graphic())
-            {
-                return value.clone();
-            }
+    if trusted && let Some(value) = headers.get(&X_REQUEST_ID) {
+        let bytes = value.as_bytes();
+        if !bytes.is_empty() && bytes.len() <= 128 && bytes.iter().all(|b| b.is_ascii_graphic()) {
+            return value.clone();
         }
     }
     let id = fast_v4();

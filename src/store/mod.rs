@@ -151,15 +151,15 @@ impl Store {
             if on_disk && !open.create && !Path::new(file).is_file() {
                 return Err(StoreError::Missing(file.to_owned()));
             }
-            if on_disk && open.create {
-                if let Some(parent) = Path::new(file)
+            if on_disk
+                && open.create
+                && let Some(parent) = Path::new(file)
                     .parent()
                     .filter(|p| !p.as_os_str().is_empty())
-                {
-                    std::fs::create_dir_all(parent).map_err(|e| {
-                        StoreError::Setup(format!("creating {}: {e}", parent.display()))
-                    })?;
-                }
+            {
+                std::fs::create_dir_all(parent).map_err(|e| {
+                    StoreError::Setup(format!("creating {}: {e}", parent.display()))
+                })?;
             }
             let url = if path.contains("mode=") {
                 format!("sqlite://{path}")

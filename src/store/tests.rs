@@ -107,12 +107,12 @@ impl TestDb {
     /// Closes the store and drops the PostgreSQL schema (best effort).
     async fn finish(self) {
         self.store.close().await;
-        if let Some((base, schema)) = self.schema {
-            if let Ok(mut admin) = PgConnection::connect(&base).await {
-                let drop = format!("DROP SCHEMA IF EXISTS {schema} CASCADE");
-                let _ = sqlx::raw_sql(AssertSqlSafe(drop)).execute(&mut admin).await;
-                let _ = admin.close().await;
-            }
+        if let Some((base, schema)) = self.schema
+            && let Ok(mut admin) = PgConnection::connect(&base).await
+        {
+            let drop = format!("DROP SCHEMA IF EXISTS {schema} CASCADE");
+            let _ = sqlx::raw_sql(AssertSqlSafe(drop)).execute(&mut admin).await;
+            let _ = admin.close().await;
         }
     }
 }

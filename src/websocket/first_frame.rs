@@ -207,12 +207,11 @@ mod tests {
             fn any_text_is_read_or_refused_and_never_forwards_the_auth_cmd(
                 text in prop_oneof![frame(), any::<String>()]
             ) {
-                if let Ok(parsed) = parse(&text) {
-                    if let Some(rest) = parsed.rest {
+                if let Ok(parsed) = parse(&text)
+                    && let Some(rest) = parsed.rest {
                         let rest: Value = serde_json::from_str(&rest).unwrap();
                         prop_assert!(rest.get("authCmd").is_none(), "{rest}");
                     }
-                }
             }
 
             #[test]

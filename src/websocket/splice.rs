@@ -188,11 +188,10 @@ pub async fn run(
                 }
             }
             () = woken(&recheck) => {
-                if let Some(recheck) = &recheck {
-                    if let Err(ending) = recheck.still_valid().await {
+                if let Some(recheck) = &recheck
+                    && let Err(ending) = recheck.still_valid().await {
                         return ending;
                     }
-                }
             }
             () = tokio::time::sleep_until(timers.next()) => {
                 match &recheck {
