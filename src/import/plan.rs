@@ -97,12 +97,12 @@ pub fn map_user(row: &UserRow, now_ms: i64) -> Result<PlatformUser, String> {
             .unwrap_or(now_ms + ACTIVATION_TTL_MS);
         (KeyDigest::of(token).to_hex(), expires)
     });
-    // A reset link works only for an account with a password (a pending one
+    // A reset link works only for an active account (a pending one
     // activates through its invitation); an expired one is not imported.
     let reset = row
         .reset_token
         .as_deref()
-        .filter(|t| !t.is_empty() && !pending)
+        .filter(|t| !t.is_empty() && !pending && enabled)
         .map(|token| {
             let expires = row
                 .reset_token_exp_time
@@ -231,7 +231,7 @@ pub fn plan_user(
                 let new = platform
                     .reset
                     .clone()
-                    .filter(|_| !keygate.password_hash.is_empty());
+                    .filter(|_| keygate.enabled && !keygate.password_hash.is_empty());
                 if new.is_some() || gone.is_some() {
                     update.reset = Some(ResetUpdate { gone, token: new });
                 }
@@ -560,6 +560,11 @@ mod tests {
             ..row.clone()
         };
         assert_eq!(map_user(&pending, 1_000).unwrap().reset, None);
+        let disabled = UserRow {
+            enabled: Some(false),
+            ..row.clone()
+        };
+        assert_eq!(map_user(&disabled, 1_000).unwrap().reset, None);
     }
 
     #[test]
