@@ -810,6 +810,7 @@ fn spawn_background(
             metrics.clone(),
             sync.clone(),
             running.app.two_factor_sealer(),
+            settings.mail.is_some(),
         );
         tokio::spawn(sync.run(shutdown_rx.clone()));
     }

@@ -1482,3 +1482,240 @@ async fn the_import_reads_the_syncs_database_url_from_the_config_and_says_when_t
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains(&format!("127.0.0.1:{port}")), "{stderr}");
 }
+
+// --- reset links and EMAIL second factors ------------------------------------------------
+
+const PLATFORM_RESET: &str = "platformResetToken0123456789abcdef";
+
+impl Platform {
+    /// A pending password reset on the platform, as its `resetPasswordByEmail`
+    /// leaves it in `user_credentials`.
+    async fn set_reset_token(&self, user: Uuid, token: &str, expires_at: i64) {
+        self.execute(&format!(
+            "UPDATE user_credentials SET reset_token = '{token}', reset_token_exp_time = {expires_at} \
+             WHERE user_id = '{user}'"
+        ))
+        .await;
+    }
+}
+
+/// The reset link's check, without following its redirect: the status and
+/// the `Location`.
+async fn follow_reset_link(gw: &Gateway, token: &str) -> (u16, String) {
+    let client = reqwest::Client::builder()
+        .add_root_certificate(reqwest::Certificate::from_pem(&gw.ca_pem).unwrap())
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let response = client
+        .get(gw.https(&format!("/api/noauth/resetPassword?resetToken={token}")))
+        .send()
+        .await
+        .unwrap();
+    let location = response
+        .headers()
+        .get("location")
+        .map(|l| l.to_str().unwrap().to_owned())
+        .unwrap_or_default();
+    (response.status().as_u16(), location)
+}
+
+async fn reset_password(gw: &Gateway, token: &str, password: &str) -> reqwest::Response {
+    gw.client()
+        .post(gw.https("/api/noauth/resetPassword"))
+        .json(&serde_json::json!({"resetToken": token, "password": password}))
+        .send()
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+#[ignore = "needs PostgreSQL: set KEYGATE_TEST_DATABASE_URL and run with --include-ignored"]
+async fn a_platform_reset_link_in_the_mailbox_resets_the_password_after_the_import_once() {
+    let platform = Platform::start().await;
+    let (_upstream, gw) = gateway("").await;
+    let now = keygate::clock::now_ms();
+    platform
+        .set_reset_token(platform.admin, PLATFORM_RESET, now + 3_600_000)
+        .await;
+    let expired = "platformExpiredResetToken0123456789";
+    platform
+        .set_reset_token(platform.customer_user, expired, now - 1_000)
+        .await;
+    import_json(&gw, &platform, &[]).await;
+
+    // Stored as keygate stores its own: the digest, with the platform's expiry.
+    let url = format!("sqlite://{}/keygate.db", gw.dir.path().display());
+    sqlx::any::install_default_drivers();
+    let pool = sqlx::AnyPool::connect(&url).await.unwrap();
+    let rows: Vec<(String, String, i64)> =
+        sqlx::query_as("SELECT digest, user_id, expires_at FROM reset_tokens")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(rows.len(), 1, "the expired link is not imported: {rows:?}");
+    assert_eq!(rows[0].1, platform.admin.to_string());
+    assert_eq!(rows[0].2, now + 3_600_000);
+    assert!(!rows[0].0.contains(PLATFORM_RESET));
+
+    assert_eq!(
+        follow_reset_link(&gw, PLATFORM_RESET).await,
+        (
+            303,
+            format!("/login/resetPassword?resetToken={PLATFORM_RESET}")
+        )
+    );
+    assert_eq!(follow_reset_link(&gw, expired).await.0, 409);
+    assert_eq!(
+        reset_password(&gw, expired, NEW_PASSWORD).await.status(),
+        400
+    );
+    let response = reset_password(&gw, PLATFORM_RESET, NEW_PASSWORD).await;
+    assert_eq!(response.status(), 200, "{}", response.text().await.unwrap());
+    assert!(
+        bearer(&gw, "tenant@platform.test", NEW_PASSWORD)
+            .await
+            .is_some()
+    );
+    assert!(
+        bearer(&gw, "tenant@platform.test", PLATFORM_PASSWORD)
+            .await
+            .is_none()
+    );
+
+    // A re-import does not bring the used link back, nor the old password.
+    let report = import_json(&gw, &platform, &[]).await;
+    assert_eq!(report["users"]["updated"], 0, "{report}");
+    assert_eq!(
+        reset_password(&gw, PLATFORM_RESET, "another-Passw0rd!3")
+            .await
+            .status(),
+        400
+    );
+    assert!(
+        bearer(&gw, "tenant@platform.test", NEW_PASSWORD)
+            .await
+            .is_some()
+    );
+    drop(gw);
+    pool.close().await;
+    platform.drop().await;
+}
+
+#[tokio::test]
+#[ignore = "needs PostgreSQL: set KEYGATE_TEST_DATABASE_URL and run with --include-ignored"]
+async fn a_fresh_platform_reset_link_works_before_the_next_sync() {
+    let platform = Platform::start().await;
+    let upstream = Upstream::start().await;
+    // One round at start, the next in an hour: only the lookup can help.
+    let gw = syncing(&platform, &upstream.url(), &upstream.url(), "1h").await;
+    let token = format!("freshReset{}", Uuid::new_v4().simple());
+    platform
+        .set_reset_token(platform.admin, &token, keygate::clock::now_ms() + 3_600_000)
+        .await;
+    assert_eq!(
+        follow_reset_link(&gw, "notAResetTokenAnywhere").await.0,
+        409
+    );
+    assert_eq!(
+        follow_reset_link(&gw, &token).await,
+        (303, format!("/login/resetPassword?resetToken={token}"))
+    );
+    // The POST alone finds it too: a second fresh link, never checked.
+    let second = format!("freshReset{}", Uuid::new_v4().simple());
+    platform
+        .set_reset_token(
+            platform.admin,
+            &second,
+            keygate::clock::now_ms() + 3_600_000,
+        )
+        .await;
+    let response = reset_password(&gw, &second, NEW_PASSWORD).await;
+    assert_eq!(response.status(), 200, "{}", response.text().await.unwrap());
+    assert!(
+        bearer(&gw, "tenant@platform.test", NEW_PASSWORD)
+            .await
+            .is_some()
+    );
+    // Only the newest link works, and each once.
+    assert_eq!(
+        reset_password(&gw, &token, PLATFORM_PASSWORD)
+            .await
+            .status(),
+        400
+    );
+    assert_eq!(
+        reset_password(&gw, &second, PLATFORM_PASSWORD)
+            .await
+            .status(),
+        400
+    );
+    drop(gw);
+    platform.drop().await;
+}
+
+#[tokio::test]
+#[ignore = "needs PostgreSQL: set KEYGATE_TEST_DATABASE_URL and run with --include-ignored"]
+async fn a_platform_email_second_factor_logs_in_with_the_mailed_code_and_never_mails_another_address()
+ {
+    let platform = Platform::start().await;
+    let sink = common::smtp::SmtpSink::start().await;
+    let (_upstream, gw) = gateway(&sink.config()).await;
+    let email_config = |email: &str| {
+        serde_json::json!({"configs": {"EMAIL":
+            {"providerType": "EMAIL", "useByDefault": true, "email": email}}})
+        .to_string()
+    };
+    platform
+        .set_two_fa(
+            platform.customer_user,
+            &email_config("Customer@Platform.test"),
+        )
+        .await;
+    platform
+        .set_two_fa(platform.admin, &email_config("attacker@elsewhere.test"))
+        .await;
+    let report = import_json(&gw, &platform, &[]).await;
+    assert_eq!(report["twoFactors"]["added"], 1, "{report}");
+    let skipped = report["skipped"].as_array().unwrap();
+    assert!(
+        skipped.iter().any(|s| s["kind"] == "second factor"
+            && s["id"] == platform.admin.to_string()
+            && s["reason"]
+                .as_str()
+                .unwrap()
+                .contains("another address than the account's")),
+        "{report}"
+    );
+
+    // The admin's config named another address: no second factor, no mail.
+    assert!(
+        bearer(&gw, "tenant@platform.test", PLATFORM_PASSWORD)
+            .await
+            .is_some()
+    );
+
+    let pre = pre_token(&gw, "customer@platform.test").await;
+    let sent = gw
+        .client()
+        .post(gw.https("/api/auth/2fa/verification/send?providerType=EMAIL"))
+        .header("X-Authorization", format!("Bearer {pre}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(sent.status(), 200, "{}", sent.text().await.unwrap());
+    let code = sink.wait_for("customer@platform.test", 0).await.code();
+    assert_eq!(check(&gw, &pre, "EMAIL", "000000").await.status(), 400);
+    let response = check(&gw, &pre, "EMAIL", &code).await;
+    assert_eq!(response.status(), 200, "{}", response.text().await.unwrap());
+    let body: serde_json::Value = response.json().await.unwrap();
+    assert!(body["refreshToken"].is_string(), "{body}");
+    assert_eq!(sink.count_to("attacker@elsewhere.test"), 0);
+
+    // A re-import changes nothing.
+    let report = import_json(&gw, &platform, &[]).await;
+    assert_eq!(report["twoFactors"]["added"], 0, "{report}");
+    assert_eq!(report["twoFactors"]["unchanged"], 1, "{report}");
+    drop(gw);
+    platform.drop().await;
+}

@@ -376,7 +376,7 @@ pub static ROUTES: &[EndpointRoute] = &[
 /// `/api/user/{id}/userCredentialsEnabled` and the activation link change
 /// the platform's `user_credentials` row, which the sync carries back (a
 /// disable revokes at the next round); an invitation the platform issues
-/// works at once ([`crate::import::lookup_activation_token`]).
+/// works at once ([`crate::import::lookup_token`]).
 const PLATFORM_USER_PATHS: &[&str] = &[
     "/api/user",
     "/api/user/{id}",

@@ -16,6 +16,7 @@ use super::{EndpointRequest, Endpoints, empty_response};
 use crate::auth::api_key::{self, KeyDigest};
 use crate::body::Body;
 use crate::error::{ApiError, code};
+use crate::import::TokenKind;
 use crate::mail::{MailKind, Mailer, redact};
 use crate::store::{Audit, ResetToken, Store};
 
@@ -184,6 +185,29 @@ fn see_other(location: &str) -> Result<http::Response<Body>, ApiError> {
     Ok(response)
 }
 
+/// What a reset token is in keygate's store; with the sync on, a token
+/// keygate does not know is first looked up in the platform's database (a
+/// link the platform mailed since the last sync works at once).
+async fn known_reset_token(
+    api: &Endpoints,
+    token: &str,
+    digest: &str,
+) -> Result<ResetToken, ApiError> {
+    let found = api
+        .store
+        .reset_token(digest, crate::clock::now_ms())
+        .await?;
+    if found != ResetToken::Unknown {
+        return Ok(found);
+    }
+    Ok(
+        match super::users::platform_token(api, TokenKind::Reset, token).await {
+            Some(user_id) => ResetToken::Valid(user_id),
+            None => ResetToken::Unknown,
+        },
+    )
+}
+
 /// `GET /api/noauth/resetPassword?resetToken=`: the link in the mail. A
 /// valid token is sent on to the reset page, an expired one to the
 /// platform's expired-link page; an unknown one is a 409.
@@ -213,11 +237,7 @@ pub async fn check_token(
         .await
         .map_err(|limited| api.rate_limited(limited, None, &req))?;
     let digest = KeyDigest::of(&token).to_hex();
-    match api
-        .store
-        .reset_token(&digest, crate::clock::now_ms())
-        .await?
-    {
+    match known_reset_token(api, &token, &digest).await? {
         ResetToken::Unknown => {
             tracing::info!(target: "keygate::security", client = %req.client_ip, "reset link with an unknown token");
             Err(ApiError::with_message(
@@ -266,11 +286,7 @@ pub async fn reset(
     let digest = KeyDigest::of(&body.reset_token).to_hex();
     // The token is checked before anything is hashed: a flood of bogus
     // tokens costs a lookup each, never an Argon2 computation.
-    let user_id = match api
-        .store
-        .reset_token(&digest, crate::clock::now_ms())
-        .await?
-    {
+    let user_id = match known_reset_token(api, &body.reset_token, &digest).await? {
         ResetToken::Valid(user_id) => user_id,
         ResetToken::Expired => {
             return Err(ApiError::bad_request("Password reset token expired"));

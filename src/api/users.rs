@@ -17,6 +17,7 @@ use crate::auth::api_key::{self, KeyDigest};
 use crate::body::Body;
 use crate::error::ApiError;
 use crate::identity::{Authority, NULL_UUID, Principal};
+use crate::import::TokenKind;
 use crate::mail::MailKind;
 use crate::store::{Audit, PageRequest, USER_SORT_PROPERTIES, UserScope};
 
@@ -616,7 +617,7 @@ pub async fn activate(
     let now_ms = crate::clock::now_ms();
     let known = match api.store.activation_user(&digest, now_ms).await? {
         Some(owner) => Some(owner),
-        None => platform_invitation(api, &body.activate_token).await,
+        None => platform_token(api, TokenKind::Activation, &body.activate_token).await,
     };
     let Some(owner) = known else {
         tracing::info!(target: "keygate::security", client = %req.client_ip, "activation with an unknown or expired token");
@@ -650,19 +651,24 @@ pub async fn activate(
 }
 
 /// With the sync on, a token keygate does not know may be an invitation
-/// the platform sent since the last sync: its holder is imported now
-/// ([`crate::import::lookup_activation_token`]). The platform's database
+/// or a reset link the platform mailed since the last sync: its holder is
+/// imported now ([`crate::import::lookup_token`]). The platform's database
 /// down reads as an unknown token.
-async fn platform_invitation(api: &Endpoints, token: &str) -> Option<uuid::Uuid> {
+pub(super) async fn platform_token(
+    api: &Endpoints,
+    kind: TokenKind,
+    token: &str,
+) -> Option<uuid::Uuid> {
     let sync = api.settings.platform.sync.as_ref()?;
-    match crate::import::lookup_activation_token(
-        &api.store,
-        api.two_factor.sealer(),
-        &sync.database_url,
-        token,
-    )
-    .await
-    {
+    let options = crate::import::Options {
+        database_url: sync.database_url.clone(),
+        dry_run: false,
+        prune: false,
+        sealer: api.two_factor.sealer(),
+        origin: crate::import::Origin::Sync,
+        mail: api.mail.is_some(),
+    };
+    match crate::import::lookup_token(&api.store, &options, kind, token).await {
         Ok(Some((id, revocations))) => {
             for revocation in revocations {
                 api.auth.revoke(Some(revocation)).await;
@@ -671,7 +677,7 @@ async fn platform_invitation(api: &Endpoints, token: &str) -> Option<uuid::Uuid>
         }
         Ok(None) => None,
         Err(error) => {
-            tracing::warn!(%error, "could not look an activation token up in the platform's database");
+            tracing::warn!(%error, ?kind, "could not look a token up in the platform's database");
             None
         }
     }

@@ -31,6 +31,7 @@ pub(super) async fn import(cmd: ImportCommand, settings: &Settings) -> anyhow::R
         prune,
         sealer: std::sync::Arc::new(sealer),
         origin: import::Origin::CommandLine,
+        mail: settings.mail.is_some(),
     };
     let progress = |line: &str| eprintln!("import: {line}");
     let report = import::run(&store, &options, &progress).await?;

@@ -7,8 +7,8 @@
 //! - this file runs the import batch by batch, applies the plan through the
 //!   store (`store::platform`) and counts what it did;
 //! - `sync.rs` runs the same import inside `keygate serve` every
-//!   `[platform] sync_interval`, and looks up invitations keygate does not
-//!   know yet ([`lookup_activation_token`]).
+//!   `[platform] sync_interval`, and looks up invitations and reset links
+//!   keygate does not know yet ([`lookup_token`]).
 //!
 //! Memory stays bounded by the batch size, plus one id per row seen (to find
 //! the rows deleted on the platform since the last import).
@@ -34,6 +34,7 @@ use crate::store::{
     StoreError, TwoFactorRecord,
 };
 use plan::{ImportedTwoFactor, Plan, PlatformSecret, PlatformTwoFactor, TwoFactorPlan};
+pub use source::TokenKind;
 use source::{KeyRow, Source, TwoFaRow, UserRow};
 
 /// Rows per transaction.
@@ -76,6 +77,9 @@ pub struct Options {
     pub sealer: Arc<Sealer>,
     /// Who the audit events name.
     pub origin: Origin,
+    /// Whether this keygate sends mail (`[mail]`): the platform's EMAIL
+    /// second factors are imported only then.
+    pub mail: bool,
 }
 
 /// Who runs an import: an operator, or the sync inside `keygate serve`.
@@ -304,47 +308,39 @@ pub(crate) async fn import(
     Ok(run.report)
 }
 
-/// Looks an activation token keygate does not know up in the platform's
-/// database and, when a user holds it there, imports that user (or their
-/// new invitation) by the rules of a re-import; returns the user's id. An
-/// invitation sent on the platform then works at once, before the next
-/// sync. Reads the platform's `activate_token`; a password-reset flow
-/// brings the user in the same way before it checks its own token.
-pub async fn lookup_activation_token(
+/// Looks a token keygate does not know up in the platform's database
+/// (an invitation's `activate_token` or a reset link's `reset_token`, by
+/// `kind`) and, when a user holds it there, imports that user (or their new
+/// token) by the rules of a re-import; returns the user's id. A link the
+/// platform mailed then works at once, before the next sync.
+pub async fn lookup_token(
     store: &Store,
-    sealer: Arc<Sealer>,
-    database_url: &str,
+    options: &Options,
+    kind: TokenKind,
     token: &str,
 ) -> Result<Option<(Uuid, Vec<Revocation>)>, ImportError> {
-    let mut source = Source::open(database_url).await?;
-    let result = lookup(store, sealer, database_url, &mut source, token).await;
+    let mut source = Source::open(&options.database_url).await?;
+    let result = lookup(store, options, &mut source, kind, token).await;
     source.close().await;
     result
 }
 
 async fn lookup(
     store: &Store,
-    sealer: Arc<Sealer>,
-    database_url: &str,
+    options: &Options,
     source: &mut Source,
+    kind: TokenKind,
     token: &str,
 ) -> Result<Option<(Uuid, Vec<Revocation>)>, ImportError> {
-    let Some(row) = source.user_by_activation_token(token).await? else {
+    let Some(row) = source.user_by_token(kind, token).await? else {
         return Ok(None);
-    };
-    let options = Options {
-        database_url: database_url.to_owned(),
-        dry_run: false,
-        prune: false,
-        origin: Origin::Sync,
-        sealer,
     };
     let absent = Signing {
         state: "absent",
         issuer: None,
         reason: None,
     };
-    let mut run = Run::new(store, &options, absent);
+    let mut run = Run::new(store, options, absent);
     run.users(vec![row]).await?;
     let Some(id) = run.seen_users.iter().next().copied() else {
         return Ok(None);
@@ -352,9 +348,14 @@ async fn lookup(
     // Imported, or kept as keygate holds it: either way the token is the
     // user's only if keygate now holds it for them.
     let digest = KeyDigest::of(token).to_hex();
-    let holder = store
-        .activation_user(&digest, crate::clock::now_ms())
-        .await?;
+    let now_ms = crate::clock::now_ms();
+    let holder = match kind {
+        TokenKind::Activation => store.activation_user(&digest, now_ms).await?,
+        TokenKind::Reset => match store.reset_token(&digest, now_ms).await? {
+            crate::store::ResetToken::Valid(holder) => Some(holder),
+            _ => None,
+        },
+    };
     Ok((holder == Some(id)).then_some((id, run.report.revocations)))
 }
 
@@ -418,11 +419,13 @@ struct Run {
     sealer: Arc<Sealer>,
     origin: Origin,
     dry_run: bool,
+    mail: bool,
     now_ms: i64,
     report: Report,
     seen_users: HashSet<Uuid>,
-    /// Users added by this run (in a dry run: that would be).
-    added_users: HashSet<Uuid>,
+    /// Users added by this run (in a dry run: that would be), with their
+    /// e-mail addresses.
+    added_users: HashMap<Uuid, String>,
     seen_keys: HashSet<Uuid>,
     /// Users whose second-factor settings the platform holds.
     seen_two_factors: HashSet<Uuid>,
@@ -441,6 +444,7 @@ impl Run {
             sealer: options.sealer.clone(),
             origin,
             dry_run: options.dry_run,
+            mail: options.mail,
             now_ms: crate::clock::now_ms(),
             report: Report {
                 dry_run: options.dry_run,
@@ -455,7 +459,7 @@ impl Run {
                 revocations: Vec::new(),
             },
             seen_users: HashSet::new(),
-            added_users: HashSet::new(),
+            added_users: HashMap::new(),
             seen_keys: HashSet::new(),
             seen_two_factors: HashSet::new(),
         }
@@ -549,7 +553,8 @@ impl Run {
                 }
             }
         }
-        self.added_users.extend(adds.iter().map(|u| u.id));
+        self.added_users
+            .extend(adds.iter().map(|u| (u.id, u.email.clone())));
         if self.dry_run || adds.is_empty() {
             self.report.users.added += adds.len() as u64;
             return Ok(());
@@ -607,7 +612,7 @@ impl Run {
             let id = key.id;
             let taken = holders.get(&key.digest).is_some_and(|holder| *holder != id);
             let owned =
-                owners.contains_key(&key.user_id) || self.added_users.contains(&key.user_id);
+                owners.contains_key(&key.user_id) || self.added_users.contains_key(&key.user_id);
             match plan::plan_key(key, keygate.get(&id), imported.get(&id)) {
                 Plan::Add(key) if !owned => {
                     let reason = format!("its owner {} is not in keygate", key.user_id);
@@ -701,14 +706,16 @@ impl Run {
         let imported: HashMap<Uuid, TwoFactorMemory> =
             self.store.imported_rows(RowKind::TwoFactor, &ids).await?;
         for (user_id, json) in users {
+            let email = keygate
+                .get(&user_id)
+                .map(|u| u.email.clone())
+                .or_else(|| self.added_users.get(&user_id).cloned());
             let (mapped, refused) = if json.trim().is_empty() {
                 (Vec::new(), Vec::new())
             } else {
-                plan::map_two_factors(&json)
+                plan::map_two_factors(&json, email.as_deref().unwrap_or(""), self.mail)
             };
-            let email = keygate.get(&user_id).map(|u| u.email.clone());
-            let known = email.is_some() || self.added_users.contains(&user_id);
-            if !known {
+            if email.is_none() {
                 if !mapped.is_empty() {
                     let reason = format!("its user {user_id} is not in keygate");
                     self.skip(SECOND_FACTOR, &user_id.to_string(), "", reason);
@@ -754,7 +761,7 @@ impl Run {
     ) -> Result<(), ImportError> {
         let times = self.store.two_factor_times(user_id).await?;
         let mut remembered = TwoFactorMemory::new();
-        for provider in ["TOTP", "BACKUP_CODE"] {
+        for provider in ["TOTP", "EMAIL", "BACKUP_CODE"] {
             let config = platform.iter().find(|f| f.provider == provider);
             let fingerprint =
                 config.map(|f| self.sealer.code_digest(user_id, &f.secret.canonical()));
@@ -823,7 +830,8 @@ impl Run {
     }
 
     /// The keygate record of a platform second factor: the TOTP secret
-    /// sealed, the backup codes as keyed digests.
+    /// sealed, the backup codes as keyed digests, the EMAIL address as the
+    /// EMAIL provider keeps it.
     fn record_of(&self, user_id: Uuid, config: &PlatformTwoFactor) -> Option<TwoFactorRecord> {
         let secret = match &config.secret {
             PlatformSecret::Totp(raw) => self.sealer.seal(user_id, config.provider, raw).ok()?,
@@ -834,6 +842,7 @@ impl Run {
                     .collect();
                 serde_json::to_string(&digests).ok()?
             }
+            PlatformSecret::Email(email) => email.clone(),
         };
         Some(TwoFactorRecord {
             provider: config.provider.to_owned(),

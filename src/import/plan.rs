@@ -12,11 +12,17 @@ use uuid::Uuid;
 use super::source::{KeyRow, UserRow};
 use crate::auth::api_key::KeyDigest;
 use crate::identity::{Authority, NULL_UUID};
-use crate::store::{ApiKeyRecord, KeyUpdate, PlatformKey, PlatformUser, UserRecord, UserUpdate};
+use crate::store::{
+    ApiKeyRecord, KeyUpdate, PlatformKey, PlatformUser, ResetUpdate, UserRecord, UserUpdate,
+};
 
 /// How long an imported invitation stays valid when the platform's has no
 /// expiry time: as long as one keygate sends.
 use crate::store::ACTIVATION_TTL_MS;
+
+/// How long an imported reset link stays valid when the platform's has no
+/// expiry time: as long as one keygate mails by default.
+pub const RESET_TTL_MS: i64 = 3600 * 1000;
 
 /// What to do with one row.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -91,6 +97,20 @@ pub fn map_user(row: &UserRow, now_ms: i64) -> Result<PlatformUser, String> {
             .unwrap_or(now_ms + ACTIVATION_TTL_MS);
         (KeyDigest::of(token).to_hex(), expires)
     });
+    // A reset link works only for an active account (a pending one
+    // activates through its invitation); an expired one is not imported.
+    let reset = row
+        .reset_token
+        .as_deref()
+        .filter(|t| !t.is_empty() && !pending && enabled)
+        .map(|token| {
+            let expires = row
+                .reset_token_exp_time
+                .filter(|t| *t > 0)
+                .unwrap_or(now_ms + RESET_TTL_MS);
+            (KeyDigest::of(token).to_hex(), expires)
+        })
+        .filter(|(_, expires)| *expires > now_ms);
     Ok(PlatformUser {
         id,
         created_time: row.created_time,
@@ -105,6 +125,7 @@ pub fn map_user(row: &UserRow, now_ms: i64) -> Result<PlatformUser, String> {
         enabled,
         password_hash,
         activation,
+        reset,
     })
 }
 
@@ -162,6 +183,13 @@ pub fn plan_user(
             {
                 *expires = *expired;
             }
+            if let (Some((digest, expires)), Some((was, expired))) =
+                (platform.reset.as_mut(), imported.reset.as_ref())
+            {
+                if digest == was {
+                    *expires = *expired;
+                }
+            }
             let identity = (
                 &platform.email,
                 platform.authority,
@@ -193,6 +221,19 @@ pub fn plan_user(
                 && keygate.password_hash.is_empty()
             {
                 update.activation = Some(platform.activation.clone());
+            }
+            // A reset link new on the platform since the last import works
+            // in keygate; the same link once used in keygate is not brought
+            // back (the platform's token did not change since).
+            if token(&platform.reset) != token(&imported.reset) {
+                let gone = token(&imported.reset);
+                let new = platform
+                    .reset
+                    .clone()
+                    .filter(|_| keygate.enabled && !keygate.password_hash.is_empty());
+                if new.is_some() || gone.is_some() {
+                    update.reset = Some(ResetUpdate { gone, token: new });
+                }
             }
             if update.is_empty() {
                 let remember = platform != *imported;
@@ -248,7 +289,7 @@ pub fn plan_key(
 /// stored the keygate way (the caller seals or digests the secret).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PlatformTwoFactor {
-    /// `TOTP` or `BACKUP_CODE`.
+    /// `TOTP`, `EMAIL` or `BACKUP_CODE`.
     pub provider: &'static str,
     pub use_by_default: bool,
     pub secret: PlatformSecret,
@@ -261,6 +302,8 @@ pub enum PlatformSecret {
     Totp(Vec<u8>),
     /// The unused backup codes, sorted.
     Codes(Vec<String>),
+    /// The address codes are mailed to (always the account's own).
+    Email(String),
 }
 
 impl std::fmt::Debug for PlatformSecret {
@@ -268,6 +311,7 @@ impl std::fmt::Debug for PlatformSecret {
         match self {
             PlatformSecret::Totp(_) => f.write_str("Totp(..)"),
             PlatformSecret::Codes(codes) => write!(f, "Codes({} codes)", codes.len()),
+            PlatformSecret::Email(_) => f.write_str("Email(..)"),
         }
     }
 }
@@ -278,13 +322,20 @@ impl PlatformSecret {
         match self {
             PlatformSecret::Totp(raw) => format!("TOTP:{}", crate::auth::totp::base32_encode(raw)),
             PlatformSecret::Codes(codes) => format!("BACKUP_CODE:{}", codes.join(",")),
+            PlatformSecret::Email(email) => format!("EMAIL:{email}"),
         }
     }
 }
 
-/// The platform's `AccountTwoFaSettings` JSON of one user: the providers
-/// keygate can store, and for each one it cannot, why.
-pub fn map_two_factors(json: &str) -> (Vec<PlatformTwoFactor>, Vec<(String, String)>) {
+/// The platform's `AccountTwoFaSettings` JSON of one user (whose address
+/// is `account_email`): the providers keygate can store, and for each one
+/// it cannot, why. EMAIL is stored only when this keygate sends mail
+/// (`mail`), and only for the account's own address.
+pub fn map_two_factors(
+    json: &str,
+    account_email: &str,
+    mail: bool,
+) -> (Vec<PlatformTwoFactor>, Vec<(String, String)>) {
     let mut mapped = Vec::new();
     let mut refused = Vec::new();
     let Ok(value) = serde_json::from_str::<serde_json::Value>(json) else {
@@ -327,15 +378,23 @@ pub fn map_two_factors(json: &str) -> (Vec<PlatformTwoFactor>, Vec<(String, Stri
                     _ => Err("no unused backup codes"),
                 }
             }
-            "EMAIL" | "SMS" => Err("keygate does not offer this provider"),
+            "EMAIL" if !mail => Err("EMAIL needs [mail]"),
+            "EMAIL" => match config.get("email").and_then(|v| v.as_str()) {
+                Some(email) if email.trim().eq_ignore_ascii_case(account_email.trim()) => {
+                    Ok(PlatformSecret::Email(account_email.trim().to_lowercase()))
+                }
+                Some(_) => Err("EMAIL names another address than the account's"),
+                None => Err("EMAIL names no address"),
+            },
+            "SMS" => Err("keygate does not offer this provider"),
             _ => Err("an unknown provider"),
         };
         match secret {
             Ok(secret) => mapped.push(PlatformTwoFactor {
-                provider: if name == "TOTP" {
-                    "TOTP"
-                } else {
-                    "BACKUP_CODE"
+                provider: match name.as_str() {
+                    "TOTP" => "TOTP",
+                    "EMAIL" => "EMAIL",
+                    _ => "BACKUP_CODE",
                 },
                 use_by_default,
                 secret,
@@ -420,7 +479,7 @@ mod tests {
             "TOTP":{"providerType":"TOTP","useByDefault":true,"authUrl":"otpauth://totp/TB:a%40b.c?issuer=TB&secret=JBSWY3DPEHPK3PXP"},
             "BACKUP_CODE":{"providerType":"BACKUP_CODE","useByDefault":false,"codes":["b2","a1"],"codesLeft":2},
             "EMAIL":{"providerType":"EMAIL","useByDefault":false,"email":"a@b.c"}}}"#;
-        let (mapped, refused) = map_two_factors(json);
+        let (mapped, refused) = map_two_factors(json, "a@b.c", false);
         assert_eq!(mapped.len(), 2);
         let totp = mapped.iter().find(|f| f.provider == "TOTP").unwrap();
         assert!(totp.use_by_default);
@@ -435,19 +494,110 @@ mod tests {
         );
         assert_eq!(
             refused,
-            vec![(
-                "EMAIL".to_owned(),
-                "keygate does not offer this provider".to_owned()
-            )]
+            vec![("EMAIL".to_owned(), "EMAIL needs [mail]".to_owned())]
         );
-        let (mapped, refused) = map_two_factors("not json");
+        let (mapped, refused) = map_two_factors("not json", "a@b.c", true);
         assert!(mapped.is_empty());
         assert_eq!(refused.len(), 1);
         let (mapped, refused) = map_two_factors(
             r#"{"configs":{"BACKUP_CODE":{"providerType":"BACKUP_CODE","codes":["a1"]}}}"#,
+            "a@b.c",
+            true,
         );
         assert!(mapped.is_empty(), "backup codes alone count for nothing");
         assert_eq!(refused[0].0, "BACKUP_CODE");
+    }
+
+    #[test]
+    fn a_platform_email_config_maps_only_to_the_accounts_own_address_and_only_with_mail() {
+        let json = |email: &str| {
+            format!(
+                r#"{{"configs":{{"EMAIL":{{"providerType":"EMAIL","useByDefault":true,"email":"{email}"}},
+                "BACKUP_CODE":{{"providerType":"BACKUP_CODE","codes":["a1"]}}}}}}"#
+            )
+        };
+        let (mapped, refused) = map_two_factors(&json("Ann@Example.com"), "ann@example.com", true);
+        assert!(refused.is_empty(), "{refused:?}");
+        let email = mapped.iter().find(|f| f.provider == "EMAIL").unwrap();
+        assert!(email.use_by_default);
+        assert_eq!(
+            email.secret,
+            PlatformSecret::Email("ann@example.com".into())
+        );
+        assert!(
+            mapped.iter().any(|f| f.provider == "BACKUP_CODE"),
+            "backup codes count beside EMAIL"
+        );
+        let (mapped, refused) =
+            map_two_factors(&json("mallory@evil.test"), "ann@example.com", true);
+        assert!(mapped.is_empty());
+        assert!(
+            refused
+                .iter()
+                .any(|(p, r)| p == "EMAIL" && r.contains("another address"))
+        );
+        let (mapped, refused) = map_two_factors(&json("ann@example.com"), "ann@example.com", false);
+        assert!(mapped.is_empty());
+        assert!(refused.contains(&("EMAIL".to_owned(), "EMAIL needs [mail]".to_owned())));
+    }
+
+    #[test]
+    fn a_platform_reset_token_is_imported_as_a_digest_unless_expired() {
+        let row = UserRow {
+            reset_token: Some("reset-token".into()),
+            reset_token_exp_time: Some(5_000),
+            ..row()
+        };
+        let user = map_user(&row, 1_000).unwrap();
+        assert_eq!(
+            user.reset,
+            Some((KeyDigest::of("reset-token").to_hex(), 5_000))
+        );
+        assert_eq!(map_user(&row, 5_000).unwrap().reset, None, "expired");
+        let pending = UserRow {
+            password: None,
+            ..row.clone()
+        };
+        assert_eq!(map_user(&pending, 1_000).unwrap().reset, None);
+        let disabled = UserRow {
+            enabled: Some(false),
+            ..row.clone()
+        };
+        assert_eq!(map_user(&disabled, 1_000).unwrap().reset, None);
+    }
+
+    #[test]
+    fn a_reset_token_used_in_keygate_is_not_brought_back_and_a_new_one_is() {
+        let row = UserRow {
+            reset_token: Some("reset-token".into()),
+            reset_token_exp_time: Some(5_000),
+            ..row()
+        };
+        let imported = map_user(&row, 1_000).unwrap();
+        let keygate = keygate_of(&imported);
+        let again = map_user(&row, 2_000).unwrap();
+        assert!(matches!(
+            plan_user(again, Some(&keygate), Some(&imported)),
+            Plan::Keep { .. }
+        ));
+        let newer = map_user(
+            &UserRow {
+                reset_token: Some("newer-token".into()),
+                ..row.clone()
+            },
+            2_000,
+        )
+        .unwrap();
+        let Plan::Update(_, update) = plan_user(newer, Some(&keygate), Some(&imported)) else {
+            panic!("not an update");
+        };
+        assert_eq!(
+            update.reset,
+            Some(ResetUpdate {
+                gone: Some(KeyDigest::of("reset-token").to_hex()),
+                token: Some((KeyDigest::of("newer-token").to_hex(), 5_000)),
+            })
+        );
     }
 
     #[test]

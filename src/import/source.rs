@@ -29,7 +29,18 @@ pub struct UserRow {
     pub password: Option<String>,
     pub activate_token: Option<String>,
     pub activate_token_exp_time: Option<i64>,
+    pub reset_token: Option<String>,
+    pub reset_token_exp_time: Option<i64>,
     pub has_credentials: bool,
+}
+
+/// A one-time token the platform mails, looked up by its value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TokenKind {
+    /// `user_credentials.activate_token`: an invitation.
+    Activation,
+    /// `user_credentials.reset_token`: a password-reset link.
+    Reset,
 }
 
 /// An `api_key` row, as the platform stores it (the value in plain text).
@@ -83,6 +94,8 @@ pub const REQUIRED: &[(&str, &[&str])] = &[
             "password",
             "activate_token",
             "activate_token_exp_time",
+            "reset_token",
+            "reset_token_exp_time",
         ],
     ),
     (
@@ -101,6 +114,24 @@ pub const REQUIRED: &[(&str, &[&str])] = &[
     ("admin_settings", &["key", "json_value", "tenant_id"]),
     ("customer", &["id", "tenant_id", "is_public"]),
 ];
+
+/// A user with their credentials, looked up by one token column.
+macro_rules! user_by {
+    ($column:literal) => {
+        concat!(
+            "SELECT u.id::text, u.created_time, u.tenant_id::text, u.customer_id::text, u.email, \
+             u.authority, u.first_name, u.last_name, u.phone, u.additional_info, \
+             c.enabled, c.password, c.activate_token, c.activate_token_exp_time, \
+             c.reset_token, c.reset_token_exp_time, c.user_id IS NOT NULL \
+             FROM user_credentials c JOIN tb_user u ON u.id = c.user_id WHERE c.",
+            $column,
+            " = $1"
+        )
+    };
+}
+
+const USER_BY_ACTIVATION_TOKEN: &str = user_by!("activate_token");
+const USER_BY_RESET_TOKEN: &str = user_by!("reset_token");
 
 /// An open read-only snapshot of the platform's database.
 pub struct Source {
@@ -237,27 +268,28 @@ impl Source {
         sqlx::query(
             "SELECT u.id::text, u.created_time, u.tenant_id::text, u.customer_id::text, u.email, \
              u.authority, u.first_name, u.last_name, u.phone, u.additional_info, \
-             c.enabled, c.password, c.activate_token, c.activate_token_exp_time, c.user_id IS NOT NULL \
+             c.enabled, c.password, c.activate_token, c.activate_token_exp_time, \
+             c.reset_token, c.reset_token_exp_time, c.user_id IS NOT NULL \
              FROM tb_user u LEFT JOIN user_credentials c ON c.user_id = u.id ORDER BY u.id",
         )
         .fetch(&mut self.conn)
         .map(|row| Ok(user_row(&row?)?))
     }
 
-    /// The user holding an activation token on the platform, if any.
-    pub async fn user_by_activation_token(
+    /// The user holding an activation or reset token on the platform, if any.
+    pub async fn user_by_token(
         &mut self,
+        kind: TokenKind,
         token: &str,
     ) -> Result<Option<UserRow>, ImportError> {
-        let row = sqlx::query(
-            "SELECT u.id::text, u.created_time, u.tenant_id::text, u.customer_id::text, u.email, \
-             u.authority, u.first_name, u.last_name, u.phone, u.additional_info, \
-             c.enabled, c.password, c.activate_token, c.activate_token_exp_time, c.user_id IS NOT NULL \
-             FROM user_credentials c JOIN tb_user u ON u.id = c.user_id WHERE c.activate_token = $1",
-        )
-        .bind(token)
-        .fetch_optional(&mut self.conn)
-        .await?;
+        let sql = match kind {
+            TokenKind::Activation => USER_BY_ACTIVATION_TOKEN,
+            TokenKind::Reset => USER_BY_RESET_TOKEN,
+        };
+        let row = sqlx::query(sql)
+            .bind(token)
+            .fetch_optional(&mut self.conn)
+            .await?;
         Ok(row.as_ref().map(user_row).transpose()?)
     }
 
@@ -272,7 +304,8 @@ impl Source {
             "SELECT count(*) || ':' || coalesce(sum(hashtextextended(r, 0)::numeric), 0) FROM ( \
                SELECT 'u' || ROW(u.id, u.created_time, u.tenant_id, u.customer_id, u.email, \
                  u.authority, u.first_name, u.last_name, u.phone, u.additional_info, \
-                 c.enabled, c.password, c.activate_token, c.activate_token_exp_time, c.user_id)::text AS r \
+                 c.enabled, c.password, c.activate_token, c.activate_token_exp_time, \
+                 c.reset_token, c.reset_token_exp_time, c.user_id)::text AS r \
                  FROM tb_user u LEFT JOIN user_credentials c ON c.user_id = u.id \
                UNION ALL SELECT 'k' || ROW(id, created_time, tenant_id, user_id, value, enabled, \
                  expiration_time, description)::text FROM api_key \
@@ -317,7 +350,9 @@ fn user_row(row: &PgRow) -> Result<UserRow, sqlx::Error> {
         password: row.try_get(11)?,
         activate_token: row.try_get(12)?,
         activate_token_exp_time: row.try_get(13)?,
-        has_credentials: row.try_get(14)?,
+        reset_token: row.try_get(14)?,
+        reset_token_exp_time: row.try_get(15)?,
+        has_credentials: row.try_get(16)?,
     })
 }
 

@@ -40,6 +40,8 @@ pub struct Sync {
     settings: SyncSettings,
     /// Seals the platform's second factors as the server does.
     sealer: Arc<crate::auth::at_rest::Sealer>,
+    /// Whether this keygate sends mail (EMAIL second factors follow then).
+    mail: bool,
     /// The digest of the platform's rows the last applied round read.
     applied: Option<String>,
     /// Whether the last round failed (an outage is logged once).
@@ -63,6 +65,7 @@ impl Sync {
         metrics: Arc<Metrics>,
         settings: SyncSettings,
         sealer: Arc<crate::auth::at_rest::Sealer>,
+        mail: bool,
     ) -> Sync {
         Sync {
             store,
@@ -70,6 +73,7 @@ impl Sync {
             metrics,
             settings,
             sealer,
+            mail,
             applied: None,
             failing: false,
         }
@@ -141,6 +145,7 @@ impl Sync {
             prune: true,
             origin: Origin::Sync,
             sealer: self.sealer.clone(),
+            mail: self.mail,
         };
         let quiet = |_: &str| {};
         let result = super::import(&self.store, &options, source, &quiet).await;

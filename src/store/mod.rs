@@ -45,7 +45,9 @@ pub use activation::ACTIVATION_TTL_MS;
 pub use audit::{Actor, Audit, AuditEvent, AuditFilter};
 pub use keys::ApiKeyRecord;
 pub use paging::{Page, PageRequest, Sort};
-pub use platform::{KeyUpdate, PlatformKey, PlatformUser, RowKind, SyncLock, UserUpdate};
+pub use platform::{
+    KeyUpdate, PlatformKey, PlatformUser, ResetUpdate, RowKind, SyncLock, UserUpdate,
+};
 pub use prune::PruneKind;
 pub use public_customers::PublicCustomer;
 pub use reset::ResetToken;

@@ -39,6 +39,10 @@ pub struct PlatformUser {
     pub password_hash: String,
     /// The digest of a pending activation token, and when it expires (epoch ms).
     pub activation: Option<(String, i64)>,
+    /// The digest of a pending password-reset token, and when it expires
+    /// (epoch ms). Absent from what older imports recorded.
+    #[serde(default)]
+    pub reset: Option<(String, i64)>,
 }
 
 impl PlatformUser {
@@ -93,6 +97,19 @@ pub struct UserUpdate {
     pub password_hash: Option<String>,
     /// `Some(None)`: the pending token is gone.
     pub activation: Option<Option<(String, i64)>>,
+    pub reset: Option<ResetUpdate>,
+}
+
+/// A password-reset token that changed on the platform since the last
+/// import.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ResetUpdate {
+    /// The digest imported last time, gone from the platform: dropped from
+    /// keygate if keygate still holds it.
+    pub gone: Option<String>,
+    /// The platform's new token (digest, expiry): it replaces the user's
+    /// reset tokens, as a newer link does in keygate.
+    pub token: Option<(String, i64)>,
 }
 
 impl UserUpdate {
@@ -401,6 +418,9 @@ impl Store {
             if let Some((digest, expires_at)) = &user.activation {
                 insert_activation(&mut tx, user.id, digest, *expires_at).await?;
             }
+            if let Some((digest, expires_at)) = &user.reset {
+                insert_reset(&mut tx, user.id, digest, *expires_at).await?;
+            }
         }
         remember_many(
             &mut tx,
@@ -515,6 +535,21 @@ impl Store {
                     .await?;
                 if let Some((digest, expires_at)) = activation {
                     insert_activation(&mut tx, platform.id, digest, *expires_at).await?;
+                }
+            }
+            if let Some(reset) = &update.reset {
+                if let Some((digest, expires_at)) = &reset.token {
+                    sqlx::query("DELETE FROM reset_tokens WHERE user_id = $1")
+                        .bind(&id)
+                        .execute(&mut *tx)
+                        .await?;
+                    insert_reset(&mut tx, platform.id, digest, *expires_at).await?;
+                } else if let Some(gone) = &reset.gone {
+                    sqlx::query("DELETE FROM reset_tokens WHERE user_id = $1 AND digest = $2")
+                        .bind(&id)
+                        .bind(gone)
+                        .execute(&mut *tx)
+                        .await?;
                 }
             }
             let revoking = update.identity
@@ -658,6 +693,26 @@ impl Store {
         }
         Ok(key.zip(issuer))
     }
+}
+
+/// A password-reset token the platform issued, stored as keygate stores
+/// its own (the digest, with the platform's expiry).
+async fn insert_reset(
+    conn: &mut sqlx::AnyConnection,
+    user_id: Uuid,
+    digest: &str,
+    expires_at: i64,
+) -> Result<(), StoreError> {
+    sqlx::query(
+        "INSERT INTO reset_tokens (digest, user_id, expires_at) VALUES ($1, $2, $3) \
+         ON CONFLICT (digest) DO UPDATE SET user_id = excluded.user_id, expires_at = excluded.expires_at",
+    )
+    .bind(digest)
+    .bind(user_id.to_string())
+    .bind(expires_at)
+    .execute(conn)
+    .await?;
+    Ok(())
 }
 
 async fn insert_activation(
