@@ -185,10 +185,9 @@ pub fn plan_user(
             }
             if let (Some((digest, expires)), Some((was, expired))) =
                 (platform.reset.as_mut(), imported.reset.as_ref())
+                && digest == was
             {
-                if digest == was {
-                    *expires = *expired;
-                }
+                *expires = *expired;
             }
             let identity = (
                 &platform.email,
