@@ -88,7 +88,7 @@ SELECT md5('key' || n)::uuid, 1700000000000 + n,
        'tb_' || md5('value' || n) || md5('more' || n), true, 0, 'integration ' || n
 FROM generate_series(1, $KEYS) AS n;
 INSERT INTO admin_settings VALUES (gen_random_uuid(), '13814000-1dd2-11b2-8080-808080808080', 1,
-  '{"tokenIssuer":"bench.test","tokenSigningKey":"c2lnbmluZy1rZXktb2YtdGhlLXBsYXRmb3JtLWZvci10aGUtYmVuY2htYXJr"}', 'jwt');
+  '{"tokenIssuer":"bench.test","tokenSigningKey":"c2lnbmluZy1rZXktb2YtdGhlLXBsYXRmb3JtLWZvci10aGUtaW1wb3J0LWJlbmNobWFyay0wMTIzNDU2Nzg5YWI="}', 'jwt');
 SQL
 
 SEP='?'; case "$DB" in *\?*) SEP='&';; esac
