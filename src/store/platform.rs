@@ -416,10 +416,10 @@ impl Store {
         }
         for user in users {
             if let Some((digest, expires_at)) = &user.activation {
-                insert_activation(&mut tx, user.id, digest, *expires_at).await?;
+                upsert_token(&mut tx, TokenKind::Activation, user.id, digest, *expires_at).await?;
             }
             if let Some((digest, expires_at)) = &user.reset {
-                insert_reset(&mut tx, user.id, digest, *expires_at).await?;
+                upsert_token(&mut tx, TokenKind::Reset, user.id, digest, *expires_at).await?;
             }
         }
         remember_many(
@@ -534,7 +534,7 @@ impl Store {
                     .execute(&mut *tx)
                     .await?;
                 if let Some((digest, expires_at)) = activation {
-                    insert_activation(&mut tx, platform.id, digest, *expires_at).await?;
+                    upsert_token(&mut tx, TokenKind::Activation, platform.id, digest, *expires_at).await?;
                 }
             }
             if let Some(reset) = &update.reset {
@@ -543,7 +543,7 @@ impl Store {
                         .bind(&id)
                         .execute(&mut *tx)
                         .await?;
-                    insert_reset(&mut tx, platform.id, digest, *expires_at).await?;
+                    upsert_token(&mut tx, TokenKind::Reset, platform.id, digest, *expires_at).await?;
                 } else if let Some(gone) = &reset.gone {
                     sqlx::query("DELETE FROM reset_tokens WHERE user_id = $1 AND digest = $2")
                         .bind(&id)
@@ -695,41 +695,38 @@ impl Store {
     }
 }
 
-/// A password-reset token the platform issued, stored as keygate stores
-/// its own (the digest, with the platform's expiry).
-async fn insert_reset(
-    conn: &mut sqlx::AnyConnection,
-    user_id: Uuid,
-    digest: &str,
-    expires_at: i64,
-) -> Result<(), StoreError> {
-    sqlx::query(
-        "INSERT INTO reset_tokens (digest, user_id, expires_at) VALUES ($1, $2, $3) \
-         ON CONFLICT (digest) DO UPDATE SET user_id = excluded.user_id, expires_at = excluded.expires_at",
-    )
-    .bind(digest)
-    .bind(user_id.to_string())
-    .bind(expires_at)
-    .execute(conn)
-    .await?;
-    Ok(())
+/// Which one-time token a platform row carried: an invitation or a reset.
+#[derive(Clone, Copy)]
+enum TokenKind {
+    Activation,
+    Reset,
 }
 
-async fn insert_activation(
+/// An activation or password-reset token the platform issued, stored as
+/// keygate stores its own (the digest, with the platform's expiry).
+async fn upsert_token(
     conn: &mut sqlx::AnyConnection,
+    kind: TokenKind,
     user_id: Uuid,
     digest: &str,
     expires_at: i64,
 ) -> Result<(), StoreError> {
-    sqlx::query(
-        "INSERT INTO activation_tokens (digest, user_id, expires_at) VALUES ($1, $2, $3) \
-         ON CONFLICT (digest) DO UPDATE SET user_id = excluded.user_id, expires_at = excluded.expires_at",
-    )
-    .bind(digest)
-    .bind(user_id.to_string())
-    .bind(expires_at)
-    .execute(conn)
-    .await?;
+    let sql = match kind {
+        TokenKind::Activation => {
+            "INSERT INTO activation_tokens (digest, user_id, expires_at) VALUES ($1, $2, $3) \
+             ON CONFLICT (digest) DO UPDATE SET user_id = excluded.user_id, expires_at = excluded.expires_at"
+        }
+        TokenKind::Reset => {
+            "INSERT INTO reset_tokens (digest, user_id, expires_at) VALUES ($1, $2, $3) \
+             ON CONFLICT (digest) DO UPDATE SET user_id = excluded.user_id, expires_at = excluded.expires_at"
+        }
+    };
+    sqlx::query(sql)
+        .bind(digest)
+        .bind(user_id.to_string())
+        .bind(expires_at)
+        .execute(conn)
+        .await?;
     Ok(())
 }
 
