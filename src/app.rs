@@ -628,6 +628,7 @@ impl App {
         ex: &mut Exchange<'t>,
         in_flight: InFlight,
     ) -> Result<Response<Body>, ApiError> {
+        let version = parts.version;
         match self
             .proxy
             .forward(route, parts, body, path, in_flight)
@@ -635,6 +636,12 @@ impl App {
         {
             Ok((mut response, upstream)) => {
                 ex.upstream = Some(upstream);
+                // A proxy answers in its own version, not its upstream's
+                // (RFC 9110 6.2): an HTTP/1.0 upstream's answer goes to an
+                // HTTP/1.1 client as HTTP/1.1.
+                if version <= http::Version::HTTP_11 {
+                    *response.version_mut() = version;
+                }
                 headers::to_client(
                     response.headers_mut(),
                     self.settings.proxy.pass_server_header,

@@ -20,10 +20,13 @@ use tokio::net::{TcpListener, TcpStream};
 
 /// A raw upstream: records the bytes of every request (head and body, as
 /// framed on the wire) and answers each with a fixed response, chunked for a
-/// path with `chunked-answer`.
+/// path with `chunked-answer`. A request for a path with `hold-answer` is
+/// never answered: the recorder waits for keygate to close that connection,
+/// and counts it in `cancelled`.
 struct Recorder {
     addr: SocketAddr,
     seen: Arc<Mutex<Vec<Vec<u8>>>>,
+    cancelled: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl Recorder {
@@ -31,13 +34,22 @@ impl Recorder {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let seen: Arc<Mutex<Vec<Vec<u8>>>> = Arc::default();
-        let record = seen.clone();
+        let cancelled: Arc<std::sync::atomic::AtomicUsize> = Arc::default();
+        let (record, count) = (seen.clone(), cancelled.clone());
         tokio::spawn(async move {
             while let Ok((stream, _)) = listener.accept().await {
-                tokio::spawn(serve_recorded(stream, record.clone()));
+                tokio::spawn(serve_recorded(stream, record.clone(), count.clone()));
             }
         });
-        Recorder { addr, seen }
+        Recorder {
+            addr,
+            seen,
+            cancelled,
+        }
+    }
+
+    fn cancelled(&self) -> usize {
+        self.cancelled.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     fn take(&self) -> Vec<Vec<u8>> {
@@ -45,14 +57,54 @@ impl Recorder {
     }
 }
 
-async fn serve_recorded(mut stream: TcpStream, seen: Arc<Mutex<Vec<Vec<u8>>>>) {
+async fn serve_recorded(
+    mut stream: TcpStream,
+    seen: Arc<Mutex<Vec<Vec<u8>>>>,
+    cancelled: Arc<std::sync::atomic::AtomicUsize>,
+) {
     let mut buf = Vec::new();
     loop {
         let Some(request) = read_request(&mut stream, &mut buf).await else {
             return;
         };
-        let chunked = String::from_utf8_lossy(&request).contains("chunked-answer");
+        let text = String::from_utf8_lossy(&request).into_owned();
+        let chunked = text.contains("chunked-answer");
+        let hold = text.contains("hold-answer");
         seen.lock().unwrap().push(request);
+        if text.contains("drop-next") {
+            // Answers, then takes the next request on this connection and
+            // closes without answering: a keep-alive that ran out just as
+            // the request went out.
+            let _ = stream
+                .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 3\r\n\r\nok\n")
+                .await;
+            let _ = read_request(&mut stream, &mut buf).await;
+            return;
+        }
+        if hold {
+            // Bounded: a keygate that never cancels fails the test, not CI.
+            let mut rest = [0u8; 64];
+            if let Ok(Ok(0) | Err(_)) =
+                tokio::time::timeout(Duration::from_secs(30), stream.read(&mut rest)).await
+            {
+                cancelled.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }
+            return;
+        }
+        // Answers of every framing an upstream may use, named by the path.
+        if let Some((_, answer)) = ANSWERS.iter().find(|(name, _)| text.contains(name)) {
+            // Close-delimited, HTTP/1.0 or broken answers end the connection.
+            let keep = [
+                "answer-split",
+                "answer-continue",
+                "answer-empty",
+                "answer-same-length",
+            ];
+            if stream.write_all(answer).await.is_err() || !keep.iter().any(|k| text.contains(k)) {
+                return;
+            }
+            continue;
+        }
         let answer: &[u8] = if chunked {
             b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\nserver: recorder/1\r\n\
               keep-alive: timeout=5\r\ntransfer-encoding: chunked\r\n\r\n\
@@ -66,6 +118,46 @@ async fn serve_recorded(mut stream: TcpStream, seen: Arc<Mutex<Vec<Vec<u8>>>>) {
         }
     }
 }
+
+/// The answers the recorder gives to a path naming them: every framing of
+/// RFC 9112 section 6.3 an upstream may use, and malformed ones.
+const ANSWERS: &[(&str, &[u8])] = &[
+    (
+        "answer-split",
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ncontent-length: 3\r\n\r\n\
+          5\r\nhello\r\n0\r\n\r\n",
+    ),
+    (
+        "answer-close",
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\n\r\nuntil the end",
+    ),
+    (
+        "answer-ten",
+        b"HTTP/1.0 200 OK\r\ncontent-length: 4\r\n\r\nold\n",
+    ),
+    (
+        "answer-continue",
+        b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 201 Created\r\ncontent-length: 3\r\n\r\nok\n",
+    ),
+    ("answer-empty", b"HTTP/1.1 204 No Content\r\nx-a: 1\r\n\r\n"),
+    (
+        "answer-same-length",
+        b"HTTP/1.1 200 OK\r\ncontent-length: 3\r\ncontent-length: 3\r\n\r\nab\n",
+    ),
+    (
+        "answer-two-lengths",
+        b"HTTP/1.1 200 OK\r\ncontent-length: 3\r\ncontent-length: 4\r\n\r\nab\n",
+    ),
+    (
+        "answer-bad-chunk",
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nzz\r\nabc\r\n0\r\n\r\n",
+    ),
+    ("answer-garbage", b"HTTP/1.1 2x0 OK\r\n\r\n"),
+    (
+        "answer-truncated",
+        b"HTTP/1.1 200 OK\r\ncontent-length: 30\r\n\r\nshort",
+    ),
+];
 
 /// One whole request (head and its body by its framing) from `stream`, `buf`
 /// holding what was read past it.
@@ -331,6 +423,16 @@ const CORPUS: &[&str] = &[
     "POST /api/noauth/upload HTTP/1.1\r\nHost: gw\r\nContent-Type: text/plain\r\nContent-Length: 5\r\n\r\nhello",
     "POST /api/devices HTTP/1.1\r\nHost: gw\r\nX-Authorization: ApiKey {key}\r\nContent-Length: 0\r\n\r\n",
     "GET /api/noauth/chunked-answer HTTP/1.1\r\nHost: gw\r\n\r\n",
+    // Every framing of the upstream's answer, and malformed answers.
+    "GET /api/noauth/answer-close HTTP/1.1\r\nHost: gw\r\n\r\n",
+    "GET /api/noauth/answer-ten HTTP/1.1\r\nHost: gw\r\n\r\n",
+    "POST /api/noauth/answer-continue HTTP/1.1\r\nHost: gw\r\nContent-Length: 2\r\n\r\nhi",
+    "GET /api/noauth/answer-empty HTTP/1.1\r\nHost: gw\r\n\r\n",
+    "GET /api/noauth/answer-same-length HTTP/1.1\r\nHost: gw\r\n\r\n",
+    "GET /api/noauth/answer-two-lengths HTTP/1.1\r\nHost: gw\r\n\r\n",
+    "GET /api/noauth/answer-bad-chunk HTTP/1.1\r\nHost: gw\r\n\r\n",
+    "GET /api/noauth/answer-garbage HTTP/1.1\r\nHost: gw\r\n\r\n",
+    "GET /api/noauth/answer-split HTTP/1.1\r\nHost: gw\r\n\r\n",
     // Pipelined, keep-alive.
     "GET /api/noauth/a HTTP/1.1\r\nHost: gw\r\n\r\nGET /api/noauth/b HTTP/1.1\r\nHost: gw\r\n\r\n",
     // Identity spoofing and headers a Connection header names away.
@@ -496,4 +598,125 @@ async fn client_headers_reach_the_upstream_in_the_same_order_on_both_paths() {
     assert!(at("z-last: 1") < at("a-first: 2"), "{:?}", seen[0]);
     assert!(at("a-first: 2") < at("a-first: 4"), "{:?}", seen[0]);
     assert!(at("a-first: 4") < at("m-middle: 3"), "{:?}", seen[0]);
+}
+
+#[tokio::test]
+async fn a_client_that_hangs_up_while_the_upstream_answers_cancels_the_upstream_request_on_both_paths()
+ {
+    let pair = Pair::start().await;
+    for (side, cancelled) in [(&pair.fast, 1), (&pair.hyper, 2)] {
+        let request = replace(
+            b"GET /api/hold-answer HTTP/1.1\r\nHost: gw\r\nX-Authorization: ApiKey {key}\r\n\r\n",
+            b"{key}",
+            side.key.as_bytes(),
+        );
+        let addr = side.gateway.running.https.unwrap();
+        let tcp = TcpStream::connect(addr).await.unwrap();
+        let name = rustls_pki_types::ServerName::try_from("localhost").unwrap();
+        let mut stream = common::tls_connector(&side.gateway.ca_pem)
+            .connect(name, tcp)
+            .await
+            .unwrap();
+        stream.write_all(&request).await.unwrap();
+        common::wait_until(
+            "the request reached the upstream",
+            Duration::from_secs(10),
+            async || !pair.upstream.seen.lock().unwrap().is_empty(),
+        )
+        .await;
+        pair.upstream.take();
+        // The client goes away with its request still unanswered.
+        drop(stream);
+        common::wait_until(
+            "keygate closed the upstream connection",
+            Duration::from_secs(10),
+            async || pair.upstream.cancelled() == cancelled,
+        )
+        .await;
+        let metrics = side.gateway.metrics().await;
+        assert_eq!(
+            counter(
+                &metrics,
+                r#"keygate_client_aborts_total{kind="gone",route="api"}"#
+            ),
+            1,
+            "the hang-up counted as the client's: {metrics}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn an_upstream_answer_with_both_transfer_encoding_and_content_length_cannot_split_the_clients_response()
+ {
+    let pair = Pair::start().await;
+    for side in [&pair.fast, &pair.hyper] {
+        let answer = side
+            .exchange(
+                b"GET /api/noauth/answer-split HTTP/1.1\r\nHost: gw\r\n\r\n",
+                true,
+            )
+            .await;
+        let text = String::from_utf8_lossy(&answer).to_ascii_lowercase();
+        // The upstream's length (3) would have ended the body inside the
+        // chunk and made the rest read as a second response.
+        assert!(!text.contains("content-length: 3\r\n"), "{text}");
+        assert!(text.contains("hello"), "{text}");
+        assert_eq!(
+            text.matches("http/1.1 200 ok").count(),
+            2,
+            "the answer, then the closing request's: {text}"
+        );
+        assert!(text.ends_with("recorded\n"), "{text}");
+    }
+}
+
+#[tokio::test]
+async fn an_idempotent_request_on_a_pooled_connection_the_upstream_closed_goes_again_once_on_the_lean_path()
+ {
+    let pair = Pair::start().await;
+    let side = &pair.fast;
+    for (second, expected) in [
+        ("GET /api/noauth/after", "HTTP/1.1 200 OK"),
+        ("POST /api/noauth/after", "HTTP/1.1 502 Bad Gateway"),
+    ] {
+        // One client connection: the first request leaves the upstream
+        // connection in the pool, the second finds it closed under it.
+        let request = format!(
+            "GET /api/noauth/drop-next HTTP/1.1\r\nHost: gw\r\n\r\n{second} HTTP/1.1\r\nHost: gw\r\nContent-Length: 0\r\n\r\n"
+        );
+        let answer = side.exchange(request.as_bytes(), true).await;
+        let text = String::from_utf8_lossy(&answer).into_owned();
+        let answers: Vec<&str> = text
+            .match_indices("HTTP/1.1 ")
+            .map(|(at, _)| &text[at..at + text[at..].find("\r\n").unwrap()])
+            .collect();
+        assert_eq!(
+            answers,
+            ["HTTP/1.1 200 OK", expected, "HTTP/1.1 200 OK"],
+            "{second}: {text}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn an_upstream_body_cut_short_reaches_the_client_as_a_response_it_can_tell_is_incomplete() {
+    let pair = Pair::start().await;
+    for side in [&pair.fast, &pair.hyper] {
+        let answer = side
+            .exchange(
+                b"GET /api/noauth/answer-truncated HTTP/1.1\r\nHost: gw\r\n\r\n",
+                true,
+            )
+            .await;
+        // hyper's path sends nothing; the lean path has sent the head and
+        // the bytes that came, under the upstream's length, and closes.
+        // Either way nothing follows that could read as another response.
+        let text = String::from_utf8_lossy(&answer).into_owned();
+        if !text.is_empty() {
+            assert!(text.starts_with("HTTP/1.1 200 OK\r\n"), "{text}");
+            assert!(text.contains("content-length: 30\r\n"), "{text}");
+            let body = &text[text.find("\r\n\r\n").unwrap() + 4..];
+            assert_eq!(body, "short", "{text}");
+        }
+    }
 }

@@ -616,7 +616,7 @@ impl Default for ProxySection {
             upstream_queue: 256,
             upstream_queue_timeout: "1s".into(),
             pass_server_header: false,
-            fast_path: false,
+            fast_path: true,
         }
     }
 }

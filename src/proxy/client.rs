@@ -41,16 +41,18 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
+use bytes::{Buf as _, Bytes, BytesMut};
 use http::uri::Authority;
 use http::{Request, Response};
 use hyper::body::Incoming;
 use hyper::client::conn::http1;
 use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpStream;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
 use crate::body::{self, Body};
+use crate::proxy::wire::{self, Chunked, Framing, WireError};
 
 type Driver = http1::Connection<TokioIo<TcpStream>, Body>;
 
@@ -88,15 +90,143 @@ impl Conn {
     }
 }
 
-struct Idle {
-    conn: Conn,
+/// One upstream connection spoken to with [`wire`]: for requests whose
+/// body is read whole (the lean path's).
+struct WireConn {
+    stream: TcpStream,
+    /// Bytes read and not yet used: the response head and body as they
+    /// arrive.
+    buf: BytesMut,
+    /// The request head (and a small body) written in one go.
+    out: Vec<u8>,
+    open: Places,
+}
+
+/// What the pools need of a kind of connection.
+trait Link: Sized {
+    /// The pool of this kind in a shard.
+    fn idle(shard: &mut Shard) -> &mut HashMap<Authority, Vec<Idle<Self>>>;
+    /// Ready for a new request now, without waiting.
+    fn ready_now(&mut self) -> bool;
+    /// Its exchange over, may it go back to the pool.
+    fn settled(&mut self) -> bool;
+    fn places(&self) -> &Places;
+    /// A new connection on `stream`.
+    fn open(
+        stream: TcpStream,
+        open: Places,
+    ) -> impl std::future::Future<Output = Result<Self, SendError>> + Send;
+}
+
+impl Link for Conn {
+    fn idle(shard: &mut Shard) -> &mut HashMap<Authority, Vec<Idle<Self>>> {
+        &mut shard.idle
+    }
+
+    fn ready_now(&mut self) -> bool {
+        Conn::ready_now(self)
+    }
+
+    fn settled(&mut self) -> bool {
+        // Lets it take in the end of the response and become ready; polled
+        // with a waker that wakes nothing, as no task waits on it now.
+        let mut cx = Context::from_waker(Waker::noop());
+        self.drive(&mut cx) && !self.sender.is_closed()
+    }
+
+    fn places(&self) -> &Places {
+        &self.open
+    }
+
+    async fn open(stream: TcpStream, open: Places) -> Result<Conn, SendError> {
+        let (sender, driver) = http1::Builder::new()
+            .handshake(TokioIo::new(stream))
+            .await
+            .map_err(SendError::Request)?;
+        Ok(Conn {
+            sender,
+            driver: Some(driver),
+            open,
+        })
+    }
+}
+
+impl Link for WireConn {
+    fn idle(shard: &mut Shard) -> &mut HashMap<Authority, Vec<Idle<Self>>> {
+        &mut shard.wire
+    }
+
+    fn ready_now(&mut self) -> bool {
+        // Nothing may be waiting on an idle connection: an end of stream
+        // (the upstream closed it) or stray bytes both rule it out. Asked of
+        // the socket itself, not of the reactor's readiness, which the
+        // short read that ended the last body cleared and which the reactor
+        // may not have renewed yet. One `recvfrom` that finds nothing, as
+        // hyper's client makes when it takes a connection back.
+        self.buf.is_empty()
+            && matches!(
+                rustix::net::recv(
+                    &self.stream,
+                    &mut [0u8; 1],
+                    rustix::net::RecvFlags::PEEK | rustix::net::RecvFlags::DONTWAIT,
+                ),
+                Err(rustix::io::Errno::AGAIN)
+            )
+    }
+
+    fn settled(&mut self) -> bool {
+        // An upstream that closed right after its answer is found now, not
+        // by the next request.
+        self.ready_now()
+    }
+
+    fn places(&self) -> &Places {
+        &self.open
+    }
+
+    async fn open(stream: TcpStream, open: Places) -> Result<WireConn, SendError> {
+        Ok(WireConn {
+            stream,
+            buf: BytesMut::with_capacity(8 * 1024),
+            out: Vec::with_capacity(1024),
+            open,
+        })
+    }
+}
+
+struct Idle<T> {
+    conn: T,
     since: Instant,
 }
 
 /// The idle connections of one worker thread, by upstream authority.
 #[derive(Default)]
 struct Shard {
-    idle: HashMap<Authority, Vec<Idle>>,
+    idle: HashMap<Authority, Vec<Idle<Conn>>>,
+    wire: HashMap<Authority, Vec<Idle<WireConn>>>,
+}
+
+/// Takes out of `lists` the connections idle for `timeout` or more and
+/// those no longer ready.
+fn expired<T: Link>(
+    lists: &mut HashMap<Authority, Vec<Idle<T>>>,
+    now: Instant,
+    timeout: Duration,
+) -> Vec<Idle<T>> {
+    let mut closed = Vec::new();
+    lists.retain(|_, list| {
+        let mut i = 0;
+        while i < list.len() {
+            let idle = &mut list[i];
+            if now.duration_since(idle.since) >= timeout || !idle.conn.ready_now() {
+                closed.push(list.swap_remove(i));
+            } else {
+                i += 1;
+            }
+        }
+        !list.is_empty()
+    });
+    closed
 }
 
 /// A connection's places under its upstream's ceiling and the total one,
@@ -150,6 +280,12 @@ pub enum SendError {
     Saturated,
     /// The connection failed while sending or before the head arrived.
     Request(hyper::Error),
+    /// The same, on a connection spoken to with [`wire`].
+    Wire(WireError),
+    /// Writing the request failed.
+    Write(std::io::Error),
+    /// Reading the response head failed.
+    Read(std::io::Error),
 }
 
 impl std::fmt::Display for SendError {
@@ -158,6 +294,9 @@ impl std::fmt::Display for SendError {
             SendError::Connect(e) => write!(f, "connecting to the upstream: {e}"),
             SendError::Saturated => f.write_str("the upstream has all its connections in use"),
             SendError::Request(e) => write!(f, "upstream request: {e}"),
+            SendError::Wire(e) => write!(f, "upstream request: {e}"),
+            SendError::Write(e) => write!(f, "upstream request: writing: {e}"),
+            SendError::Read(e) => write!(f, "upstream request: reading: {e}"),
         }
     }
 }
@@ -168,6 +307,9 @@ impl std::error::Error for SendError {
             SendError::Connect(e) => Some(e),
             SendError::Saturated => None,
             SendError::Request(e) => Some(e),
+            SendError::Wire(e) => Some(e),
+            SendError::Write(e) => Some(e),
+            SendError::Read(e) => Some(e),
         }
     }
 }
@@ -261,24 +403,12 @@ impl UpstreamClient {
     fn sweep(&self) {
         let now = Instant::now();
         for shard in self.shards.iter() {
-            let closed: Vec<Idle> = {
+            let closed = {
                 let mut shard = shard.lock().unwrap_or_else(|p| p.into_inner());
-                let mut closed = Vec::new();
-                shard.idle.retain(|_, list| {
-                    let mut i = 0;
-                    while i < list.len() {
-                        let idle = &mut list[i];
-                        if now.duration_since(idle.since) >= self.idle_timeout
-                            || !idle.conn.ready_now()
-                        {
-                            closed.push(list.swap_remove(i));
-                        } else {
-                            i += 1;
-                        }
-                    }
-                    !list.is_empty()
-                });
-                closed
+                (
+                    expired(&mut shard.idle, now, self.idle_timeout),
+                    expired(&mut shard.wire, now, self.idle_timeout),
+                )
             };
             // Dropped outside the lock: closing a socket is a system call.
             drop(closed);
@@ -294,7 +424,7 @@ impl UpstreamClient {
     /// the others fill to their cap with connections no one took (128 idle
     /// upstream connections, 18 MiB more resident, in a one-minute soak of six
     /// sequential clients).
-    fn checkout(&self, authority: &Authority) -> Option<Conn> {
+    fn checkout<T: Link>(&self, authority: &Authority) -> Option<T> {
         let (own, pinned) = shard_index(self.shards.len());
         if pinned {
             return self.checkout_from(own, authority);
@@ -306,19 +436,19 @@ impl UpstreamClient {
 
     /// Any pool's idle connection: for a request waiting at the ceiling,
     /// which takes whatever came back, wherever.
-    fn checkout_any(&self, authority: &Authority) -> Option<Conn> {
+    fn checkout_any<T: Link>(&self, authority: &Authority) -> Option<T> {
         let own = shard_index(self.shards.len()).0;
         (0..self.shards.len())
             .map(|i| (own + i) % self.shards.len())
             .find_map(|i| self.checkout_from(i, authority))
     }
 
-    fn checkout_from(&self, shard: usize, authority: &Authority) -> Option<Conn> {
+    fn checkout_from<T: Link>(&self, shard: usize, authority: &Authority) -> Option<T> {
         let now = Instant::now();
         let mut dropped = Vec::new();
         let found = {
             let mut shard = self.shards[shard].lock().unwrap_or_else(|p| p.into_inner());
-            let list = shard.idle.get_mut(authority)?;
+            let list = T::idle(&mut shard).get_mut(authority)?;
             let mut found = None;
             while let Some(mut idle) = list.pop() {
                 if now.duration_since(idle.since) < self.idle_timeout && idle.conn.ready_now() {
@@ -334,19 +464,16 @@ impl UpstreamClient {
     }
 
     /// Puts a connection whose exchange is over back in the pool.
-    fn release(&self, authority: Authority, mut conn: Conn) {
-        // Lets it take in the end of the response and become ready; polled
-        // with a waker that wakes nothing, as no task waits on it now.
-        let mut cx = Context::from_waker(Waker::noop());
-        if self.max_idle_per_shard == 0 || !conn.drive(&mut cx) || conn.sender.is_closed() {
+    fn release<T: Link>(&self, authority: Authority, mut conn: T) {
+        if self.max_idle_per_shard == 0 || !conn.settled() {
             return;
         }
         // The gate travels with the connection: no lookup on this path,
         // which every request with a body takes.
-        let gate = conn.open.gate.clone();
+        let gate = conn.places().gate.clone();
         {
             let mut shard = self.shard();
-            let list = shard.idle.entry(authority).or_default();
+            let list = T::idle(&mut shard).entry(authority).or_default();
             if list.len() >= self.max_idle_per_shard {
                 return;
             }
@@ -405,7 +532,10 @@ impl UpstreamClient {
     /// A connection to `authority`: an idle one, else a new one under the
     /// upstream's ceiling; at the ceiling, the first to come back to any
     /// pool or the place of one that closed, within the queue's bounds.
-    async fn obtain(&self, authority: &Authority) -> Result<(Conn, bool), SendError> {
+    async fn obtain<T: Link, Other: Link>(
+        &self,
+        authority: &Authority,
+    ) -> Result<(T, bool), SendError> {
         if let Some(conn) = self.checkout(authority) {
             return Ok((conn, true));
         }
@@ -423,6 +553,9 @@ impl UpstreamClient {
                 if let Some(conn) = self.checkout_any(authority) {
                     return Ok::<_, SendError>((conn, true));
                 }
+                // An idle connection of the other kind is closed: its place
+                // is taken by a new one of this kind.
+                drop(self.checkout_any::<Other>(authority));
                 tokio::select! {
                     () = returned => {}
                     open = self.places(&gate) => {
@@ -436,7 +569,7 @@ impl UpstreamClient {
         waited.unwrap_or(Err(SendError::Saturated))
     }
 
-    async fn connect(&self, authority: &Authority, open: Places) -> Result<Conn, SendError> {
+    async fn connect<T: Link>(&self, authority: &Authority, open: Places) -> Result<T, SendError> {
         let host = authority.host();
         let host = host
             .strip_prefix('[')
@@ -453,15 +586,7 @@ impl UpstreamClient {
             })?
             .map_err(SendError::Connect)?;
         stream.set_nodelay(true).map_err(SendError::Connect)?;
-        let (sender, driver) = http1::Builder::new()
-            .handshake(TokioIo::new(stream))
-            .await
-            .map_err(SendError::Request)?;
-        Ok(Conn {
-            sender,
-            driver: Some(driver),
-            open,
-        })
+        T::open(stream, open).await
     }
 
     /// Sends `request` to `authority` (plain HTTP/1.1) and waits for the
@@ -474,7 +599,7 @@ impl UpstreamClient {
         request: Request<Body>,
         keep: &mut Option<K>,
     ) -> Result<Response<Body>, SendError> {
-        let (mut conn, reused) = self.obtain(authority).await?;
+        let (mut conn, reused) = self.obtain::<Conn, WireConn>(authority).await?;
         let response = match exchange(&mut conn, request).await {
             Ok(response) => response,
             // A pooled connection that broke before the request was written
@@ -507,6 +632,258 @@ impl UpstreamClient {
                 _keep: keep.take(),
             }),
         ))
+    }
+    /// Sends a request whose body is `body`, whole, to `authority` with
+    /// [`wire`], and waits for the response head; the body streams from
+    /// the connection as it is read. `keep` as in [`UpstreamClient::send`].
+    pub async fn send_whole<K: Send + Unpin + 'static>(
+        self: &Arc<Self>,
+        authority: &Authority,
+        head: http::request::Parts,
+        body: Bytes,
+        keep: &mut Option<K>,
+    ) -> Result<Response<Body>, SendError> {
+        let (mut conn, reused) = self.obtain::<WireConn, Conn>(authority).await?;
+        let path = head.uri.path_and_query().map_or("/", |p| p.as_str());
+        conn.out.clear();
+        wire::write_request_head(&head.method, path, &head.headers, body.len(), &mut conn.out);
+        if let Err(error) = conn.write(&body).await {
+            // A pooled connection the upstream closed as it was checked out
+            // refuses the write: the request goes again, once, on a new
+            // connection, as on hyper's client.
+            if !reused {
+                return Err(SendError::Write(error));
+            }
+            let out = std::mem::take(&mut conn.out);
+            conn = self.connect(authority, conn.open).await?;
+            conn.out = out;
+            conn.write(&body).await.map_err(SendError::Write)?;
+        }
+        let response = match conn.read_head().await {
+            Ok(response) => response,
+            // A pooled connection the upstream closed just as the request
+            // went out (its keep-alive ran out): nothing of an answer came.
+            // An idempotent request goes again, once, on a new connection
+            // (RFC 9112 9.3.1); any other is the upstream's failure.
+            Err(SendError::Wire(WireError::Closed) | SendError::Read(_))
+                if reused && conn.buf.is_empty() && head.method.is_idempotent() =>
+            {
+                let out = std::mem::take(&mut conn.out);
+                conn = self.connect(authority, conn.open).await?;
+                conn.out = out;
+                conn.write(&body).await.map_err(SendError::Write)?;
+                conn.read_head().await?
+            }
+            Err(error) => return Err(error),
+        };
+        conn.buf.advance(response.len);
+        let mut parts = Response::new(()).into_parts().0;
+        parts.status = response.status;
+        parts.version = response.version;
+        parts.headers = response.headers;
+        let reusable = response.reusable;
+        let framing = match response.framing {
+            Framing::Empty => None,
+            Framing::Length(n) if (conn.buf.len() as u64) >= n => {
+                // The whole body came with the head: the usual small answer.
+                let bytes = conn.buf.split_to(n as usize).freeze();
+                if reusable {
+                    self.release(authority.clone(), conn);
+                }
+                drop(keep.take());
+                return Ok(Response::from_parts(parts, body::full(bytes)));
+            }
+            Framing::Length(n) => Some(Remaining::Length(n)),
+            Framing::Chunked => Some(Remaining::Chunked(Chunked::default())),
+            Framing::Close => Some(Remaining::Close),
+        };
+        let Some(remaining) = framing else {
+            if reusable {
+                self.release(authority.clone(), conn);
+            }
+            drop(keep.take());
+            return Ok(Response::from_parts(parts, body::empty()));
+        };
+        Ok(Response::from_parts(
+            parts,
+            body::boxed(WireBody {
+                conn: Some(conn),
+                remaining,
+                reusable,
+                client: self.clone(),
+                authority: authority.clone(),
+                _keep: keep.take(),
+            }),
+        ))
+    }
+}
+
+/// Bodies larger than this are written after the head, not copied beside it.
+const COPY_BODY: usize = 16 * 1024;
+
+impl WireConn {
+    /// Writes the head in `out`, then `body`: one write for a small body.
+    /// `out` keeps the head alone, for a second attempt.
+    async fn write(&mut self, body: &Bytes) -> std::io::Result<()> {
+        let head = self.out.len();
+        let written = if body.len() <= COPY_BODY {
+            self.out.extend_from_slice(body);
+            self.stream.write_all(&self.out).await
+        } else {
+            match self.stream.write_all(&self.out).await {
+                Ok(()) => self.stream.write_all(body).await,
+                Err(error) => Err(error),
+            }
+        };
+        self.out.truncate(head);
+        written
+    }
+
+    /// Reads up to the final response head, skipping 1xx answers other
+    /// than 101 (RFC 9110 15.2: a client that did not ask may see them).
+    async fn read_head(&mut self) -> Result<wire::ResponseHead, SendError> {
+        loop {
+            if !self.buf.is_empty() {
+                match wire::parse_response(&self.buf).map_err(SendError::Wire)? {
+                    Some(head)
+                        if head.status.is_informational()
+                            && head.status != http::StatusCode::SWITCHING_PROTOCOLS =>
+                    {
+                        self.buf.advance(head.len);
+                        continue;
+                    }
+                    Some(head) => return Ok(head),
+                    None => {}
+                }
+            }
+            match self.stream.read_buf(&mut self.buf).await {
+                Ok(0) => return Err(SendError::Wire(WireError::Closed)),
+                Ok(_) => {}
+                Err(error) => return Err(SendError::Read(error)),
+            }
+        }
+    }
+}
+
+/// What is left of a response body read with [`wire`].
+enum Remaining {
+    Length(u64),
+    Chunked(Chunked),
+    Close,
+}
+
+/// A response body read from a [`WireConn`], which goes back to the pool
+/// once the body has ended (when the response allowed it). Dropped before
+/// its end (the client went away), the connection is closed.
+struct WireBody<K> {
+    /// `None` once given back or closed.
+    conn: Option<WireConn>,
+    remaining: Remaining,
+    reusable: bool,
+    client: Arc<UpstreamClient>,
+    authority: Authority,
+    /// What the caller keeps for as long as the exchange lasts.
+    _keep: Option<K>,
+}
+
+impl<K> WireBody<K> {
+    /// The body's next bytes out of what was read, `Ok(None)` when more
+    /// must be read first, or at the end (then `conn` was settled).
+    fn take(&mut self) -> Result<Option<Bytes>, WireError> {
+        let Some(conn) = self.conn.as_mut() else {
+            return Ok(None);
+        };
+        let data = match &mut self.remaining {
+            Remaining::Length(0) => None,
+            Remaining::Length(n) => {
+                if conn.buf.is_empty() {
+                    return Ok(None);
+                }
+                let take = (conn.buf.len() as u64).min(*n);
+                *n -= take;
+                Some(conn.buf.split_to(take as usize).freeze())
+            }
+            Remaining::Chunked(chunked) => chunked.next(&mut conn.buf)?,
+            Remaining::Close => (!conn.buf.is_empty()).then(|| conn.buf.split().freeze()),
+        };
+        if self.ended() {
+            self.settle();
+        }
+        Ok(data)
+    }
+
+    fn ended(&self) -> bool {
+        match &self.remaining {
+            Remaining::Length(n) => *n == 0,
+            Remaining::Chunked(chunked) => chunked.done(),
+            // Ended by the connection's end, found when reading.
+            Remaining::Close => false,
+        }
+    }
+
+    /// The body has ended: the connection goes back, or is closed.
+    fn settle(&mut self) {
+        if let Some(conn) = self.conn.take()
+            && self.reusable
+        {
+            self.client.release(self.authority.clone(), conn);
+        }
+    }
+}
+
+impl<K: Unpin> http_body::Body for WireBody<K> {
+    type Data = Bytes;
+    type Error = WireError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, WireError>>> {
+        let this = &mut *self;
+        loop {
+            match this.take() {
+                Err(error) => {
+                    this.conn = None;
+                    return Poll::Ready(Some(Err(error)));
+                }
+                Ok(Some(data)) if !data.is_empty() => {
+                    return Poll::Ready(Some(Ok(http_body::Frame::data(data))));
+                }
+                Ok(_) => {}
+            }
+            // A body that ended gave its connection up in `take`.
+            let Some(conn) = this.conn.as_mut() else {
+                return Poll::Ready(None);
+            };
+            let mut read = std::pin::pin!(conn.stream.read_buf(&mut conn.buf));
+            match read.as_mut().poll(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Ok(0)) => {
+                    this.conn = None;
+                    return match this.remaining {
+                        // The end of the connection ends such a body.
+                        Remaining::Close => Poll::Ready(None),
+                        _ => Poll::Ready(Some(Err(WireError::Closed))),
+                    };
+                }
+                Poll::Ready(Ok(_)) => {}
+                Poll::Ready(Err(_)) => {
+                    this.conn = None;
+                    return Poll::Ready(Some(Err(WireError::Closed)));
+                }
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.conn.is_none() || self.ended()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        match self.remaining {
+            Remaining::Length(n) => http_body::SizeHint::with_exact(n),
+            _ => http_body::SizeHint::default(),
+        }
     }
 }
 
@@ -589,7 +966,6 @@ mod tests {
     use super::*;
     use http_body_util::BodyExt as _;
     use std::sync::atomic::AtomicUsize;
-    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
     use tokio::net::TcpListener;
 
     /// A loopback upstream answering every request with `ok` (keep-alive, or
@@ -660,6 +1036,72 @@ mod tests {
             assert_eq!(get(&client, &authority).await, "ok\n");
         }
         assert_eq!(accepted.load(Ordering::SeqCst), 1);
+    }
+
+    async fn get_whole(client: &Arc<UpstreamClient>, authority: &Authority) -> String {
+        let head = Request::builder()
+            .uri("/x")
+            .header("host", authority.as_str())
+            .body(())
+            .unwrap()
+            .into_parts()
+            .0;
+        let response = client
+            .send_whole(authority, head, Bytes::new(), &mut None::<()>)
+            .await
+            .unwrap();
+        let bytes = response.into_body().collect().await.unwrap().to_bytes();
+        String::from_utf8(bytes.to_vec()).unwrap()
+    }
+
+    #[tokio::test]
+    async fn wire_connections_are_reused_and_kept_apart_from_hypers() {
+        let (authority, accepted) = upstream(false).await;
+        let client = UpstreamClient::new(
+            Duration::from_secs(1),
+            Duration::from_secs(60),
+            8,
+            2,
+            Ceiling::UNBOUNDED,
+        );
+        for _ in 0..5 {
+            assert_eq!(get_whole(&client, &authority).await, "ok\n");
+        }
+        assert_eq!(accepted.load(Ordering::SeqCst), 1);
+        // hyper's client does not take the wire connection, nor the reverse.
+        assert_eq!(get(&client, &authority).await, "ok\n");
+        assert_eq!(get_whole(&client, &authority).await, "ok\n");
+        assert_eq!(accepted.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn wire_connections_the_upstream_closes_are_not_reused() {
+        let (authority, accepted) = upstream(true).await;
+        let client = UpstreamClient::new(
+            Duration::from_secs(1),
+            Duration::from_secs(60),
+            8,
+            2,
+            Ceiling::UNBOUNDED,
+        );
+        for _ in 0..3 {
+            assert_eq!(get_whole(&client, &authority).await, "ok\n");
+        }
+        assert_eq!(accepted.load(Ordering::SeqCst), 3);
+    }
+
+    #[tokio::test]
+    async fn at_the_ceiling_an_idle_connection_of_the_other_kind_gives_its_place() {
+        let (authority, accepted) = upstream(false).await;
+        let client = one_connection(4);
+        assert_eq!(get(&client, &authority).await, "ok\n");
+        // The one place is held by an idle hyper connection: the wire
+        // request closes it and opens its own, rather than wait it out.
+        let answer = tokio::time::timeout(Duration::from_secs(5), get_whole(&client, &authority))
+            .await
+            .expect("not left waiting at the ceiling");
+        assert_eq!(answer, "ok\n");
+        assert_eq!(accepted.load(Ordering::SeqCst), 2);
     }
 
     #[tokio::test]

@@ -254,6 +254,13 @@ const ADDED_UPSTREAM: usize = 12;
 
 /// Every edit of an upstream response on its way to the client.
 pub fn to_client(headers: &mut HeaderMap, pass_server_header: bool) {
+    if headers.contains_key(TRANSFER_ENCODING) {
+        // RFC 9112 6.3 rule 3: the body was framed by its transfer coding,
+        // which is hop-by-hop; a `Content-Length` beside it is no length of
+        // the body the client gets, and passed on it would let the upstream
+        // end the client's response where it likes (response splitting).
+        headers.remove(http::header::CONTENT_LENGTH);
+    }
     remove_where(headers, is_hop_by_hop);
     if !pass_server_header {
         headers.remove(http::header::SERVER);

@@ -5,6 +5,7 @@ mod client;
 pub(crate) use client::pin_thread_to_pool;
 pub mod headers;
 mod pacing;
+pub mod wire;
 
 use std::sync::Arc;
 
@@ -372,13 +373,12 @@ impl Proxy {
 
     /// The client's body as sent on: held to its pace when there is one, and
     /// cut off at `limits.max_body_bytes` when its length was not declared.
-    /// A body the lean path read whole goes as it is.
-    fn request_body(&self, body: RequestBody, declared: bool, version: Version) -> Body {
-        let incoming = match body {
-            RequestBody::Read(bytes) if bytes.is_empty() => return body::empty(),
-            RequestBody::Read(bytes) => return body::full(bytes),
-            RequestBody::Streamed(incoming) => incoming,
-        };
+    fn request_body(
+        &self,
+        incoming: hyper::body::Incoming,
+        declared: bool,
+        version: Version,
+    ) -> Body {
         if incoming.is_end_stream() {
             return body::boxed(incoming.map_err(body::ClientBodyError));
         }
@@ -423,7 +423,15 @@ impl Proxy {
         }
         // Only an empty body can be sent again to another upstream.
         let replayable = incoming.is_end_stream() && route.upstreams.len() > 1;
-        let mut body = Some(self.request_body(incoming, declared.is_some(), parts.version));
+        // A body read whole with its head goes with hyper's client's
+        // dispatch left out ([`wire`]).
+        let (whole, mut body) = match incoming {
+            RequestBody::Read(bytes) => (Some(bytes), None),
+            RequestBody::Streamed(incoming) => (
+                None,
+                Some(self.request_body(incoming, declared.is_some(), parts.version)),
+            ),
+        };
         let mut keep = Some(in_flight);
         parts.version = Version::HTTP_11;
         let query = parts.uri.query().map(str::to_owned);
@@ -439,20 +447,30 @@ impl Proxy {
             parts
                 .headers
                 .insert(http::header::HOST, upstream.host_header.clone());
-            let request_body = body.take().unwrap_or_else(body::empty);
             let head = if replayable {
                 parts.clone()
             } else {
                 std::mem::replace(&mut parts, Request::new(()).into_parts().0)
             };
-            let request = Request::from_parts(head, request_body);
             let started = Instant::now();
             // Counts the client going away while the upstream is asked.
             let gone = GoneGuard(Some(&route.series));
-            let result = tokio::time::timeout(
-                route.timeout,
-                self.client.send(&upstream.authority, request, &mut keep),
-            )
+            let result = tokio::time::timeout(route.timeout, async {
+                match &whole {
+                    Some(bytes) => {
+                        self.client
+                            .send_whole(&upstream.authority, head, bytes.clone(), &mut keep)
+                            .await
+                    }
+                    None => {
+                        let request_body = body.take().unwrap_or_else(body::empty);
+                        let request = Request::from_parts(head, request_body);
+                        self.client
+                            .send(&upstream.authority, request, &mut keep)
+                            .await
+                    }
+                }
+            })
             .await;
             gone.disarm();
             let failure = match result {
@@ -594,7 +612,7 @@ fn classify(error: &SendError) -> Failure {
     match error {
         SendError::Connect(_) => return Failure::Connect,
         SendError::Saturated => return Failure::Saturated,
-        SendError::Request(_) => {}
+        SendError::Request(_) | SendError::Wire(_) | SendError::Write(_) | SendError::Read(_) => {}
     }
     let mut source: Option<&(dyn std::error::Error + 'static)> = Some(error);
     while let Some(e) = source {
