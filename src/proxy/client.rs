@@ -159,10 +159,24 @@ impl Link for WireConn {
     fn ready_now(&mut self) -> bool {
         // Nothing may be waiting on an idle connection: an end of stream
         // (the upstream closed it) or stray bytes both rule it out. Asked of
-        // the socket itself, not of the reactor's readiness, which the
-        // short read that ended the last body cleared and which the reactor
-        // may not have renewed yet. One `recvfrom` that finds nothing, as
-        // hyper's client makes when it takes a connection back.
+        // the reactor's readiness: what arrived since the connection was
+        // settled (below) was recorded as readiness when the reactor last
+        // looked, and an empty socket costs no system call. What arrived
+        // after that is the race of a keep-alive running out, which the
+        // retry of an idempotent request covers (`send_whole`).
+        self.buf.is_empty()
+            && matches!(
+                self.stream.try_read(&mut [0u8; 1]),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock
+            )
+    }
+
+    fn settled(&mut self) -> bool {
+        // Asked of the socket itself: the short read that ended the body
+        // cleared the reactor's readiness, and an upstream that closed
+        // right after its answer is found now, not by the next request. One
+        // `recvfrom` that finds nothing, as hyper's client makes when it
+        // takes a connection back.
         self.buf.is_empty()
             && matches!(
                 rustix::net::recv(
@@ -172,12 +186,6 @@ impl Link for WireConn {
                 ),
                 Err(rustix::io::Errno::AGAIN)
             )
-    }
-
-    fn settled(&mut self) -> bool {
-        // An upstream that closed right after its answer is found now, not
-        // by the next request.
-        self.ready_now()
     }
 
     fn places(&self) -> &Places {
