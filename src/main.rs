@@ -41,7 +41,20 @@ pub(crate) const DEFAULT_CONFIG: &str = "config/keygate.toml";
 /// sysexits.h EX_USAGE / EX_CONFIG-style status for a bad configuration.
 const EXIT_CONFIG: u8 = 64;
 
+/// Turns transparent huge pages off for this process. mimalloc asks for them
+/// (`madvise(MADV_HUGEPAGE)`) on the arena it commits at start, so the first
+/// bytes touched in each 2 MiB made all of it resident: 6-8 MiB of an idle
+/// server's 33-35 MiB (`AnonHugePages` in `/proc/<pid>/smaps_rollup`;
+/// 25-27 MiB without, BENCHMARKS.md, "Choices in the code"). Under load the
+/// CPU per request did not change measurably (`benches/run`). Done before
+/// anything of size is allocated; a kernel that refuses leaves it as it was.
+fn no_transparent_huge_pages() {
+    #[cfg(target_os = "linux")]
+    let _ = rustix::thread::disable_transparent_huge_pages(true);
+}
+
 fn main() -> ExitCode {
+    no_transparent_huge_pages();
     let cli = Cli::parse();
     if let Command::ReferenceUpstream(args) = cli.command {
         return reference_upstream(args);
