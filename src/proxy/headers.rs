@@ -404,6 +404,20 @@ mod tests {
     }
 
     #[test]
+    fn an_upstream_length_beside_a_transfer_coding_does_not_reach_the_client() {
+        let mut headers = HeaderMap::new();
+        headers.insert(TRANSFER_ENCODING, HeaderValue::from_static("chunked"));
+        headers.insert("content-length", HeaderValue::from_static("3"));
+        to_client(&mut headers, false);
+        assert!(headers.is_empty(), "{headers:?}");
+        // Alone, the length frames the body and stays.
+        let mut headers = HeaderMap::new();
+        headers.insert("content-length", HeaderValue::from_static("3"));
+        to_client(&mut headers, false);
+        assert_eq!(headers.len(), 1);
+    }
+
+    #[test]
     fn forwarding_headers_from_untrusted_clients_are_removed_in_any_spelling() {
         let mut spoofed: Vec<(String, &str)> = FORWARDING
             .iter()
