@@ -24,6 +24,14 @@
 //! request was written goes again on a new connection, once. Connections idle
 //! for longer than `proxy.pool_idle_timeout` are closed by a sweep.
 //!
+//! A request whose body was read whole (the lean path's) goes on a
+//! connection of another kind, spoken to with [`wire`] instead of hyper:
+//! the same per-thread pools, a list of their own in each, under the same
+//! ceilings; at the ceiling, an idle connection of the other kind is closed
+//! to make room. Such a connection goes back to the pool when its answer was
+//! read to its end with nothing after it, and is found closed at checkout
+//! as hyper's are, by the reactor's readiness.
+//!
 //! Connections open to one upstream (idle or busy) are bounded by
 //! `proxy.max_connections_per_upstream`: each holds a permit of its
 //! upstream's [`Gate`] until it closes. A request that finds none idle and
@@ -176,7 +184,14 @@ impl Link for WireConn {
         // request goes again (`send_whole`). A `recvfrom` here cost every
         // request one more system call (`strace -c` under `benches/run`:
         // three per request, against two for hyper's client).
-        self.ready_now()
+        if !self.ready_now() {
+            return false;
+        }
+        if self.buf.capacity() > MAX_IDLE_BUFFER {
+            // A large answer grew it: an idle connection keeps a small one.
+            self.buf = BytesMut::with_capacity(WIRE_BUFFER);
+        }
+        true
     }
 
     fn places(&self) -> &Places {
@@ -186,12 +201,16 @@ impl Link for WireConn {
     async fn open(stream: TcpStream, open: Places) -> Result<WireConn, SendError> {
         Ok(WireConn {
             stream,
-            buf: BytesMut::with_capacity(8 * 1024),
+            buf: BytesMut::with_capacity(WIRE_BUFFER),
             out: Vec::with_capacity(1024),
             open,
         })
     }
 }
+
+/// A wire connection's read buffer, and the most an idle one keeps.
+const WIRE_BUFFER: usize = 8 * 1024;
+const MAX_IDLE_BUFFER: usize = 64 * 1024;
 
 struct Idle<T> {
     conn: T,
