@@ -986,6 +986,18 @@ mod tests {
     use std::sync::atomic::AtomicUsize;
     use tokio::net::TcpListener;
 
+    /// A client on two pools, without ceilings, keeping `max_idle` idle
+    /// connections per upstream.
+    fn client_keeping(max_idle: usize) -> Arc<UpstreamClient> {
+        UpstreamClient::new(
+            Duration::from_secs(1),
+            Duration::from_secs(60),
+            max_idle,
+            2,
+            Ceiling::UNBOUNDED,
+        )
+    }
+
     /// A loopback upstream answering every request with `ok` (keep-alive, or
     /// closing after each answer), counting the connections it accepted.
     async fn upstream(close_after_each: bool) -> (Authority, Arc<AtomicUsize>) {
@@ -1043,13 +1055,7 @@ mod tests {
     #[tokio::test]
     async fn keep_alive_connections_are_reused() {
         let (authority, accepted) = upstream(false).await;
-        let client = UpstreamClient::new(
-            Duration::from_secs(1),
-            Duration::from_secs(60),
-            8,
-            2,
-            Ceiling::UNBOUNDED,
-        );
+        let client = client_keeping(8);
         for _ in 0..5 {
             assert_eq!(get(&client, &authority).await, "ok\n");
         }
@@ -1075,13 +1081,7 @@ mod tests {
     #[tokio::test]
     async fn wire_connections_are_reused_and_kept_apart_from_hypers() {
         let (authority, accepted) = upstream(false).await;
-        let client = UpstreamClient::new(
-            Duration::from_secs(1),
-            Duration::from_secs(60),
-            8,
-            2,
-            Ceiling::UNBOUNDED,
-        );
+        let client = client_keeping(8);
         for _ in 0..5 {
             assert_eq!(get_whole(&client, &authority).await, "ok\n");
         }
@@ -1095,13 +1095,7 @@ mod tests {
     #[tokio::test]
     async fn wire_connections_the_upstream_closes_are_not_reused() {
         let (authority, accepted) = upstream(true).await;
-        let client = UpstreamClient::new(
-            Duration::from_secs(1),
-            Duration::from_secs(60),
-            8,
-            2,
-            Ceiling::UNBOUNDED,
-        );
+        let client = client_keeping(8);
         for _ in 0..3 {
             assert_eq!(get_whole(&client, &authority).await, "ok\n");
         }
@@ -1125,13 +1119,7 @@ mod tests {
     #[tokio::test]
     async fn no_idle_connections_kept_when_the_pool_size_is_zero() {
         let (authority, accepted) = upstream(false).await;
-        let client = UpstreamClient::new(
-            Duration::from_secs(1),
-            Duration::from_secs(60),
-            0,
-            2,
-            Ceiling::UNBOUNDED,
-        );
+        let client = client_keeping(0);
         for _ in 0..3 {
             assert_eq!(get(&client, &authority).await, "ok\n");
         }
@@ -1164,13 +1152,7 @@ mod tests {
     #[tokio::test]
     async fn connections_the_upstream_closes_are_not_reused() {
         let (authority, accepted) = upstream(true).await;
-        let client = UpstreamClient::new(
-            Duration::from_secs(1),
-            Duration::from_secs(60),
-            8,
-            2,
-            Ceiling::UNBOUNDED,
-        );
+        let client = client_keeping(8);
         for _ in 0..3 {
             assert_eq!(get(&client, &authority).await, "ok\n");
             tokio::time::sleep(Duration::from_millis(20)).await;
@@ -1253,13 +1235,7 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let authority: Authority = listener.local_addr().unwrap().to_string().parse().unwrap();
         drop(listener);
-        let client = UpstreamClient::new(
-            Duration::from_secs(1),
-            Duration::from_secs(60),
-            8,
-            2,
-            Ceiling::UNBOUNDED,
-        );
+        let client = client_keeping(8);
         let request = Request::builder()
             .uri(format!("http://{authority}/x"))
             .body(body::empty())
