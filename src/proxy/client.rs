@@ -672,10 +672,7 @@ impl UpstreamClient {
             if !reused {
                 return Err(SendError::Write(error));
             }
-            let out = std::mem::take(&mut conn.out);
-            conn = self.connect(authority, conn.open).await?;
-            conn.out = out;
-            conn.write(&body).await.map_err(SendError::Write)?;
+            conn = self.again(authority, conn, &body).await?;
         }
         let response = match conn.read_head().await {
             Ok(response) => response,
@@ -686,10 +683,7 @@ impl UpstreamClient {
             Err(SendError::Wire(WireError::Closed) | SendError::Read(_))
                 if reused && conn.buf.is_empty() && head.method.is_idempotent() =>
             {
-                let out = std::mem::take(&mut conn.out);
-                conn = self.connect(authority, conn.open).await?;
-                conn.out = out;
-                conn.write(&body).await.map_err(SendError::Write)?;
+                conn = self.again(authority, conn, &body).await?;
                 conn.read_head().await?
             }
             Err(error) => return Err(error),
@@ -733,6 +727,23 @@ impl UpstreamClient {
                 _keep: keep.take(),
             }),
         ))
+    }
+}
+
+impl UpstreamClient {
+    /// The request written in `conn.out` (its head) and `body`, written
+    /// again on a new connection in `conn`'s place under the ceiling.
+    async fn again(
+        &self,
+        authority: &Authority,
+        conn: WireConn,
+        body: &Bytes,
+    ) -> Result<WireConn, SendError> {
+        let WireConn { out, open, .. } = conn;
+        let mut fresh: WireConn = self.connect(authority, open).await?;
+        fresh.out = out;
+        fresh.write(body).await.map_err(SendError::Write)?;
+        Ok(fresh)
     }
 }
 
