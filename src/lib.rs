@@ -22,6 +22,7 @@ pub mod clock;
 pub mod config;
 pub mod dev;
 pub(crate) mod error;
+mod fnv;
 pub mod identity;
 pub mod import;
 pub mod listener;

@@ -436,8 +436,14 @@ pub fn find(method: &Method, path: &str) -> Result<Option<Matched>, ApiError> {
 /// The first two segments of a path (`/api/auth` of `/api/auth/login`), or
 /// the whole path when it has fewer.
 fn stem(path: &str) -> &str {
-    match path.match_indices('/').nth(2) {
-        Some((at, _)) => &path[..at],
+    let third_slash = path
+        .bytes()
+        .enumerate()
+        .filter(|(_, b)| *b == b'/')
+        .nth(2)
+        .map(|(at, _)| at);
+    match third_slash {
+        Some(at) => &path[..at],
         None => path,
     }
 }
@@ -452,12 +458,14 @@ fn candidates(path: &str) -> impl Iterator<Item = &'static EndpointRoute> {
     use std::collections::HashMap;
     use std::sync::LazyLock;
     struct Index {
-        by_stem: HashMap<&'static str, Vec<&'static EndpointRoute>>,
+        /// Keys are the patterns' stems: a path's stem can only be
+        /// looked up ([`crate::fnv`]).
+        by_stem: HashMap<&'static str, Vec<&'static EndpointRoute>, crate::fnv::OwnKeys>,
         anywhere: Vec<&'static EndpointRoute>,
     }
     static INDEX: LazyLock<Index> = LazyLock::new(|| {
         let mut index = Index {
-            by_stem: HashMap::new(),
+            by_stem: HashMap::default(),
             anywhere: Vec::new(),
         };
         for route in ROUTES {

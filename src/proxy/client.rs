@@ -113,7 +113,7 @@ struct WireConn {
 /// What the pools need of a kind of connection.
 trait Link: Sized {
     /// The pool of this kind in a shard.
-    fn idle(shard: &mut Shard) -> &mut HashMap<Authority, Vec<Idle<Self>>>;
+    fn idle(shard: &mut Shard) -> &mut ByUpstream<Vec<Idle<Self>>>;
     /// Ready for a new request now, without waiting.
     fn ready_now(&mut self) -> bool;
     /// Its exchange over, may it go back to the pool.
@@ -127,7 +127,7 @@ trait Link: Sized {
 }
 
 impl Link for Conn {
-    fn idle(shard: &mut Shard) -> &mut HashMap<Authority, Vec<Idle<Self>>> {
+    fn idle(shard: &mut Shard) -> &mut ByUpstream<Vec<Idle<Self>>> {
         &mut shard.idle
     }
 
@@ -160,7 +160,7 @@ impl Link for Conn {
 }
 
 impl Link for WireConn {
-    fn idle(shard: &mut Shard) -> &mut HashMap<Authority, Vec<Idle<Self>>> {
+    fn idle(shard: &mut Shard) -> &mut ByUpstream<Vec<Idle<Self>>> {
         &mut shard.wire
     }
 
@@ -217,17 +217,21 @@ struct Idle<T> {
     since: Instant,
 }
 
+/// A map by upstream authority: the configured upstreams' alone, so hashed
+/// with [`crate::fnv`].
+type ByUpstream<V> = HashMap<Authority, V, crate::fnv::OwnKeys>;
+
 /// The idle connections of one worker thread, by upstream authority.
 #[derive(Default)]
 struct Shard {
-    idle: HashMap<Authority, Vec<Idle<Conn>>>,
-    wire: HashMap<Authority, Vec<Idle<WireConn>>>,
+    idle: ByUpstream<Vec<Idle<Conn>>>,
+    wire: ByUpstream<Vec<Idle<WireConn>>>,
 }
 
 /// Takes out of `lists` the connections idle for `timeout` or more and
 /// those no longer ready.
 fn expired<T: Link>(
-    lists: &mut HashMap<Authority, Vec<Idle<T>>>,
+    lists: &mut ByUpstream<Vec<Idle<T>>>,
     now: Instant,
     timeout: Duration,
 ) -> Vec<Idle<T>> {
@@ -342,7 +346,7 @@ pub struct UpstreamClient {
     /// A permit per connection open to any upstream.
     total: Arc<Semaphore>,
     /// One per upstream authority, made when it is first used.
-    gates: Mutex<HashMap<Authority, Arc<Gate>>>,
+    gates: Mutex<ByUpstream<Arc<Gate>>>,
 }
 
 thread_local! {
