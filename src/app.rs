@@ -253,7 +253,7 @@ impl App {
     fn exchange<'t, B>(&self, req: &Request<B>, conn: &'t Peer) -> Exchange<'t> {
         let logged = self.settings.log.access_log.then(|| Logged {
             uri: req.uri().clone(),
-            traceparent: req.headers().get(&headers::TRACEPARENT).cloned(),
+            traceparent: req.headers().get(TRACEPARENT).cloned(),
         });
         Exchange {
             started: Instant::now(),
@@ -851,6 +851,8 @@ fn ambiguous_framing() -> Response<Body> {
         .insert(http::header::CONNECTION, HeaderValue::from_static("close"));
     response
 }
+
+const TRACEPARENT: &str = "traceparent";
 
 /// The trace id of a W3C `traceparent` header (`00-<trace id>-<span id>-<flags>`).
 fn trace_id(header: &HeaderValue) -> Option<&str> {

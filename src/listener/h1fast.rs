@@ -37,7 +37,6 @@
 //!   header naming `upgrade` is hyper's.
 
 use std::future::Future;
-use std::ops::Range;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -45,16 +44,13 @@ use std::task::{Context, Poll};
 use bytes::{Buf, Bytes, BytesMut};
 use http::{HeaderName, HeaderValue, Method, Request, Response, StatusCode, Uri, Version, header};
 use http_body_util::BodyExt as _;
-use smallvec::SmallVec;
 use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _, ReadBuf};
 use tokio::time::Instant;
 
 use super::Handler;
-use super::peer::{Peer, X_FORWARDED_FOR, X_FORWARDED_PROTO};
+use super::peer::Peer;
 use super::serve::{Deadlines, Reason};
-use crate::auth::credential::X_AUTHORIZATION;
 use crate::body::Body;
-use crate::proxy::headers::{TRACEPARENT, X_FORWARDED_HOST, X_REQUEST_ID};
 
 /// As many header lines as hyper's server accepts; more is hyper's to refuse.
 const MAX_HEADERS: usize = 100;
@@ -132,20 +128,6 @@ pub struct Head {
     pub body_len: usize,
     /// The client asked to close the connection after this request.
     pub close: bool,
-    /// The head's bytes, taken off the read buffer: the request's path and
-    /// header values are slices of them.
-    bytes: Bytes,
-}
-
-impl Head {
-    /// Puts the head's bytes back in front of `buf`, for hyper to read when
-    /// the request is declined after all (a copy, on that path only).
-    pub fn give_back(self, buf: &mut BytesMut) {
-        let mut whole = BytesMut::with_capacity(self.bytes.len() + buf.len());
-        whole.extend_from_slice(&self.bytes);
-        whole.extend_from_slice(buf);
-        *buf = whole;
-    }
 }
 
 /// What the bytes read so far hold. Returned once per head and matched at
@@ -162,11 +144,8 @@ pub enum Parsed {
 }
 
 /// Parses the request head at the start of `buf`. `max_head`: the size
-/// past which an unfinished head is hyper's to refuse (431). A head taken
-/// is taken off the front of `buf`, and its path and header values are
-/// slices of it, not copies: one shared allocation where each value and the
-/// path were one of their own. Whatever is declined leaves `buf` as it was.
-pub fn parse(buf: &mut BytesMut, max_head: usize) -> Parsed {
+/// past which an unfinished head is hyper's to refuse (431).
+pub fn parse(buf: &[u8], max_head: usize) -> Parsed {
     let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut req = httparse::Request::new(&mut headers);
     let head_len = match req.parse(buf) {
@@ -177,79 +156,20 @@ pub fn parse(buf: &mut BytesMut, max_head: usize) -> Parsed {
         Ok(httparse::Status::Partial) => return Parsed::Partial,
         Err(_) => return Parsed::Declined(Decline::Malformed),
     };
-    let checked = match check(&req, buf.as_ptr() as usize, head_len) {
-        Ok(checked) => checked,
-        Err(decline) => return Parsed::Declined(decline),
-    };
-    let bytes = buf.split_to(head_len).freeze();
-    match checked.build(&bytes) {
-        Ok(request) => Parsed::Head(Head {
+    match build(&req) {
+        Ok((request, body_len, close)) => Parsed::Head(Head {
             request,
             head_len,
-            body_len: checked.body_len,
-            close: checked.close,
-            bytes,
+            body_len,
+            close,
         }),
-        Err(decline) => {
-            // A path or a value `http` refuses (what httparse lets through
-            // and `http` does not, such as DEL in a value): rare enough that
-            // the bytes are checked once, here, and copied back.
-            Head {
-                request: Request::new(()),
-                head_len,
-                body_len: 0,
-                close: false,
-                bytes,
-            }
-            .give_back(buf);
-            Parsed::Declined(decline)
-        }
+        Err(decline) => Parsed::Declined(decline),
     }
 }
 
-/// A head that passed [`check`]: its parts as places in the head's bytes.
-struct Checked {
-    method: Method,
-    path: Range<usize>,
-    fields: SmallVec<[(HeaderName, Range<usize>); 16]>,
-    body_len: usize,
-    close: bool,
-}
-
-impl Checked {
-    /// The `http` request, its path and values slices of `head`.
-    fn build(&self, head: &Bytes) -> Result<Request<()>, Decline> {
-        let uri = Uri::from_maybe_shared(head.slice(self.path.clone()))
-            .map_err(|_| Decline::Malformed)?;
-        let mut request = Request::new(());
-        *request.method_mut() = self.method.clone();
-        *request.uri_mut() = uri;
-        *request.version_mut() = Version::HTTP_11;
-        let headers = request.headers_mut();
-        headers.reserve(self.fields.len());
-        for (name, place) in &self.fields {
-            let value = HeaderValue::from_maybe_shared(head.slice(place.clone()))
-                .map_err(|_| Decline::Malformed)?;
-            headers.append(name.clone(), value);
-        }
-        Ok(request)
-    }
-}
-
-/// Where `part` (a slice httparse took from the head at `start`, `len`
-/// bytes) lies in the head; an empty part needs no place.
-fn place(part: &[u8], start: usize, len: usize) -> Range<usize> {
-    let at = (part.as_ptr() as usize).wrapping_sub(start);
-    if part.is_empty() || at > len || part.len() > len - at {
-        0..0
-    } else {
-        at..at + part.len()
-    }
-}
-
-/// Whether the lean path may take a parsed head, and its parts; or why it
-/// leaves it. The path and values are checked as `http` types when built.
-fn check(req: &httparse::Request<'_, '_>, start: usize, len: usize) -> Result<Checked, Decline> {
+/// The `http` request of a parsed head, its body length and whether it asks
+/// to close the connection; or why the lean path leaves it.
+fn build(req: &httparse::Request<'_, '_>) -> Result<(Request<()>, usize, bool), Decline> {
     if req.version != Some(1) {
         return Err(Decline::Version);
     }
@@ -258,12 +178,18 @@ fn check(req: &httparse::Request<'_, '_>, start: usize, len: usize) -> Result<Ch
     if method == Method::HEAD || method == Method::CONNECT {
         return Err(Decline::Method);
     }
-    let path = place(req.path.unwrap_or_default().as_bytes(), start, len);
-    let mut fields = SmallVec::new();
+    let uri = Uri::try_from(req.path.unwrap_or_default()).map_err(|_| Decline::Malformed)?;
+    let mut request = Request::new(());
+    *request.method_mut() = method;
+    *request.uri_mut() = uri;
+    *request.version_mut() = Version::HTTP_11;
+    let headers = request.headers_mut();
+    headers.reserve(req.headers.len());
     let mut length: Option<usize> = None;
     let mut close = false;
     for h in req.headers.iter() {
-        let name = header_name(h.name.as_bytes()).ok_or(Decline::Malformed)?;
+        let name = HeaderName::from_bytes(h.name.as_bytes()).map_err(|_| Decline::Malformed)?;
+        let value = HeaderValue::from_bytes(h.value).map_err(|_| Decline::Malformed)?;
         if name == header::TRANSFER_ENCODING {
             return Err(Decline::TransferEncoding);
         }
@@ -287,36 +213,9 @@ fn check(req: &httparse::Request<'_, '_>, start: usize, len: usize) -> Result<Ch
                 None => return Err(Decline::Connection),
             }
         }
-        fields.push((name, place(h.value, start, len)));
+        headers.append(name, value);
     }
-    Ok(Checked {
-        method,
-        path,
-        fields,
-        body_len: length.unwrap_or(0),
-        close,
-    })
-}
-
-/// Names most requests through keygate carry that `http` has no constant
-/// for: taken as they are rather than copied into a new `Bytes` each time
-/// (`HeaderName::from_bytes` allocates every name it does not know).
-static KNOWN_NAMES: [&HeaderName; 6] = [
-    &X_AUTHORIZATION,
-    &X_REQUEST_ID,
-    &X_FORWARDED_FOR,
-    &X_FORWARDED_PROTO,
-    &X_FORWARDED_HOST,
-    &TRACEPARENT,
-];
-
-/// The header name of a field's name bytes; `None` for an invalid one.
-fn header_name(bytes: &[u8]) -> Option<HeaderName> {
-    KNOWN_NAMES
-        .iter()
-        .find(|known| known.as_str().as_bytes().eq_ignore_ascii_case(bytes))
-        .map(|known| (*known).clone())
-        .or_else(|| HeaderName::from_bytes(bytes).ok())
+    Ok((request, length.unwrap_or(0), close))
 }
 
 /// One plain decimal number (RFC 9110 section 8.6: `1*DIGIT`), with the
@@ -387,7 +286,7 @@ where
                 return Outcome::Hyper(Replay::new(buf, io));
             }
             if !buf.is_empty() {
-                match parse(&mut buf, max_head) {
+                match parse(&buf, max_head) {
                     Parsed::Partial => {}
                     Parsed::Head(head) => break head,
                     Parsed::Declined(reason) => {
@@ -426,16 +325,15 @@ where
                 }
             }
         };
-        let decided = match handler.fast_decide(&head.request, conn) {
-            Err(reason) => Err(reason),
-            Ok(()) if buf.len() < head.body_len => Err(Decline::BodyPending),
-            Ok(()) => Ok(()),
-        };
-        if let Err(reason) = decided {
+        if let Err(reason) = handler.fast_decide(&head.request, conn) {
             handler.fast_declined(reason);
-            head.give_back(&mut buf);
             return Outcome::Hyper(Replay::new(buf, io));
         }
+        if buf.len() - head.head_len < head.body_len {
+            handler.fast_declined(Decline::BodyPending);
+            return Outcome::Hyper(Replay::new(buf, io));
+        }
+        buf.advance(head.head_len);
         let body = buf.split_to(head.body_len).freeze();
         let handling = handler.fast_handle(head.request, body, conn.clone());
         let Some(mut response) = unless_hung_up(&mut io, &mut buf, max_head, handling).await else {
@@ -722,13 +620,7 @@ mod tests {
     use super::*;
 
     fn head(text: &str) -> Parsed {
-        let mut buf = BytesMut::from(text.as_bytes());
-        let parsed = parse(&mut buf, 16 * 1024);
-        match &parsed {
-            Parsed::Head(head) => assert_eq!(buf.len(), text.len() - head.head_len),
-            _ => assert_eq!(&buf[..], text.as_bytes(), "a decline leaves the bytes"),
-        }
-        parsed
+        parse(text.as_bytes(), 16 * 1024)
     }
 
     #[test]
@@ -818,36 +710,6 @@ mod tests {
     }
 
     #[test]
-    fn a_taken_head_is_sliced_from_the_buffer_and_given_back_whole_on_a_later_decline() {
-        let text = b"GET /api/x?a=1 HTTP/1.1\r\nX-AUTHORIZATION: ApiKey k\r\nTraceparent: t\r\nx-empty:\r\n\r\nGET /next";
-        let mut buf = BytesMut::from(&text[..]);
-        let Parsed::Head(head) = parse(&mut buf, 16 * 1024) else {
-            panic!("not taken")
-        };
-        assert_eq!(&buf[..], b"GET /next");
-        let headers = head.request.headers();
-        assert_eq!(headers[&X_AUTHORIZATION], "ApiKey k");
-        assert_eq!(headers[&TRACEPARENT], "t");
-        assert_eq!(headers["x-empty"], "");
-        assert_eq!(head.request.uri(), "/api/x?a=1");
-        head.give_back(&mut buf);
-        assert_eq!(&buf[..], &text[..]);
-    }
-
-    #[test]
-    fn a_path_or_value_http_refuses_is_declined_with_the_bytes_left_as_they_were() {
-        for text in [
-            "GET /api/x HTTP/1.1\r\nX: a\x7fb\r\n\r\n",
-            "GET /api/\x7f HTTP/1.1\r\n\r\n",
-        ] {
-            assert!(
-                matches!(head(text), Parsed::Declined(Decline::Malformed)),
-                "{text:?}"
-            );
-        }
-    }
-
-    #[test]
     fn connection_close_is_taken_and_remembered() {
         for (text, close) in [
             (
@@ -904,8 +766,7 @@ mod tests {
             /// takes is a whole HTTP/1.1 head with one plain length.
             #[test]
             fn the_head_parser_never_panics_and_takes_only_plain_heads(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
-                let mut buf = BytesMut::from(&bytes[..]);
-                if let Parsed::Head(head) = parse(&mut buf, 16 * 1024) {
+                if let Parsed::Head(head) = parse(&bytes, 16 * 1024) {
                     prop_assert!(head.head_len <= bytes.len());
                     prop_assert!(bytes[..head.head_len].ends_with(b"\n"));
                     prop_assert!(!head.request.headers().contains_key(header::TRANSFER_ENCODING));
@@ -935,7 +796,7 @@ mod tests {
                 let expected_ok = !names.iter().any(|n| *n == "transfer-encoding" || *n == "upgrade")
                     && lengths.len() <= 1
                     && lengths.iter().all(|v| *v == "5");
-                match parse(&mut BytesMut::from(text.as_bytes()), 16 * 1024) {
+                match parse(text.as_bytes(), 16 * 1024) {
                     Parsed::Head(head) => {
                         prop_assert!(expected_ok, "{text:?}");
                         prop_assert_eq!(head.body_len, if lengths.is_empty() { 0 } else { 5 });

@@ -49,7 +49,7 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
-use bytes::{Bytes, BytesMut};
+use bytes::{Buf as _, Bytes, BytesMut};
 use http::uri::Authority;
 use http::{Request, Response};
 use hyper::body::Incoming;
@@ -692,6 +692,7 @@ impl UpstreamClient {
             }
             Err(error) => return Err(error),
         };
+        conn.buf.advance(response.len);
         let mut parts = Response::new(()).into_parts().0;
         parts.status = response.status;
         parts.version = response.version;
@@ -776,11 +777,12 @@ impl WireConn {
     async fn read_head(&mut self) -> Result<wire::ResponseHead, SendError> {
         loop {
             if !self.buf.is_empty() {
-                match wire::parse_response(&mut self.buf).map_err(SendError::Wire)? {
+                match wire::parse_response(&self.buf).map_err(SendError::Wire)? {
                     Some(head)
                         if head.status.is_informational()
                             && head.status != http::StatusCode::SWITCHING_PROTOCOLS =>
                     {
+                        self.buf.advance(head.len);
                         continue;
                     }
                     Some(head) => return Ok(head),

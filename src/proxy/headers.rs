@@ -12,8 +12,6 @@ use crate::listener::peer::Client;
 pub use crate::listener::peer::{X_FORWARDED_FOR, X_FORWARDED_PROTO};
 pub static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 pub static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
-/// W3C Trace Context: its trace id goes into the access line.
-pub static TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
 static KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
 static PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
 static PROXY_AUTHENTICATE: HeaderName = HeaderName::from_static("proxy-authenticate");
