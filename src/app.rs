@@ -38,7 +38,7 @@ use crate::listener::framing::AmbiguousFraming;
 use crate::listener::h1fast::{Decline, FastPath};
 use crate::listener::peer::{Client, Crowded, InFlight, Peer};
 use crate::path;
-use crate::proxy::headers::{self, X_REQUEST_ID};
+use crate::proxy::headers::{self, Added, X_REQUEST_ID};
 use crate::proxy::{Proxy, RequestBody, Route, RouteTable, Routes};
 use crate::shared_limits::SharedLimits;
 use crate::shared_limits::quota::{Grant, Quotas, Refusal};
@@ -339,8 +339,8 @@ impl App {
         };
         let in_flight = self.admit_in_flight(ex)?;
         let passport = self.passport(route, ex)?;
-        let parts = self.headers_to_upstream(req, ex, passport.as_ref());
-        let mut response = self.forward(route, parts, path, ex, in_flight).await?;
+        let outgoing = self.headers_to_upstream(req, ex, passport.as_ref());
+        let mut response = self.forward(route, outgoing, path, ex, in_flight).await?;
         grant.write_headers(response.headers_mut());
         Ok(response)
     }
@@ -597,16 +597,16 @@ impl App {
         req: Request<B>,
         ex: &Exchange<'_>,
         passport: Option<&Passport>,
-    ) -> (http::request::Parts, B) {
+    ) -> (http::request::Parts, Added, B) {
         let (mut parts, body) = req.into_parts();
-        headers::to_upstream(
+        let added = headers::to_upstream(
             &mut parts,
             &ex.client,
             ex.request_id.clone(),
             ex.identity.as_ref(),
             passport,
         );
-        (parts, body)
+        (parts, added, body)
     }
 
     /// What the route's identity mode adds for the verified identity (an
@@ -623,7 +623,7 @@ impl App {
     async fn forward<'t>(
         &self,
         route: &'t Route,
-        (parts, body): (http::request::Parts, RequestBody),
+        (parts, added, body): (http::request::Parts, Added, RequestBody),
         path: &str,
         ex: &mut Exchange<'t>,
         in_flight: InFlight,
@@ -631,7 +631,7 @@ impl App {
         let version = parts.version;
         match self
             .proxy
-            .forward(route, parts, body, path, in_flight)
+            .forward(route, parts, &added, body, path, in_flight)
             .await
         {
             Ok((mut response, upstream)) => {

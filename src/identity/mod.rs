@@ -1,7 +1,7 @@
 //! The verified identity of a request, and the one place where identity headers
 //! are removed from what a client sent and set from what keygate verified.
 
-use http::{HeaderMap, HeaderName, HeaderValue};
+use http::{HeaderName, HeaderValue};
 use uuid::Uuid;
 
 use crate::auth::scope::Scopes;
@@ -269,36 +269,39 @@ pub(crate) fn folded_eq(name: &[u8], other: &[u8]) -> bool {
     name.len() == other.len() && folded_starts_with(name, other)
 }
 
-/// Sets the identity headers from a verified identity. Called by
-/// `proxy::headers::to_upstream` after hop-by-hop processing and after the
-/// client's own identity headers are removed, so nothing a client sent can
-/// remove or shadow them.
-pub(crate) fn inject(headers: &mut HeaderMap, identity: &Identity) {
-    let p = &identity.principal;
-    let [user, tenant, customer, authority, email] = &p.headers;
-    headers.insert(X_AUTH_USER_ID.clone(), user.clone());
-    headers.insert(X_AUTH_TENANT_ID.clone(), tenant.clone());
-    headers.insert(X_AUTH_CUSTOMER_ID.clone(), customer.clone());
-    headers.insert(X_AUTH_AUTHORITY.clone(), authority.clone());
-    headers.insert(X_AUTH_EMAIL.clone(), email.clone());
-    match identity.method {
-        AuthMethod::Jwt { .. } => {
-            headers.insert(X_AUTH_METHOD.clone(), HeaderValue::from_static("jwt"));
-            headers.insert(X_AUTH_SESSION_ID.clone(), identity.method_id.clone());
+impl Identity {
+    /// The identity headers of this identity, in the order they are sent.
+    /// `proxy::headers::to_upstream` sends them after the client's own
+    /// headers, from which every reserved `X-Auth-*` name was removed, so
+    /// nothing a client sent can remove or shadow them.
+    pub(crate) fn each_header(&self, mut header: impl FnMut(&HeaderName, &HeaderValue)) {
+        let p = &self.principal;
+        let [user, tenant, customer, authority, email] = &p.headers;
+        header(&X_AUTH_USER_ID, user);
+        header(&X_AUTH_TENANT_ID, tenant);
+        header(&X_AUTH_CUSTOMER_ID, customer);
+        header(&X_AUTH_AUTHORITY, authority);
+        header(&X_AUTH_EMAIL, email);
+        match self.method {
+            AuthMethod::Jwt { .. } => {
+                header(&X_AUTH_METHOD, &HeaderValue::from_static("jwt"));
+                header(&X_AUTH_SESSION_ID, &self.method_id);
+            }
+            AuthMethod::ApiKey { .. } => {
+                header(&X_AUTH_METHOD, &HeaderValue::from_static("api-key"));
+                header(&X_AUTH_API_KEY_ID, &self.method_id);
+            }
         }
-        AuthMethod::ApiKey { .. } => {
-            headers.insert(X_AUTH_METHOD.clone(), HeaderValue::from_static("api-key"));
-            headers.insert(X_AUTH_API_KEY_ID.clone(), identity.method_id.clone());
+        if p.is_public {
+            header(&X_AUTH_PUBLIC, &HeaderValue::from_static("true"));
         }
-    }
-    if p.is_public {
-        headers.insert(X_AUTH_PUBLIC.clone(), HeaderValue::from_static("true"));
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http::HeaderMap;
     use std::sync::Arc;
 
     fn identity() -> Identity {
@@ -341,11 +344,17 @@ mod tests {
         }
     }
 
+    fn injected(identity: &Identity) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        identity.each_header(|name, value| {
+            headers.append(name.clone(), value.clone());
+        });
+        headers
+    }
+
     #[test]
     fn injected_headers_carry_the_verified_identity() {
-        let mut headers = HeaderMap::new();
-        headers.insert("x-auth-user-id", HeaderValue::from_static("evil"));
-        inject(&mut headers, &identity());
+        let headers = injected(&identity());
         assert_eq!(headers[&X_AUTH_USER_ID], Uuid::from_u128(1).to_string());
         assert_eq!(
             headers[&X_AUTH_CUSTOMER_ID],
@@ -369,9 +378,7 @@ mod tests {
             AuthMethod::Jwt { session_id },
             id_header_value(&session_id),
         );
-        let mut headers = HeaderMap::new();
-        headers.insert("x-auth-public", HeaderValue::from_static("false"));
-        inject(&mut headers, &identity);
+        let headers = injected(&identity);
         assert_eq!(headers[&X_AUTH_PUBLIC], "true");
         assert_eq!(headers.get_all(&X_AUTH_PUBLIC).iter().count(), 1);
         assert_eq!(headers[&X_AUTH_USER_ID], NULL_UUID.to_string());

@@ -60,6 +60,7 @@ use tokio::net::TcpStream;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
 use crate::body::{self, Body};
+use crate::proxy::headers::Added;
 use crate::proxy::wire::{self, Chunked, Framing, WireError};
 
 type Driver = http1::Connection<TokioIo<TcpStream>, Body>;
@@ -662,13 +663,21 @@ impl UpstreamClient {
         self: &Arc<Self>,
         authority: &Authority,
         head: http::request::Parts,
+        added: &Added,
         body: Bytes,
         keep: &mut Option<K>,
     ) -> Result<Response<Body>, SendError> {
         let (mut conn, reused) = self.obtain::<WireConn, Conn>(authority).await?;
         let path = head.uri.path_and_query().map_or("/", |p| p.as_str());
         conn.out.clear();
-        wire::write_request_head(&head.method, path, &head.headers, body.len(), &mut conn.out);
+        wire::write_request_head(
+            &head.method,
+            path,
+            &head.headers,
+            added,
+            body.len(),
+            &mut conn.out,
+        );
         if let Err(error) = conn.write(&body).await {
             // A pooled connection the upstream closed as it was checked out
             // refuses the write: the request goes again, once, on a new
@@ -1086,7 +1095,13 @@ mod tests {
             .into_parts()
             .0;
         let response = client
-            .send_whole(authority, head, Bytes::new(), &mut None::<()>)
+            .send_whole(
+                authority,
+                head,
+                &Added::default(),
+                Bytes::new(),
+                &mut None::<()>,
+            )
             .await
             .unwrap();
         let bytes = response.into_body().collect().await.unwrap().to_bytes();

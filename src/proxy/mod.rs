@@ -427,6 +427,7 @@ impl Proxy {
         &self,
         route: &'r Route,
         mut parts: http::request::Parts,
+        added: &headers::Added,
         incoming: RequestBody,
         path: &str,
         in_flight: InFlight,
@@ -477,10 +478,12 @@ impl Proxy {
                 match &whole {
                     Some(bytes) => {
                         self.client
-                            .send_whole(&upstream.authority, head, bytes.clone(), &mut keep)
+                            .send_whole(&upstream.authority, head, added, bytes.clone(), &mut keep)
                             .await
                     }
                     None => {
+                        let mut head = head;
+                        added.append_to(&mut head.headers);
                         let request_body = body.take().unwrap_or_else(body::empty);
                         let request = Request::from_parts(head, request_body);
                         self.client

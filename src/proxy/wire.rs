@@ -33,6 +33,8 @@
 use bytes::{Buf, Bytes, BytesMut};
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode, Version, header};
 
+use super::headers::Added;
+
 /// As many response header lines as hyper's client accepts.
 const MAX_HEADERS: usize = 100;
 
@@ -64,12 +66,14 @@ impl std::fmt::Display for WireError {
 impl std::error::Error for WireError {}
 
 /// Appends the request head: request line, `headers` in their map's order
-/// (each name's values together, as hyper's client writes them), and a
-/// `content-length` when the body has bytes and the headers state none.
+/// (each name's values together, as hyper's client writes them), then what
+/// keygate `added` (as hyper's client gets them, appended to the map), and
+/// a `content-length` when the body has bytes and the headers state none.
 pub fn write_request_head(
     method: &http::Method,
     path_and_query: &str,
     headers: &HeaderMap,
+    added: &Added,
     body_len: usize,
     out: &mut Vec<u8>,
 ) {
@@ -77,12 +81,16 @@ pub fn write_request_head(
     out.push(b' ');
     out.extend_from_slice(path_and_query.as_bytes());
     out.extend_from_slice(b" HTTP/1.1\r\n");
-    for (name, value) in headers {
+    let mut line = |name: &HeaderName, value: &HeaderValue| {
         out.extend_from_slice(name.as_str().as_bytes());
         out.extend_from_slice(b": ");
         out.extend_from_slice(value.as_bytes());
         out.extend_from_slice(b"\r\n");
+    };
+    for (name, value) in headers {
+        line(name, value);
     }
+    added.each(line);
     if body_len > 0 && !headers.contains_key(header::CONTENT_LENGTH) {
         out.extend_from_slice(b"content-length: ");
         out.extend_from_slice(body_len.to_string().as_bytes());
@@ -350,7 +358,14 @@ mod tests {
         headers.append("x-b", HeaderValue::from_static("1"));
         headers.append("accept", HeaderValue::from_static("b"));
         let mut out = Vec::new();
-        write_request_head(&http::Method::POST, "/api/x?y=1", &headers, 3, &mut out);
+        write_request_head(
+            &http::Method::POST,
+            "/api/x?y=1",
+            &headers,
+            &Added::default(),
+            3,
+            &mut out,
+        );
         assert_eq!(
             String::from_utf8(out).unwrap(),
             "POST /api/x?y=1 HTTP/1.1\r\nhost: up\r\naccept: a\r\naccept: b\r\nx-b: 1\r\ncontent-length: 3\r\n\r\n"
