@@ -61,7 +61,9 @@ impl Probes {
 }
 
 /// The admin listener is hyper's alone.
-impl crate::listener::h1fast::FastPath for Probes {}
+impl crate::listener::h1fast::FastPath for Probes {
+    type Decided = ();
+}
 
 impl Handler for Probes {
     async fn handle(&self, req: Request<Incoming>, _conn: std::sync::Arc<Peer>) -> Response<Body> {

@@ -325,17 +325,20 @@ where
                 }
             }
         };
-        if let Err(reason) = handler.fast_decide(&head.request, conn) {
-            handler.fast_declined(reason);
-            return Outcome::Hyper(Replay::new(buf, io));
-        }
+        let decided = match handler.fast_decide(&head.request, conn) {
+            Ok(decided) => decided,
+            Err(reason) => {
+                handler.fast_declined(reason);
+                return Outcome::Hyper(Replay::new(buf, io));
+            }
+        };
         if buf.len() - head.head_len < head.body_len {
             handler.fast_declined(Decline::BodyPending);
             return Outcome::Hyper(Replay::new(buf, io));
         }
         buf.advance(head.head_len);
         let body = buf.split_to(head.body_len).freeze();
-        let handling = handler.fast_handle(head.request, body, conn.clone());
+        let handling = handler.fast_handle(head.request, decided, body, conn.clone());
         let Some(mut response) = unless_hung_up(&mut io, &mut buf, max_head, handling).await else {
             // Dropping the handling cancels the upstream request, and counts
             // it (`keygate_client_aborts_total{reason="gone"}`), as on
@@ -594,10 +597,14 @@ pub trait FastPath {
         false
     }
 
+    /// What [`FastPath::fast_decide`] found out about a request it took,
+    /// handed to [`FastPath::fast_handle`] so that nothing is worked out twice.
+    type Decided: Send;
+
     /// Whether the handler takes this request on the lean path. No side
     /// effect: a declined request is answered by hyper's path, which counts
     /// and logs it.
-    fn fast_decide(&self, _req: &Request<()>, _conn: &Peer) -> Result<(), Decline> {
+    fn fast_decide(&self, _req: &Request<()>, _conn: &Peer) -> Result<Self::Decided, Decline> {
         Err(Decline::NotProxied)
     }
 
@@ -608,6 +615,7 @@ pub trait FastPath {
     fn fast_handle(
         &self,
         _req: Request<()>,
+        _decided: Self::Decided,
         _body: Bytes,
         _conn: Arc<Peer>,
     ) -> impl Future<Output = Response<Body>> + Send {

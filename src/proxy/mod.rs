@@ -147,6 +147,16 @@ impl RouteTable {
     pub fn find(&self, path: &str) -> Option<&Route> {
         self.routes.iter().find(|r| path.starts_with(&r.prefix))
     }
+
+    /// Where `route`, one of this table's, is in it: for [`RouteTable::get`].
+    pub fn index_of(&self, route: &Route) -> Option<usize> {
+        self.routes.iter().position(|r| std::ptr::eq(r, route))
+    }
+
+    /// The route at `index` ([`RouteTable::index_of`]).
+    pub fn get(&self, index: usize) -> Option<&Route> {
+        self.routes.get(index)
+    }
 }
 
 impl Upstream {
