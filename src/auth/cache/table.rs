@@ -189,6 +189,19 @@ where
         if let Some(hit) = self.get(key) {
             return Ok(hit);
         }
+        // The miss is boxed: its future (the shared fetch and the store's
+        // query) is many times the size of a hit's, and every request's
+        // future would carry that size, copied with it at each move, for the
+        // few that miss.
+        Box::pin(self.fetch(key, fetch)).await
+    }
+
+    /// [`Table::get_or_fetch`] on a miss.
+    async fn fetch<E, F, Fut>(&self, key: &K, fetch: F) -> Result<V, E>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<(V, Duration), E>>,
+    {
         let generation = self.generation.load(Ordering::Acquire);
         let cell = {
             let mut inflight = self.inflight.lock().unwrap_or_else(|p| p.into_inner());
