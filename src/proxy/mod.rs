@@ -484,7 +484,9 @@ impl Proxy {
             let started = Instant::now();
             // Counts the client going away while the upstream is asked.
             let gone = GoneGuard(Some(&route.series));
-            let result = tokio::time::timeout(route.timeout, async {
+            // Pinned where it is made and lent to the timeout, not moved
+            // into it: a move of this future was a copy of it.
+            let exchange = std::pin::pin!(async {
                 match &whole {
                     Some(bytes) => {
                         self.client
@@ -503,8 +505,8 @@ impl Proxy {
                         Box::pin(self.client.send(&upstream.authority, request, &mut keep)).await
                     }
                 }
-            })
-            .await;
+            });
+            let result = tokio::time::timeout(route.timeout, exchange).await;
             gone.disarm();
             let failure = match result {
                 // Nothing here asked to switch protocols (upgrades go through
