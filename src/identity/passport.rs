@@ -13,6 +13,7 @@ use uuid::Uuid;
 
 use super::Identity;
 use crate::auth::cache::Table;
+use crate::auth::credential::X_AUTHORIZATION;
 use crate::error::ApiError;
 use crate::telemetry::Metrics;
 
@@ -51,7 +52,6 @@ impl IdentityMode {
 }
 
 pub static X_AUTH_ASSERTION: HeaderName = HeaderName::from_static("x-auth-assertion");
-pub static X_AUTHORIZATION: HeaderName = HeaderName::from_static("x-authorization");
 
 /// The one header a route's mode adds beyond the `X-Auth-*` headers. It is
 /// set by [`crate::proxy::headers::to_upstream`] after every header a client
