@@ -4,10 +4,12 @@
 //! first. The head is parsed once with `httparse`; when the request is of
 //! the common proxied kind (HTTP/1.1, a proxied route, no upgrade, no body or
 //! a `Content-Length` body that arrived with its head, nothing ambiguous) it
-//! goes through the same phases as every other request
-//! ([`Handler::fast_handle`], `App::handle_fast`: admission, authentication,
-//! quotas, the header edits, forwarding, the access log), and its response is
-//! written here. Anything else is *declined*, before a single byte of it is
+//! goes through the same phases as every other request: admission and
+//! dispatch once, without side effects ([`FastPath::fast_decide`],
+//! `App::fast_decide`), then, with what they found, authentication, quotas,
+//! the header edits, forwarding and the access log
+//! ([`FastPath::fast_handle`], `App::handle_fast`); its response is written
+//! here. Anything else is *declined*, before a single byte of it is
 //! consumed: hyper gets the connection from that request on, replaying the
 //! bytes already read ([`Replay`]), and answers it as it always did. Declines
 //! are counted by `keygate_fast_path_declined_total{reason}`.
