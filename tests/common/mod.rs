@@ -267,6 +267,28 @@ impl DocumentUpstream {
     }
 }
 
+/// How a client reaches keygate over HTTPS. A rule's test runs its one body
+/// over each of [`WIRES`]: HTTP/1.1 takes the lean path (the default for
+/// HTTP/1.1 clients), HTTP/2 hyper's driver.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wire {
+    Http1,
+    Http2,
+}
+
+/// Both wires, for `for wire in WIRES { ... }`.
+pub const WIRES: [Wire; 2] = [Wire::Http1, Wire::Http2];
+
+impl Wire {
+    /// The version a response over this wire must carry.
+    pub fn version(self) -> http::Version {
+        match self {
+            Wire::Http1 => http::Version::HTTP_11,
+            Wire::Http2 => http::Version::HTTP_2,
+        }
+    }
+}
+
 /// A running gateway with its data in a temporary directory.
 pub struct Gateway {
     pub running: Running,
@@ -385,6 +407,21 @@ request_timeout = "300ms"
     /// A client that trusts the development CA.
     pub fn client(&self) -> reqwest::Client {
         self.client_waiting(Duration::from_secs(10))
+    }
+
+    /// A client that trusts the development CA and speaks `wire` over
+    /// HTTPS: HTTP/1.1 reaches the lean path, HTTP/2 hyper's driver.
+    pub fn client_over(&self, wire: Wire) -> reqwest::Client {
+        let builder = reqwest::Client::builder()
+            .add_root_certificate(reqwest::Certificate::from_pem(&self.ca_pem).unwrap())
+            .resolve("localhost", SocketAddr::from(([127, 0, 0, 1], 0)))
+            .timeout(Duration::from_secs(10));
+        match wire {
+            Wire::Http1 => builder.http1_only(),
+            Wire::Http2 => builder,
+        }
+        .build()
+        .unwrap()
     }
 
     /// A client that trusts the development CA and waits up to `timeout`
