@@ -157,3 +157,36 @@ fn named_tests_are_the_long_snake_case_names_in_backticks() {
                 key `proxy.trusted_proxies`, `max_connections`, `X_Not_Snake_Case_Name`";
     assert_eq!(named_tests(text), ["api_key_sent_in_clear_is_refused"]);
 }
+
+/// Every alert of the rules file has its row in the deployment guide's alert
+/// table, and the table names no alert the rules file lacks: an operator
+/// paged by one finds what it means.
+#[test]
+fn every_alert_in_the_rules_file_is_listed_in_the_deployment_guide() {
+    let rules =
+        std::fs::read_to_string(repo().join("deploy/prometheus/keygate-rules.yaml")).unwrap();
+    let guide = std::fs::read_to_string(repo().join("docs/deploying.md")).unwrap();
+    let defined: std::collections::BTreeSet<&str> = rules
+        .lines()
+        .filter_map(|line| line.trim().strip_prefix("- alert:"))
+        .map(str::trim)
+        .collect();
+    assert!(
+        defined.len() >= 5,
+        "the rules file defines its alerts: {defined:?}"
+    );
+    let listed: std::collections::BTreeSet<&str> = guide
+        .lines()
+        .filter_map(|line| line.strip_prefix("| `Keygate"))
+        .filter_map(|rest| rest.split('`').next())
+        .map(|name| &name[..])
+        .collect();
+    let listed: std::collections::BTreeSet<String> =
+        listed.iter().map(|name| format!("Keygate{name}")).collect();
+    let defined: std::collections::BTreeSet<String> =
+        defined.iter().map(|name| (*name).to_owned()).collect();
+    assert_eq!(
+        defined, listed,
+        "docs/deploying.md's alert table lists exactly the alerts of deploy/prometheus/keygate-rules.yaml"
+    );
+}
