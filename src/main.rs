@@ -177,6 +177,7 @@ fn reference_upstream(args: keygate::dev::ReferenceUpstreamArgs) -> ExitCode {
 /// Redis are reached. Every problem found is printed.
 fn check_config(settings: &config::Settings, connect: bool, format: LogFormat) -> ExitCode {
     let mut problems = Vec::new();
+    let mut reached = Vec::new();
     if let Some((cert, key)) = &settings.tls_files {
         problems.extend(keygate::tls::check_files(cert, key));
     }
@@ -186,22 +187,21 @@ fn check_config(settings: &config::Settings, connect: bool, format: LogFormat) -
             .build()
         {
             Ok(runtime) => {
-                problems.extend(runtime.block_on(cli::reach_dependencies(settings)));
+                let found = runtime.block_on(cli::reach_dependencies(settings));
+                problems.extend(found.problems);
+                reached = found.reached;
                 runtime.shutdown_background();
             }
             Err(e) => problems.push(format!("starting the runtime: {e}")),
         }
     }
     if problems.is_empty() {
-        println!(
-            "configuration is valid ({}{})",
-            config::Count(settings.routes.len(), "route", "routes"),
-            if connect {
-                "; store and Redis reached"
-            } else {
-                ""
-            }
-        );
+        let mut summary = config::Count(settings.routes.len(), "route", "routes").to_string();
+        for what in &reached {
+            summary.push_str("; ");
+            summary.push_str(what);
+        }
+        println!("configuration is valid ({summary})");
         return ExitCode::SUCCESS;
     }
     let errors = config::ConfigErrors(problems);

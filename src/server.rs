@@ -476,6 +476,7 @@ async fn platform_signing(settings: &mut Settings, store: &Store) -> Result<(), 
         match decoded {
             Some(key) => {
                 settings.platform.signing_key = Some(key);
+                settings.platform.signing_key_imported = true;
                 if !issuer.trim().is_empty() {
                     settings.platform.issuer = issuer;
                 }
@@ -811,6 +812,12 @@ fn spawn_background(
             sync.clone(),
             running.app.two_factor_sealer(),
             settings.mail.is_some(),
+        )
+        .following_the_signing_key(
+            settings
+                .platform
+                .signing_key_imported
+                .then(|| settings.platform.issuer.clone()),
         );
         tokio::spawn(sync.run(shutdown_rx.clone()));
     }

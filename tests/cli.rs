@@ -1318,7 +1318,10 @@ fn check_config_connect_names_a_store_and_a_redis_it_cannot_reach() {
     let reachable = store_ready_config(dir.path());
     let out = keygate(&reachable, &["--quiet", "check-config", "--connect"], "");
     assert!(out.status.success(), "{}", text(&out.stderr));
-    assert!(text(&out.stdout).contains("store and Redis reached"));
+    let stdout = text(&out.stdout);
+    assert!(stdout.contains("store reached"), "{stdout}");
+    assert!(stdout.contains("Redis not configured"), "{stdout}");
+    assert!(!stdout.contains("Redis reached"), "{stdout}");
 }
 
 #[test]

@@ -557,6 +557,107 @@ async fn a_database_that_is_not_the_platforms_is_refused_naming_what_is_missing(
     drop_schema(&base, &schema).await;
 }
 
+/// `check-config --connect` on a config whose sync reads `database_url`.
+async fn check_connect(gw: &Gateway, database_url: &str, platform_upstream: &str) -> Output {
+    let config = gw.dir.path().join("checked.toml");
+    let text = std::fs::read_to_string(gw.dir.path().join("keygate.toml")).unwrap();
+    std::fs::write(
+        &config,
+        format!(
+            "{text}\n{}",
+            sync_config(database_url, platform_upstream, SYNC_INTERVAL)
+        ),
+    )
+    .unwrap();
+    let args = ["check-config".to_owned(), "--connect".to_owned()];
+    tokio::task::spawn_blocking(move || keygate(&config, &args))
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+#[ignore = "needs PostgreSQL: set KEYGATE_TEST_DATABASE_URL and run with --include-ignored"]
+async fn check_config_connect_reads_the_platforms_tables_and_finds_its_signing_key_row() {
+    let (upstream, gw) = gateway("").await;
+    // Without Redis and without a platform database: each is said to be not
+    // configured, never "reached".
+    let args = ["check-config".to_owned(), "--connect".to_owned()];
+    let config = gw.dir.path().join("keygate.toml");
+    let out = tokio::task::spawn_blocking(move || keygate(&config, &args))
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("store reached"), "{stdout}");
+    assert!(stdout.contains("Redis not configured"), "{stdout}");
+    assert!(
+        stdout.contains("platform database not configured"),
+        "{stdout}"
+    );
+
+    // A database without the platform's tables: each missing one is named.
+    let base = common::test_database_url();
+    let (empty_url, empty_schema) = fresh_schema(&base).await;
+    let out = check_connect(&gw, &empty_url, &upstream.url()).await;
+    assert_eq!(out.status.code(), Some(64));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("platform.database_url"), "{stderr}");
+    assert!(stderr.contains("table tb_user"), "{stderr}");
+    assert!(stderr.contains("table admin_settings"), "{stderr}");
+
+    // The platform's tables without its `jwt` row: no signing key.
+    let platform = Platform::start().await;
+    platform
+        .execute("DELETE FROM admin_settings WHERE key = 'jwt'")
+        .await;
+    let out = check_connect(&gw, &platform.url, &upstream.url()).await;
+    assert_eq!(out.status.code(), Some(64));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("no signing key"), "{stderr}");
+
+    // A key too short for HS512 is named as such.
+    platform
+        .execute(
+            "INSERT INTO admin_settings (id, tenant_id, created_time, json_value, key) VALUES \
+             (gen_random_uuid(), '13814000-1dd2-11b2-8080-808080808080', 1, \
+             '{\"tokenIssuer\":\"platform.test\",\"tokenSigningKey\":\"c2hvcnQ=\"}', 'jwt')",
+        )
+        .await;
+    let out = check_connect(&gw, &platform.url, &upstream.url()).await;
+    assert_eq!(out.status.code(), Some(64));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("fewer than the 512 HS512 needs"),
+        "{stderr}"
+    );
+
+    // With the row as the platform writes it, all is reached.
+    platform
+        .execute(&format!(
+            "UPDATE admin_settings SET json_value = \
+             '{{\"tokenIssuer\":\"platform.test\",\"tokenSigningKey\":\"{SIGNING_KEY}\"}}' \
+             WHERE key = 'jwt'"
+        ))
+        .await;
+    let out = check_connect(&gw, &platform.url, &upstream.url()).await;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("platform database reached, its tables and signing key found"),
+        "{stdout}"
+    );
+    drop_schema(&base, &empty_schema).await;
+    platform.drop().await;
+}
+
 #[tokio::test]
 async fn an_unreachable_platform_database_is_named_with_host_port_and_cause() {
     let (_upstream, gw) = gateway("").await;
@@ -1425,6 +1526,80 @@ async fn replicas_on_one_store_take_turns_at_the_sync_and_other_stores_do_not_wa
     }
     drop_schema(&base, &schema).await;
     drop_schema(&base, &other_schema).await;
+}
+
+/// A second `tokenSigningKey`, as the platform's key rotation writes one.
+const ROTATED_KEY: &str = "cm90YXRlZC1zaWduaW5nLWtleS1vZi10aGUtcGxhdGZvcm0tYWZ0ZXItaXRzLW93bi1rZXktcm90YXRpb24tMDEyMzQ1Njc4OQ==";
+
+#[tokio::test]
+#[ignore = "needs PostgreSQL: set KEYGATE_TEST_DATABASE_URL and run with --include-ignored"]
+async fn a_signing_key_rotated_on_the_platform_signs_platform_tokens_from_the_next_round() {
+    let platform = Platform::start().await;
+    let double = PlatformDouble::start(SIGNING_KEY).await;
+    let upstream = Upstream::start().await;
+    let base = common::test_database_url();
+    let (store_url, store_schema) = fresh_schema(&base).await;
+    // The import brings the platform's key into the store; a replica that
+    // starts on that store with no configured key signs with it, and
+    // follows it when the platform rotates it.
+    let importer = Gateway::start_on(&upstream.url(), "", Some(&store_url)).await;
+    import_json(&importer, &platform, &[]).await;
+    let config = format!(
+        "[platform]\ndatabase_url = \"{}\"\nsync_interval = \"{SYNC_INTERVAL}\"\nupstream = \"platform\"\n\
+         [[route]]\nname = \"platform\"\nprefix = \"/api/tb/\"\nupstreams = [\"{}\"]\nidentity = \"platform\"\n",
+        platform.url,
+        double.url()
+    );
+    let gw = Gateway::start_on(&upstream.url(), &config, Some(&store_url)).await;
+    let key = api_key_header(&platform.admin_key);
+    let through = async |gw: &Gateway| {
+        gw.client()
+            .get(gw.https("/api/tb/devices"))
+            .header("X-Authorization", &key)
+            .send()
+            .await
+            .unwrap()
+            .status()
+            .as_u16()
+    };
+    assert_eq!(through(&gw).await, 200, "the imported key signs at first");
+
+    platform
+        .execute(&format!(
+            "UPDATE admin_settings SET json_value = '{{\"tokenIssuer\":\"platform.test\",\
+             \"tokenSigningKey\":\"{ROTATED_KEY}\"}}' WHERE key = 'jwt'"
+        ))
+        .await;
+    double.rotate_key(ROTATED_KEY);
+    // The token kept for reuse was signed with the old key.
+    let took = wait_until(
+        "platform tokens signed with the rotated key",
+        SYNCED,
+        async || through(&gw).await == 200,
+    )
+    .await;
+    eprintln!(
+        "a rotated platform signing key was followed after {} ms (sync_interval {SYNC_INTERVAL})",
+        took.as_millis()
+    );
+    let last = double
+        .seen()
+        .last()
+        .cloned()
+        .expect("the double was reached");
+    let token = last
+        .header("x-authorization")
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .expect("a platform token")
+        .to_owned();
+    assert!(
+        double.authenticate(&token).is_ok(),
+        "the token that reached the platform is signed with the rotated key"
+    );
+    drop(gw);
+    drop(importer);
+    drop_schema(&base, &store_schema).await;
+    platform.drop().await;
 }
 
 #[tokio::test]

@@ -342,23 +342,54 @@ pub(super) async fn open_store(settings: &Settings) -> anyhow::Result<Store> {
     }
 }
 
-/// `check-config --connect`: reaches the store (never creating it) and
-/// Redis; one problem per dependency out of reach.
-pub async fn reach_dependencies(settings: &Settings) -> Vec<String> {
-    let mut problems = Vec::new();
+/// What `check-config --connect` found: what it reached and what it left
+/// alone because it is not configured (`reached`), and one problem per
+/// dependency out of reach or not fit for use (`problems`).
+#[derive(Debug, Default)]
+pub struct Reached {
+    pub reached: Vec<String>,
+    pub problems: Vec<String>,
+}
+
+/// `check-config --connect`: reaches the store (never creating it), Redis
+/// and the platform's database when each is configured, and says "not
+/// configured" of each that is not: a check never claims to have reached
+/// what it did not try.
+pub async fn reach_dependencies(settings: &Settings) -> Reached {
+    let mut found = Reached::default();
     match open_store(settings).await {
-        Ok(store) => store.close().await,
-        Err(error) => problems.push(format!("store.url: {}", one_line(&error))),
+        Ok(store) => {
+            store.close().await;
+            found.reached.push("store reached".into());
+        }
+        Err(error) => found
+            .problems
+            .push(format!("store.url: {}", one_line(&error))),
     }
-    if let Some(redis) = &settings.redis
-        && let Err(cause) = reach_redis(redis).await
-    {
-        problems.push(format!(
-            "redis.url: cannot reach {}: {cause}",
-            keygate::config::redacted_url(&redis.url)
-        ));
+    match &settings.redis {
+        None => found.reached.push("Redis not configured".into()),
+        Some(redis) => match reach_redis(redis).await {
+            Ok(()) => found.reached.push("Redis reached".into()),
+            Err(cause) => found.problems.push(format!(
+                "redis.url: cannot reach {}: {cause}",
+                keygate::config::redacted_url(&redis.url)
+            )),
+        },
     }
-    problems
+    match &settings.platform.sync {
+        None => found
+            .reached
+            .push("platform database not configured".into()),
+        Some(sync) => match keygate::import::check_platform_database(&sync.database_url).await {
+            Ok(()) => found
+                .reached
+                .push("platform database reached, its tables and signing key found".into()),
+            Err(cause) => found
+                .problems
+                .push(format!("platform.database_url: {cause}")),
+        },
+    }
+    found
 }
 
 /// One PING within the configured connect timeout.

@@ -338,6 +338,10 @@ pub struct PlatformSettings {
     pub public_customers: Vec<crate::store::PublicCustomer>,
     /// Keeping keygate in sync with the platform's database; `None`: off.
     pub sync: Option<SyncSettings>,
+    /// Whether `signing_key` came from the store (the import), not from the
+    /// configuration: the sync then follows the platform's key when it
+    /// rotates. A configured key stays until the configuration changes it.
+    pub signing_key_imported: bool,
 }
 
 /// The sync with the platform's database (`[platform] database_url`,

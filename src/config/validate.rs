@@ -454,6 +454,7 @@ impl PlatformSection {
             token_lifetime: token_lifetime.max(MIN_PLATFORM_TOKEN_LIFETIME),
             public_customers,
             sync: None,
+            signing_key_imported: false,
         }
     }
 

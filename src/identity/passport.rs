@@ -91,6 +91,11 @@ pub trait Minter: Send + Sync {
     fn mint(&self, audience: &str, identity: &Identity) -> Result<HeaderValue, ApiError>;
     /// How long a minted passport is valid.
     fn lifetime(&self) -> Duration;
+    /// Signs with a new key (and issuer) from now on; false when the minter
+    /// has no key that changes, or the key is the one in use.
+    fn rekey(&self, _key: &[u8], _issuer: &str) -> bool {
+        false
+    }
 }
 
 /// What a passport is reused by: the credential it was issued for, the
@@ -202,6 +207,22 @@ impl Passports {
 
     pub(crate) fn clear(&self) {
         self.reused.clear();
+    }
+
+    /// The platform rotated its signing key: platform tokens are signed
+    /// with `key` from now on, and those kept for reuse, signed with the
+    /// old key the platform no longer accepts, are dropped. False when
+    /// there is no platform minter or the key is the one in use.
+    pub fn rekey_platform(&self, key: &[u8], issuer: &str) -> bool {
+        let rekeyed = self
+            .platform
+            .as_deref()
+            .is_some_and(|minter| minter.rekey(key, issuer));
+        if rekeyed {
+            self.reused
+                .invalidate_if(|reuse, _| reuse.mode == IdentityMode::Platform);
+        }
+        rekeyed
     }
 
     pub(crate) fn len(&self) -> u64 {

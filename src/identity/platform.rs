@@ -25,6 +25,7 @@
 
 use std::time::Duration;
 
+use arc_swap::ArcSwap;
 use http::HeaderValue;
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
 use serde::Serialize;
@@ -56,11 +57,19 @@ struct Claims<'a> {
     customer_id: Uuid,
 }
 
+/// The platform's signing key and issuer, swapped whole when the platform
+/// rotates its key ([`PlatformTokens::rekey`]).
+struct Signer {
+    /// The decoded key, to tell a new key from the one in use.
+    secret: Vec<u8>,
+    key: EncodingKey,
+    issuer: String,
+}
+
 /// Mints the platform's access tokens with its signing key.
 pub struct PlatformTokens {
-    key: EncodingKey,
+    signer: ArcSwap<Signer>,
     header: Header,
-    issuer: String,
     lifetime: Duration,
 }
 
@@ -72,14 +81,13 @@ impl PlatformTokens {
         let mut header = Header::new(Algorithm::HS512);
         header.typ = None;
         PlatformTokens {
-            key: EncodingKey::from_secret(key),
+            signer: ArcSwap::from_pointee(Signer::new(key, issuer)),
             header,
-            issuer: issuer.to_owned(),
             lifetime,
         }
     }
 
-    fn claims<'a>(&'a self, identity: &'a Identity, now_secs: i64) -> Claims<'a> {
+    fn claims<'a>(&self, identity: &'a Identity, issuer: &'a str, now_secs: i64) -> Claims<'a> {
         let p = &identity.principal;
         Claims {
             sub: &p.email,
@@ -87,7 +95,7 @@ impl PlatformTokens {
             scopes: [p.authority.as_str()],
             session_id: identity.credential_id(),
             exp: now_secs + self.lifetime.as_secs() as i64,
-            iss: &self.issuer,
+            iss: issuer,
             iat: now_secs,
             first_name: p.first_name.as_deref(),
             last_name: p.last_name.as_deref(),
@@ -105,12 +113,22 @@ impl PlatformTokens {
 
     /// A signed token of `identity`, issued at `now_secs`.
     pub(crate) fn token(&self, identity: &Identity, now_secs: i64) -> Result<String, ApiError> {
-        jsonwebtoken::encode(&self.header, &self.claims(identity, now_secs), &self.key).map_err(
-            |error| {
-                tracing::error!(%error, "signing a platform token failed");
-                ApiError::internal()
-            },
-        )
+        let signer = self.signer.load();
+        let claims = self.claims(identity, &signer.issuer, now_secs);
+        jsonwebtoken::encode(&self.header, &claims, &signer.key).map_err(|error| {
+            tracing::error!(%error, "signing a platform token failed");
+            ApiError::internal()
+        })
+    }
+}
+
+impl Signer {
+    fn new(key: &[u8], issuer: &str) -> Signer {
+        Signer {
+            secret: key.to_vec(),
+            key: EncodingKey::from_secret(key),
+            issuer: issuer.to_owned(),
+        }
     }
 }
 
@@ -122,6 +140,18 @@ impl Minter for PlatformTokens {
 
     fn lifetime(&self) -> Duration {
         self.lifetime
+    }
+
+    /// Signs with `key` and `issuer` from now on; false when they are the
+    /// ones in use.
+    fn rekey(&self, key: &[u8], issuer: &str) -> bool {
+        let current = self.signer.load();
+        if current.secret == key && current.issuer == issuer {
+            return false;
+        }
+        self.signer
+            .store(std::sync::Arc::new(Signer::new(key, issuer)));
+        true
     }
 }
 

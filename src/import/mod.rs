@@ -359,6 +359,49 @@ async fn lookup(
     Ok((holder == Some(id)).then_some((id, run.report.revocations)))
 }
 
+/// The signing key (Base64 text) and issuer of the platform's `jwt`
+/// settings, or why keygate cannot sign with them.
+fn signing_key_of(json: &str) -> Result<(String, String), String> {
+    let Ok(value) = serde_json::from_str::<serde_json::Value>(json) else {
+        return Err("the jwt settings are not JSON".into());
+    };
+    let text = |name: &str| value.get(name).and_then(|v| v.as_str()).map(str::to_owned);
+    let (Some(key), Some(issuer)) = (text("tokenSigningKey"), text("tokenIssuer")) else {
+        return Err("the jwt settings lack tokenSigningKey or tokenIssuer".into());
+    };
+    // HS512 needs a key of at least 512 bits; the platform itself replaces a
+    // shorter one at install and upgrade (`validateKeyLength`), so such a key
+    // is not one it signs with, and keygate would refuse to start with it.
+    match base64::engine::general_purpose::STANDARD.decode(&key) {
+        Ok(bytes) if bytes.len() >= 64 => Ok((key, issuer)),
+        Ok(bytes) if !bytes.is_empty() => Err(format!(
+            "tokenSigningKey decodes to {} bits, fewer than the 512 HS512 needs",
+            bytes.len() * 8
+        )),
+        _ => Err("tokenSigningKey is not base64".into()),
+    }
+}
+
+/// `check-config --connect` on the platform's database: it is reachable,
+/// has every table and column the import and the sync read, and its `jwt`
+/// settings hold a signing key keygate can mint the platform's tokens with.
+/// What is wrong, in one line, naming what is missing.
+pub async fn check_platform_database(url: &str) -> Result<(), String> {
+    let mut source = Source::open(url).await.map_err(|e| e.to_string())?;
+    let checked = async {
+        source.check_schema().await.map_err(|e| e.to_string())?;
+        match source.jwt_settings().await.map_err(|e| e.to_string())? {
+            None => Err("no signing key: admin_settings has no 'jwt' row".to_owned()),
+            Some(json) => signing_key_of(&json).map(|_| ()).map_err(|reason| {
+                format!("the signing key row ('jwt' in admin_settings): {reason}")
+            }),
+        }
+    }
+    .await;
+    source.close().await;
+    checked
+}
+
 /// The platform's `jwt` settings into keygate's store.
 async fn signing(
     store: &Store,
@@ -377,28 +420,10 @@ async fn signing(
             reason: None,
         });
     };
-    let Ok(value) = serde_json::from_str::<serde_json::Value>(&json) else {
-        return Ok(invalid("the jwt settings are not JSON"));
+    let (key, issuer) = match signing_key_of(&json) {
+        Ok(found) => found,
+        Err(reason) => return Ok(invalid(&reason)),
     };
-    let text = |name: &str| value.get(name).and_then(|v| v.as_str()).map(str::to_owned);
-    let (Some(key), Some(issuer)) = (text("tokenSigningKey"), text("tokenIssuer")) else {
-        return Ok(invalid(
-            "the jwt settings lack tokenSigningKey or tokenIssuer",
-        ));
-    };
-    // HS512 needs a key of at least 512 bits; the platform itself replaces a
-    // shorter one at install and upgrade (`validateKeyLength`), so such a key
-    // is not one it signs with, and keygate would refuse to start with it.
-    match base64::engine::general_purpose::STANDARD.decode(&key) {
-        Ok(bytes) if bytes.len() >= 64 => {}
-        Ok(bytes) if !bytes.is_empty() => {
-            return Ok(invalid(&format!(
-                "tokenSigningKey decodes to {} bits, fewer than the 512 HS512 needs",
-                bytes.len() * 8
-            )));
-        }
-        _ => return Ok(invalid("tokenSigningKey is not base64")),
-    }
     let changed = if dry_run {
         store.platform_signing().await?.as_ref() != Some(&(key.clone(), issuer.clone()))
     } else {

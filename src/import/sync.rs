@@ -46,6 +46,10 @@ pub struct Sync {
     applied: Option<String>,
     /// Whether the last round failed (an outage is logged once).
     failing: bool,
+    /// With the platform's signing key from the store (not configured):
+    /// the issuer to sign with when the stored one is blank. The key the
+    /// platform rotates to is then followed every round.
+    follow_key: Option<String>,
 }
 
 /// What one round did.
@@ -76,7 +80,16 @@ impl Sync {
             mail,
             applied: None,
             failing: false,
+            follow_key: None,
         }
+    }
+
+    /// Follows the platform's signing key as the store holds it, with
+    /// `fallback_issuer` for a blank stored issuer; `None`: the key is
+    /// configured and stays.
+    pub fn following_the_signing_key(mut self, fallback_issuer: Option<String>) -> Sync {
+        self.follow_key = fallback_issuer;
+        self
     }
 
     /// Runs a round at once, then one every interval, until shutdown.
@@ -94,8 +107,53 @@ impl Sync {
         }
     }
 
-    /// One round, counted and logged.
+    /// One round, counted and logged. Every replica then signs platform
+    /// tokens with the key in the store, which the replica that applied the
+    /// round may just have changed.
     pub async fn round(&mut self) -> Option<Round> {
+        let round = self.import_round().await;
+        self.follow_signing_key().await;
+        round
+    }
+
+    /// A key the platform rotated to reaches this replica's platform tokens
+    /// within one round, without a restart: the round that imported it
+    /// stored it, and every replica reads it here. Tokens signed with the
+    /// old key, which the platform refuses from now on, are dropped.
+    async fn follow_signing_key(&self) {
+        let Some(fallback_issuer) = &self.follow_key else {
+            return;
+        };
+        let (text, issuer) = match self.store.platform_signing().await {
+            Ok(Some(stored)) => stored,
+            Ok(None) => return,
+            Err(error) => {
+                tracing::debug!(%error, "reading the platform's signing key failed");
+                return;
+            }
+        };
+        use base64::Engine as _;
+        let Some(key) = crate::config::platform_key_engine()
+            .decode(text.trim())
+            .ok()
+            .filter(|bytes| bytes.len() >= 64)
+        else {
+            // The import stores only keys HS512 can use.
+            return;
+        };
+        let issuer = if issuer.trim().is_empty() {
+            fallback_issuer.as_str()
+        } else {
+            issuer.as_str()
+        };
+        if self.auth.caches().passports.rekey_platform(&key, issuer) {
+            tracing::warn!(
+                "the platform's signing key changed: platform tokens are signed with the new key from now on"
+            );
+        }
+    }
+
+    async fn import_round(&mut self) -> Option<Round> {
         match self.try_round().await {
             Ok(round) => {
                 if self.failing {

@@ -83,6 +83,9 @@ struct State {
     /// `UsersSessionInvalidation`: a user's or a session's id, and the
     /// moment (ms) its earlier tokens were outdated.
     outdated: HashMap<String, i64>,
+    /// The `tokenSigningKey` the platform rotated to, in place of the one
+    /// it started with.
+    rotated_key: Option<Vec<u8>>,
 }
 
 /// The platform double, on a free loopback port.
@@ -141,6 +144,14 @@ impl PlatformDouble {
             .insert(id.to_owned(), at_ms);
     }
 
+    /// Rotates the platform's `tokenSigningKey`: from now on only tokens
+    /// signed with `key_base64` verify, as after the platform's own
+    /// rotation.
+    pub fn rotate_key(&self, key_base64: &str) {
+        self.state.lock().unwrap().rotated_key =
+            Some(STANDARD.decode(key_base64).expect("a Base64 key"));
+    }
+
     /// The user the platform builds from `token`
     /// (`JwtAuthenticationProvider.authenticate`), or why it refuses it.
     pub fn authenticate(&self, token: &str) -> Result<Value, Refusal> {
@@ -149,6 +160,8 @@ impl PlatformDouble {
 }
 
 fn authenticate(key: &[u8], state: &Mutex<State>, token: &str) -> Result<Value, Refusal> {
+    let rotated = state.lock().unwrap().rotated_key.clone();
+    let key = rotated.as_deref().unwrap_or(key);
     // JwtAuthenticationProvider.authenticate: an empty token is refused.
     if token.is_empty() {
         return Err(Refusal::BadCredentials("Token is invalid"));
