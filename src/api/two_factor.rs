@@ -11,8 +11,9 @@
 //! Beyond the platform: a TOTP secret is sealed at rest and shown once, in
 //! the answer that generated it; only a secret keygate generated for the
 //! user moments before can be saved; a TOTP code is accepted once; backup
-//! codes are stored as keyed digests; guessing takes slots of the password
-//! limiter, and a number of wrong codes ends the pre-verification token.
+//! codes are stored as keyed digests; guessing takes slots of the limiter's
+//! code windows (which a right password never clears), and a number of wrong
+//! codes ends the pre-verification token.
 
 use std::time::Duration;
 
@@ -76,8 +77,8 @@ struct SentCode {
 /// saved (per user and provider), and the wrong codes of each login attempt.
 /// Both maps live in this replica's memory: generating and saving a config
 /// must reach the same replica, and the wrong codes of an attempt are
-/// counted per replica (the password limiter, shared through Redis when
-/// configured, still bounds guessing across replicas).
+/// counted per replica (the limiter's code windows, shared through Redis when
+/// configured, still bound guessing across replicas).
 pub struct TwoFactor {
     sealer: std::sync::Arc<Sealer>,
     pending: moka::sync::Cache<(Uuid, &'static str), Pending>,
@@ -788,13 +789,13 @@ pub async fn save(api: &Endpoints, req: EndpointRequest) -> Result<http::Respons
             }
             let pairs = query_pairs(req.query.as_deref());
             let code = param(&pairs, "verificationCode").unwrap_or_default();
-            let attempt = api.password_attempt(&user.email, &req).await?;
+            let attempt = api.code_attempt(&user.email, &req).await?;
             let raw = totp::base32_decode(&secret).ok_or_else(ApiError::internal)?;
             let Some(step) = totp::matching_step(&raw, code, crate::clock::now_secs()) else {
                 tracing::info!(target: "keygate::security", user_id = %user.id, client = %req.client_ip, "second factor not saved: wrong verification code");
                 return Err(ApiError::bad_request("Verification code is incorrect"));
             };
-            api.limiter.succeeded(attempt).await;
+            api.limiter.released(attempt).await;
             TwoFactorRecord {
                 provider: TOTP.into(),
                 use_by_default: body.use_by_default,
@@ -813,12 +814,12 @@ pub async fn save(api: &Endpoints, req: EndpointRequest) -> Result<http::Respons
             }
             let pairs = query_pairs(req.query.as_deref());
             let code = param(&pairs, "verificationCode").unwrap_or_default();
-            let attempt = api.password_attempt(&user.email, &req).await?;
+            let attempt = api.code_attempt(&user.email, &req).await?;
             if !api.take_code(&user, code.trim(), CodeFor::Config) {
                 tracing::info!(target: "keygate::security", user_id = %user.id, client = %req.client_ip, "second factor not saved: wrong verification code");
                 return Err(ApiError::bad_request("Verification code is incorrect"));
             }
-            api.limiter.succeeded(attempt).await;
+            api.limiter.released(attempt).await;
             TwoFactorRecord {
                 provider: EMAIL.into(),
                 use_by_default: body.use_by_default,
@@ -1260,8 +1261,9 @@ pub async fn check_code(
         .find(|r| r.provider == provider)
         .ok_or_else(|| ApiError::bad_request("2FA is not configured for account"))?;
     // The slot is taken before the code is checked: parallel guesses cannot
-    // overrun the limit.
-    let attempt = api.password_attempt(&user.email, &req).await?;
+    // overrun the limit. Codes count in windows of their own, which a right
+    // password never clears: logging in again buys no fresh guesses.
+    let attempt = api.code_attempt(&user.email, &req).await?;
     let checked = match provider {
         TOTP => check_totp(api, &user, &record, &code).await?,
         EMAIL => {
@@ -1279,7 +1281,9 @@ pub async fn check_code(
     let Some(codes_left) = checked else {
         return Err(wrong_code(api, &claims, &user, provider, &platform, &req));
     };
-    api.limiter.succeeded(attempt).await;
+    // The login is complete: the only thing that clears the code windows
+    // of this account and address.
+    api.limiter.completed_with_second_factor(attempt).await;
     // The attempt is over: this token opens nothing more.
     api.two_factor.failures.insert(claims.session_id, u32::MAX);
     let pair = api.issue_pair(&user).await?;
