@@ -631,6 +631,15 @@ impl Configurer<'_> {
         }
     }
 
+    /// The session that makes the change, if it is one (not an API key or
+    /// an MFA configuration token): it goes on when the others end.
+    fn session_id(&self) -> Option<Uuid> {
+        match self {
+            Configurer::SignedIn(identity) => identity.session_id(),
+            Configurer::Enforced(_) => None,
+        }
+    }
+
     fn audited(&self, store: &Store, action: &'static str) -> Store {
         match self {
             Configurer::SignedIn(identity) => super::access::audited(store, identity, action),
@@ -853,15 +862,22 @@ pub async fn save(api: &Endpoints, req: EndpointRequest) -> Result<http::Respons
         }
         _ => return Err(not_generated(user.id, provider)),
     };
+    // Every other session of the user ends: one from before the change
+    // cannot go on refreshing as though nothing happened.
     let added = configurer
         .audited(&api.store, "two_factor.configure")
-        .add_two_factor(user.id, &record, crate::clock::now_ms())
+        .add_two_factor(
+            user.id,
+            &record,
+            crate::clock::now_ms(),
+            configurer.session_id(),
+        )
         .await?;
-    if !added {
+    if !api.applied(added).await {
         return Err(ApiError::bad_request("2FA provider is already configured"));
     }
     api.two_factor.pending.invalidate(&(user.id, provider));
-    tracing::info!(target: "keygate::security", user_id = %user.id, provider, "second factor configured");
+    tracing::info!(target: "keygate::security", user_id = %user.id, provider, "second factor configured; the user's other sessions ended");
     let records = api.active_two_factors(user.id, &platform).await?;
     Ok(json_response(&account_settings(&records)))
 }
@@ -1013,15 +1029,20 @@ pub async fn delete(
             "At least one 2FA provider is required",
         ));
     }
-    let store = super::access::audited(&api.store, identity, "two_factor.remove");
-    if !store.remove_two_factor(user_id, provider).await? {
+    // Backup codes go with the last other provider; every other session of
+    // the user ends, as when one is configured.
+    let removed = super::access::audited(&api.store, identity, "two_factor.remove")
+        .remove_second_factor(
+            user_id,
+            provider,
+            crate::clock::now_ms(),
+            identity.session_id(),
+        )
+        .await?;
+    if !api.applied(removed).await {
         return Err(ApiError::bad_request("2FA not configured"));
     }
-    let left = api.store.two_factors(user_id).await?;
-    if left.iter().all(|r| r.provider == BACKUP_CODE) && !left.is_empty() {
-        store.remove_two_factor(user_id, BACKUP_CODE).await?;
-    }
-    tracing::info!(target: "keygate::security", %user_id, provider, "second factor removed");
+    tracing::info!(target: "keygate::security", %user_id, provider, "second factor removed; the user's other sessions ended");
     let records = api.active_two_factors(user_id, &platform).await?;
     Ok(json_response(&account_settings(&records)))
 }
