@@ -222,11 +222,18 @@ impl SharedLogins {
     }
 
     /// The attempt succeeded: its slots go back and, with `clear_pair`, its
-    /// own (account, address) window is cleared. Runs in the background: a
-    /// success never waits on it.
+    /// own (account, address) window is cleared (else its slot there goes
+    /// back too). Runs in the background: a success never waits on it.
     pub fn succeeded(self: &Arc<Self>, slots: SharedSlots, clear_pair: bool) {
-        let cleared = if clear_pair { slots.pair.clone() } else { None };
-        self.return_slots(slots.counted, cleared.into_iter().collect());
+        let SharedSlots {
+            mut counted, pair, ..
+        } = slots;
+        if clear_pair {
+            self.return_slots(counted, pair.into_iter().collect());
+        } else {
+            counted.extend(pair);
+            self.return_slots(counted, Vec::new());
+        }
     }
 
     /// A login completed with its second factor: the code's slots go back,
