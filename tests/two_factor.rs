@@ -1240,6 +1240,17 @@ async fn ended(client: &reqwest::Client, gw: &Gateway, access: &str, refresh: &s
     )
     .await;
     assert_eq!(me.status(), 401, "{what}");
+    // A proxied route, whose passport for the session was cached, too.
+    let proxied = send_with(
+        client,
+        gw,
+        reqwest::Method::GET,
+        "/api/devices",
+        access,
+        None,
+    )
+    .await;
+    assert_eq!(proxied.status(), 401, "{what}: proxied");
 }
 
 #[tokio::test]
@@ -1252,6 +1263,22 @@ async fn a_refresh_token_of_another_session_is_refused_once_a_second_factor_is_s
         // The owner's session, and another (a thief's copy of an old login).
         let (mine, mine_refresh) = pair_with(&client, &gw, &email).await;
         let (theirs, theirs_refresh) = pair_with(&client, &gw, &email).await;
+        for access in [&mine, &theirs] {
+            let proxied = send_with(
+                &client,
+                &gw,
+                reqwest::Method::GET,
+                "/api/devices",
+                access,
+                None,
+            )
+            .await;
+            assert_eq!(
+                proxied.status(),
+                200,
+                "both sessions reach the platform first"
+            );
+        }
 
         let generated = send_with(
             &client,
@@ -1288,6 +1315,16 @@ async fn a_refresh_token_of_another_session_is_refused_once_a_second_factor_is_s
         assert_eq!(response.status(), 200);
         let remover: Value = response.json().await.unwrap();
         let remover = remover["token"].as_str().unwrap();
+        let proxied = send_with(
+            &client,
+            &gw,
+            reqwest::Method::GET,
+            "/api/devices",
+            &mine,
+            None,
+        )
+        .await;
+        assert_eq!(proxied.status(), 200);
         let removed = send_with(
             &client,
             &gw,
@@ -1309,5 +1346,15 @@ async fn a_refresh_token_of_another_session_is_refused_once_a_second_factor_is_s
         )
         .await;
         assert_eq!(me.status(), 200, "the session that removed it goes on");
+        let proxied = send_with(
+            &client,
+            &gw,
+            reqwest::Method::GET,
+            "/api/devices",
+            remover,
+            None,
+        )
+        .await;
+        assert_eq!(proxied.status(), 200);
     }
 }
