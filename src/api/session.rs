@@ -134,7 +134,12 @@ impl Endpoints {
         self.limiter
             .acquire_code(account, req.client_key)
             .await
-            .map_err(|limited| self.rate_limited(limited, Some(account), req))
+            .map_err(|limited| {
+                self.metrics.rate_limited(limited.by);
+                let account = self.log_digest.of(account);
+                tracing::warn!(target: "keygate::security", account, client = %req.client_ip, by = limited.by, "second-factor code rate limited");
+                ApiError::too_many_requests(limited.retry_after.as_secs())
+            })
     }
 
     pub(super) fn rate_limited(
