@@ -382,6 +382,67 @@ async fn reset_request_for_unknown_or_disabled_addresses_answers_exactly_as_for_
     assert_eq!(sink.count_to("disabled@example.com"), 0);
 }
 
+fn median(mut samples: Vec<Duration>) -> Duration {
+    samples.sort();
+    samples[samples.len() / 2]
+}
+
+#[tokio::test]
+async fn reset_request_timing_never_tells_a_known_address_from_an_unknown_one() {
+    let sink = SmtpSink::start().await;
+    // Every request keeps its limiter slot: room for all of them.
+    let (_up, gw) = gateway_mailing_to(&format!(
+        "{}[login]\naccount_address_max_failures = 1000\naccount_max_failures = 1000\n\
+         address_max_failures = 5000\n",
+        sink.config()
+    ))
+    .await;
+    gw.user("known@example.com", Authority::TenantAdmin).await;
+    for wire in common::WIRES {
+        // One keep-alive connection: the times compare the answers alone.
+        let client = gw.client_over(wire);
+        let timed = async |email: &str| {
+            let started = Instant::now();
+            let response = client
+                .post(gw.https("/api/noauth/resetPasswordByEmail"))
+                .json(&json!({ "email": email }))
+                .send()
+                .await
+                .unwrap();
+            let elapsed = started.elapsed();
+            assert_eq!(response.status(), 200);
+            assert_eq!(response.version(), wire.version());
+            response.bytes().await.unwrap();
+            elapsed
+        };
+        for _ in 0..10 {
+            timed("known@example.com").await;
+            timed("warm-up@example.com").await;
+        }
+        let (mut known, mut unknown) = (Vec::new(), Vec::new());
+        for i in 0..200 {
+            let nobody = format!("nobody-{i}@example.com");
+            // Interleaved, each first in turn: neither rides on the other's wake.
+            if i % 2 == 0 {
+                known.push(timed("known@example.com").await);
+                unknown.push(timed(&nobody).await);
+            } else {
+                unknown.push(timed(&nobody).await);
+                known.push(timed("known@example.com").await);
+            }
+        }
+        let (known, unknown) = (median(known), median(unknown));
+        eprintln!("{wire:?}: median answer known {known:?}, unknown {unknown:?}");
+        let (low, high) = (known.min(unknown), known.max(unknown));
+        assert!(
+            high.as_secs_f64() <= low.as_secs_f64() * 1.10,
+            "{wire:?}: medians known {known:?} and unknown {unknown:?} differ by more than 10%"
+        );
+    }
+    // The known address was mailed: the work happened, after the answers.
+    sink.wait_for("known@example.com", 0).await;
+}
+
 #[tokio::test]
 async fn reset_token_is_stored_only_as_its_digest() {
     use sqlx::Row;

@@ -38,8 +38,19 @@ async fn send(
     token: &str,
     body: Option<Value>,
 ) -> reqwest::Response {
-    let mut request = gw
-        .client()
+    send_with(&gw.client(), gw, method, path, token, body).await
+}
+
+/// As [`send`], over `client` (a wire of the test's choice).
+async fn send_with(
+    client: &reqwest::Client,
+    gw: &Gateway,
+    method: reqwest::Method,
+    path: &str,
+    token: &str,
+    body: Option<Value>,
+) -> reqwest::Response {
+    let mut request = client
         .request(method, gw.https(path))
         .header("X-Authorization", format!("Bearer {token}"));
     if let Some(body) = body {
@@ -403,7 +414,7 @@ async fn guessing_codes_ends_the_pre_verification_token() {
 }
 
 #[tokio::test]
-async fn code_guesses_take_slots_of_the_password_limiter() {
+async fn code_guesses_are_limited_per_account_and_address() {
     let (_up, gw) = common::gateway(
         "[login]\naccount_address_max_failures = 3\n[two_factor]\nmax_verification_failures = 100\n",
     )
@@ -1011,4 +1022,339 @@ async fn activation_of_an_enforced_user_answers_the_mfa_configuration_token_not_
     assert_eq!(current_user(&gw, mfa).await.status(), 401);
     let (status, _) = error_body(configured_login(&gw, mfa).await).await;
     assert_eq!(status, 400);
+}
+
+// --- guessing budget across logins ---------------------------------------------------
+
+/// A code that no step near now answers for any of `secrets` (the skew of
+/// one step either side, and the steps the test may reach).
+fn wrong_code(secrets: &[&str]) -> String {
+    let now = step_now();
+    let near: Vec<String> = secrets
+        .iter()
+        .flat_map(|secret| (now - 2..=now + 3).map(|s| totp_at(secret, s)))
+        .collect();
+    (0..10)
+        .map(|d| format!("{d}{d}{d}{d}{d}{d}"))
+        .find(|code| !near.contains(code))
+        .unwrap()
+}
+
+/// Logs in with the password over `client`: a pre-verification token.
+async fn pre_token_with(client: &reqwest::Client, gw: &Gateway, email: &str) -> String {
+    let response = client
+        .post(gw.https("/api/auth/login"))
+        .json(&json!({"username": email, "password": PASSWORD}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["scope"], "PRE_VERIFICATION_TOKEN", "{body}");
+    body["token"].as_str().unwrap().to_string()
+}
+
+async fn check_with(
+    client: &reqwest::Client,
+    gw: &Gateway,
+    pre: &str,
+    code: &str,
+) -> reqwest::Response {
+    let path =
+        format!("/api/auth/2fa/verification/check?providerType=TOTP&verificationCode={code}");
+    send_with(client, gw, reqwest::Method::POST, &path, pre, None).await
+}
+
+/// The attack: log in, send four wrong codes (one fewer than end the
+/// token), log in again, and so on, at `gateways` in turn. Returns how many
+/// wrong codes were checked before the first refusal, which must be a 429
+/// of the contract's shape.
+async fn wrong_codes_until_refused(
+    wire: common::Wire,
+    gateways: &[&Gateway],
+    email: &str,
+    wrong: &str,
+) -> usize {
+    let mut checked = 0;
+    for round in 0..20 {
+        let gw = gateways[round % gateways.len()];
+        let client = gw.client_over(wire);
+        let pre = pre_token_with(&client, gw, email).await;
+        for _ in 0..4 {
+            let response = check_with(&client, gw, &pre, wrong).await;
+            assert_eq!(response.version(), wire.version());
+            if response.status() == 429 {
+                assert!(response.headers().contains_key("retry-after"));
+                let (_, body) = error_body(response).await;
+                assert_eq!(body["errorCode"], 33, "{body}");
+                return checked;
+            }
+            let (status, body) = error_body(response).await;
+            assert_eq!(status, 400, "{body}");
+            checked += 1;
+        }
+    }
+    panic!("{checked} wrong codes checked and never refused");
+}
+
+#[tokio::test]
+async fn logging_in_again_never_refunds_second_factor_guesses() {
+    // The documented budget: `login.account_address_max_failures` (10) wrong
+    // codes per account from one address, however often the password is
+    // typed right in between.
+    let (_up, gw) = common::gateway("").await;
+    for wire in common::WIRES {
+        let email = format!("refund-{wire:?}@example.com").to_lowercase();
+        gw.user(&email, Authority::TenantAdmin).await;
+        let token = token_of(&gw, &email).await;
+        let (secret, saved_step) = configure_totp(&gw, &token).await;
+        let wrong = wrong_code(&[&secret]);
+        let checked = wrong_codes_until_refused(wire, &[&gw], &email, &wrong).await;
+        assert_eq!(checked, 10, "{wire:?}: the budget, not a window per login");
+        // The password still logs in (passwords count apart), but even the
+        // right code waits for the window to end.
+        let client = gw.client_over(wire);
+        let pre = pre_token_with(&client, &gw, &email).await;
+        let right = totp_at(&secret, saved_step + 1);
+        let (status, _) = error_body(check_with(&client, &gw, &pre, &right).await).await;
+        assert_eq!(status, 429, "{wire:?}");
+    }
+}
+
+/// The config of a replica sharing limits under `prefix`: one signing key,
+/// as replicas of one deployment have (it keys the account digests).
+fn shared_limits(prefix: &common::shared_redis::Prefix) -> String {
+    format!(
+        "[redis]\nurl = \"{}\"\nkey_prefix = \"{}\"\ncommand_timeout = \"200ms\"\n\
+         [jwt]\ntoken_signing_key = \"{}\"\n",
+        common::shared_redis::redis_url(),
+        prefix.0,
+        "a".repeat(88)
+    )
+}
+
+async fn wait_for_redis(gw: &Gateway) {
+    common::wait_until(
+        "redis is up",
+        std::time::Duration::from_secs(10),
+        async || {
+            gw.metrics()
+                .await
+                .lines()
+                .any(|l| l == "keygate_redis_up 1")
+        },
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn logging_in_again_never_refunds_second_factor_guesses_across_two_replicas() {
+    let prefix = common::shared_redis::Prefix::new();
+    let upstream = common::Upstream::start().await;
+    let config = shared_limits(&prefix);
+    let a = Gateway::start(&upstream.url(), &config).await;
+    let b = Gateway::start(&upstream.url(), &config).await;
+    wait_for_redis(&a).await;
+    wait_for_redis(&b).await;
+    for wire in common::WIRES {
+        // Each replica here has a store of its own: the user is in both.
+        let email = format!("shared-{wire:?}@example.com").to_lowercase();
+        let mut secrets = Vec::new();
+        for gw in [&a, &b] {
+            gw.user(&email, Authority::TenantAdmin).await;
+            let token = token_of(gw, &email).await;
+            secrets.push(configure_totp(gw, &token).await.0);
+        }
+        let wrong = wrong_code(&[&secrets[0], &secrets[1]]);
+        let checked = wrong_codes_until_refused(wire, &[&a, &b], &email, &wrong).await;
+        // Each replica checked at most six: only the shared count refuses.
+        assert_eq!(checked, 10, "{wire:?}");
+    }
+    let keys = prefix.keys().await;
+    assert!(
+        keys.iter().any(|k| k.contains(":login:code:pair:")),
+        "{keys:?}"
+    );
+}
+
+// --- a second-factor change ends the other sessions -----------------------------------
+
+async fn refresh_with(client: &reqwest::Client, gw: &Gateway, refresh: &str) -> reqwest::Response {
+    client
+        .post(gw.https("/api/auth/token"))
+        .json(&json!({ "refreshToken": refresh }))
+        .send()
+        .await
+        .unwrap()
+}
+
+/// A full login over `client` (the user has no second factor): (access, refresh).
+async fn pair_with(client: &reqwest::Client, gw: &Gateway, email: &str) -> (String, String) {
+    let response = client
+        .post(gw.https("/api/auth/login"))
+        .json(&json!({"username": email, "password": PASSWORD}))
+        .send()
+        .await
+        .unwrap();
+    let body: Value = response.json().await.unwrap();
+    let refresh = body["refreshToken"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{body}"));
+    (body["token"].as_str().unwrap().into(), refresh.into())
+}
+
+/// The session of `access` still works: its token and its refresh.
+async fn still_works(
+    client: &reqwest::Client,
+    gw: &Gateway,
+    access: &str,
+    refresh: &str,
+) -> String {
+    let me = send_with(
+        client,
+        gw,
+        reqwest::Method::GET,
+        "/api/auth/user",
+        access,
+        None,
+    )
+    .await;
+    assert_eq!(me.status(), 200);
+    let response = refresh_with(client, gw, refresh).await;
+    assert_eq!(response.status(), 200);
+    let body: Value = response.json().await.unwrap();
+    body["refreshToken"].as_str().unwrap().to_string()
+}
+
+/// The session of `access` ended: refresh and access token are refused.
+async fn ended(client: &reqwest::Client, gw: &Gateway, access: &str, refresh: &str, what: &str) {
+    let (status, body) = error_body(refresh_with(client, gw, refresh).await).await;
+    assert_eq!(status, 401, "{what}: {body}");
+    let me = send_with(
+        client,
+        gw,
+        reqwest::Method::GET,
+        "/api/auth/user",
+        access,
+        None,
+    )
+    .await;
+    assert_eq!(me.status(), 401, "{what}");
+    // A proxied route, whose passport for the session was cached, too.
+    let proxied = send_with(
+        client,
+        gw,
+        reqwest::Method::GET,
+        "/api/devices",
+        access,
+        None,
+    )
+    .await;
+    assert_eq!(proxied.status(), 401, "{what}: proxied");
+}
+
+#[tokio::test]
+async fn a_refresh_token_of_another_session_is_refused_once_a_second_factor_is_saved_or_removed() {
+    let (_up, gw) = common::gateway("").await;
+    for wire in common::WIRES {
+        let client = gw.client_over(wire);
+        let email = format!("owner-{wire:?}@example.com").to_lowercase();
+        gw.user(&email, Authority::TenantAdmin).await;
+        // The owner's session, and another (a thief's copy of an old login).
+        let (mine, mine_refresh) = pair_with(&client, &gw, &email).await;
+        let (theirs, theirs_refresh) = pair_with(&client, &gw, &email).await;
+        for access in [&mine, &theirs] {
+            let proxied = send_with(
+                &client,
+                &gw,
+                reqwest::Method::GET,
+                "/api/devices",
+                access,
+                None,
+            )
+            .await;
+            assert_eq!(
+                proxied.status(),
+                200,
+                "both sessions reach the platform first"
+            );
+        }
+
+        let generated = send_with(
+            &client,
+            &gw,
+            reqwest::Method::POST,
+            "/api/2fa/account/config/generate?providerType=TOTP",
+            &mine,
+            None,
+        )
+        .await;
+        assert_eq!(generated.version(), wire.version());
+        let config: Value = generated.json().await.unwrap();
+        let secret = secret_of(config["authUrl"].as_str().unwrap());
+        let saved_step = step_now();
+        let saved = send_with(
+            &client,
+            &gw,
+            reqwest::Method::POST,
+            &format!(
+                "/api/2fa/account/config?verificationCode={}",
+                totp_at(&secret, saved_step)
+            ),
+            &mine,
+            Some(config),
+        )
+        .await;
+        assert_eq!(saved.status(), 200);
+        ended(&client, &gw, &theirs, &theirs_refresh, "after save").await;
+        let mine_refresh = still_works(&client, &gw, &mine, &mine_refresh).await;
+
+        // Two sessions that passed the second factor; one removes it.
+        let pre = pre_token_with(&client, &gw, &email).await;
+        let response = check_with(&client, &gw, &pre, &totp_at(&secret, saved_step + 1)).await;
+        assert_eq!(response.status(), 200);
+        let remover: Value = response.json().await.unwrap();
+        let remover = remover["token"].as_str().unwrap();
+        let proxied = send_with(
+            &client,
+            &gw,
+            reqwest::Method::GET,
+            "/api/devices",
+            &mine,
+            None,
+        )
+        .await;
+        assert_eq!(proxied.status(), 200);
+        let removed = send_with(
+            &client,
+            &gw,
+            reqwest::Method::DELETE,
+            "/api/2fa/account/config?providerType=TOTP",
+            remover,
+            None,
+        )
+        .await;
+        assert_eq!(removed.status(), 200);
+        ended(&client, &gw, &mine, &mine_refresh, "after delete").await;
+        let me = send_with(
+            &client,
+            &gw,
+            reqwest::Method::GET,
+            "/api/auth/user",
+            remover,
+            None,
+        )
+        .await;
+        assert_eq!(me.status(), 200, "the session that removed it goes on");
+        let proxied = send_with(
+            &client,
+            &gw,
+            reqwest::Method::GET,
+            "/api/devices",
+            remover,
+            None,
+        )
+        .await;
+        assert_eq!(proxied.status(), 200);
+    }
 }

@@ -440,3 +440,127 @@ async fn listings_are_answered_by_keygate_and_never_forwarded() {
     assert_eq!(emails(&page), ["solo@list.test"]);
     assert_eq!(upstream.arrived(), 0, "nothing reached the upstream");
 }
+
+/// `(userCredentialsEnabled, userActivated)` of a user record.
+fn credential_state(user: &Value) -> (Value, Value) {
+    let info = &user["additionalInfo"];
+    (
+        info["userCredentialsEnabled"].clone(),
+        info["userActivated"].clone(),
+    )
+}
+
+#[tokio::test]
+async fn a_pending_invitation_is_never_listed_as_enabled() {
+    use serde_json::json;
+    let upstream = Upstream::start().await;
+    let gw = Gateway::start(&upstream.url(), "").await;
+    let (tenant, customer) = (Uuid::new_v4(), Uuid::new_v4());
+    let admin = user(
+        &gw,
+        "admin@state.test",
+        Authority::TenantAdmin,
+        Some(tenant),
+        None,
+        "Ada",
+    )
+    .await;
+    let admin = bearer(&gw, &admin).await;
+    let active = user(
+        &gw,
+        "active@state.test",
+        Authority::CustomerUser,
+        Some(tenant),
+        Some(customer),
+        "Al",
+    )
+    .await;
+    let disabled = user(
+        &gw,
+        "disabled@state.test",
+        Authority::CustomerUser,
+        Some(tenant),
+        Some(customer),
+        "Di",
+    )
+    .await;
+    gw.running
+        .store
+        .set_user_enabled(disabled.id, false, keygate::clock::now_secs())
+        .await
+        .unwrap();
+    // Invited: no password until the link is used (credentials disabled,
+    // an activation token pending, on the platform).
+    let invited = gw
+        .client()
+        .post(gw.https("/api/user"))
+        .header("X-Authorization", &admin)
+        .json(&json!({
+            "email": "invited@state.test",
+            "authority": "CUSTOMER_USER",
+            "customerId": {"entityType": "CUSTOMER", "id": customer},
+            "additionalInfo": {"userCredentialsEnabled": true, "lang": "en_US"}
+        }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(invited.status(), 200);
+    let invited: Value = invited.json().await.unwrap();
+    assert_eq!(credential_state(&invited), (json!(false), json!(false)));
+    let invited_id = invited["id"]["id"].as_str().unwrap().to_owned();
+
+    // As the platform's user record shows them: pending, enabled, disabled.
+    let expected = [
+        ("invited@state.test", (json!(false), json!(false))),
+        ("active@state.test", (json!(true), json!(true))),
+        ("disabled@state.test", (json!(false), json!(true))),
+    ];
+    for wire in common::WIRES {
+        let client = gw.client_over(wire);
+        let get = async |path: &str| {
+            let response = client
+                .get(gw.https(path))
+                .header("X-Authorization", &admin)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(response.status(), 200, "{wire:?} {path}");
+            assert_eq!(response.version(), wire.version());
+            response.json::<Value>().await.unwrap()
+        };
+        for (id, (email, state)) in [
+            &invited_id,
+            &active.id.to_string(),
+            &disabled.id.to_string(),
+        ]
+        .into_iter()
+        .zip(&expected)
+        {
+            let one = get(&format!("/api/user/{id}")).await;
+            assert_eq!(one["email"], *email);
+            assert_eq!(credential_state(&one), *state, "{wire:?} {email}");
+        }
+        assert_eq!(
+            get(&format!("/api/user/{invited_id}")).await["additionalInfo"]["lang"],
+            "en_US",
+            "the rest of the stored info is kept"
+        );
+        for listing in [
+            format!("/api/customer/{customer}/users?pageSize=10&page=0"),
+            format!("/api/customer/{customer}/userInfos?pageSize=10&page=0"),
+            "/api/userInfos/all?pageSize=10&page=0&includeCustomers=true".to_owned(),
+            "/api/users?pageSize=10&page=0".to_owned(),
+        ] {
+            let page = get(&listing).await;
+            for (email, state) in &expected {
+                let row = page["data"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .find(|u| u["email"] == *email)
+                    .unwrap_or_else(|| panic!("{email} not in {listing}"));
+                assert_eq!(credential_state(row), *state, "{wire:?} {listing} {email}");
+            }
+        }
+    }
+}

@@ -66,6 +66,29 @@ pub struct User {
     pub additional_info: Option<Value>,
 }
 
+/// The state of a user's credentials, in `additionalInfo` as the platform's
+/// `GET /api/user/{id}` puts it there: `userCredentialsEnabled` (false while
+/// an invitation is pending and for a disabled user) and `userActivated`
+/// (false while an invitation is pending). Always computed, over whatever
+/// the stored info holds: a stale stored value never shows a pending or
+/// disabled user as enabled.
+fn additional_info(user: &UserRecord) -> Value {
+    let mut info = match user
+        .additional_info
+        .as_deref()
+        .and_then(|text| serde_json::from_str::<Value>(text).ok())
+    {
+        Some(Value::Object(info)) => info,
+        _ => serde_json::Map::new(),
+    };
+    info.insert(
+        "userCredentialsEnabled".into(),
+        Value::Bool(user.credentials_enabled()),
+    );
+    info.insert("userActivated".into(), Value::Bool(user.activated()));
+    Value::Object(info)
+}
+
 impl From<&UserRecord> for User {
     fn from(user: &UserRecord) -> User {
         let optional = |s: &str| (!s.is_empty()).then(|| s.to_string());
@@ -81,10 +104,7 @@ impl From<&UserRecord> for User {
             phone: optional(&user.phone),
             version: user.version,
             name: user.email.clone(),
-            additional_info: user
-                .additional_info
-                .as_deref()
-                .and_then(|text| serde_json::from_str::<Value>(text).ok()),
+            additional_info: Some(additional_info(user)),
         }
     }
 }
@@ -287,6 +307,40 @@ mod tests {
             !json.to_string().contains("argon2"),
             "never the password hash"
         );
+    }
+
+    #[test]
+    fn a_pending_invitation_is_shown_as_the_platform_shows_it_never_as_enabled() {
+        let state = |user: &UserRecord| {
+            let json = serde_json::to_value(User::from(user)).unwrap();
+            (
+                json["additionalInfo"]["userCredentialsEnabled"].clone(),
+                json["additionalInfo"]["userActivated"].clone(),
+            )
+        };
+        // Stored info from an older platform said enabled: never believed.
+        let pending = UserRecord {
+            additional_info: Some(r#"{"userCredentialsEnabled":true,"lang":"de"}"#.into()),
+            ..UserRecord::test_user("invited@example.com")
+        };
+        assert_eq!(state(&pending), (json!(false), json!(false)));
+        let json = serde_json::to_value(User::from(&pending)).unwrap();
+        assert_eq!(json["additionalInfo"]["lang"], "de", "the rest is kept");
+        let active = UserRecord {
+            password_hash: "$argon2id$hash".into(),
+            ..pending.clone()
+        };
+        assert_eq!(state(&active), (json!(true), json!(true)));
+        let disabled = UserRecord {
+            enabled: false,
+            ..active.clone()
+        };
+        assert_eq!(state(&disabled), (json!(false), json!(true)));
+        let no_info = UserRecord {
+            additional_info: Some("null".into()),
+            ..active
+        };
+        assert_eq!(state(&no_info), (json!(true), json!(true)));
     }
 
     #[test]

@@ -124,6 +124,24 @@ impl Endpoints {
             .map_err(|limited| self.rate_limited(limited, Some(account), req))
     }
 
+    /// Takes a slot for a second-factor code of `account` from the client,
+    /// in the code windows (never cleared by a right password), or answers 429.
+    pub(super) async fn code_attempt(
+        &self,
+        account: &str,
+        req: &EndpointRequest,
+    ) -> Result<Attempt, ApiError> {
+        self.limiter
+            .acquire_code(account, req.client_key)
+            .await
+            .map_err(|limited| {
+                self.metrics.rate_limited(limited.by);
+                let account = self.log_digest.of(account);
+                tracing::warn!(target: "keygate::security", account, client = %req.client_ip, by = limited.by, "second-factor code rate limited");
+                ApiError::too_many_requests(limited.retry_after.as_secs())
+            })
+    }
+
     pub(super) fn rate_limited(
         &self,
         limited: Limited,
@@ -185,7 +203,17 @@ pub async fn login(
         Some(user) if verified => user,
         other => return Err(failed_login(api, username, other.as_ref(), &req).await),
     };
-    api.limiter.succeeded(attempt).await;
+    // The password is right: its slots go back. Its (account, address)
+    // window is cleared only by a completed login: here when no second
+    // factor is due, else by the right code (`api::two_factor`). A right
+    // password never clears the windows second-factor codes count in.
+    let due = api.second_factor_due(&user).await;
+    if matches!(due, Ok(None)) {
+        api.limiter.succeeded(attempt).await;
+    } else {
+        api.limiter.released(attempt).await;
+    }
+    let due = due?;
     if api.store.is_locked(user.id).await? {
         api.metrics.login("locked");
         return Err(ApiError::locked());
@@ -205,7 +233,7 @@ pub async fn login(
     // opens nothing but the second-factor check; one whom a second factor is
     // enforced for, without one, an MFA configuration token, which opens
     // nothing but configuring one (`api::two_factor`).
-    if let Some(pending) = api.second_factor_due(&user).await? {
+    if let Some(pending) = due {
         if pending.scope == crate::auth::jwt::MFA_CONFIGURATION_SCOPE {
             api.metrics.login("second_factor_enforced");
             tracing::info!(target: "keygate::security", user_id = %user.id, client = %req.client_ip, "password accepted; a second factor must be configured first");

@@ -11,8 +11,9 @@
 //! Beyond the platform: a TOTP secret is sealed at rest and shown once, in
 //! the answer that generated it; only a secret keygate generated for the
 //! user moments before can be saved; a TOTP code is accepted once; backup
-//! codes are stored as keyed digests; guessing takes slots of the password
-//! limiter, and a number of wrong codes ends the pre-verification token.
+//! codes are stored as keyed digests; guessing takes slots of the limiter's
+//! code windows (which a right password never clears), and a number of wrong
+//! codes ends the pre-verification token.
 
 use std::time::Duration;
 
@@ -76,8 +77,8 @@ struct SentCode {
 /// saved (per user and provider), and the wrong codes of each login attempt.
 /// Both maps live in this replica's memory: generating and saving a config
 /// must reach the same replica, and the wrong codes of an attempt are
-/// counted per replica (the password limiter, shared through Redis when
-/// configured, still bounds guessing across replicas).
+/// counted per replica (the limiter's code windows, shared through Redis when
+/// configured, still bound guessing across replicas).
 pub struct TwoFactor {
     sealer: std::sync::Arc<Sealer>,
     pending: moka::sync::Cache<(Uuid, &'static str), Pending>,
@@ -630,6 +631,15 @@ impl Configurer<'_> {
         }
     }
 
+    /// The session that makes the change, if it is one (not an API key or
+    /// an MFA configuration token): it goes on when the others end.
+    fn session_id(&self) -> Option<Uuid> {
+        match self {
+            Configurer::SignedIn(identity) => identity.session_id(),
+            Configurer::Enforced(_) => None,
+        }
+    }
+
     fn audited(&self, store: &Store, action: &'static str) -> Store {
         match self {
             Configurer::SignedIn(identity) => super::access::audited(store, identity, action),
@@ -788,13 +798,13 @@ pub async fn save(api: &Endpoints, req: EndpointRequest) -> Result<http::Respons
             }
             let pairs = query_pairs(req.query.as_deref());
             let code = param(&pairs, "verificationCode").unwrap_or_default();
-            let attempt = api.password_attempt(&user.email, &req).await?;
+            let attempt = api.code_attempt(&user.email, &req).await?;
             let raw = totp::base32_decode(&secret).ok_or_else(ApiError::internal)?;
             let Some(step) = totp::matching_step(&raw, code, crate::clock::now_secs()) else {
                 tracing::info!(target: "keygate::security", user_id = %user.id, client = %req.client_ip, "second factor not saved: wrong verification code");
                 return Err(ApiError::bad_request("Verification code is incorrect"));
             };
-            api.limiter.succeeded(attempt).await;
+            api.limiter.released(attempt).await;
             TwoFactorRecord {
                 provider: TOTP.into(),
                 use_by_default: body.use_by_default,
@@ -813,12 +823,12 @@ pub async fn save(api: &Endpoints, req: EndpointRequest) -> Result<http::Respons
             }
             let pairs = query_pairs(req.query.as_deref());
             let code = param(&pairs, "verificationCode").unwrap_or_default();
-            let attempt = api.password_attempt(&user.email, &req).await?;
+            let attempt = api.code_attempt(&user.email, &req).await?;
             if !api.take_code(&user, code.trim(), CodeFor::Config) {
                 tracing::info!(target: "keygate::security", user_id = %user.id, client = %req.client_ip, "second factor not saved: wrong verification code");
                 return Err(ApiError::bad_request("Verification code is incorrect"));
             }
-            api.limiter.succeeded(attempt).await;
+            api.limiter.released(attempt).await;
             TwoFactorRecord {
                 provider: EMAIL.into(),
                 use_by_default: body.use_by_default,
@@ -852,15 +862,22 @@ pub async fn save(api: &Endpoints, req: EndpointRequest) -> Result<http::Respons
         }
         _ => return Err(not_generated(user.id, provider)),
     };
+    // Every other session of the user ends: one from before the change
+    // cannot go on refreshing as though nothing happened.
     let added = configurer
         .audited(&api.store, "two_factor.configure")
-        .add_two_factor(user.id, &record, crate::clock::now_ms())
+        .add_two_factor(
+            user.id,
+            &record,
+            crate::clock::now_ms(),
+            configurer.session_id(),
+        )
         .await?;
-    if !added {
+    if !api.applied(added).await {
         return Err(ApiError::bad_request("2FA provider is already configured"));
     }
     api.two_factor.pending.invalidate(&(user.id, provider));
-    tracing::info!(target: "keygate::security", user_id = %user.id, provider, "second factor configured");
+    tracing::info!(target: "keygate::security", user_id = %user.id, provider, "second factor configured; the user's other sessions ended");
     let records = api.active_two_factors(user.id, &platform).await?;
     Ok(json_response(&account_settings(&records)))
 }
@@ -1012,15 +1029,20 @@ pub async fn delete(
             "At least one 2FA provider is required",
         ));
     }
-    let store = super::access::audited(&api.store, identity, "two_factor.remove");
-    if !store.remove_two_factor(user_id, provider).await? {
+    // Backup codes go with the last other provider; every other session of
+    // the user ends, as when one is configured.
+    let removed = super::access::audited(&api.store, identity, "two_factor.remove")
+        .remove_second_factor(
+            user_id,
+            provider,
+            crate::clock::now_ms(),
+            identity.session_id(),
+        )
+        .await?;
+    if !api.applied(removed).await {
         return Err(ApiError::bad_request("2FA not configured"));
     }
-    let left = api.store.two_factors(user_id).await?;
-    if left.iter().all(|r| r.provider == BACKUP_CODE) && !left.is_empty() {
-        store.remove_two_factor(user_id, BACKUP_CODE).await?;
-    }
-    tracing::info!(target: "keygate::security", %user_id, provider, "second factor removed");
+    tracing::info!(target: "keygate::security", %user_id, provider, "second factor removed; the user's other sessions ended");
     let records = api.active_two_factors(user_id, &platform).await?;
     Ok(json_response(&account_settings(&records)))
 }
@@ -1260,8 +1282,9 @@ pub async fn check_code(
         .find(|r| r.provider == provider)
         .ok_or_else(|| ApiError::bad_request("2FA is not configured for account"))?;
     // The slot is taken before the code is checked: parallel guesses cannot
-    // overrun the limit.
-    let attempt = api.password_attempt(&user.email, &req).await?;
+    // overrun the limit. Codes count in windows of their own, which a right
+    // password never clears: logging in again buys no fresh guesses.
+    let attempt = api.code_attempt(&user.email, &req).await?;
     let checked = match provider {
         TOTP => check_totp(api, &user, &record, &code).await?,
         EMAIL => {
@@ -1279,7 +1302,9 @@ pub async fn check_code(
     let Some(codes_left) = checked else {
         return Err(wrong_code(api, &claims, &user, provider, &platform, &req));
     };
-    api.limiter.succeeded(attempt).await;
+    // The login is complete: the only thing that clears the code windows
+    // of this account and address.
+    api.limiter.completed_with_second_factor(attempt).await;
     // The attempt is over: this token opens nothing more.
     api.two_factor.failures.insert(claims.session_id, u32::MAX);
     let pair = api.issue_pair(&user).await?;

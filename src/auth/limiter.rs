@@ -10,6 +10,14 @@
 //! its slots back and clears its own (account, address) window; a failed one
 //! keeps them.
 //!
+//! Second-factor codes are counted in windows of their own ([`Guess::Code`]),
+//! with the same limits: a right password gives its own slots back but never
+//! clears a code window, so logging in again buys no fresh code guesses. Only
+//! a login completed with its second factor clears the (account, address)
+//! windows of both kinds ([`LoginLimiter::completed_with_second_factor`]); a
+//! password accepted while a second factor is still due clears nothing
+//! ([`LoginLimiter::released`]).
+//!
 //! The limit is meant to cost the attacker, not the owner: the tight limit is
 //! per account *and* address, so guessing from one place never locks the owner
 //! out from another. The per-account ceiling over all addresses is higher and
@@ -80,35 +88,81 @@ impl Window {
     }
 }
 
-pub use crate::shared_limits::login::Limited;
+pub use crate::shared_limits::login::{Guess, Limited};
 
 /// The slots one attempt holds. Dropping it counts the attempt as a failure;
 /// [`LoginLimiter::succeeded`] gives the slots back.
 #[must_use = "an attempt is a failure unless reported as succeeded"]
 pub struct Attempt {
+    guess: Guess,
     taken: Vec<Arc<Window>>,
     pair: Option<(AddressKey, String)>,
     /// The slots taken in Redis, when it decided too.
     shared: Option<SharedSlots>,
 }
 
-pub struct LoginLimiter {
-    settings: LimiterSettings,
-    shared: Option<Arc<SharedLogins>>,
+/// The windows of one kind of guess.
+struct Windows {
     accounts: Cache<String, Arc<Window>>,
     pairs: Cache<(AddressKey, String), Arc<Window>>,
     addresses: Cache<AddressKey, Arc<Window>>,
 }
 
+impl Windows {
+    fn new(prefix: &str, settings: &LimiterSettings) -> Windows {
+        let capacity = settings.capacity;
+        Windows {
+            accounts: windows(
+                &format!("{prefix}_accounts"),
+                capacity,
+                settings.account_window,
+            ),
+            pairs: windows(
+                &format!("{prefix}_account_addresses"),
+                capacity,
+                settings.account_window,
+            ),
+            addresses: windows(
+                &format!("{prefix}_addresses"),
+                capacity,
+                settings.address_window,
+            ),
+        }
+    }
+
+    async fn entries(&self) -> (u64, u64, u64) {
+        self.accounts.run_pending_tasks().await;
+        self.pairs.run_pending_tasks().await;
+        self.addresses.run_pending_tasks().await;
+        (
+            self.accounts.entry_count(),
+            self.pairs.entry_count(),
+            self.addresses.entry_count(),
+        )
+    }
+}
+
+pub struct LoginLimiter {
+    settings: LimiterSettings,
+    shared: Option<Arc<SharedLogins>>,
+    passwords: Windows,
+    codes: Windows,
+}
+
 impl LoginLimiter {
     pub fn new(settings: LimiterSettings) -> LoginLimiter {
-        let capacity = settings.capacity;
         LoginLimiter {
-            accounts: windows("login_accounts", capacity, settings.account_window),
-            pairs: windows("login_account_addresses", capacity, settings.account_window),
-            addresses: windows("login_addresses", capacity, settings.address_window),
+            passwords: Windows::new("login", &settings),
+            codes: Windows::new("second_factor", &settings),
             settings,
             shared: None,
+        }
+    }
+
+    fn windows(&self, guess: Guess) -> &Windows {
+        match guess {
+            Guess::Password => &self.passwords,
+            Guess::Code => &self.codes,
         }
     }
 
@@ -129,21 +183,42 @@ impl LoginLimiter {
     /// Takes a slot for a password attempt on `account` from `address`, in the
     /// address, (account, address) and account windows; refused, it holds none.
     pub async fn acquire(&self, account: &str, address: AddressKey) -> Result<Attempt, Limited> {
+        self.acquire_guess(Guess::Password, account, address).await
+    }
+
+    /// Takes a slot for a second-factor code of `account` from `address`, in
+    /// the code windows (address, pair and account), which no password clears.
+    pub async fn acquire_code(
+        &self,
+        account: &str,
+        address: AddressKey,
+    ) -> Result<Attempt, Limited> {
+        self.acquire_guess(Guess::Code, account, address).await
+    }
+
+    async fn acquire_guess(
+        &self,
+        guess: Guess,
+        account: &str,
+        address: AddressKey,
+    ) -> Result<Attempt, Limited> {
         let account = Self::account_key(account);
-        let attempt = self.acquire_locally(&account, address).await?;
+        let attempt = self.acquire_locally(guess, &account, address).await?;
         self.acquire_shared(attempt, Some(&account), address).await
     }
 
     async fn acquire_locally(
         &self,
+        guess: Guess,
         account: &str,
         address: AddressKey,
     ) -> Result<Attempt, Limited> {
         let s = &self.settings;
         let account = account.to_string();
-        let mut attempt = self.acquire_address_locally(address).await?;
+        let mut attempt = self.acquire_address_locally(guess, address).await?;
         let pair = (address, account.clone());
         let by_pair = self
+            .windows(guess)
             .pairs
             .get_with(pair.clone(), async { Window::fresh() })
             .await;
@@ -154,6 +229,7 @@ impl LoginLimiter {
             "account",
         )?;
         let by_account = self
+            .windows(guess)
             .accounts
             .get_with(account, async { Window::fresh() })
             .await;
@@ -170,17 +246,25 @@ impl LoginLimiter {
     /// Takes a slot in the address window only: for unauthenticated endpoints
     /// that name no account (activation).
     pub async fn acquire_address(&self, address: AddressKey) -> Result<Attempt, Limited> {
-        let attempt = self.acquire_address_locally(address).await?;
+        let attempt = self
+            .acquire_address_locally(Guess::Password, address)
+            .await?;
         self.acquire_shared(attempt, None, address).await
     }
 
-    async fn acquire_address_locally(&self, address: AddressKey) -> Result<Attempt, Limited> {
+    async fn acquire_address_locally(
+        &self,
+        guess: Guess,
+        address: AddressKey,
+    ) -> Result<Attempt, Limited> {
         let mut attempt = Attempt {
+            guess,
             taken: Vec::with_capacity(3),
             pair: None,
             shared: None,
         };
         let window = self
+            .windows(guess)
             .addresses
             .get_with(address, async { Window::fresh() })
             .await;
@@ -205,7 +289,7 @@ impl LoginLimiter {
         let Some(shared) = &self.shared else {
             return Ok(attempt);
         };
-        match shared.acquire(account, address).await {
+        match shared.acquire(attempt.guess, account, address).await {
             Ok(Ok(slots)) => {
                 attempt.shared = Some(slots);
                 Ok(attempt)
@@ -221,28 +305,52 @@ impl LoginLimiter {
         }
     }
 
-    /// The attempt succeeded: its slots are given back and its own (account,
-    /// address) window is cleared. The account ceiling keeps what others spent.
+    /// The password was right and nothing more is due: its slots are given
+    /// back and its own (account, address) password window is cleared. The
+    /// account ceiling keeps what others spent. A code window is never
+    /// cleared here: see [`LoginLimiter::completed_with_second_factor`].
     pub async fn succeeded(&self, mut attempt: Attempt) {
         attempt.give_back();
-        if let Some(pair) = &attempt.pair {
-            self.pairs.invalidate(pair).await;
+        if attempt.guess == Guess::Password
+            && let Some(pair) = &attempt.pair
+        {
+            self.passwords.pairs.invalidate(pair).await;
         }
         if let (Some(shared), Some(slots)) = (&self.shared, attempt.shared.take()) {
-            shared.succeeded(slots);
+            shared.succeeded(slots, attempt.guess == Guess::Password);
         }
     }
 
-    /// Entries held, for the memory bound: (accounts, pairs, addresses).
+    /// The guess was right, but it completes nothing yet (a password while a
+    /// second factor is due, a code that saves a second factor): its slots
+    /// are given back and no window is cleared.
+    pub async fn released(&self, mut attempt: Attempt) {
+        attempt.give_back();
+        if let (Some(shared), Some(slots)) = (&self.shared, attempt.shared.take()) {
+            shared.succeeded(slots, false);
+        }
+    }
+
+    /// A login completed with its second factor: the code's slots are given
+    /// back, and the (account, address) windows of both passwords and codes
+    /// are cleared. The only way a code window is cleared before it ends.
+    pub async fn completed_with_second_factor(&self, mut attempt: Attempt) {
+        attempt.give_back();
+        if let Some(pair) = &attempt.pair {
+            self.passwords.pairs.invalidate(pair).await;
+            self.codes.pairs.invalidate(pair).await;
+        }
+        if let (Some(shared), Some(slots)) = (&self.shared, attempt.shared.take()) {
+            shared.completed_with_second_factor(slots);
+        }
+    }
+
+    /// Entries held, for the memory bound: (accounts, pairs, addresses), of
+    /// passwords and codes together.
     pub async fn entries(&self) -> (u64, u64, u64) {
-        self.accounts.run_pending_tasks().await;
-        self.pairs.run_pending_tasks().await;
-        self.addresses.run_pending_tasks().await;
-        (
-            self.accounts.entry_count(),
-            self.pairs.entry_count(),
-            self.addresses.entry_count(),
-        )
+        let (a, p, d) = self.passwords.entries().await;
+        let (ca, cp, cd) = self.codes.entries().await;
+        (a + ca, p + cp, d + cd)
     }
 }
 
@@ -408,6 +516,46 @@ mod tests {
         }
         drop(l.acquire("a@example.com", key(HOME_IP)).await.unwrap());
         drop(l.acquire("a@example.com", key(HOME_IP)).await.unwrap());
+    }
+
+    #[tokio::test]
+    async fn a_right_password_never_refunds_second_factor_guesses() {
+        let l = limiter(3, 100, 100, Duration::from_secs(60));
+        for _ in 0..5 {
+            let password = l.acquire("a@example.com", key(HOME_IP)).await.unwrap();
+            l.succeeded(password).await;
+            if let Ok(code) = l.acquire_code("a@example.com", key(HOME_IP)).await {
+                drop(code);
+            }
+        }
+        let refused = l.acquire_code("a@example.com", key(HOME_IP)).await;
+        assert_eq!(refused.err().unwrap().by, "account");
+        // Passwords count apart: the owner's password is still checked.
+        let password = l.acquire("a@example.com", key(HOME_IP)).await.unwrap();
+        l.released(password).await;
+        // From another address the codes have a window of their own.
+        drop(
+            l.acquire_code("a@example.com", key(ATTACKER_IP))
+                .await
+                .unwrap(),
+        );
+    }
+
+    #[tokio::test]
+    async fn only_a_login_completed_with_its_second_factor_clears_the_code_window() {
+        let l = limiter(3, 100, 100, Duration::from_secs(60));
+        for _ in 0..2 {
+            drop(l.acquire_code("a@example.com", key(HOME_IP)).await.unwrap());
+            drop(l.acquire("a@example.com", key(HOME_IP)).await.unwrap());
+        }
+        let right = l.acquire_code("a@example.com", key(HOME_IP)).await.unwrap();
+        l.completed_with_second_factor(right).await;
+        for _ in 0..3 {
+            drop(l.acquire_code("a@example.com", key(HOME_IP)).await.unwrap());
+            drop(l.acquire("a@example.com", key(HOME_IP)).await.unwrap());
+        }
+        assert!(l.acquire_code("a@example.com", key(HOME_IP)).await.is_err());
+        assert!(l.acquire("a@example.com", key(HOME_IP)).await.is_err());
     }
 
     #[tokio::test]

@@ -54,7 +54,8 @@ pub(super) async fn user(cmd: UserCommand, settings: &Settings) -> anyhow::Resul
                             "id": u.id,
                             "email": u.email,
                             "authority": u.authority.as_str(),
-                            "enabled": u.enabled,
+                            "enabled": u.credentials_enabled(),
+                            "activated": u.activated(),
                             "tenantId": shown_id(u.tenant_id),
                             "customerId": shown_id(u.customer_id),
                             "createdTime": u.created_time,
@@ -68,7 +69,7 @@ pub(super) async fn user(cmd: UserCommand, settings: &Settings) -> anyhow::Resul
                     "ID", "AUTHORITY", "STATE", "TENANT", "CREATED"
                 );
                 for u in users {
-                    let state = if u.enabled { "enabled" } else { "disabled" };
+                    let state = state(&u);
                     println!(
                         "{}  {:<13}  {:<8}  {:<36}  {:<23}  {}",
                         u.id,
@@ -119,6 +120,16 @@ pub(super) async fn user(cmd: UserCommand, settings: &Settings) -> anyhow::Resul
     Ok(())
 }
 
+/// A user's state as listed: an invitation not used yet is `pending`, never
+/// `enabled` (the user cannot log in until they set a password).
+fn state(user: &keygate::store::UserRecord) -> &'static str {
+    match (user.enabled, user.activated()) {
+        (false, _) => "disabled",
+        (true, false) => "pending",
+        (true, true) => "enabled",
+    }
+}
+
 /// A tenant or customer id as shown: none for the platform's "no tenant"
 /// (null) id.
 fn shown_id(id: Uuid) -> Option<String> {
@@ -154,6 +165,42 @@ fn check_ids(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_pending_invitation_is_listed_as_pending_never_as_enabled() {
+        let invited = keygate::store::UserRecord {
+            id: Uuid::new_v4(),
+            created_time: 0,
+            tenant_id: Uuid::new_v4(),
+            customer_id: keygate::identity::NULL_UUID,
+            email: "invited@example.com".into(),
+            authority: Authority::TenantAdmin,
+            first_name: String::new(),
+            last_name: String::new(),
+            phone: String::new(),
+            additional_info: None,
+            version: 1,
+            enabled: true,
+            password_hash: String::new(),
+            tokens_valid_after: 0,
+        };
+        assert_eq!(state(&invited), "pending");
+        let active = keygate::store::UserRecord {
+            password_hash: "$argon2id$hash".into(),
+            ..invited.clone()
+        };
+        assert_eq!(state(&active), "enabled");
+        let disabled = keygate::store::UserRecord {
+            enabled: false,
+            ..active
+        };
+        assert_eq!(state(&disabled), "disabled");
+        let disabled_invited = keygate::store::UserRecord {
+            enabled: false,
+            ..invited
+        };
+        assert_eq!(state(&disabled_invited), "disabled");
+    }
 
     #[test]
     fn user_add_refuses_ids_the_authority_does_not_take_before_asking() {

@@ -212,6 +212,14 @@ impl Identity {
             AuthMethod::Jwt { .. } => None,
         }
     }
+
+    /// The session of a token's identity; none for an API key.
+    pub(crate) fn session_id(&self) -> Option<Uuid> {
+        match self.method {
+            AuthMethod::ApiKey { .. } => None,
+            AuthMethod::Jwt { session_id } => Some(session_id),
+        }
+    }
 }
 
 /// Builds the header value of a key or session id.

@@ -7,7 +7,9 @@
 //! check and count are one atomic step across replicas, as they are in one
 //! process. Account names are keyed digests in Redis, never the name as typed
 //! (people type passwords there); addresses are address keys
-//! (`login:address:2001:db8:1:2::/64`), like the local windows.
+//! (`login:address:2001:db8:1:2::/64`), like the local windows. Second-factor
+//! codes are counted in windows of their own (`login:code:...`), which a
+//! right password never clears.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,6 +20,24 @@ use redis::Script;
 use super::link::{LinkError, RedisLink};
 use crate::address::AddressKey;
 use crate::config::LimiterSettings;
+
+/// What an attempt guesses: a password (or a token standing in for one), or
+/// a second-factor code. Each kind is counted in windows of its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Guess {
+    Password,
+    Code,
+}
+
+impl Guess {
+    /// The part of a Redis key naming the kind: `login:` or `login:code:`.
+    fn prefix(self) -> &'static str {
+        match self {
+            Guess::Password => "login",
+            Guess::Code => "login:code",
+        }
+    }
+}
 
 /// Which limit refused an attempt, and for how long.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -46,7 +66,7 @@ return {0, 0}
 ";
 
 /// Gives one slot back in each of the first ARGV[1] keys and clears the rest
-/// (the account and address window of a success).
+/// (the (account, address) windows a success clears, if any).
 const GIVE_BACK: &str = r"
 local counted = tonumber(ARGV[1])
 for i = 1, #KEYS do
@@ -66,13 +86,16 @@ return 0
 pub struct SharedSlots {
     /// Address, then account; given back on success.
     counted: Vec<String>,
-    /// The (account, address) window, cleared on success.
+    /// The attempt's own (account, address) window.
     pair: Option<String>,
+    /// The password (account, address) window of the same account and
+    /// address (for a code: a login completed with it clears both).
+    password_pair: Option<String>,
 }
 
 impl SharedSlots {
     /// The slots of windows in [`SharedLogins::windows`] order.
-    fn of(windows: Vec<SharedWindow>) -> SharedSlots {
+    fn of(windows: Vec<SharedWindow>, password_pair: Option<String>) -> SharedSlots {
         let mut keys = windows.into_iter().map(|w| w.key);
         let address = keys.next();
         let pair = keys.next();
@@ -80,6 +103,7 @@ impl SharedSlots {
         SharedSlots {
             counted: address.into_iter().chain(account).collect(),
             pair,
+            password_pair,
         }
     }
 }
@@ -120,15 +144,16 @@ impl SharedLogins {
         &self.link
     }
 
-    /// Takes a slot in the address window and, for an account (already in its
-    /// counter form), in its (account, address) and account windows.
-    /// `Ok(Err(..))` is a refusal; `Err` means Redis could not decide.
+    /// Takes a slot in the address window of `guess` and, for an account
+    /// (already in its counter form), in its (account, address) and account
+    /// windows. `Ok(Err(..))` is a refusal; `Err` means Redis could not decide.
     pub async fn acquire(
         &self,
+        guess: Guess,
         account: Option<&str>,
         address: AddressKey,
     ) -> Result<Result<SharedSlots, Limited>, LinkError> {
-        let windows = self.windows(account, address);
+        let windows = self.windows(guess, account, address);
         let mut invocation = self.acquire.prepare_invoke();
         for w in &windows {
             invocation
@@ -138,7 +163,13 @@ impl SharedLogins {
         }
         let (full, remaining_ms): (usize, i64) = self.link.invoke(&invocation).await?;
         let Some(refused_by) = full.checked_sub(1).and_then(|i| windows.get(i)) else {
-            return Ok(Ok(SharedSlots::of(windows)));
+            let password_pair = match (guess, account) {
+                (Guess::Code, Some(account)) => {
+                    Some(self.pair_key(Guess::Password, account, address))
+                }
+                _ => None,
+            };
+            return Ok(Ok(SharedSlots::of(windows, password_pair)));
         };
         let retry_after =
             Duration::from_millis(remaining_ms.max(0) as u64).max(Duration::from_secs(1));
@@ -148,28 +179,40 @@ impl SharedLogins {
         }))
     }
 
+    /// The key of the (account, address) window of `guess`.
+    fn pair_key(&self, guess: Guess, account: &str, address: AddressKey) -> String {
+        let kind = guess.prefix();
+        let account = self.account_digest(account);
+        self.link
+            .key(format_args!("{kind}:pair:{account}:{address}"))
+    }
+
     /// The windows of an attempt, in the order the script checks them:
     /// address, then (account, address) and account.
-    fn windows(&self, account: Option<&str>, address: AddressKey) -> Vec<SharedWindow> {
+    fn windows(
+        &self,
+        guess: Guess,
+        account: Option<&str>,
+        address: AddressKey,
+    ) -> Vec<SharedWindow> {
         let s = &self.settings;
+        let kind = guess.prefix();
         let mut windows = vec![SharedWindow {
-            key: self.link.key(format_args!("login:address:{address}")),
+            key: self.link.key(format_args!("{kind}:address:{address}")),
             limit: s.address_max_failures,
             length: s.address_window,
             by: "address",
         }];
         if let Some(account) = account {
-            let account = self.account_digest(account);
             windows.push(SharedWindow {
-                key: self
-                    .link
-                    .key(format_args!("login:pair:{account}:{address}")),
+                key: self.pair_key(guess, account, address),
                 limit: s.account_address_max_failures,
                 length: s.account_window,
                 by: "account",
             });
+            let account = self.account_digest(account);
             windows.push(SharedWindow {
-                key: self.link.key(format_args!("login:account:{account}")),
+                key: self.link.key(format_args!("{kind}:account:{account}")),
                 limit: s.account_max_failures,
                 length: s.account_window,
                 by: "account",
@@ -178,14 +221,36 @@ impl SharedLogins {
         windows
     }
 
-    /// The attempt succeeded: its slots go back, its own (account, address)
-    /// window is cleared. Runs in the background: a success never waits on it.
-    pub fn succeeded(self: &Arc<Self>, slots: SharedSlots) {
+    /// The attempt succeeded: its slots go back and, with `clear_pair`, its
+    /// own (account, address) window is cleared (else its slot there goes
+    /// back too). Runs in the background: a success never waits on it.
+    pub fn succeeded(self: &Arc<Self>, slots: SharedSlots, clear_pair: bool) {
+        let SharedSlots {
+            mut counted, pair, ..
+        } = slots;
+        if clear_pair {
+            self.return_slots(counted, pair.into_iter().collect());
+        } else {
+            counted.extend(pair);
+            self.return_slots(counted, Vec::new());
+        }
+    }
+
+    /// A login completed with its second factor: the code's slots go back,
+    /// the (account, address) windows of codes and passwords are cleared.
+    pub fn completed_with_second_factor(self: &Arc<Self>, slots: SharedSlots) {
+        let cleared = slots.pair.into_iter().chain(slots.password_pair).collect();
+        self.return_slots(slots.counted, cleared);
+    }
+
+    /// Gives a slot back in each of `counted` and deletes `cleared`, in the
+    /// background.
+    fn return_slots(self: &Arc<Self>, counted: Vec<String>, cleared: Vec<String>) {
         let shared = self.clone();
         tokio::spawn(async move {
             let mut invocation = shared.give_back.prepare_invoke();
-            invocation.arg(slots.counted.len());
-            for key in slots.counted.iter().chain(slots.pair.iter()) {
+            invocation.arg(counted.len());
+            for key in counted.iter().chain(cleared.iter()) {
                 invocation.key(key);
             }
             if let Err(error) = shared.link.invoke::<i64>(&invocation).await {

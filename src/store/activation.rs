@@ -94,11 +94,7 @@ impl Store {
             let user_id = parse_uuid(user_id)?;
             let activated = updated.rows_affected() == 1;
             if activated {
-                sqlx::query(super::sessions::END_SESSIONS_OF_USER)
-                    .bind(now_secs.saturating_mul(1000))
-                    .bind(user_id.to_string())
-                    .execute(&mut *tx)
-                    .await?;
+                super::sessions::end_sessions_of_user(&mut tx, user_id, now_secs.saturating_mul(1000), None).await?;
             }
             // Consumed either way: a token of an account that has a password is void.
             let revocation = activated.then_some(Revocation::User(user_id));

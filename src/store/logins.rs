@@ -6,7 +6,7 @@ use uuid::Uuid;
 
 use super::audit::Target;
 use super::revocation::Change;
-use super::sessions::END_SESSIONS_OF_USER;
+use super::sessions::end_sessions_of_user;
 use super::{Published, Revocation, Store, StoreError};
 
 /// Sets a user's password as a password change does: every older token of
@@ -26,11 +26,7 @@ pub(super) async fn set_password_ending_sessions(
     .bind(user_id.to_string())
     .execute(&mut *conn)
     .await?;
-    sqlx::query(END_SESSIONS_OF_USER)
-        .bind(now_secs.saturating_mul(1000))
-        .bind(user_id.to_string())
-        .execute(&mut *conn)
-        .await?;
+    end_sessions_of_user(&mut *conn, user_id, now_secs.saturating_mul(1000), None).await?;
     Ok(updated.rows_affected() > 0)
 }
 
@@ -107,11 +103,7 @@ impl Store {
             .bind(user_id.to_string())
             .execute(&mut *tx)
             .await?;
-            sqlx::query(END_SESSIONS_OF_USER)
-                .bind(now_secs.saturating_mul(1000))
-                .bind(user_id.to_string())
-                .execute(&mut *tx)
-                .await?;
+            end_sessions_of_user(&mut tx, user_id, now_secs.saturating_mul(1000), None).await?;
             sqlx::query(
                 "INSERT INTO login_lockouts (user_id, failures, locked) VALUES ($1, 0, 1) \
                  ON CONFLICT (user_id) DO UPDATE SET locked = 1",

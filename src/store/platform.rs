@@ -16,7 +16,7 @@ use uuid::Uuid;
 use super::audit::{Pending, Target};
 use super::keys::key_from_row;
 use super::revocation::Change;
-use super::sessions::END_SESSIONS_OF_USER;
+use super::sessions::end_sessions_of_user;
 use super::users::{USER_COLUMNS, user_from_row};
 use super::{ApiKeyRecord, Published, Revocation, Store, StoreError, UserRecord};
 use crate::identity::{Authority, NULL_UUID};
@@ -561,11 +561,7 @@ impl Store {
                     .bind(&id)
                     .execute(&mut *tx)
                     .await?;
-                sqlx::query(END_SESSIONS_OF_USER)
-                    .bind(now_secs.saturating_mul(1000))
-                    .bind(&id)
-                    .execute(&mut *tx)
-                    .await?;
+                end_sessions_of_user(&mut tx, platform.id, now_secs.saturating_mul(1000), None).await?;
             }
             remember(&mut tx, RowKind::User, platform.id, &platform, now_secs * 1000).await?;
             let changed = !update.is_empty();

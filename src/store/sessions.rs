@@ -39,10 +39,29 @@ impl SessionRecord {
 
 const SESSION_COLUMNS: &str =
     "id, user_id, created_time, ended, refresh_jti, refreshed_time, ended_time";
-/// Ends every live session of user `$2` at `$1` (epoch ms). Sessions that
-/// ended before keep their own end time.
-pub(super) const END_SESSIONS_OF_USER: &str =
-    "UPDATE sessions SET ended = 1, ended_time = $1 WHERE user_id = $2 AND ended = 0";
+/// Ends every live session of `user_id` at `now_ms`, but `keep` (the session
+/// that made the change, which goes on), in the caller's transaction.
+/// Sessions that ended before keep their own end time. The one way a change
+/// to a user (password, lockout, disabling, second factor, ...) ends their
+/// sessions; the caller publishes [`Revocation::User`] so that every replica
+/// drops what it cached of them.
+pub(super) async fn end_sessions_of_user(
+    conn: &mut sqlx::AnyConnection,
+    user_id: Uuid,
+    now_ms: i64,
+    keep: Option<Uuid>,
+) -> Result<(), StoreError> {
+    sqlx::query(
+        "UPDATE sessions SET ended = 1, ended_time = $1 \
+         WHERE user_id = $2 AND ended = 0 AND id <> $3",
+    )
+    .bind(now_ms)
+    .bind(user_id.to_string())
+    .bind(keep.map(|id| id.to_string()).unwrap_or_default())
+    .execute(conn)
+    .await?;
+    Ok(())
+}
 
 impl Store {
     pub async fn insert_session(&self, session: &SessionRecord) -> Result<(), StoreError> {

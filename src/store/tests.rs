@@ -181,6 +181,7 @@ store_tests!(
     check_a_totp_step_is_used_once_when_raced,
     check_a_backup_code_is_used_once_when_raced,
     check_two_factor_rows_go_with_their_user,
+    check_a_second_factor_change_ends_every_session_but_the_one_making_it,
     check_api_key_scopes_are_stored_as_given_and_absent_when_unscoped,
     check_user_pages_are_scoped_and_sorted_by_the_asked_property,
     check_public_customers_are_replaced_as_a_set_and_name_their_tenant,
@@ -294,22 +295,25 @@ async fn check_two_factor_configs_are_added_once_defaulted_and_removed(store: &S
     store.insert_user(&u).await.unwrap();
     assert!(
         store
-            .add_two_factor(u.id, &factor("TOTP", true, "sealed"), 1)
+            .add_two_factor(u.id, &factor("TOTP", true, "sealed"), 1, None)
             .await
             .unwrap()
+            .outcome
     );
     assert!(
         !store
-            .add_two_factor(u.id, &factor("TOTP", false, "other"), 2)
+            .add_two_factor(u.id, &factor("TOTP", false, "other"), 2, None)
             .await
-            .unwrap(),
+            .unwrap()
+            .outcome,
         "a provider is configured once"
     );
     assert!(
         store
-            .add_two_factor(u.id, &factor("BACKUP_CODE", true, "[]"), 3)
+            .add_two_factor(u.id, &factor("BACKUP_CODE", true, "[]"), 3, None)
             .await
             .unwrap()
+            .outcome
     );
     let rows = store.two_factors(u.id).await.unwrap();
     assert_eq!(rows.len(), 2);
@@ -340,7 +344,7 @@ async fn check_a_totp_step_is_used_once_when_raced(store: &Store) {
     let u = user("steps@example.com", 1);
     store.insert_user(&u).await.unwrap();
     store
-        .add_two_factor(u.id, &factor("TOTP", true, "sealed"), 1)
+        .add_two_factor(u.id, &factor("TOTP", true, "sealed"), 1, None)
         .await
         .unwrap();
     let (a, b) = tokio::join!(
@@ -369,7 +373,7 @@ async fn check_a_backup_code_is_used_once_when_raced(store: &Store) {
     let u = user("codes@example.com", 1);
     store.insert_user(&u).await.unwrap();
     store
-        .add_two_factor(u.id, &factor("BACKUP_CODE", false, r#"["a","b"]"#), 1)
+        .add_two_factor(u.id, &factor("BACKUP_CODE", false, r#"["a","b"]"#), 1, None)
         .await
         .unwrap();
     let (a, b) = tokio::join!(
@@ -380,11 +384,66 @@ async fn check_a_backup_code_is_used_once_when_raced(store: &Store) {
     assert_eq!(store.two_factors(u.id).await.unwrap()[0].secret, r#"["b"]"#);
 }
 
+async fn check_a_second_factor_change_ends_every_session_but_the_one_making_it(store: &Store) {
+    let u = user("changes@example.com", 1);
+    store.insert_user(&u).await.unwrap();
+    let open = || SessionRecord::open(u.id, 10, Uuid::new_v4().to_string());
+    let (mine, other, third) = (open(), open(), open());
+    for session in [&mine, &other, &third] {
+        store.insert_session(session).await.unwrap();
+    }
+    let ended = |id| async move { store.session_by_id(id).await.unwrap().unwrap().ended };
+    let added = store
+        .add_two_factor(u.id, &factor("TOTP", true, "sealed"), 20, Some(mine.id))
+        .await
+        .unwrap();
+    assert_eq!(
+        (added.outcome, added.revocation),
+        (true, Some(Revocation::User(u.id)))
+    );
+    assert!(
+        !ended(mine.id).await,
+        "the session that made the change goes on"
+    );
+    assert!(ended(other.id).await && ended(third.id).await);
+    let again = store
+        .add_two_factor(u.id, &factor("TOTP", true, "other"), 30, None)
+        .await
+        .unwrap();
+    assert_eq!((again.outcome, again.revocation), (false, None));
+    assert!(!ended(mine.id).await, "a refused change ends nothing");
+    store
+        .add_two_factor(u.id, &factor("BACKUP_CODE", false, "[]"), 40, Some(mine.id))
+        .await
+        .unwrap();
+    let later = open();
+    store.insert_session(&later).await.unwrap();
+    let removed = store
+        .remove_second_factor(u.id, "TOTP", 50, Some(later.id))
+        .await
+        .unwrap();
+    assert_eq!(
+        (removed.outcome, removed.revocation),
+        (true, Some(Revocation::User(u.id)))
+    );
+    assert!(ended(mine.id).await && !ended(later.id).await);
+    assert!(
+        store.two_factors(u.id).await.unwrap().is_empty(),
+        "backup codes go with the last other provider"
+    );
+    let none = store
+        .remove_second_factor(u.id, "TOTP", 60, None)
+        .await
+        .unwrap();
+    assert_eq!((none.outcome, none.revocation), (false, None));
+    assert!(!ended(later.id).await);
+}
+
 async fn check_two_factor_rows_go_with_their_user(store: &Store) {
     let u = user("gone@example.com", 1);
     store.insert_user(&u).await.unwrap();
     store
-        .add_two_factor(u.id, &factor("TOTP", true, "sealed"), 1)
+        .add_two_factor(u.id, &factor("TOTP", true, "sealed"), 1, None)
         .await
         .unwrap();
     store.delete_user(u.id).await.unwrap();

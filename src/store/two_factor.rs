@@ -6,7 +6,9 @@ use sqlx::Row;
 use uuid::Uuid;
 
 use super::audit::Target;
-use super::{Store, StoreError, flag};
+use super::revocation::Change;
+use super::sessions::end_sessions_of_user;
+use super::{Published, Revocation, Store, StoreError, flag};
 
 /// One configured provider of one user.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -94,43 +96,52 @@ impl Store {
     }
 
     /// Adds a provider; `false` when the user has it already. A provider
-    /// saved as the default takes that from the others.
+    /// saved as the default takes that from the others. Every session of the
+    /// user but `keep` (the one that configured it) ends with it, as a
+    /// password change ends them: a refresh token from before the change
+    /// cannot go on rolling.
     pub(crate) async fn add_two_factor(
         &self,
         user_id: Uuid,
         record: &TwoFactorRecord,
         now_ms: i64,
-    ) -> Result<bool, StoreError> {
-        let mut tx = self.pool.begin().await?;
-        if record.use_by_default {
-            sqlx::query("UPDATE two_factor SET use_by_default = 0 WHERE user_id = $1")
-                .bind(user_id.to_string())
-                .execute(&mut *tx)
-                .await?;
-        }
-        let inserted = sqlx::query(
-            "INSERT INTO two_factor (user_id, provider, use_by_default, secret, last_step, created_time) \
-             VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (user_id, provider) DO NOTHING",
-        )
-        .bind(user_id.to_string())
-        .bind(&record.provider)
-        .bind(i64::from(record.use_by_default))
-        .bind(&record.secret)
-        .bind(record.last_step)
-        .bind(now_ms)
-        .execute(&mut *tx)
-        .await?
-        .rows_affected()
-            == 1;
-        let event = self
-            .record_if(&mut tx, inserted, Target::User(user_id))
-            .await?;
-        if inserted {
-            event.commit(tx).await?;
-        } else {
-            tx.rollback().await?;
-        }
-        Ok(inserted)
+        keep: Option<Uuid>,
+    ) -> Result<Published<bool>, StoreError> {
+        self.revoking_write(|mut tx| async move {
+            let inserted = sqlx::query(
+                "INSERT INTO two_factor (user_id, provider, use_by_default, secret, last_step, created_time) \
+                 VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (user_id, provider) DO NOTHING",
+            )
+            .bind(user_id.to_string())
+            .bind(&record.provider)
+            .bind(i64::from(record.use_by_default))
+            .bind(&record.secret)
+            .bind(record.last_step)
+            .bind(now_ms)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected()
+                == 1;
+            if inserted {
+                if record.use_by_default {
+                    sqlx::query(
+                        "UPDATE two_factor SET use_by_default = 0 WHERE user_id = $1 AND provider <> $2",
+                    )
+                    .bind(user_id.to_string())
+                    .bind(&record.provider)
+                    .execute(&mut *tx)
+                    .await?;
+                }
+                end_sessions_of_user(&mut tx, user_id, now_ms, keep).await?;
+            }
+            Change::new(
+                tx,
+                inserted,
+                inserted.then_some(Revocation::User(user_id)),
+                inserted.then_some(Target::User(user_id)),
+            )
+        })
+        .await
     }
 
     /// Sets whether a provider is the default; `false` when the user has no such provider.
@@ -162,6 +173,54 @@ impl Store {
             .await?;
         event.commit(tx).await?;
         Ok(found)
+    }
+
+    /// Removes a provider the user removes themselves, and their backup
+    /// codes with the last other provider; `false` when the user had none
+    /// such. Every session of the user but `keep` (the one that removed it)
+    /// ends with it, as with [`Store::add_two_factor`].
+    pub(crate) async fn remove_second_factor(
+        &self,
+        user_id: Uuid,
+        provider: &str,
+        now_ms: i64,
+        keep: Option<Uuid>,
+    ) -> Result<Published<bool>, StoreError> {
+        self.revoking_write(|mut tx| async move {
+            let removed =
+                sqlx::query("DELETE FROM two_factor WHERE user_id = $1 AND provider = $2")
+                    .bind(user_id.to_string())
+                    .bind(provider)
+                    .execute(&mut *tx)
+                    .await?
+                    .rows_affected()
+                    == 1;
+            if removed {
+                let others: i64 = sqlx::query(
+                    "SELECT COUNT(*) FROM two_factor WHERE user_id = $1 AND provider <> 'BACKUP_CODE'",
+                )
+                .bind(user_id.to_string())
+                .fetch_one(&mut *tx)
+                .await?
+                .try_get(0)?;
+                if others == 0 {
+                    sqlx::query(
+                        "DELETE FROM two_factor WHERE user_id = $1 AND provider = 'BACKUP_CODE'",
+                    )
+                    .bind(user_id.to_string())
+                    .execute(&mut *tx)
+                    .await?;
+                }
+                end_sessions_of_user(&mut tx, user_id, now_ms, keep).await?;
+            }
+            Change::new(
+                tx,
+                removed,
+                removed.then_some(Revocation::User(user_id)),
+                removed.then_some(Target::User(user_id)),
+            )
+        })
+        .await
     }
 
     /// Removes a provider; `false` when the user had none such.

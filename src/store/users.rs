@@ -8,7 +8,7 @@ use uuid::Uuid;
 use super::audit::Target;
 use super::paging::{Listing, Sort, like_pattern};
 use super::revocation::Change;
-use super::sessions::END_SESSIONS_OF_USER;
+use super::sessions::end_sessions_of_user;
 use super::{
     Page, PageRequest, Published, Revocation, Store, StoreError, conflict_on, flag, uuid_col,
 };
@@ -32,6 +32,23 @@ pub struct UserRecord {
     pub password_hash: String,
     /// Tokens issued (in whole seconds) before this are outdated.
     pub tokens_valid_after: i64,
+}
+
+impl UserRecord {
+    /// Whether the user has set a first password: a user invited (by
+    /// `POST /api/user` or the import of a platform invitation) has none
+    /// until they activate. The platform's `userActivated` (no activation
+    /// token pending).
+    pub fn activated(&self) -> bool {
+        !self.password_hash.is_empty()
+    }
+
+    /// Whether the user can log in: enabled and activated. The platform's
+    /// `UserCredentials.enabled`, which is false while an invitation is
+    /// pending and for a disabled (or locked) user.
+    pub fn credentials_enabled(&self) -> bool {
+        self.enabled && self.activated()
+    }
 }
 
 #[cfg(test)]
@@ -209,11 +226,7 @@ impl Store {
                     .execute(&mut *tx)
                     .await?;
             } else {
-                sqlx::query(END_SESSIONS_OF_USER)
-                    .bind(now_secs.saturating_mul(1000))
-                    .bind(id.to_string())
-                    .execute(&mut *tx)
-                    .await?;
+                end_sessions_of_user(&mut tx, id, now_secs.saturating_mul(1000), None).await?;
             }
             let changed = updated.rows_affected() > 0;
             Change::audited(tx, changed, Revocation::User(id), Target::User(id))
