@@ -426,7 +426,8 @@ impl App {
     }
 
     /// Refuses what must not go further: an oversized head, ambiguous
-    /// framing, a path that does not normalise, secrets sent in clear.
+    /// framing, a header name that folds to a framing one, a path that does
+    /// not normalise, secrets sent in clear.
     async fn admit<'p, B>(
         &self,
         req: &Request<B>,
@@ -439,6 +440,7 @@ impl App {
         if req.extensions().get::<AmbiguousFraming>().is_some() {
             return Ok(Admission::Answered(ambiguous_framing()));
         }
+        headers::refuse_folded_framing(req.headers())?;
         let path = path::normalize(uri.path())
             .map_err(|e| ApiError::bad_request(format!("Invalid request path: {e}")))?;
         self.refuse_secrets_in_clear(&ex.client, req, &ex.credential)
