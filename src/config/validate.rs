@@ -912,6 +912,7 @@ impl AssertionSection {
             algorithm,
             signing_key_file,
             jwks_max_age,
+            reuse: self.reuse,
         }
     }
 }
