@@ -382,8 +382,16 @@ async fn with_assertion_reuse_off_every_request_carries_a_fresh_assertion_and_jt
         }
     }
     let metrics = gw.metrics().await;
-    assert_eq!(identity_count(&metrics, "checked", "issued"), sent, "{metrics}");
-    assert_eq!(identity_count(&metrics, "checked", "reused"), 0, "{metrics}");
+    assert_eq!(
+        identity_count(&metrics, "checked", "issued"),
+        sent,
+        "{metrics}"
+    );
+    assert_eq!(
+        identity_count(&metrics, "checked", "reused"),
+        0,
+        "{metrics}"
+    );
 }
 
 #[tokio::test]

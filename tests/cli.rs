@@ -110,7 +110,10 @@ fn check_config_refuses_two_assertion_routes_sharing_an_audience_and_names_both(
         "\"/api/billing/\"",
         "\"/api/reports/\"",
     ] {
-        assert!(problems[0].contains(needle), "{needle:?} missing from:\n{err}");
+        assert!(
+            problems[0].contains(needle),
+            "{needle:?} missing from:\n{err}"
+        );
     }
 }
 

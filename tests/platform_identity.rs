@@ -489,7 +489,13 @@ async fn the_clients_own_credential_never_reaches_a_platform_upstream() {
 /// decoded, as the platform's servlet decodes every escape.
 fn decoded_name(pair: &str) -> String {
     let mut name = pair.split('=').next().unwrap_or_default().to_owned();
-    for (escape, letter) in [("%74", "t"), ("%6f", "o"), ("%6b", "k"), ("%65", "e"), ("%6e", "n")] {
+    for (escape, letter) in [
+        ("%74", "t"),
+        ("%6f", "o"),
+        ("%6b", "k"),
+        ("%65", "e"),
+        ("%6e", "n"),
+    ] {
         name = name
             .replace(escape, letter)
             .replace(&escape.to_ascii_uppercase(), letter);
@@ -535,9 +541,16 @@ async fn a_token_parameter_in_any_escaped_spelling_never_reaches_the_platform_be
     // any request): the client's spellings of `token` are replaced too.
     let path = format!("/api/tb/live?tok%65n={token}&%74%6F%6B%65%6E=x&y=1");
     let _other = try_open(&gw, &path, &[("X-Authorization", &api_key)]).await;
-    common::wait_until("the upgrade reached the platform", Duration::from_secs(10), async || {
-        double.seen().iter().any(|seen| seen.uri.starts_with("/api/tb/live"))
-    })
+    common::wait_until(
+        "the upgrade reached the platform",
+        Duration::from_secs(10),
+        async || {
+            double
+                .seen()
+                .iter()
+                .any(|seen| seen.uri.starts_with("/api/tb/live"))
+        },
+    )
     .await;
     let upgrades: Vec<Seen> = double
         .seen()
@@ -555,10 +568,21 @@ async fn a_token_parameter_in_any_escaped_spelling_never_reaches_the_platform_be
             .collect();
         assert_eq!(tokens.len(), 1, "one token, keygate's: {}", upgrade.uri);
         let minted = tokens[0].strip_prefix("token=").unwrap();
-        assert_eq!(double.authenticate(minted).unwrap()["id"], user.id.to_string());
+        assert_eq!(
+            double.authenticate(minted).unwrap()["id"],
+            user.id.to_string()
+        );
     }
-    assert!(upgrades[0].uri.contains("x=1&token="), "{}", upgrades[0].uri);
-    assert!(upgrades[1].uri.contains("y=1&token="), "{}", upgrades[1].uri);
+    assert!(
+        upgrades[0].uri.contains("x=1&token="),
+        "{}",
+        upgrades[0].uri
+    );
+    assert!(
+        upgrades[1].uri.contains("y=1&token="),
+        "{}",
+        upgrades[1].uri
+    );
 }
 
 #[tokio::test]

@@ -32,7 +32,9 @@ async fn get_only_key(gw: &common::Gateway, whole: &str, owner: uuid::Uuid) -> S
 #[tokio::test]
 async fn method_override_headers_cannot_turn_a_get_only_keys_get_into_a_delete() {
     let (upstream, gw) = common::gateway("").await;
-    let user = gw.user("override@example.com", Authority::TenantAdmin).await;
+    let user = gw
+        .user("override@example.com", Authority::TenantAdmin)
+        .await;
     let (_, whole) = gw.api_key(&user, 0).await;
     let reader = api_key_header(&get_only_key(&gw, &whole, user.id).await);
     for wire in common::WIRES {
@@ -47,7 +49,11 @@ async fn method_override_headers_cannot_turn_a_get_only_keys_get_into_a_delete()
                 .unwrap(),
         )
         .await;
-        assert_eq!((status, json["errorCode"].as_u64()), (403, Some(20)), "{wire:?}");
+        assert_eq!(
+            (status, json["errorCode"].as_u64()),
+            (403, Some(20)),
+            "{wire:?}"
+        );
         // ...nor through an upstream that honours an override header, on a
         // route of any identity mode, public ones included.
         for path in ["/api/devices/1", "/api/noauth/devices/1"] {
@@ -72,7 +78,10 @@ async fn method_override_headers_cannot_turn_a_get_only_keys_get_into_a_delete()
                 .filter(|(_, value)| value.as_bytes() == b"DELETE")
                 .map(|(name, _)| name.as_str())
                 .collect();
-            assert!(leaked.is_empty(), "{wire:?} {path}: {leaked:?} reached the upstream");
+            assert!(
+                leaked.is_empty(),
+                "{wire:?} {path}: {leaked:?} reached the upstream"
+            );
         }
     }
 }
@@ -134,7 +143,11 @@ async fn a_header_name_that_folds_to_content_length_or_transfer_encoding_is_refu
         assert_eq!(response.status(), 200, "{wire:?}");
         assert_eq!(upstream.last_to("/api/devices").body_len, 3);
     }
-    assert_eq!(upstream.requests().len(), 2, "only the plain requests arrived");
+    assert_eq!(
+        upstream.requests().len(),
+        2,
+        "only the plain requests arrived"
+    );
     // The lean path saw them first and left each to hyper's, which refused.
     let metrics = gw.metrics().await;
     assert!(

@@ -378,7 +378,10 @@ async fn method_override_headers_on_the_upgrade_never_reach_the_upstream() {
         .unwrap();
         let described = round_trip(&mut socket, r#"{"cmds":[]}"#).await;
         assert_eq!(header(&described, "x-auth-method"), Some("jwt"), "{path}");
-        assert!(!described.to_string().contains("DELETE"), "{path}: {described}");
+        assert!(
+            !described.to_string().contains("DELETE"),
+            "{path}: {described}"
+        );
     }
 }
 
@@ -409,7 +412,11 @@ async fn an_upgrade_with_a_header_folding_to_a_framing_name_is_refused_with_400(
             }
         }
     }
-    assert_eq!(upstream.sockets(), 0, "a refused upgrade reached the upstream");
+    assert_eq!(
+        upstream.sockets(),
+        0,
+        "a refused upgrade reached the upstream"
+    );
 }
 
 #[tokio::test]

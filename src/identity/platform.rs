@@ -323,10 +323,25 @@ mod tests {
 
     #[test]
     fn a_token_parameter_is_recognised_in_any_escaped_spelling_and_only_there() {
-        for name in ["token", "%74oken", "tok%65n", "%74%6F%6B%65%6E", "%74%6f%6b%65%6e"] {
+        for name in [
+            "token",
+            "%74oken",
+            "tok%65n",
+            "%74%6F%6B%65%6E",
+            "%74%6f%6b%65%6e",
+        ] {
             assert!(is_token_parameter(name), "{name}");
         }
-        for name in ["Token", "TOKEN", "tokens", "x-token", "%2574oken", "tok%zzn", "", "%74oke"] {
+        for name in [
+            "Token",
+            "TOKEN",
+            "tokens",
+            "x-token",
+            "%2574oken",
+            "tok%zzn",
+            "",
+            "%74oke",
+        ] {
             assert!(!is_token_parameter(name), "{name}");
         }
     }

@@ -40,7 +40,11 @@ static HOP_BY_HOP: [&HeaderName; 9] = [
 /// variants, Express's `method-override`, ASP.NET). Passed on, a `GET` that
 /// keygate checked (a GET-only key's) could delete at such an upstream.
 /// Removed on every route, in any spelling [`identity::folded_eq`] folds.
-pub const METHOD_OVERRIDE: [&str; 3] = ["x-http-method-override", "x-http-method", "x-method-override"];
+pub const METHOD_OVERRIDE: [&str; 3] = [
+    "x-http-method-override",
+    "x-http-method",
+    "x-method-override",
+];
 
 /// Is `name` one of [`METHOD_OVERRIDE`]? Answered from its first byte and
 /// length for every other name but a few (`x-` names of those lengths).
