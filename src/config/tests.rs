@@ -752,14 +752,19 @@ fn assertion_settings_have_documented_defaults_and_are_checked() {
     assert_eq!(settings.algorithm, AssertionAlgorithm::Es256);
     assert_eq!(settings.signing_key_file, None);
     assert_eq!(settings.jwks_max_age, Duration::from_secs(300));
+    assert!(settings.reuse, "assertions are reused by default");
     let settings = load_text(
         "[server]\npublic_base_url = \"https://gw.example/\"\n",
-        &[("KEYGATE_ASSERTION_ALGORITHM", "EdDSA")],
+        &[
+            ("KEYGATE_ASSERTION_ALGORITHM", "EdDSA"),
+            ("KEYGATE_ASSERTION_REUSE", "false"),
+        ],
     )
     .unwrap()
     .assertion;
     assert_eq!(settings.issuer, "https://gw.example", "the public base URL");
     assert_eq!(settings.algorithm, AssertionAlgorithm::EdDsa);
+    assert!(!settings.reuse);
     let settings = load_text("[assertion]\nissuer = \"edge\"\n", &[])
         .unwrap()
         .assertion;
