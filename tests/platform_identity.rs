@@ -527,6 +527,17 @@ async fn a_token_parameter_in_any_escaped_spelling_never_reaches_the_platform_be
         assert_eq!(response.status(), 200, "{wire:?}");
         let seen = double.seen().pop().unwrap();
         assert_eq!(seen.uri, "/api/tb/user?a=1&Token=kept&b=2", "{wire:?}");
+        // On a `headers` route keygate reads no `token`: the name is the
+        // upstream's own, and its parameter passes.
+        let response = gw
+            .client_over(wire)
+            .get(gw.https("/api/other?token=theirs&a=1"))
+            .header("X-Authorization", &api_key)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.version(), wire.version());
+        assert_eq!(double.seen().pop().unwrap().uri, "/api/other?token=theirs&a=1");
     }
     // A platform socket: an escaped `token` is the credential the platform
     // would read, and only keygate's own token goes on.
