@@ -537,7 +537,10 @@ async fn a_token_parameter_in_any_escaped_spelling_never_reaches_the_platform_be
             .await
             .unwrap();
         assert_eq!(response.version(), wire.version());
-        assert_eq!(double.seen().pop().unwrap().uri, "/api/other?token=theirs&a=1");
+        assert_eq!(
+            double.seen().pop().unwrap().uri,
+            "/api/other?token=theirs&a=1"
+        );
     }
     // A platform socket: an escaped `token` is the credential the platform
     // would read, and only keygate's own token goes on.
