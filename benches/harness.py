@@ -180,6 +180,7 @@ LABELS = {
     "keygate-quota": "keygate HTTPS + API key, quota far above the load",
     "keygate-jwt": "keygate HTTPS + Bearer JWT",
     "keygate-assertion": "keygate HTTPS + API key, identity as a signed assertion",
+    "keygate-assertion-fresh": "keygate HTTPS + API key, a fresh assertion per request",
     "keygate-platform": "keygate HTTPS + API key, identity as the platform's token",
     "keygate-public": "keygate plain HTTP, public route",
     "keygate-entity": "keygate HTTPS + API key, entity service",
@@ -324,6 +325,12 @@ def table(args):
                 f"{ratio(s[case]['rps'], s['keygate-apikey']['rps'])} req/s, "
                 f"{ratio(s[case]['cpu'], s['keygate-apikey']['cpu'])} CPU/req"
             )
+    if "keygate-assertion-fresh" in s and "keygate-assertion" in s:
+        lines.append(
+            f"- a fresh assertion per request (assertion.reuse = false) vs one reused: "
+            f"{ratio(s['keygate-assertion-fresh']['rps'], s['keygate-assertion']['rps'])} req/s, "
+            f"{ratio(s['keygate-assertion-fresh']['cpu'], s['keygate-assertion']['cpu'])} CPU/req"
+        )
     for name in ("rss_idle_kib", "rss_million_kib"):
         if meta.get(name):
             what = "idle" if name == "rss_idle_kib" else f"with {meta.get('million_keys', 0):,} cached keys"

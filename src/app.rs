@@ -33,7 +33,7 @@ use crate::auth::{AuthFailure, AuthRefusal, Authenticator};
 use crate::body::Body;
 use crate::config::Settings;
 use crate::error::ApiError;
-use crate::identity::{Identity, Passport, Passports};
+use crate::identity::{Identity, IdentityMode, Passport, Passports, platform};
 use crate::listener::framing::AmbiguousFraming;
 use crate::listener::h1fast::{Decline, FastPath};
 use crate::listener::peer::{Client, Crowded, InFlight, Peer};
@@ -349,7 +349,7 @@ impl App {
         };
         let in_flight = self.admit_in_flight(ex)?;
         let passport = self.passport(route, ex)?;
-        let outgoing = self.headers_to_upstream(req, ex, passport.as_ref());
+        let outgoing = self.headers_to_upstream(route, req, ex, passport.as_ref());
         let mut response = self.forward(route, outgoing, path, ex, in_flight).await?;
         grant.write_headers(response.headers_mut());
         Ok(response)
@@ -426,7 +426,8 @@ impl App {
     }
 
     /// Refuses what must not go further: an oversized head, ambiguous
-    /// framing, a path that does not normalise, secrets sent in clear.
+    /// framing, a header name that folds to a framing one, a path that does
+    /// not normalise, secrets sent in clear.
     async fn admit<'p, B>(
         &self,
         req: &Request<B>,
@@ -439,6 +440,7 @@ impl App {
         if req.extensions().get::<AmbiguousFraming>().is_some() {
             return Ok(Admission::Answered(ambiguous_framing()));
         }
+        headers::refuse_folded_framing(req.headers())?;
         let path = path::normalize(uri.path())
             .map_err(|e| ApiError::bad_request(format!("Invalid request path: {e}")))?;
         self.refuse_secrets_in_clear(&ex.client, req, &ex.credential)
@@ -615,13 +617,22 @@ impl App {
 
     /// Every edit of the request head before it leaves
     /// ([`headers::to_upstream`]), with the identity authentication verified.
+    /// To a `platform` route, every `token` query parameter is taken out
+    /// first, in any escaped spelling: the platform reads a token there, and
+    /// a client's own (keygate's) key or token must never reach its URL and
+    /// logs. Other routes keep theirs: keygate reads no `token` there, and
+    /// the name is their upstream's.
     fn headers_to_upstream<B>(
         &self,
+        route: &Route,
         req: Request<B>,
         ex: &Exchange<'_>,
         passport: Option<&Passport>,
     ) -> (http::request::Parts, Added, B) {
         let (mut parts, body) = req.into_parts();
+        if route.destination.mode == IdentityMode::Platform {
+            platform::strip_token_parameters(&mut parts.uri);
+        }
         let added = headers::to_upstream(
             &mut parts,
             &ex.client,

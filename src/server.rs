@@ -543,7 +543,8 @@ fn authenticator(
         key_ring.clone(),
         settings.assertion.issuer.clone(),
         settings.assertion.lifetime,
-    );
+    )
+    .with_reuse(settings.assertion.reuse);
     let mut passports =
         Passports::new(settings.cache.capacity, metrics).with_assertion(Box::new(assertion));
     if let Some(key) = &settings.platform.signing_key {

@@ -54,16 +54,18 @@ fn checked_route(upstream: &str) -> String {
 
 /// keygate in front of the reference entity service, which verifies the
 /// assertion of every request against keygate's JWKS (refetched on an
-/// unknown kid at once).
-async fn verified(extra: &str) -> Gateway {
-    verified_at(extra).await.0
+/// unknown kid at once); `assertion`: more settings of `[assertion]`.
+async fn verified(assertion: &str) -> Gateway {
+    verified_at(assertion).await.0
 }
 
 /// [`verified`], with the URL of the reference service.
-async fn verified_at(extra: &str) -> (Gateway, String) {
+async fn verified_at(assertion: &str) -> (Gateway, String) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let upstream = format!("http://{}", listener.local_addr().unwrap());
-    let gw = Gateway::start(&upstream, &format!("{}{extra}", asserted(&upstream))).await;
+    let config =
+        asserted(&upstream).replacen("[assertion]\n", &format!("[assertion]\n{assertion}"), 1);
+    let gw = Gateway::start(&upstream, &config).await;
     let check = AssertionCheck {
         jwks_url: gw.http("/.well-known/jwks.json").parse().unwrap(),
         issuer: "https://gw.example".into(),
@@ -349,6 +351,47 @@ async fn the_assertion_is_reused_until_most_of_its_lifetime_is_spent() {
     let (_, other) = gw.api_key(&user, 0).await;
     let third = assertion_of(&echo(&gw, &api_key_header(&other)).await);
     assert_ne!(third, first);
+}
+
+#[tokio::test]
+async fn with_assertion_reuse_off_every_request_carries_a_fresh_assertion_and_jti() {
+    let gw = verified("reuse = false\n").await;
+    let user = gw.user("fresh@example.com", Authority::TenantAdmin).await;
+    let (_, key) = gw.api_key(&user, 0).await;
+    let mut jtis = std::collections::HashSet::new();
+    let mut sent = 0;
+    for wire in common::WIRES {
+        let client = gw.client_over(wire);
+        for _ in 0..3 {
+            let response = client
+                .get(gw.https("/api/echo"))
+                .header("X-Authorization", api_key_header(&key))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(response.status(), 200, "{wire:?}");
+            assert_eq!(response.version(), wire.version());
+            let described: Value = response.json().await.unwrap();
+            // The reference verified it before answering; so does this.
+            let claims = verify(&gw, &assertion_of(&described)).await;
+            assert!(
+                jtis.insert(claims["jti"].as_str().unwrap().to_owned()),
+                "a jti came twice over {wire:?}: {claims}"
+            );
+            sent += 1;
+        }
+    }
+    let metrics = gw.metrics().await;
+    assert_eq!(
+        identity_count(&metrics, "checked", "issued"),
+        sent,
+        "{metrics}"
+    );
+    assert_eq!(
+        identity_count(&metrics, "checked", "reused"),
+        0,
+        "{metrics}"
+    );
 }
 
 #[tokio::test]

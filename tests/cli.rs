@@ -88,6 +88,35 @@ fn check_config_refuses_bad_ports_in_every_url_setting() {
     );
 }
 
+#[test]
+fn check_config_refuses_two_assertion_routes_sharing_an_audience_and_names_both() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("audiences.toml");
+    std::fs::write(
+        &path,
+        "[[route]]\nname = \"billing\"\nprefix = \"/api/billing/\"\n\
+         upstreams = [\"http://127.0.0.1:9001\"]\nidentity = \"assertion\"\n\
+         [[route]]\nname = \"reports\"\nprefix = \"/api/reports/\"\n\
+         upstreams = [\"http://127.0.0.1:9002\"]\nidentity = \"assertion\"\naudience = \"billing\"\n",
+    )
+    .unwrap();
+    let out = keygate(&path, &["check-config"], "");
+    assert_eq!(out.status.code(), Some(64));
+    let err = text(&out.stderr);
+    let problems: Vec<&str> = err.lines().filter(|l| l.starts_with("  - ")).collect();
+    assert_eq!(problems.len(), 1, "{err}");
+    for needle in [
+        "route[1].audience: \"billing\" is also the audience of route[0]",
+        "\"/api/billing/\"",
+        "\"/api/reports/\"",
+    ] {
+        assert!(
+            problems[0].contains(needle),
+            "{needle:?} missing from:\n{err}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn cli_created_key_works_and_cli_disable_applies_within_the_cache_bound() {
     let upstream = Upstream::start().await;

@@ -485,6 +485,120 @@ async fn the_clients_own_credential_never_reaches_a_platform_upstream() {
     assert_eq!(query_socket.uri.matches("token=").count(), 1);
 }
 
+/// The name of a query pair with the escapes of the letters of `token`
+/// decoded, as the platform's servlet decodes every escape.
+fn decoded_name(pair: &str) -> String {
+    let mut name = pair.split('=').next().unwrap_or_default().to_owned();
+    for (escape, letter) in [
+        ("%74", "t"),
+        ("%6f", "o"),
+        ("%6b", "k"),
+        ("%65", "e"),
+        ("%6e", "n"),
+    ] {
+        name = name
+            .replace(escape, letter)
+            .replace(&escape.to_ascii_uppercase(), letter);
+    }
+    name
+}
+
+#[tokio::test]
+async fn a_token_parameter_in_any_escaped_spelling_never_reaches_the_platform_beside_keygates_own()
+{
+    let (double, gw) = setup("", "").await;
+    let user = gw.user("query@example.com", Authority::TenantAdmin).await;
+    let (_, key) = gw.api_key(&user, 0).await;
+    let (_, token) = gw.access_token(&user).await;
+    let api_key = api_key_header(&key);
+    // An ordinary request to a platform route, over both wires: every
+    // `token` goes, in any spelling the platform decodes; the rest stays.
+    for wire in common::WIRES {
+        let response = gw
+            .client_over(wire)
+            .get(gw.https(&format!(
+                "/api/tb/user?a=1&token={token}&%74oken={token}&tok%65n={key}&Token=kept&b=2"
+            )))
+            .header("X-Authorization", &api_key)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.version(), wire.version());
+        assert_eq!(response.status(), 200, "{wire:?}");
+        let seen = double.seen().pop().unwrap();
+        assert_eq!(seen.uri, "/api/tb/user?a=1&Token=kept&b=2", "{wire:?}");
+        // On a `headers` route keygate reads no `token`: the name is the
+        // upstream's own, and its parameter passes.
+        let response = gw
+            .client_over(wire)
+            .get(gw.https("/api/other?token=theirs&a=1"))
+            .header("X-Authorization", &api_key)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.version(), wire.version());
+        assert_eq!(
+            double.seen().pop().unwrap().uri,
+            "/api/other?token=theirs&a=1"
+        );
+    }
+    // A platform socket: an escaped `token` is the credential the platform
+    // would read, and only keygate's own token goes on.
+    let mut escaped = try_open(&gw, &format!("/api/ws?%74oken={token}&x=1"), &[])
+        .await
+        .unwrap();
+    assert_eq!(
+        next_json(&mut escaped).await["securityUser"]["id"],
+        user.id.to_string()
+    );
+    // An upgrade on the REST route (a socket of another kind, checked like
+    // any request): the client's spellings of `token` are replaced too.
+    let path = format!("/api/tb/live?tok%65n={token}&%74%6F%6B%65%6E=x&y=1");
+    let _other = try_open(&gw, &path, &[("X-Authorization", &api_key)]).await;
+    common::wait_until(
+        "the upgrade reached the platform",
+        Duration::from_secs(10),
+        async || {
+            double
+                .seen()
+                .iter()
+                .any(|seen| seen.uri.starts_with("/api/tb/live"))
+        },
+    )
+    .await;
+    let upgrades: Vec<Seen> = double
+        .seen()
+        .into_iter()
+        .filter(|seen| seen.uri.starts_with("/api/ws") || seen.uri.starts_with("/api/tb/live"))
+        .collect();
+    assert_eq!(upgrades.len(), 2, "{upgrades:?}");
+    for upgrade in &upgrades {
+        assert!(!upgrade.contains(&token), "{upgrade:?}");
+        assert!(!upgrade.uri.contains("oken=x"), "{}", upgrade.uri);
+        let query = upgrade.uri.split_once('?').unwrap().1;
+        let tokens: Vec<&str> = query
+            .split('&')
+            .filter(|pair| decoded_name(pair) == "token")
+            .collect();
+        assert_eq!(tokens.len(), 1, "one token, keygate's: {}", upgrade.uri);
+        let minted = tokens[0].strip_prefix("token=").unwrap();
+        assert_eq!(
+            double.authenticate(minted).unwrap()["id"],
+            user.id.to_string()
+        );
+    }
+    assert!(
+        upgrades[0].uri.contains("x=1&token="),
+        "{}",
+        upgrades[0].uri
+    );
+    assert!(
+        upgrades[1].uri.contains("y=1&token="),
+        "{}",
+        upgrades[1].uri
+    );
+}
+
 #[tokio::test]
 async fn a_token_forged_with_the_platform_key_is_refused_by_keygate_and_never_forwarded() {
     let (double, gw) = setup("", "").await;

@@ -351,6 +351,74 @@ async fn spoofed_identity_headers_on_the_upgrade_never_reach_the_upstream() {
     assert!(!described.to_string().contains("evil"), "{described}");
 }
 
+/// Only `/api/ws/plugins/` is a platform WebSocket route: an upgrade on
+/// `/api/ws` is one on a proxied route, checked like any request.
+const ONE_SOCKET_ROUTE: &str = "[websocket]\nroutes = [\"/api/ws/plugins/\"]\n";
+
+#[tokio::test]
+async fn method_override_headers_on_the_upgrade_never_reach_the_upstream() {
+    let gw = setup(ONE_SOCKET_ROUTE).await;
+    let (_, _, token) = user_with_token(&gw, "ws-override@example.com").await;
+    let bearer = format!("Bearer {token}");
+    // A platform WebSocket route, and an upgrade on a proxied route.
+    for path in ["/api/ws/plugins/telemetry", "/api/ws"] {
+        let mut socket = try_open(
+            &gw,
+            Scheme::Wss,
+            path,
+            &[
+                ("X-Authorization", &bearer),
+                ("X-HTTP-Method-Override", "DELETE"),
+                ("X-HTTP-Method", "DELETE"),
+                ("X-Method-Override", "DELETE"),
+                ("x_http_method_override", "DELETE"),
+            ],
+        )
+        .await
+        .unwrap();
+        let described = round_trip(&mut socket, r#"{"cmds":[]}"#).await;
+        assert_eq!(header(&described, "x-auth-method"), Some("jwt"), "{path}");
+        assert!(
+            !described.to_string().contains("DELETE"),
+            "{path}: {described}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn an_upgrade_with_a_header_folding_to_a_framing_name_is_refused_with_400() {
+    let (gw, upstream) = setup_counted(ONE_SOCKET_ROUTE).await;
+    let (_, _, token) = user_with_token(&gw, "ws-folded@example.com").await;
+    let bearer = format!("Bearer {token}");
+    for (name, value) in [("Content_Length", "5"), ("Transfer_Encoding", "chunked")] {
+        for path in ["/api/ws/plugins/telemetry", "/api/ws"] {
+            let refused = try_open(
+                &gw,
+                Scheme::Wss,
+                path,
+                &[("X-Authorization", &bearer), (name, value)],
+            )
+            .await;
+            match refused {
+                Err(tungstenite::Error::Http(response)) => {
+                    assert_eq!(response.status(), 400, "{name} {path}");
+                    let body: Value =
+                        serde_json::from_slice(response.body().as_deref().unwrap()).unwrap();
+                    assert_eq!(body["status"], 400, "{body}");
+                    assert_eq!(body["errorCode"], 31, "{body}");
+                    assert!(body["message"].as_str().unwrap().contains("header name"));
+                }
+                other => panic!("{name} {path}: {:?}", other.map(|_| "a socket")),
+            }
+        }
+    }
+    assert_eq!(
+        upstream.sockets(),
+        0,
+        "a refused upgrade reached the upstream"
+    );
+}
+
 #[tokio::test]
 async fn a_first_frame_without_auth_cmd_closes_1008() {
     let (gw, upstream) = setup_counted("").await;

@@ -356,6 +356,9 @@ pub struct AssertionSection {
     pub signing_key_file: String,
     /// `Cache-Control: max-age` of `/.well-known/jwks.json`.
     pub jwks_max_age: String,
+    /// Send one assertion per credential and audience until 90% of its
+    /// lifetime is spent; `false`: a fresh one (fresh `jti`) per request.
+    pub reuse: bool,
 }
 
 impl Default for AssertionSection {
@@ -366,6 +369,7 @@ impl Default for AssertionSection {
             algorithm: "ES256".into(),
             signing_key_file: String::new(),
             jwks_max_age: "5m".into(),
+            reuse: true,
         }
     }
 }

@@ -192,6 +192,9 @@ pub struct AssertionSettings {
     pub signing_key_file: Option<PathBuf>,
     /// `Cache-Control: max-age` of the JWKS.
     pub jwks_max_age: Duration,
+    /// One assertion per credential and audience, reused until 90% of its
+    /// lifetime is spent; `false`: a fresh assertion on every request.
+    pub reuse: bool,
 }
 
 /// The asymmetric algorithm of an assertion signing key.

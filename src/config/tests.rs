@@ -752,14 +752,19 @@ fn assertion_settings_have_documented_defaults_and_are_checked() {
     assert_eq!(settings.algorithm, AssertionAlgorithm::Es256);
     assert_eq!(settings.signing_key_file, None);
     assert_eq!(settings.jwks_max_age, Duration::from_secs(300));
+    assert!(settings.reuse, "assertions are reused by default");
     let settings = load_text(
         "[server]\npublic_base_url = \"https://gw.example/\"\n",
-        &[("KEYGATE_ASSERTION_ALGORITHM", "EdDSA")],
+        &[
+            ("KEYGATE_ASSERTION_ALGORITHM", "EdDSA"),
+            ("KEYGATE_ASSERTION_REUSE", "false"),
+        ],
     )
     .unwrap()
     .assertion;
     assert_eq!(settings.issuer, "https://gw.example", "the public base URL");
     assert_eq!(settings.algorithm, AssertionAlgorithm::EdDsa);
+    assert!(!settings.reuse);
     let settings = load_text("[assertion]\nissuer = \"edge\"\n", &[])
         .unwrap()
         .assertion;
@@ -1075,4 +1080,46 @@ fn the_sync_upstream_must_name_a_platform_route_and_the_url_be_postgres() {
             .any(|e| e.contains("platform.upstream: no [[route]] is named \"nowhere\"")),
         "{errors}"
     );
+}
+
+#[test]
+fn two_assertion_routes_with_one_name_or_one_audience_are_refused_naming_both() {
+    let route = |name: &str, prefix: &str, identity: &str, audience: &str, port: u16| {
+        format!(
+            "[[route]]\nname = \"{name}\"\nprefix = \"{prefix}\"\nupstreams = [\"http://127.0.0.1:{port}\"]\n\
+             identity = \"{identity}\"\naudience = \"{audience}\"\n"
+        )
+    };
+    // One name: both assertions would carry the same audience.
+    let text = route("billing", "/api/a/", "assertion", "", 9001)
+        + &route("billing", "/api/b/", "assertion", "", 9002);
+    let errors = load_text(&text, &[]).unwrap_err().0;
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert!(
+        errors[0].starts_with("route[1].name: \"billing\" is also the name of route[0]")
+            && errors[0].contains("\"/api/a/\"")
+            && errors[0].contains("\"/api/b/\""),
+        "{errors:?}"
+    );
+    // One audience, set on one and taken from the name on the other, for
+    // another upstream.
+    let text = route("billing", "/api/a/", "assertion", "", 9001)
+        + &route("ledger", "/api/b/", "headers", "billing", 9002)
+        + &route("reports", "/api/c/", "assertion", "billing", 9003);
+    let errors = load_text(&text, &[]).unwrap_err().0;
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert!(
+        errors[0].starts_with("route[2].audience: \"billing\" is also the audience of route[0]")
+            && errors[0].contains("\"/api/a/\"")
+            && errors[0].contains("\"/api/c/\""),
+        "{errors:?}"
+    );
+    // Distinct ones load; a headers route may share anything (it issues
+    // none); one audience on routes to the same upstream is one recipient.
+    let text = route("billing", "/api/a/", "assertion", "", 9001)
+        + &route("billing", "/api/b/", "headers", "", 9002)
+        + &route("reports", "/api/c/", "assertion", "reports-v2", 9003)
+        + &route("reports-ws", "/api/ws", "assertion", "reports-v2", 9003);
+    let settings = load_text(&text, &[]).unwrap();
+    assert_eq!(settings.routes.len(), 4);
 }

@@ -913,6 +913,7 @@ impl AssertionSection {
             algorithm,
             signing_key_file,
             jwks_max_age,
+            reuse: self.reuse,
         }
     }
 }
@@ -1157,7 +1158,46 @@ fn validate_routes(
         }
         specs.push(route.validate(&here, default_timeout, errors));
     }
+    refuse_shared_assertion_audiences(&specs, errors);
     specs
+}
+
+/// Two `assertion` routes with one name, or with one audience and other
+/// upstreams: an assertion issued for either carries the same `aud`, so each
+/// upstream would accept the assertions meant for the other. One audience on
+/// routes to the same upstreams (one service behind two prefixes, its REST
+/// API and its sockets) is one recipient, and allowed. Both routes are named.
+fn refuse_shared_assertion_audiences(specs: &[RouteSpec], errors: &mut Vec<String>) {
+    let assertion = |spec: &RouteSpec| spec.identity == crate::identity::IdentityMode::Assertion;
+    let upstreams = |spec: &RouteSpec| {
+        let mut urls: Vec<String> = spec.upstreams.iter().map(|u| u.to_string()).collect();
+        urls.sort_unstable();
+        urls.dedup();
+        urls
+    };
+    for (j, later) in specs.iter().enumerate().filter(|(_, s)| assertion(s)) {
+        let clash = specs[..j].iter().enumerate().find_map(|(i, earlier)| {
+            if !assertion(earlier) {
+                None
+            } else if earlier.name == later.name {
+                Some((i, earlier, "name", &later.name))
+            } else if earlier.audience == later.audience && upstreams(earlier) != upstreams(later) {
+                Some((i, earlier, "audience", &later.audience))
+            } else {
+                None
+            }
+        });
+        let Some((i, earlier, field, value)) = clash else {
+            continue;
+        };
+        errors.push(format!(
+            "route[{j}].{field}: {value:?} is also the {field} of route[{i}]; two \"assertion\" \
+             routes need their own name, and their own audience unless they send to the same \
+             upstreams, or each upstream accepts the other's assertions (route[{i}] {:?}, \
+             route[{j}] {:?})",
+            earlier.prefix, later.prefix
+        ));
+    }
 }
 
 impl RouteSection {

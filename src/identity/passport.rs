@@ -96,6 +96,11 @@ pub trait Minter: Send + Sync {
     fn rekey(&self, _key: &[u8], _issuer: &str) -> bool {
         false
     }
+    /// May a passport serve several requests until most of its lifetime is
+    /// spent? `false`: each request gets one of its own.
+    fn reusable(&self) -> bool {
+        true
+    }
 }
 
 /// What a passport is reused by: the credential it was issued for, the
@@ -168,6 +173,12 @@ impl Passports {
         else {
             return Err(ApiError::internal());
         };
+        if !minter.reusable() {
+            // Neither looked up nor kept: one passport per request.
+            let value = minter.mint(&destination.audience, identity)?;
+            issued.inc();
+            return Ok(Some(Passport { name, value }));
+        }
         let key = Reuse {
             credential: identity.credential_id(),
             mode: destination.mode,
@@ -246,5 +257,70 @@ mod tests {
         assert_eq!(IdentityMode::parse(""), Some(IdentityMode::Headers));
         assert_eq!(IdentityMode::parse("Headers"), None);
         assert_eq!(IdentityMode::parse("bearer"), None);
+    }
+
+    /// Signs `n` for the nth passport, and says whether it may be reused.
+    struct Counting {
+        minted: std::sync::atomic::AtomicU32,
+        reuse: bool,
+    }
+
+    impl Minter for Counting {
+        fn mint(&self, _audience: &str, _identity: &Identity) -> Result<HeaderValue, ApiError> {
+            let n = self
+                .minted
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Ok(HeaderValue::from(n))
+        }
+
+        fn lifetime(&self) -> Duration {
+            Duration::from_secs(300)
+        }
+
+        fn reusable(&self) -> bool {
+            self.reuse
+        }
+    }
+
+    fn key_identity() -> Identity {
+        let principal = std::sync::Arc::new(super::super::Principal::new(
+            Uuid::from_u128(1),
+            Uuid::from_u128(2),
+            super::super::NULL_UUID,
+            super::super::Authority::TenantAdmin,
+            "ta@example.com".into(),
+        ));
+        let key_id = Uuid::from_u128(3);
+        Identity::new(
+            principal,
+            super::super::AuthMethod::ApiKey { key_id },
+            super::super::id_header_value(&key_id),
+        )
+    }
+
+    /// Three requests of one key to one `assertion` route: the values sent.
+    fn three_assertions(reuse: bool) -> Vec<HeaderValue> {
+        let metrics = Metrics::new();
+        let passports = Passports::new(100, &metrics).with_assertion(Box::new(Counting {
+            minted: Default::default(),
+            reuse,
+        }));
+        let destination = Destination::new(IdentityMode::Assertion, "billing", "billing", &metrics);
+        let identity = key_identity();
+        (0..3)
+            .map(|_| {
+                let passport = passports.issue(&destination, &identity).unwrap().unwrap();
+                assert_eq!(passport.name, &X_AUTH_ASSERTION);
+                passport.value
+            })
+            .collect()
+    }
+
+    #[test]
+    fn with_reuse_off_every_request_carries_an_assertion_of_its_own() {
+        let reused = three_assertions(true);
+        assert!(reused.iter().all(|v| v == "0"), "{reused:?}");
+        let fresh = three_assertions(false);
+        assert_eq!(fresh, ["0", "1", "2"]);
     }
 }

@@ -155,6 +155,64 @@ impl Minter for PlatformTokens {
     }
 }
 
+/// The query parameter the platform reads a token from
+/// (`JwtQueryTokenExtractor`: `getParameterMap().get("token")`, exactly one
+/// value). The servlet decodes `%XX` escapes in a parameter's name as in
+/// its value, so `%74oken` and `tok%65n` are that parameter too; the name
+/// is compared with its case.
+const TOKEN_PARAMETER: &str = "token";
+
+/// The name of one `name=value` pair of a query (the whole pair when it has
+/// no `=`).
+fn parameter_name(pair: &str) -> &str {
+    pair.split_once('=').map_or(pair, |(name, _)| name)
+}
+
+/// Is `name`, decoded, the platform's `token`? Nothing is decoded (or
+/// allocated) for a name without an escape or longer than `token` fully
+/// escaped.
+pub fn is_token_parameter(name: &str) -> bool {
+    name == TOKEN_PARAMETER
+        || (name.len() <= 3 * TOKEN_PARAMETER.len()
+            && name.contains('%')
+            && crate::path::percent_decode(name).as_deref() == Some(TOKEN_PARAMETER))
+}
+
+/// Every `token` parameter of `query`, in any spelling
+/// ([`is_token_parameter`]), with its value as sent.
+pub fn token_parameters(query: &str) -> impl Iterator<Item = &str> {
+    query
+        .split('&')
+        .filter(|pair| is_token_parameter(parameter_name(pair)))
+        .map(|pair| pair.split_once('=').map_or("", |(_, value)| value))
+}
+
+/// Takes every `token` parameter ([`is_token_parameter`]) out of `uri`'s
+/// query, keeping the others in their order; `true` when there was one.
+/// A query without one is left as it is, without an allocation: the check
+/// runs on every request to a platform route.
+pub fn strip_token_parameters(uri: &mut http::Uri) -> bool {
+    let Some(query) = uri.query() else {
+        return false;
+    };
+    if token_parameters(query).next().is_none() {
+        return false;
+    }
+    let rest: Vec<&str> = query
+        .split('&')
+        .filter(|pair| !is_token_parameter(parameter_name(pair)))
+        .collect();
+    let target = match rest.is_empty() {
+        true => uri.path().to_owned(),
+        false => format!("{}?{}", uri.path(), rest.join("&")),
+    };
+    let mut parts = std::mem::take(uri).into_parts();
+    // The path and the kept pairs come from a valid target: they parse.
+    parts.path_and_query = target.parse().ok();
+    *uri = http::Uri::from_parts(parts).unwrap_or_default();
+    true
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
@@ -291,5 +349,47 @@ mod tests {
         assert!(iat >= before && iat <= crate::clock::now_secs());
         assert_eq!(claims["exp"].as_i64().unwrap() - iat, 60);
         assert_eq!(claims["iss"], "platform.example");
+    }
+
+    #[test]
+    fn a_token_parameter_is_recognised_in_any_escaped_spelling_and_only_there() {
+        for name in [
+            "token",
+            "%74oken",
+            "tok%65n",
+            "%74%6F%6B%65%6E",
+            "%74%6f%6b%65%6e",
+        ] {
+            assert!(is_token_parameter(name), "{name}");
+        }
+        for name in [
+            "Token",
+            "TOKEN",
+            "tokens",
+            "x-token",
+            "%2574oken",
+            "tok%zzn",
+            "",
+            "%74oke",
+        ] {
+            assert!(!is_token_parameter(name), "{name}");
+        }
+    }
+
+    #[test]
+    fn every_spelling_of_token_leaves_the_query_and_the_rest_keeps_its_order() {
+        let mut uri: http::Uri = "/api/tb/x?a=1&%74oken=t1&b=2&tok%65n=t2&token&c=%74oken"
+            .parse()
+            .unwrap();
+        assert!(strip_token_parameters(&mut uri));
+        assert_eq!(uri, "/api/tb/x?a=1&b=2&c=%74oken");
+        let mut only: http::Uri = "http://up:8080/api/tb/x?token=t".parse().unwrap();
+        assert!(strip_token_parameters(&mut only));
+        assert_eq!(only, "http://up:8080/api/tb/x");
+        for kept in ["/api/tb/x?a=1&Token=t&tokens=2", "/api/tb/x"] {
+            let mut uri: http::Uri = kept.parse().unwrap();
+            assert!(!strip_token_parameters(&mut uri));
+            assert_eq!(uri, kept);
+        }
     }
 }

@@ -34,6 +34,10 @@
 //!   body's exact size, else chunked; 1xx, 204 and 304 responses have no
 //!   body. `HEAD` requests (whose response has a length but no body) are not
 //!   taken ([`Decline::Method`]).
+//! - A header name that folds to a framing or hop-by-hop one
+//!   (`Content_Length`, `Transfer_Encoding`: `_` or another separator read as
+//!   `-`) is not taken ([`Decline::FoldedName`]): hyper's path refuses it
+//!   with a 400, the one rule for both drivers.
 //! - 9.6: after a request or a response saying `Connection: close`, the
 //!   response says it too and the connection is closed. A `Connection`
 //!   header naming `upgrade` is hyper's.
@@ -77,6 +81,9 @@ pub enum Decline {
     BodyPending,
     /// `Connection: close` or another connection option.
     Connection,
+    /// A header name that folds to a framing one (`Content_Length`): hyper's
+    /// path refuses it (`proxy::headers::refuse_folded_framing`).
+    FoldedName,
     /// The head does not parse, or is over its size limit: hyper answers.
     Malformed,
     /// The path does not normalise.
@@ -88,7 +95,7 @@ pub enum Decline {
 }
 
 impl Decline {
-    pub const ALL: [Decline; 12] = [
+    pub const ALL: [Decline; 13] = [
         Decline::Version,
         Decline::Method,
         Decline::Upgrade,
@@ -97,6 +104,7 @@ impl Decline {
         Decline::Length,
         Decline::BodyPending,
         Decline::Connection,
+        Decline::FoldedName,
         Decline::Malformed,
         Decline::Path,
         Decline::InClear,
@@ -113,6 +121,7 @@ impl Decline {
             Decline::Length => "content_length",
             Decline::BodyPending => "body_pending",
             Decline::Connection => "connection",
+            Decline::FoldedName => "folded_name",
             Decline::Malformed => "malformed",
             Decline::Path => "path",
             Decline::InClear => "in_clear",
@@ -200,6 +209,9 @@ fn build(req: &httparse::Request<'_, '_>) -> Result<(Request<()>, usize, bool), 
         }
         if name == header::EXPECT {
             return Err(Decline::Expect);
+        }
+        if crate::proxy::headers::folds_to_framing(&name) {
+            return Err(Decline::FoldedName);
         }
         if name == header::CONTENT_LENGTH {
             if length.is_some() {
@@ -709,6 +721,14 @@ mod tests {
             (
                 "GET /api/x HTTP/1.1\r\nBad Name: x\r\n\r\n",
                 Decline::Malformed,
+            ),
+            (
+                "POST /api/x HTTP/1.1\r\nContent-Length: 3\r\nTransfer_Encoding: chunked\r\n\r\n",
+                Decline::FoldedName,
+            ),
+            (
+                "POST /api/x HTTP/1.1\r\nContent_Length: 3\r\n\r\n",
+                Decline::FoldedName,
             ),
             (
                 "GET /api/x HTTP/1.1\r\nX: a\r\n b\r\n\r\n",

@@ -35,6 +35,86 @@ static HOP_BY_HOP: [&HeaderName; 9] = [
     &UPGRADE,
 ];
 
+/// Headers some frameworks read as the request's method in place of the
+/// one on the request line (Rails, Spring's `HiddenHttpMethodFilter`
+/// variants, Express's `method-override`, ASP.NET). Passed on, a `GET` that
+/// keygate checked (a GET-only key's) could delete at such an upstream.
+/// Removed on every route, in any spelling [`identity::folded_eq`] folds.
+pub const METHOD_OVERRIDE: [&str; 3] = [
+    "x-http-method-override",
+    "x-http-method",
+    "x-method-override",
+];
+
+/// Is `name` one of [`METHOD_OVERRIDE`]? Answered from its first byte and
+/// length for every other name but a few (`x-` names of those lengths).
+pub(crate) fn is_method_override(name: &HeaderName) -> bool {
+    let bytes = name.as_str().as_bytes();
+    bytes.first() == Some(&b'x')
+        && matches!(bytes.len(), 13 | 17 | 22)
+        && METHOD_OVERRIDE
+            .iter()
+            .any(|known| identity::folded_eq(bytes, known.as_bytes()))
+}
+
+/// The names that frame a request or belong to one connection: a header
+/// spelled so that a server behind keygate folds it into one of these
+/// (`Content_Length`, `transfer.encoding`: `_` or another separator read as
+/// `-`, as CGI-style servers read names) would frame or steer the request
+/// there differently from how keygate framed it. Such a request is refused
+/// ([`refuse_folded_framing`]); only names with a separator can be spelled
+/// so.
+const FRAMING: [&str; 6] = [
+    "content-length",
+    "transfer-encoding",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authenticate",
+    "proxy-authorization",
+];
+
+/// The lengths of [`FRAMING`]'s names, one bit each: most names are
+/// answered by one test of their length.
+const FRAMING_LENGTHS: u32 = {
+    let mut mask = 0u32;
+    let mut i = 0;
+    while i < FRAMING.len() {
+        mask |= 1 << FRAMING[i].len();
+        i += 1;
+    }
+    mask
+};
+
+/// Does `name` fold to one of [`FRAMING`] without being it: a separator
+/// other than `-` where the name has one? (A `HeaderName` is lower case, so
+/// a name equal to one of them byte for byte is that header itself.)
+pub fn folds_to_framing(name: &HeaderName) -> bool {
+    let bytes = name.as_str().as_bytes();
+    bytes.len() < 32
+        && FRAMING_LENGTHS & (1 << bytes.len()) != 0
+        && bytes
+            .iter()
+            .any(|b| !b.is_ascii_alphanumeric() && *b != b'-')
+        && FRAMING
+            .iter()
+            .any(|known| identity::folded_eq(bytes, known.as_bytes()))
+}
+
+/// Refuses (400, the contract's shape) a request with a header whose name
+/// folds to a framing or hop-by-hop name ([`folds_to_framing`]). The one
+/// rule for every driver: hyper's (HTTP/2, and HTTP/1.1 it serves) runs it
+/// on admission, for every target, WebSocket upgrades included; the lean
+/// HTTP/1.1 path leaves such a request to hyper's, which refuses it.
+pub fn refuse_folded_framing(headers: &HeaderMap) -> Result<(), crate::error::ApiError> {
+    match headers.keys().find(|name| folds_to_framing(name)) {
+        None => Ok(()),
+        Some(name) => Err(crate::error::ApiError::bad_request(format!(
+            "Invalid header name '{name}': it reads as a message framing header where '_' or \
+             another separator is read as '-'"
+        ))),
+    }
+}
+
 /// Is a name a `Connection` header lists one [`is_hop_by_hop`] already
 /// picks? Those are gathered by the pass over the headers present, so a
 /// second removal by text (a parse, a hash and a probe) is skipped: most
@@ -233,6 +313,7 @@ pub fn to_upstream(
             || identity::is_reserved(name)
             || identity::is_credential(name)
             || name == X_REQUEST_ID
+            || is_method_override(name)
             || (!trusted && is_forwarding(name))
     });
     let mut added = forwarding(headers, client, parts.uri.authority().map(|a| a.as_str()));
@@ -615,5 +696,70 @@ mod tests {
                 "x-request-id: rid",
             ]
         );
+    }
+
+    #[test]
+    fn method_override_headers_never_reach_an_upstream_in_any_spelling() {
+        let mut p = parts(&[
+            ("x-http-method-override", "DELETE"),
+            ("X_HTTP_Method", "DELETE"),
+            ("x.method.override", "PUT"),
+            ("accept", "*/*"),
+            ("cache-control", "no-cache"),
+            ("x-http-methods", "kept"),
+        ]);
+        to_upstream(
+            &mut p,
+            &client(&conn(true, false)),
+            HeaderValue::from_static("rid"),
+            None,
+            None,
+        );
+        let mut left: Vec<&str> = p.headers.keys().map(|k| k.as_str()).collect();
+        left.sort_unstable();
+        assert_eq!(left, ["accept", "cache-control", "x-http-methods"]);
+        for name in METHOD_OVERRIDE {
+            assert!(is_method_override(&HeaderName::from_static(name)), "{name}");
+        }
+    }
+
+    #[test]
+    fn names_that_fold_to_framing_names_are_refused_and_the_names_themselves_are_not() {
+        for name in [
+            "content_length",
+            "transfer_encoding",
+            "transfer.encoding",
+            "keep_alive",
+            "proxy_connection",
+            "proxy_authorization",
+            "proxy~authenticate",
+        ] {
+            let header = HeaderName::from_bytes(name.as_bytes()).unwrap();
+            assert!(folds_to_framing(&header), "{name}");
+            let mut headers = HeaderMap::new();
+            headers.insert("accept", HeaderValue::from_static("*/*"));
+            headers.insert(header, HeaderValue::from_static("1"));
+            let refused = refuse_folded_framing(&headers).unwrap_err();
+            assert_eq!(refused.status, http::StatusCode::BAD_REQUEST);
+        }
+        for name in [
+            "content-length",
+            "transfer-encoding",
+            "keep-alive",
+            "connection",
+            "user-agent",
+            "user_agent",
+            "x_custom_header",
+            "content_type",
+            "te",
+            "upgrade",
+        ] {
+            let header = HeaderName::from_bytes(name.as_bytes()).unwrap();
+            assert!(!folds_to_framing(&header), "{name}");
+        }
+        let mut headers = HeaderMap::new();
+        headers.insert("content-length", HeaderValue::from_static("1"));
+        headers.insert("x_custom", HeaderValue::from_static("1"));
+        assert!(refuse_folded_framing(&headers).is_ok());
     }
 }

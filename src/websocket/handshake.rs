@@ -10,6 +10,7 @@ use crate::auth::AuthFailure;
 use crate::auth::credential::{self, Credential};
 use crate::body::{self, Body};
 use crate::error::ApiError;
+use crate::identity::platform;
 
 /// How a socket presented its credential, as counted and logged.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -92,7 +93,9 @@ pub struct Query {
 }
 
 /// Takes every `token` parameter out of `uri`, so that nothing after this
-/// (the upstream, the access log) ever sees it.
+/// (the upstream, the access log) ever sees it. A parameter is `token` when
+/// its name, decoded, is (`%74oken` too), as the platform reads it
+/// ([`platform::is_token_parameter`]).
 pub fn take_token(uri: &mut Uri) -> Query {
     let Some(query) = uri.query() else {
         return Query {
@@ -100,31 +103,16 @@ pub fn take_token(uri: &mut Uri) -> Query {
             rest: None,
         };
     };
-    let mut tokens = Vec::new();
-    let mut rest = Vec::new();
-    for pair in query.split('&') {
-        match pair.split_once('=') {
-            Some(("token", value)) => tokens.push(crate::path::percent_decode(value)),
-            _ if pair == "token" => tokens.push(Some(String::new())),
-            _ => rest.push(pair),
-        }
-    }
+    let mut tokens: Vec<Option<String>> = platform::token_parameters(query)
+        .map(crate::path::percent_decode)
+        .collect();
     let token = match tokens.len() {
         0 => None,
         1 => Some(tokens.pop().flatten().unwrap_or_default()),
         _ => Some(String::new()),
     };
-    let rest = (!rest.is_empty()).then(|| rest.join("&"));
-    let path = uri.path();
-    let stripped = match &rest {
-        Some(rest) => format!("{path}?{rest}"),
-        None => path.to_owned(),
-    };
-    if let Ok(path_and_query) = stripped.parse() {
-        let mut parts = std::mem::take(uri).into_parts();
-        parts.path_and_query = Some(path_and_query);
-        *uri = Uri::from_parts(parts).unwrap_or_default();
-    }
+    platform::strip_token_parameters(uri);
+    let rest = uri.query().map(str::to_owned);
     Query { token, rest }
 }
 
@@ -222,6 +210,26 @@ mod tests {
     }
 
     #[test]
+    fn an_escaped_token_name_is_the_token_and_never_rides_beside_keygates() {
+        // The platform decodes parameter names: `%74oken` is its `token`.
+        let mut uri: Uri = "/api/ws?%74oken=x.y.z&a=1".parse().unwrap();
+        let query = take_token(&mut uri);
+        assert_eq!(query.token.as_deref(), Some("x.y.z"));
+        assert_eq!(uri, "/api/ws?a=1");
+        // Given twice in two spellings, it is no token at all.
+        let mut uri: Uri = "/api/ws?token=a&tok%65n=b".parse().unwrap();
+        assert_eq!(take_token(&mut uri).token.as_deref(), Some(""));
+        assert_eq!(uri, "/api/ws");
+        let uri: Uri = "ws://10.0.0.1:8080/api/ws?%74oken=theirs&a=1&tok%65n=again"
+            .parse()
+            .unwrap();
+        assert_eq!(
+            with_token(uri, b"ours").unwrap().to_string(),
+            "ws://10.0.0.1:8080/api/ws?a=1&token=ours"
+        );
+    }
+
+    #[test]
     fn the_upstream_token_replaces_every_token_the_client_gave() {
         let uri: Uri = "ws://10.0.0.1:8080/api/ws?token=theirs&a=1&token=again"
             .parse()
@@ -275,6 +283,9 @@ mod tests {
                 Just("token=".to_string()),
                 Just("token=%zz".to_string()),
                 Just("Token=x".to_string()),
+                Just("%74oken=x.y.z".to_string()),
+                Just("tok%65n".to_string()),
+                Just("%74%6F%6B%65%6E=a".to_string()),
                 Just("tokenx=y".to_string()),
                 Just("x=token".to_string()),
                 "[a-z%0-9.=_-]{0,12}",
@@ -291,13 +302,18 @@ mod tests {
                     return Ok(());
                 };
                 let taken = take_token(&mut uri);
+                // A pair is a token when its name decodes to `token`.
+                let is_token = |pair: &str| {
+                    let name = pair.split('=').next().unwrap_or("");
+                    crate::path::percent_decode(name).as_deref() == Some("token")
+                };
                 let kept: Vec<&str> = pairs
                     .iter()
                     .map(String::as_str)
-                    .filter(|p| *p != "token" && !p.starts_with("token="))
+                    .filter(|p| !is_token(p))
                     .collect();
                 let left = uri.query().unwrap_or("");
-                prop_assert!(left.split('&').all(|p| p != "token" && !p.starts_with("token=")));
+                prop_assert!(left.split('&').all(|p| !is_token(p)));
                 prop_assert_eq!(taken.rest.as_deref().unwrap_or(""), kept.join("&"));
                 prop_assert_eq!(left, kept.join("&"));
                 prop_assert_eq!(taken.token.is_some(), kept.len() < pairs.len());

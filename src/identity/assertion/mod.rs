@@ -57,6 +57,8 @@ pub struct AssertionMinter {
     ring: Arc<KeyRing>,
     issuer: String,
     lifetime: Duration,
+    /// `assertion.reuse`: may one assertion serve several requests?
+    reuse: bool,
 }
 
 impl AssertionMinter {
@@ -65,7 +67,15 @@ impl AssertionMinter {
             ring,
             issuer,
             lifetime,
+            reuse: true,
         }
+    }
+
+    /// With `assertion.reuse`: `false` signs a fresh assertion, with a
+    /// fresh `jti`, for every request.
+    pub fn with_reuse(mut self, reuse: bool) -> AssertionMinter {
+        self.reuse = reuse;
+        self
     }
 
     /// The compact JWS of `identity` for `audience`, issued at `now` (epoch s).
@@ -124,6 +134,10 @@ impl Minter for AssertionMinter {
     fn lifetime(&self) -> Duration {
         self.lifetime
     }
+
+    fn reusable(&self) -> bool {
+        self.reuse
+    }
 }
 
 #[cfg(test)]
@@ -143,6 +157,7 @@ mod tests {
             algorithm,
             signing_key_file: None,
             jwks_max_age: Duration::from_secs(300),
+            reuse: true,
         };
         Arc::new(KeyRing::open(&store, &settings).await.unwrap())
     }

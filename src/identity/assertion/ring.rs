@@ -303,6 +303,7 @@ mod tests {
             algorithm: AssertionAlgorithm::Es256,
             signing_key_file: None,
             jwks_max_age: Duration::from_secs(max_age),
+            reuse: true,
         };
         assert_eq!(reload_interval(&settings(300)), Duration::from_secs(30));
         assert_eq!(reload_interval(&settings(20)), Duration::from_secs(10));
