@@ -347,6 +347,15 @@ impl App {
             Ok(grant) => grant,
             Err(refusal) => return Ok(refusal.into_response()),
         };
+        // A small body streaming in is read whole first, so that a slow one
+        // holds no slot and no upstream connection (the lean path's came
+        // whole with its head). Boxed: only requests with a body pay for
+        // the room its reading takes in this future.
+        let mut req = req;
+        if matches!(req.body(), RequestBody::Streamed(body) if !http_body::Body::is_end_stream(body))
+        {
+            req = Box::pin(self.proxy.buffer(route, req, ex.client.conn)).await?;
+        }
         let in_flight = self.admit_in_flight(ex)?;
         let passport = self.passport(route, ex)?;
         let outgoing = self.headers_to_upstream(req, ex, passport.as_ref());
