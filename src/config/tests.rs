@@ -266,7 +266,10 @@ fn buffered_body_bytes_defaults_to_64_kib_and_refuses_a_negative_size() {
     let settings = load_text("", &[]).unwrap();
     assert_eq!(settings.limits.buffered_body_bytes, 64 * 1024);
     let settings = load_text("", &[("KEYGATE_LIMITS_BUFFERED_BODY_BYTES", "0")]).unwrap();
-    assert_eq!(settings.limits.buffered_body_bytes, 0, "0 turns buffering off");
+    assert_eq!(
+        settings.limits.buffered_body_bytes, 0,
+        "0 turns buffering off"
+    );
     let errors = load_text("[limits]\nbuffered_body_bytes = -1\n", &[]).unwrap_err();
     assert!(
         errors

@@ -162,7 +162,8 @@ mod tests {
 
     #[tokio::test]
     async fn a_body_that_ends_within_the_limit_is_read_whole() {
-        let Ok(Buffered::Whole(bytes)) = read_up_to(chunks(&[b"ab", b"", b"cd"]), 4, any).await else {
+        let Ok(Buffered::Whole(bytes)) = read_up_to(chunks(&[b"ab", b"", b"cd"]), 4, any).await
+        else {
             panic!("not whole")
         };
         assert_eq!(bytes, "abcd");

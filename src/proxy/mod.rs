@@ -454,7 +454,10 @@ impl Proxy {
         req: Request<RequestBody>,
         conn: &Peer,
     ) -> Result<Request<RequestBody>, ApiError> {
-        let limit = self.limits.buffered_body_bytes.min(self.limits.max_body_bytes);
+        let limit = self
+            .limits
+            .buffered_body_bytes
+            .min(self.limits.max_body_bytes);
         let (mut parts, body) = req.into_parts();
         let incoming = match body {
             RequestBody::Streamed(incoming)
