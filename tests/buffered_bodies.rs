@@ -267,6 +267,77 @@ async fn small_bodies_trickled_over_http2_hold_no_upstream_connection_until_whol
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bodies_past_a_connections_buffering_budget_stream_as_large_ones_do() {
+    let upstream = StreamingUpstream::start().await;
+    let gateway = Gateway::start(&upstream.url(), "").await;
+    let http = gateway.running.http.unwrap();
+    // 25 bodies of 60,000 bytes on one connection, each under the 64 KiB
+    // limit, 50,000 of each sent and held: 1.25 MB together, past the
+    // connection's 1 MiB budget for bodies being read whole.
+    const STREAMS: usize = 25;
+    const BODY: usize = 60_000;
+    const SENT: usize = 50_000;
+    let mut connection = h2c(http).await;
+    let mut streams = Vec::new();
+    for _ in 0..STREAMS {
+        connection = connection.ready().await.unwrap();
+        let request = Request::post(format!("http://{http}/api/noauth/upload"))
+            .header("content-length", BODY.to_string())
+            .body(())
+            .unwrap();
+        let (response, mut body) = connection.send_request(request, false).unwrap();
+        body.send_data(Bytes::from(vec![b'x'; SENT]), false)
+            .unwrap();
+        streams.push((response, body));
+    }
+    // The bodies that found the budget spent went on, streamed: they are
+    // upstream already; the others are held, and nothing more.
+    common::wait_until(
+        "the bodies past the budget streamed upstream",
+        Duration::from_secs(10),
+        async || upstream.heads() > 0,
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let streamed = upstream.heads();
+    println!(
+        "{STREAMS} bodies of {BODY} bytes held on one connection: {streamed} streamed upstream, \
+         {} held",
+        STREAMS - streamed
+    );
+    assert!(
+        streamed >= STREAMS - (1 << 20) / SENT,
+        "no more than 1 MiB of bodies held: only {streamed} streamed"
+    );
+    assert!(
+        streamed < STREAMS / 2,
+        "bodies within the budget are held: {streamed} streamed"
+    );
+    for (_, body) in &mut streams {
+        body.send_data(Bytes::from(vec![b'y'; BODY - SENT]), true)
+            .unwrap();
+    }
+    for (response, _) in streams {
+        let response = tokio::time::timeout(Duration::from_secs(20), response)
+            .await
+            .expect("answered once whole")
+            .unwrap();
+        assert_eq!(response.status(), 200);
+        let mut body = response.into_body();
+        let mut text = Vec::new();
+        while let Some(chunk) = body.data().await {
+            text.extend_from_slice(&chunk.unwrap());
+        }
+        assert_eq!(String::from_utf8(text).unwrap(), format!("{BODY}\n"));
+    }
+    assert_eq!(
+        upstream.seen().len(),
+        STREAMS,
+        "every request forwarded once"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_trickled_small_body_reaches_the_upstream_only_once_whole() {
     let upstream = StreamingUpstream::start().await;
     let gateway = Gateway::start(&upstream.url(), "").await;

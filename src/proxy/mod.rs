@@ -441,13 +441,13 @@ impl Proxy {
     /// ([`buffering`]): called before the request's in-flight slot is taken
     /// and before [`Proxy::forward`]. A streamed body of a declared length
     /// up to `limits.buffered_body_bytes` (and `max_body_bytes`), or of no
-    /// declared length, is read at its pace; what ends within the limit goes
-    /// on whole, with its `Content-Length`; what passes it goes on as the
-    /// part read, then the rest, as does one that finds its connection's
-    /// budget of bytes held by bodies being read spent
-    /// ([`buffering::CONNECTION_BUDGET`]). A body that breaks off or is too
-    /// slow is the client's, answered and counted as when it streams (400,
-    /// 408).
+    /// declared length, is read at its pace (that of a `HEAD` or `CONNECT`
+    /// streams); what ends within the limit goes on whole, with its
+    /// `Content-Length`; what passes it goes on as the part read, then the
+    /// rest, as does one that finds its connection's budget of bytes held
+    /// by bodies being read spent ([`buffering::CONNECTION_BUDGET`]). A body
+    /// that breaks off or is too slow is the client's, answered and counted
+    /// as when it streams (400, 408).
     pub async fn buffer(
         &self,
         route: &Route,
@@ -459,9 +459,15 @@ impl Proxy {
             .buffered_body_bytes
             .min(self.limits.max_body_bytes);
         let (mut parts, body) = req.into_parts();
+        // A body read whole goes on over the wire ([`wire`]), which takes
+        // the methods the lean path takes: the response to HEAD has a length
+        // but no body, and CONNECT asks for a tunnel.
+        let wire_method =
+            parts.method != http::Method::HEAD && parts.method != http::Method::CONNECT;
         let incoming = match body {
             RequestBody::Streamed(incoming)
                 if limit > 0
+                    && wire_method
                     && !incoming.is_end_stream()
                     && incoming.size_hint().exact().is_none_or(|n| n <= limit) =>
             {
@@ -527,12 +533,6 @@ impl Proxy {
         // A body read whole with its head goes with hyper's client's
         // dispatch left out ([`wire`]).
         let (whole, mut body) = match incoming {
-            // The wire reads a response by its framing alone, which a
-            // response to HEAD does not follow: such a (rare) request with
-            // a body goes through hyper's client.
-            RequestBody::Read(bytes) if parts.method == http::Method::HEAD => {
-                (None, Some(body::full(bytes)))
-            }
             RequestBody::Read(bytes) => (Some(bytes), None),
             RequestBody::Streamed(incoming) => (
                 None,
