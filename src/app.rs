@@ -8,8 +8,9 @@
 //!    route, WebSocket upgrades included (decided from local counters, never
 //!    waiting on Redis; a platform WebSocket route authenticates after the
 //!    upgrade, so its socket counts there, [`crate::websocket`]);
-//! 5. [`App::headers_to_upstream`], [`App::forward`], [`App::headers_to_client`]
-//!    for a proxied route;
+//! 5. for a proxied route: a small body read whole ([`Proxy::buffer`]), then
+//!    [`App::admit_in_flight`], [`App::headers_to_upstream`], [`App::forward`],
+//!    [`App::headers_to_client`];
 //! 6. [`App::log`]: metrics and the access log.
 //!
 //! What the phases learn about a request travels in its [`Exchange`].
