@@ -187,6 +187,8 @@ LABELS = {
     "keygate-1key": "keygate HTTPS, 1 key via lua",
     "keygate-rotation": "keygate HTTPS, N keys in rotation via lua",
     "keygate-logins": "keygate HTTPS + API key, logins running",
+    "nginx-https-post": "nginx proxy_pass, HTTPS, 1 KiB POST",
+    "keygate-apikey-post": "keygate HTTPS + API key, 1 KiB POST",
     "c1-direct": "1 connection: upstream direct",
     "c1-nginx-https": "1 connection: nginx HTTPS",
     "c1-keygate-apikey": "1 connection: keygate HTTPS + API key",
@@ -284,6 +286,12 @@ def table(args):
                 for name, p in peers
                 if p
             )
+        )
+    if "keygate-apikey-post" in s and "nginx-https-post" in s:
+        k, n = s["keygate-apikey-post"], s["nginx-https-post"]
+        lines.append(
+            f"- 1 KiB POST, keygate HTTPS + API key vs nginx HTTPS: {ratio(k['rps'], n['rps'])} req/s, "
+            f"{ratio(k['cpu'], n['cpu'])} CPU/req"
         )
     if "keygate-rotation" in s and "keygate-1key" in s:
         lines.append(

@@ -8,8 +8,9 @@
 //!    route, WebSocket upgrades included (decided from local counters, never
 //!    waiting on Redis; a platform WebSocket route authenticates after the
 //!    upgrade, so its socket counts there, [`crate::websocket`]);
-//! 5. [`App::headers_to_upstream`], [`App::forward`], [`App::headers_to_client`]
-//!    for a proxied route;
+//! 5. for a proxied route: a small body read whole ([`Proxy::buffer`]), then
+//!    [`App::admit_in_flight`], [`App::headers_to_upstream`], [`App::forward`],
+//!    [`App::headers_to_client`];
 //! 6. [`App::log`]: metrics and the access log.
 //!
 //! What the phases learn about a request travels in its [`Exchange`].
@@ -347,6 +348,15 @@ impl App {
             Ok(grant) => grant,
             Err(refusal) => return Ok(refusal.into_response()),
         };
+        // A small body streaming in is read whole first, so that a slow one
+        // holds no slot and no upstream connection (the lean path's came
+        // whole with its head). Boxed: only requests with a body pay for
+        // the room its reading takes in this future.
+        let mut req = req;
+        if matches!(req.body(), RequestBody::Streamed(body) if !http_body::Body::is_end_stream(body))
+        {
+            req = Box::pin(self.proxy.buffer(route, req, ex.client.conn)).await?;
+        }
         let in_flight = self.admit_in_flight(ex)?;
         let passport = self.passport(route, ex)?;
         let outgoing = self.headers_to_upstream(route, req, ex, passport.as_ref());

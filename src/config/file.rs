@@ -154,6 +154,7 @@ pub struct LimitsSection {
     pub max_in_flight_per_connection: i64,
     pub max_in_flight_per_address: i64,
     pub min_body_rate: i64,
+    pub buffered_body_bytes: i64,
     pub ipv6_prefix_len: i64,
     pub management_writes_per_user: String,
 }
@@ -639,6 +640,7 @@ impl Default for LimitsSection {
             max_in_flight_per_connection: 32,
             max_in_flight_per_address: 128,
             min_body_rate: 1024,
+            buffered_body_bytes: 64 * 1024,
             ipv6_prefix_len: i64::from(crate::address::DEFAULT_IPV6_PREFIX_LEN),
             management_writes_per_user: "60/m".into(),
         }

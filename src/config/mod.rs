@@ -439,6 +439,10 @@ pub struct HttpLimits {
     /// Slowest a proxied request body may arrive once `body_read_timeout`
     /// has passed, in bytes per second of waiting; 0: no such floor.
     pub min_body_rate: u64,
+    /// A proxied request body up to this size is read whole, at the pace
+    /// above, before an upstream connection or an in-flight slot is taken
+    /// (a larger one streams); 0: every body streams.
+    pub buffered_body_bytes: u64,
     /// Leading bits of an IPv6 address that make its address key
     /// ([`crate::address::AddressKey`]), 1 to 128.
     pub ipv6_prefix_len: u8,

@@ -262,6 +262,25 @@ fn connection_limits_have_documented_defaults_and_are_checked() {
 }
 
 #[test]
+fn buffered_body_bytes_defaults_to_64_kib_and_refuses_a_negative_size() {
+    let settings = load_text("", &[]).unwrap();
+    assert_eq!(settings.limits.buffered_body_bytes, 64 * 1024);
+    let settings = load_text("", &[("KEYGATE_LIMITS_BUFFERED_BODY_BYTES", "0")]).unwrap();
+    assert_eq!(
+        settings.limits.buffered_body_bytes, 0,
+        "0 turns buffering off"
+    );
+    let errors = load_text("[limits]\nbuffered_body_bytes = -1\n", &[]).unwrap_err();
+    assert!(
+        errors
+            .0
+            .iter()
+            .any(|e| e.contains("limits.buffered_body_bytes: must be 0 or more")),
+        "{errors}"
+    );
+}
+
+#[test]
 fn durations_parse_with_units() {
     assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
     assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));

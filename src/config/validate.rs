@@ -653,6 +653,10 @@ impl LimitsSection {
             errors.push("limits.min_body_rate: must be 0 or more".into());
             0
         });
+        let buffered_body_bytes = u64::try_from(self.buffered_body_bytes).unwrap_or_else(|_| {
+            errors.push("limits.buffered_body_bytes: must be 0 or more".into());
+            0
+        });
         if max_header_bytes < 1024 {
             errors.push("limits.max_header_bytes: must be at least 1024".into());
         }
@@ -680,6 +684,7 @@ impl LimitsSection {
             max_in_flight_per_connection,
             max_in_flight_per_address,
             min_body_rate,
+            buffered_body_bytes,
             ipv6_prefix_len,
             management_writes_per_user: optional_rate(
                 "limits.management_writes_per_user",

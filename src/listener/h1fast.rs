@@ -28,7 +28,9 @@
 //! - The body of a taken request is exactly `Content-Length` bytes following
 //!   the head; the next request starts right after them. A body that has not
 //!   arrived with its head is not taken ([`Decline::BodyPending`]): hyper's
-//!   path holds a streaming body to its pace.
+//!   path holds a streaming body to its pace, and reads a small one whole
+//!   before anything upstream is taken (`crate::proxy::Proxy::buffer`). A
+//!   taken request takes no upstream connection before its body is in.
 //! - 6.3 for responses: the response written here is framed by its
 //!   `Content-Length` when it has one (kept from the upstream), else by the
 //!   body's exact size, else chunked; 1xx, 204 and 304 responses have no

@@ -5,7 +5,7 @@
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use http::{HeaderMap, HeaderName, HeaderValue};
 use ipnet::IpNet;
@@ -36,6 +36,9 @@ pub struct Peer {
 struct Load {
     connection: AtomicUsize,
     address: Arc<AtomicUsize>,
+    /// Bytes held by request bodies being read whole on this connection
+    /// ([`Peer::buffering`]).
+    buffering: AtomicU64,
 }
 
 /// One proxied request counted in flight on its connection and address;
@@ -47,6 +50,39 @@ impl Drop for InFlight {
     fn drop(&mut self) {
         self.0.connection.fetch_sub(1, Ordering::Relaxed);
         self.0.address.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// What one body being read whole holds of its connection's budget
+/// ([`Peer::buffering`]); dropping it gives all of it back.
+#[derive(Debug)]
+pub struct Buffering<'p> {
+    held: &'p AtomicU64,
+    taken: u64,
+    budget: u64,
+}
+
+impl Buffering<'_> {
+    /// Takes `bytes` more; `false`, taking nothing, when the connection's
+    /// bodies would then hold more than its budget.
+    pub(crate) fn take(&mut self, bytes: u64) -> bool {
+        let budget = self.budget;
+        let taken = self
+            .held
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |held| {
+                held.checked_add(bytes).filter(|&total| total <= budget)
+            })
+            .is_ok();
+        if taken {
+            self.taken += bytes;
+        }
+        taken
+    }
+}
+
+impl Drop for Buffering<'_> {
+    fn drop(&mut self) {
+        self.held.fetch_sub(self.taken, Ordering::Relaxed);
     }
 }
 
@@ -83,6 +119,7 @@ impl Peer {
         self.load = Arc::new(Load {
             connection: AtomicUsize::new(0),
             address,
+            buffering: AtomicU64::new(0),
         });
         self
     }
@@ -105,6 +142,17 @@ impl Peer {
             return Err(Crowded::Address);
         }
         Ok(InFlight(load.clone()))
+    }
+
+    /// A share of this connection's `budget` of bytes held by request
+    /// bodies being read whole (the proxy's request buffering), taken as
+    /// they arrive and given back when the share is dropped.
+    pub(crate) fn buffering(&self, budget: u64) -> Buffering<'_> {
+        Buffering {
+            held: &self.load.buffering,
+            taken: 0,
+            budget,
+        }
     }
 
     /// The client address the connection alone tells: the peer's.
@@ -195,6 +243,24 @@ mod tests {
             );
         }
         map
+    }
+
+    #[test]
+    fn bodies_read_whole_on_one_connection_hold_no_more_than_its_budget() {
+        let conn = Peer::accept("192.0.2.1:5555".parse().unwrap(), true, "https", &[]);
+        let mut first = conn.buffering(100);
+        let mut second = conn.buffering(100);
+        assert!(first.take(60));
+        assert!(!second.take(41), "over the budget: nothing taken");
+        assert!(second.take(40), "what is left of it");
+        assert!(!first.take(1));
+        drop(first);
+        let mut third = conn.buffering(100);
+        assert!(third.take(60), "a body read whole gives its share back");
+        assert!(!third.take(1));
+        // Another connection has a budget of its own.
+        let other = Peer::accept("192.0.2.1:5556".parse().unwrap(), true, "https", &[]);
+        assert!(other.buffering(100).take(100));
     }
 
     #[test]

@@ -1,10 +1,11 @@
 //! Routing and forwarding: the route table, upstream pools, and the one place a
 //! request leaves for an upstream.
 
+mod buffering;
 mod client;
 pub(crate) use client::pin_thread_to_pool;
 pub mod headers;
-mod pacing;
+pub mod pacing;
 pub mod wire;
 
 use std::sync::Arc;
@@ -14,6 +15,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
+use buffering::{Buffered, Resumed};
 use client::{Ceiling, SendError, UpstreamClient};
 use http::uri::PathAndQuery;
 use http::{Request, Response, Uri, Version};
@@ -25,7 +27,7 @@ use crate::body::{self, Body};
 use crate::config::{HttpLimits, ProxySettings, RouteSpec, UpstreamUrl};
 use crate::error::ApiError;
 use crate::identity::passport::Destination;
-use crate::listener::peer::InFlight;
+use crate::listener::peer::{InFlight, Peer};
 use crate::shared_limits::quota::RouteQuota;
 use crate::telemetry::{ClientAbort, Metrics, RouteSeries, UpstreamSeries};
 
@@ -410,22 +412,98 @@ impl Proxy {
         if incoming.is_end_stream() {
             return body::boxed(incoming.map_err(body::ClientBodyError));
         }
-        let paced = Paced::new(
-            incoming,
-            Pace {
-                gap: self.limits.body_read_timeout,
-                min_rate: self.limits.min_body_rate,
-            },
-        );
+        self.paced_body(Paced::new(incoming, self.pace()), 0, declared, version)
+    }
+
+    /// The pace a client's body must keep, from `[limits]`.
+    fn pace(&self) -> Pace {
+        Pace {
+            gap: self.limits.body_read_timeout,
+            min_rate: self.limits.min_body_rate,
+        }
+    }
+
+    /// [`Proxy::request_body`] of a paced body of which `read` bytes were
+    /// read already.
+    fn paced_body(&self, paced: Paced, read: u64, declared: bool, version: Version) -> Body {
         if declared {
             return body::boxed(paced);
         }
         body::boxed(Capped {
             inner: Some(paced),
-            read: 0,
+            read,
             version,
             limits: self.limits.clone(),
         })
+    }
+
+    /// Reads a small request body whole before anything upstream is taken
+    /// ([`buffering`]): called before the request's in-flight slot is taken
+    /// and before [`Proxy::forward`]. A streamed body of a declared length
+    /// up to `limits.buffered_body_bytes` (and `max_body_bytes`), or of no
+    /// declared length, is read at its pace (that of a `HEAD` or `CONNECT`
+    /// streams); what ends within the limit goes on whole, with its
+    /// `Content-Length`; what passes it goes on as the part read, then the
+    /// rest, as does one that finds its connection's budget of bytes held
+    /// by bodies being read spent ([`buffering::CONNECTION_BUDGET`]). A body
+    /// that breaks off or is too slow is the client's, answered and counted
+    /// as when it streams (400, 408).
+    pub async fn buffer(
+        &self,
+        route: &Route,
+        req: Request<RequestBody>,
+        conn: &Peer,
+    ) -> Result<Request<RequestBody>, ApiError> {
+        let limit = self
+            .limits
+            .buffered_body_bytes
+            .min(self.limits.max_body_bytes);
+        let (mut parts, body) = req.into_parts();
+        // A body read whole goes on over the wire ([`wire`]), which takes
+        // the methods the lean path takes: the response to HEAD has a length
+        // but no body, and CONNECT asks for a tunnel.
+        let wire_method =
+            parts.method != http::Method::HEAD && parts.method != http::Method::CONNECT;
+        let incoming = match body {
+            RequestBody::Streamed(incoming)
+                if limit > 0
+                    && wire_method
+                    && !incoming.is_end_stream()
+                    && incoming.size_hint().exact().is_none_or(|n| n <= limit) =>
+            {
+                incoming
+            }
+            body => return Ok(Request::from_parts(parts, body)),
+        };
+        let mut held = conn.buffering(limit.max(buffering::CONNECTION_BUDGET));
+        let paced = Paced::new(incoming, self.pace());
+        let read = buffering::read_up_to(paced, limit, |bytes| held.take(bytes)).await;
+        drop(held);
+        let body = match read {
+            Ok(Buffered::Whole(bytes)) => {
+                // Framed by its length now, whatever framed it on the way in.
+                parts.headers.remove(http::header::TRANSFER_ENCODING);
+                parts
+                    .headers
+                    .insert(http::header::CONTENT_LENGTH, bytes.len().into());
+                RequestBody::Read(bytes)
+            }
+            Ok(Buffered::Begun(read, rest)) => RequestBody::Begun(read, rest),
+            Err(error) => {
+                tracing::debug!(route = %route.name, %error, "the client's request body could not be read whole");
+                let (abort, answer) = if error.is::<pacing::BodyTooSlow>() {
+                    (ClientAbort::BodyTooSlow, ApiError::request_timeout())
+                } else {
+                    (
+                        ClientAbort::BodyBroken,
+                        ApiError::bad_request("Request body could not be read"),
+                    )
+                };
+                route.series.client_abort(abort);
+                return Err(answer);
+            }
+        };
+        Ok(Request::from_parts(parts, body))
     }
 
     /// Sends a prepared request (headers already processed) to the route; the
@@ -460,6 +538,19 @@ impl Proxy {
                 None,
                 Some(self.request_body(incoming, declared.is_some(), parts.version)),
             ),
+            RequestBody::Begun(read, rest) => {
+                let already = read.len() as u64;
+                if already > self.limits.max_body_bytes {
+                    body::discard_rest_if_http2(parts.version, rest, already, &self.limits);
+                    return Err(ApiError::body_too_large().into());
+                }
+                let rest = self.paced_body(rest, already, false, parts.version);
+                let resumed = Resumed {
+                    read: Some(read),
+                    rest,
+                };
+                (None, Some(body::boxed(resumed)))
+            }
         };
         let mut keep = Some(in_flight);
         parts.version = Version::HTTP_11;
@@ -541,11 +632,14 @@ impl Proxy {
     }
 }
 
-/// A proxied request's body: streamed from hyper's connection, or read
-/// whole with its head by the lean path ([`crate::listener::h1fast`]).
+/// A proxied request's body: streamed from hyper's connection, read whole
+/// (with its head by the lean path, [`crate::listener::h1fast`], or by
+/// [`Proxy::buffer`]), or begun by [`Proxy::buffer`]: the part read, then
+/// the rest, at its pace.
 pub enum RequestBody {
     Streamed(hyper::body::Incoming),
     Read(bytes::Bytes),
+    Begun(bytes::Bytes, Paced),
 }
 
 impl RequestBody {
@@ -554,6 +648,10 @@ impl RequestBody {
         match self {
             RequestBody::Streamed(incoming) => incoming.size_hint().exact(),
             RequestBody::Read(bytes) => Some(bytes.len() as u64),
+            RequestBody::Begun(read, rest) => rest
+                .size_hint()
+                .exact()
+                .map(|n| n.saturating_add(read.len() as u64)),
         }
     }
 
@@ -561,6 +659,7 @@ impl RequestBody {
         match self {
             RequestBody::Streamed(incoming) => incoming.is_end_stream(),
             RequestBody::Read(bytes) => bytes.is_empty(),
+            RequestBody::Begun(..) => false,
         }
     }
 }

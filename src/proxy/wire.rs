@@ -2,8 +2,10 @@
 //! written in one pass into one buffer, the response head parsed once with
 //! `httparse`, and the response body relayed by its framing.
 //!
-//! Used for requests whose body is read whole with their head (the lean
-//! path's, [`crate::listener::h1fast`]); streamed bodies keep hyper's client.
+//! Used for requests whose body is read whole before they are forwarded
+//! (the lean path's, with their head, [`crate::listener::h1fast`]; small
+//! bodies on hyper's path, [`super::buffering`]); streamed bodies keep
+//! hyper's client.
 //! What it saves is hyper's client dispatch for every such request: a channel
 //! send and receive, a oneshot for the answer, and the wakes between them
 //! (BENCHMARKS.md, "The lean HTTP/1.1 path").
