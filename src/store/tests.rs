@@ -569,10 +569,7 @@ async fn check_changes_return_the_revocation_they_publish(store: &Store) {
     let by_user = Some(Revocation::User(u.id));
     let by_key = Some(Revocation::Key(k.id));
 
-    store
-        .replace_activation(u.id, "tok", i64::MAX)
-        .await
-        .unwrap();
+    store.add_activation(u.id, "tok", i64::MAX).await.unwrap();
     let activated = store.activate("tok", "hash", 0, 1).await.unwrap();
     assert_eq!(
         (activated.outcome, activated.revocation),
@@ -1129,10 +1126,7 @@ fn pending(email: &str) -> UserRecord {
 async fn check_activation_token_is_used_once_when_raced(store: &Store) {
     let u = pending("race@example.com");
     store.insert_user(&u).await.unwrap();
-    store
-        .replace_activation(u.id, "tok", i64::MAX)
-        .await
-        .unwrap();
+    store.add_activation(u.id, "tok", i64::MAX).await.unwrap();
     assert_eq!(store.activation_user("tok", 0).await.unwrap(), Some(u.id));
     let (a, b) = tokio::join!(
         store.activate("tok", "hash-a", 0, 1_800_000_000),
@@ -1152,10 +1146,7 @@ async fn check_activation_token_is_used_once_when_raced(store: &Store) {
 async fn check_activation_never_sets_the_password_of_an_active_account(store: &Store) {
     let u = user("active@example.com", 1);
     store.insert_user(&u).await.unwrap();
-    store
-        .replace_activation(u.id, "tok", i64::MAX)
-        .await
-        .unwrap();
+    store.add_activation(u.id, "tok", i64::MAX).await.unwrap();
     assert_eq!(
         store
             .activate("tok", "attacker", 0, 1_800_000_000)
@@ -1176,16 +1167,13 @@ async fn check_activation_ends_earlier_sessions_of_the_user(store: &Store) {
     store.insert_user(&u).await.unwrap();
     let s = session(&u);
     store.insert_session(&s).await.unwrap();
-    store.replace_activation(u.id, "tok", 10).await.unwrap();
+    store.add_activation(u.id, "tok", 10).await.unwrap();
     assert_eq!(
         store.activation_user("tok", 10).await.unwrap(),
         None,
         "expired"
     );
-    store
-        .replace_activation(u.id, "tok", i64::MAX)
-        .await
-        .unwrap();
+    store.add_activation(u.id, "tok", i64::MAX).await.unwrap();
     assert_eq!(
         store
             .activate("tok", "first", 0, 1_800_000_000)
@@ -1442,7 +1430,7 @@ async fn check_pruning_deletes_expired_activation_tokens_only(store: &Store) {
         store.insert_user(&u).await.unwrap();
         let digest = format!("digest-{i}");
         store
-            .replace_activation(u.id, &digest, expires_at)
+            .add_activation(u.id, &digest, expires_at)
             .await
             .unwrap();
         users.push((u, digest));
