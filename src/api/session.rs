@@ -384,7 +384,9 @@ pub async fn refresh(
         .verify_refresh(&body.refresh_token)
         .map_err(|e| match e {
             TokenError::Expired | TokenError::BadSignature => ApiError::token_expired(),
-            TokenError::Malformed | TokenError::WrongScope => ApiError::invalid_credentials(),
+            TokenError::Malformed | TokenError::WrongScope | TokenError::SecondFactorPending => {
+                ApiError::invalid_credentials()
+            }
         })?;
     // A public user's refresh holds while its customer is still public, as
     // on the platform; it has no stored session to rotate.
