@@ -463,7 +463,8 @@ pub async fn set_enabled(
     Ok(empty_response())
 }
 
-/// `GET /api/user/{id}/activationLink`: a new one-time link (older ones stop working).
+/// `GET /api/user/{id}/activationLink`: the pending one-time link, or a new
+/// one when it is close to its end ([`activation_link_of`]).
 #[utoipa::path(
     get,
     path = "/api/user/{id}/activationLink",
@@ -571,14 +572,14 @@ fn mail_not_configured() -> ApiError {
     ApiError::bad_request("Mail is not configured on this server: set [mail] host to send mail")
 }
 
-/// `POST /api/user/sendActivationMail?email=`: mails a new activation link
-/// to a user who has not activated yet.
+/// `POST /api/user/sendActivationMail?email=`: mails the activation link
+/// ([`activation_link_of`]) to a user who has not activated yet.
 #[utoipa::path(
     post,
     path = "/api/user/sendActivationMail",
     tag = "user-controller",
     operation_id = "sendActivationEmail",
-    summary = "Mail a new one-time activation link (24 h)",
+    summary = "Mail the one-time activation link (24 h)",
     params(("email" = String, Query, description = "The user's e-mail address")),
     responses(
         (status = 200, description = "Queued for sending"),
