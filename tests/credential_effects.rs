@@ -333,6 +333,55 @@ async fn an_api_key_cannot_remove_or_replace_its_owners_second_factor() {
     }
 }
 
+#[tokio::test]
+async fn an_api_key_and_the_password_get_no_session_past_the_second_factor() {
+    let (_upstream, gw) = common::gateway("").await;
+    for wire in WIRES {
+        let client = gw.client_over(wire);
+        let email = format!("change-{wire:?}@example.com").to_lowercase();
+        let user = gw.user(&email, Authority::TenantAdmin).await;
+        let (_, key) = gw.api_key(&user, 0).await;
+        let (_, session) = gw.access_token(&user).await;
+        configure_totp(&client, &gw, &format!("Bearer {session}")).await;
+
+        let change = json!({"currentPassword": PASSWORD, "newPassword": "another-long-password"});
+        let path = "/api/auth/changePassword";
+        let response = send(
+            &client,
+            &gw,
+            "POST",
+            path,
+            &api_key_header(&key),
+            Some(change),
+        )
+        .await;
+        assert_eq!(response.status(), 200, "{wire:?}");
+        let body: Value = response.json().await.unwrap();
+        assert_eq!(body["scope"], "PRE_VERIFICATION_TOKEN", "{wire:?}: {body}");
+        assert!(body["refreshToken"].is_null(), "{wire:?}: no pair: {body}");
+        // The token opens nothing but the second step.
+        let bearer = format!("Bearer {}", body["token"].as_str().unwrap());
+        let generate = "/api/2fa/account/config/generate?providerType=TOTP";
+        let refused = send(&client, &gw, "POST", generate, &bearer, None).await;
+        assert_eq!(refused.status(), 401, "{wire:?}");
+        // A session changing its password gets its pair, as before.
+        let (_, session) = gw.access_token(&user).await;
+        let back = json!({"currentPassword": "another-long-password", "newPassword": PASSWORD});
+        let response = send(
+            &client,
+            &gw,
+            "POST",
+            path,
+            &format!("Bearer {session}"),
+            Some(back),
+        )
+        .await;
+        assert_eq!(response.status(), 200, "{wire:?}");
+        let body: Value = response.json().await.unwrap();
+        assert!(body["refreshToken"].is_string(), "{wire:?}: {body}");
+    }
+}
+
 /// A pre-verification token of `email`, who has TOTP configured.
 async fn pre_verification_token(gw: &Gateway, email: &str) -> String {
     let response = gw.login(email, PASSWORD).await;

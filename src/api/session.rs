@@ -559,5 +559,13 @@ pub async fn change_password(
         tokens_valid_after: now,
         ..user
     };
+    // A session's pair comes from a login that passed its second factor; an
+    // API key and the password are not that: the second factor due at login
+    // is due here, as on activation.
+    if !identity.is_session()
+        && let Some(pending) = api.second_factor_due(&user).await?
+    {
+        return Ok(json_response(&pending));
+    }
     Ok(json_response(&api.issue_pair(&user).await?))
 }
