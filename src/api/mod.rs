@@ -517,7 +517,7 @@ pub fn proxied_effect(path: &str) -> Effect {
         .unwrap_or(path);
     if PLATFORM_CREDENTIAL_PATHS
         .iter()
-        .any(|pattern| match_pattern(pattern, path).is_some())
+        .any(|pattern| matches_pattern(pattern, path))
     {
         Effect::Credential
     } else {
@@ -607,6 +607,21 @@ fn candidates(path: &str) -> impl Iterator<Item = &'static EndpointRoute> {
         .flatten()
         .chain(&index.anywhere)
         .copied()
+}
+
+/// Does `path` match `pattern` ([`match_pattern`], without keeping the
+/// parameters)? Asked for every request of a scoped key.
+fn matches_pattern(pattern: &str, path: &str) -> bool {
+    let mut pattern_parts = pattern.split('/');
+    let mut path_parts = path.split('/');
+    loop {
+        match (pattern_parts.next(), path_parts.next()) {
+            (None, None) => return true,
+            (Some(p), Some(s)) if p.starts_with('{') && p.ends_with('}') && !s.is_empty() => {}
+            (Some(p), Some(s)) if p == s => {}
+            _ => return false,
+        }
+    }
 }
 
 fn match_pattern(pattern: &str, path: &str) -> Option<Vec<String>> {
@@ -1263,5 +1278,21 @@ mod tests {
         );
         assert_eq!(match_pattern("/api/apiKey/{id}", "/api/apiKey/"), None);
         assert_eq!(match_pattern("/api/apiKey/{id}", "/api/apiKey/a/b"), None);
+        for (pattern, path) in [
+            (
+                "/api/apiKey/{id}/enabled/{v}",
+                "/api/apiKey/abc/enabled/true",
+            ),
+            ("/api/apiKey/{id}", "/api/apiKey/"),
+            ("/api/apiKey/{id}", "/api/apiKey/a/b"),
+            ("/api/apiKey", "/api/apiKey"),
+            ("/api/apiKey", "/api/apiKeys"),
+        ] {
+            assert_eq!(
+                matches_pattern(pattern, path),
+                match_pattern(pattern, path).is_some(),
+                "{pattern} {path}"
+            );
+        }
     }
 }
