@@ -166,6 +166,7 @@ store_tests!(
     check_activation_token_is_used_once_when_raced,
     check_activation_never_sets_the_password_of_an_active_account,
     check_activation_ends_earlier_sessions_of_the_user,
+    check_a_new_activation_token_keeps_the_pending_ones,
     check_reset_token_is_used_once_when_raced_and_ends_sessions_keeping_keys,
     check_a_new_reset_token_voids_the_older_and_expired_ones,
     check_sessions_record_rotation_and_first_end_times,
@@ -1121,6 +1122,27 @@ fn pending(email: &str) -> UserRecord {
         password_hash: String::new(),
         ..user(email, 1)
     }
+}
+
+async fn check_a_new_activation_token_keeps_the_pending_ones(store: &Store) {
+    let u = pending("kept@example.com");
+    store.insert_user(&u).await.unwrap();
+    store.add_activation(u.id, "old", 2_000).await.unwrap();
+    store.add_activation(u.id, "new", 3_000).await.unwrap();
+    store.add_activation(u.id, "gone", 500).await.unwrap();
+    assert_eq!(
+        store.pending_activations(u.id, 1_000).await.unwrap(),
+        vec![("new".to_string(), 3_000), ("old".to_string(), 2_000)],
+        "unexpired ones, the longest-lived first"
+    );
+    assert_eq!(
+        store.activation_user("old", 1_000).await.unwrap(),
+        Some(u.id)
+    );
+    // Activating with either consumes them all.
+    let activated = store.activate("old", "hash", 1_000, 1).await.unwrap();
+    assert_eq!(activated.outcome, Some(u.id));
+    assert!(store.pending_activations(u.id, 0).await.unwrap().is_empty());
 }
 
 async fn check_activation_token_is_used_once_when_raced(store: &Store) {
