@@ -204,9 +204,10 @@ impl Identity {
             .is_none_or(|scopes| scopes.permit(effect(), method, path))
     }
 
-    /// Did the credential come from an interactive sign-in (a session keygate
-    /// opened after a password, and the second factor when one was due),
-    /// rather than an API key?
+    /// Is the credential a token of a session keygate opened (every one of
+    /// a user's sessions follows a password, and the second factor when one
+    /// was due; a public user's follows a public login and opens no account
+    /// endpoint), rather than an API key?
     pub fn is_session(&self) -> bool {
         matches!(self.method, AuthMethod::Jwt { .. })
     }
