@@ -309,7 +309,7 @@ impl App {
             }
             Target::Proxied(route) if upgrade => {
                 ex.identity = self
-                    .authenticate(&req, !route.public, ScopeCheck::Path(&path), ex)
+                    .authenticate(&req, !route.public, ScopeCheck::Proxied(&path), ex)
                     .await?;
                 // An upgrade is a request like any other to the quotas,
                 // counted before anything reaches the upstream.
@@ -342,7 +342,7 @@ impl App {
         ex: &mut Exchange<'t>,
     ) -> Result<Response<Body>, ApiError> {
         ex.identity = self
-            .authenticate(&req, !route.public, ScopeCheck::Path(path), ex)
+            .authenticate(&req, !route.public, ScopeCheck::Proxied(path), ex)
             .await?;
         let grant = match self.admit_quota(route, ex) {
             Ok(grant) => grant,
@@ -548,9 +548,7 @@ impl App {
         let scope = match matched.route.endpoint {
             // Clients call it to check a key: any key may.
             Endpoint::CurrentUser => ScopeCheck::Exempt,
-            // A password is its user's whole account: never a scoped key's.
-            Endpoint::ChangePassword => ScopeCheck::Refused,
-            _ => ScopeCheck::Path(path),
+            _ => ScopeCheck::Endpoint(path, matched.route.effect),
         };
         let identity = self.authenticate(&req, required, scope, ex).await?;
         let client = &ex.client;
@@ -816,28 +814,30 @@ impl App {
     }
 }
 
-/// What a scoped API key must hold for a request.
+/// What a scoped API key must hold for a request: its class first (a
+/// credential is never a scoped key's), then a grant of its method and path
+/// ([`crate::auth::scope::Scopes::permit`], the check WebSockets make too).
 #[derive(Clone, Copy)]
 enum ScopeCheck<'p> {
-    /// A grant of the request's method on this normalised path: the one
-    /// that decided the route.
-    Path(&'p str),
+    /// An endpoint keygate answers, with its class from the route table, on
+    /// this normalised path.
+    Endpoint(&'p str, api::Effect),
+    /// A forwarded request (an upgrade included) on this normalised path:
+    /// the one that decided the route, classed by [`api::proxied_effect`].
+    Proxied(&'p str),
     /// Nothing: any valid key may.
     Exempt,
-    /// Never allowed with a scoped key.
-    Refused,
 }
 
 impl ScopeCheck<'_> {
     /// Always true for a credential without scopes.
     fn allows(self, identity: &Identity, method: &Method) -> bool {
-        if identity.scopes().is_none() {
-            return true;
-        }
         match self {
-            ScopeCheck::Path(path) => identity.allows(method, path),
+            ScopeCheck::Endpoint(path, effect) => identity.permits(method, path, || effect),
+            ScopeCheck::Proxied(path) => {
+                identity.permits(method, path, || api::proxied_effect(path))
+            }
             ScopeCheck::Exempt => true,
-            ScopeCheck::Refused => false,
         }
     }
 }

@@ -23,6 +23,10 @@ pub mod code {
     pub const TOO_MANY_REQUESTS: u16 = 33;
 }
 
+/// The message of a pre-verification token used as an access token.
+pub const SECOND_FACTOR_PENDING: &str =
+    "A second factor is pending: finish the login at /api/auth/2fa/verification/check first";
+
 /// The contract's error body.
 #[derive(Debug, serde::Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
@@ -137,6 +141,25 @@ impl ApiError {
             StatusCode::FORBIDDEN,
             code::PERMISSION_DENIED,
             "This API key's scopes do not allow this request",
+        )
+    }
+
+    /// A pre-verification token where an access token is needed: says
+    /// what to do instead of calling a right password wrong.
+    pub const fn second_factor_pending() -> Self {
+        Self::new(
+            StatusCode::UNAUTHORIZED,
+            code::AUTHENTICATION,
+            SECOND_FACTOR_PENDING,
+        )
+    }
+    /// An API key, scoped or not, on an endpoint that changes a second
+    /// factor: that needs a signed-in session.
+    pub const fn session_required() -> Self {
+        Self::new(
+            StatusCode::FORBIDDEN,
+            code::PERMISSION_DENIED,
+            "Second-factor settings change only in a signed-in session: an API key cannot change them",
         )
     }
 

@@ -1413,6 +1413,74 @@ async fn with_the_sync_on_user_endpoints_reach_the_platform_with_its_own_token()
 
 #[tokio::test]
 #[ignore = "needs PostgreSQL: set KEYGATE_TEST_DATABASE_URL and run with --include-ignored"]
+async fn with_the_sync_on_a_read_only_key_never_reaches_the_platforms_activation_link() {
+    let platform = Platform::start().await;
+    let upstream = Upstream::start().await;
+    let double = common::platform::PlatformDouble::start(MINTING_KEY).await;
+    let gw = syncing(&platform, &upstream.url(), &double.url(), SYNC_INTERVAL).await;
+    let created = gw
+        .client()
+        .post(gw.https("/api/apiKey"))
+        .header("X-Authorization", api_key_header(&platform.admin_key))
+        .json(&serde_json::json!({
+            "userId": {"id": platform.admin, "entityType": "USER"},
+            "description": "read-only",
+            "scopes": [{"path": "/", "methods": ["GET", "POST"]}],
+        }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(created.status(), 200);
+    let created: serde_json::Value = created.json().await.unwrap();
+    let scoped = api_key_header(created["value"].as_str().unwrap());
+    let pending = platform.pending;
+    for wire in common::WIRES {
+        let client = gw.client_over(wire);
+        for (method, path) in [
+            ("GET", format!("/api/user/{pending}/activationLink")),
+            ("GET", format!("/api/user/{pending}/activationLinkInfo")),
+            ("GET", format!("/api/user/{pending}/token")),
+            (
+                "POST",
+                format!("/api/user/{pending}/userCredentialsEnabled?userCredentialsEnabled=true"),
+            ),
+        ] {
+            let response = client
+                .request(method.parse().unwrap(), gw.https(&path))
+                .header("X-Authorization", &scoped)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(response.version(), wire.version());
+            let (status, body) = common::error_body(response).await;
+            assert_eq!(
+                (status, &body["errorCode"]),
+                (403, &serde_json::json!(20)),
+                "{wire:?} {method} {path}: {body}"
+            );
+        }
+    }
+    assert!(
+        double.seen().is_empty(),
+        "the platform route never saw a scoped key's request"
+    );
+    assert!(upstream.requests().is_empty());
+    // The route is the platform's: an unscoped key's request reaches it.
+    let response = gw
+        .client()
+        .get(gw.https(&format!("/api/user/{pending}/activationLink")))
+        .header("X-Authorization", api_key_header(&platform.admin_key))
+        .send()
+        .await
+        .unwrap();
+    assert_ne!(response.status(), 403);
+    assert_eq!(double.seen().len(), 1);
+    drop(gw);
+    platform.drop().await;
+}
+
+#[tokio::test]
+#[ignore = "needs PostgreSQL: set KEYGATE_TEST_DATABASE_URL and run with --include-ignored"]
 async fn the_platform_database_down_keeps_keygate_ready_counts_and_logs_once() {
     let platform = Platform::start().await;
     let upstream = Upstream::start().await;

@@ -62,7 +62,7 @@ pub async fn create(
         Some(value) => Some(Scopes::from_json(value).map_err(|e| ApiError::bad_request(e.0))?),
         None => None,
     };
-    within_creator_scopes(identity, scopes.as_ref())?;
+    within_creator_scopes(identity, owner.id, scopes.as_ref())?;
     let prefix = &api.settings.api_key_prefix;
     let request = accounts::KeyRequest {
         prefix,
@@ -85,22 +85,30 @@ pub async fn create(
     )))
 }
 
-/// A scoped key creates only keys within its own grants: never an unscoped
-/// one, and never a grant wider (in path or methods) than one of its own.
-fn within_creator_scopes(identity: &Identity, wanted: Option<&Scopes>) -> Result<(), ApiError> {
+/// Creating a key is a credential ([`super::Effect::Credential`]), which no
+/// scoped key reaches: this is the second line. A scoped key would create
+/// only keys of its own user (another user's key would skip that user's
+/// second factor), within its own grants: never an unscoped one, and never
+/// a grant wider (in path or methods) than one of its own.
+fn within_creator_scopes(
+    identity: &Identity,
+    owner: uuid::Uuid,
+    wanted: Option<&Scopes>,
+) -> Result<(), ApiError> {
     let Some(own) = identity.scopes() else {
         return Ok(());
     };
-    if wanted.is_some_and(|wanted| own.covers(wanted)) {
+    if owner == identity.principal.user_id && wanted.is_some_and(|wanted| own.covers(wanted)) {
         return Ok(());
     }
     tracing::warn!(
         target: "keygate::security",
         key_id = %identity.credential_id(),
-        "a scoped API key asked for a key beyond its own scopes"
+        "a scoped API key asked for a key beyond its own scopes or for another user"
     );
     Err(ApiError {
-        message: "A scoped API key can only create keys within its own scopes".into(),
+        message: "A scoped API key can only create keys of its own user, within its own scopes"
+            .into(),
         ..ApiError::permission_denied()
     })
 }

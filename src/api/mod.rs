@@ -27,6 +27,7 @@ use crate::accounts::AccountError;
 use crate::address::AddressKey;
 use crate::auth::Authenticator;
 use crate::auth::limiter::LoginLimiter;
+pub use crate::auth::scope::Effect;
 use crate::body::{self, Body};
 use crate::config::{HttpLimits, Settings};
 use crate::error::ApiError;
@@ -108,6 +109,22 @@ impl Endpoint {
     pub fn opens_to_public(self) -> bool {
         matches!(self, Endpoint::CurrentUser | Endpoint::Logout)
     }
+
+    /// Does it change the caller's second factor? Then it needs an
+    /// interactive session: a token of a session keygate opened (a password,
+    /// and the second factor when one was due), or on the routes that take
+    /// one an MFA configuration token. An API key, scoped or not, never
+    /// removes or replaces its owner's second factor.
+    pub fn needs_session(self) -> bool {
+        matches!(
+            self,
+            Endpoint::TwoFaGenerate
+                | Endpoint::TwoFaSave
+                | Endpoint::TwoFaSubmit
+                | Endpoint::TwoFaUpdate
+                | Endpoint::TwoFaDelete
+        )
+    }
 }
 
 /// One owned route: `{name}` segments match any one path segment.
@@ -117,6 +134,9 @@ pub struct EndpointRoute {
     pub pattern: &'static str,
     pub access: Access,
     pub endpoint: Endpoint,
+    /// What it does, whatever its method ([`Effect`]): a credential is
+    /// never a scoped key's.
+    pub effect: Effect,
 }
 
 /// Every endpoint keygate answers itself.
@@ -126,246 +146,287 @@ pub static ROUTES: &[EndpointRoute] = &[
         pattern: "/api/auth/login",
         access: Access::Public,
         endpoint: Endpoint::Login,
+        effect: Effect::Credential,
     },
     EndpointRoute {
         method: Method::POST,
         pattern: "/api/auth/login/public",
         access: Access::Public,
         endpoint: Endpoint::PublicLogin,
+        effect: Effect::Credential,
     },
     EndpointRoute {
         method: Method::POST,
         pattern: "/api/auth/token",
         access: Access::Public,
         endpoint: Endpoint::Refresh,
+        effect: Effect::Credential,
     },
     EndpointRoute {
         method: Method::POST,
         pattern: "/api/auth/logout",
         access: Access::Authenticated,
         endpoint: Endpoint::Logout,
+        effect: Effect::Credential,
     },
     EndpointRoute {
         method: Method::GET,
         pattern: "/api/auth/user",
         access: Access::Authenticated,
         endpoint: Endpoint::CurrentUser,
+        effect: Effect::Read,
     },
     EndpointRoute {
         method: Method::POST,
         pattern: "/api/auth/changePassword",
         access: Access::Authenticated,
         endpoint: Endpoint::ChangePassword,
+        effect: Effect::Credential,
     },
     EndpointRoute {
         method: Method::POST,
         pattern: "/api/apiKey",
         access: Access::Authenticated,
         endpoint: Endpoint::CreateApiKey,
+        effect: Effect::Credential,
     },
     EndpointRoute {
         method: Method::GET,
         pattern: "/api/apiKeys/{userId}",
         access: Access::Authenticated,
         endpoint: Endpoint::ListApiKeys,
+        effect: Effect::Read,
     },
     EndpointRoute {
         method: Method::PUT,
         pattern: "/api/apiKey/{id}/description",
         access: Access::Authenticated,
         endpoint: Endpoint::DescribeApiKey,
+        effect: Effect::Write,
     },
     EndpointRoute {
         method: Method::PUT,
         pattern: "/api/apiKey/{id}/enabled/{enabled}",
         access: Access::Authenticated,
         endpoint: Endpoint::EnableApiKey,
+        effect: Effect::Credential,
     },
     EndpointRoute {
         method: Method::DELETE,
         pattern: "/api/apiKey/{id}",
         access: Access::Authenticated,
         endpoint: Endpoint::DeleteApiKey,
+        effect: Effect::Credential,
     },
     EndpointRoute {
         method: Method::POST,
         pattern: "/api/user",
         access: Access::Authenticated,
         endpoint: Endpoint::SaveUser,
+        effect: Effect::Write,
     },
     EndpointRoute {
         method: Method::GET,
         pattern: "/api/user/{id}",
         access: Access::Authenticated,
         endpoint: Endpoint::GetUser,
+        effect: Effect::Read,
     },
     EndpointRoute {
         method: Method::DELETE,
         pattern: "/api/user/{id}",
         access: Access::Authenticated,
         endpoint: Endpoint::DeleteUser,
+        effect: Effect::Write,
     },
     EndpointRoute {
         method: Method::GET,
         pattern: "/api/users",
         access: Access::Authenticated,
         endpoint: Endpoint::ListUsers,
+        effect: Effect::Read,
     },
     EndpointRoute {
         method: Method::GET,
         pattern: "/api/userInfos/all",
         access: Access::Authenticated,
         endpoint: Endpoint::AllUserInfos,
+        effect: Effect::Read,
     },
     EndpointRoute {
         method: Method::GET,
         pattern: "/api/tenant/{tenantId}/users",
         access: Access::Authenticated,
         endpoint: Endpoint::TenantAdmins,
+        effect: Effect::Read,
     },
     EndpointRoute {
         method: Method::GET,
         pattern: "/api/customer/{customerId}/users",
         access: Access::Authenticated,
         endpoint: Endpoint::CustomerUsers,
+        effect: Effect::Read,
     },
     EndpointRoute {
         method: Method::GET,
         pattern: "/api/customer/{customerId}/userInfos",
         access: Access::Authenticated,
         endpoint: Endpoint::CustomerUserInfos,
+        effect: Effect::Read,
     },
     EndpointRoute {
         method: Method::POST,
         pattern: "/api/user/{id}/userCredentialsEnabled",
         access: Access::Authenticated,
         endpoint: Endpoint::EnableUser,
+        effect: Effect::Credential,
     },
     EndpointRoute {
         method: Method::GET,
         pattern: "/api/user/{id}/activationLink",
         access: Access::Authenticated,
         endpoint: Endpoint::ActivationLink,
+        effect: Effect::Credential,
     },
     EndpointRoute {
         method: Method::POST,
         pattern: "/api/noauth/activate",
         access: Access::Public,
         endpoint: Endpoint::Activate,
+        effect: Effect::Credential,
     },
     EndpointRoute {
         method: Method::GET,
         pattern: "/.well-known/jwks.json",
         access: Access::Public,
         endpoint: Endpoint::Jwks,
+        effect: Effect::Read,
     },
     EndpointRoute {
         method: Method::GET,
         pattern: "/api/noauth/userPasswordPolicy",
         access: Access::Public,
         endpoint: Endpoint::PasswordPolicy,
+        effect: Effect::Read,
     },
     EndpointRoute {
         method: Method::GET,
         pattern: "/api/2fa/providers",
         access: Access::Configuring,
         endpoint: Endpoint::TwoFaProviders,
+        effect: Effect::Read,
     },
     EndpointRoute {
         method: Method::POST,
         pattern: "/api/2fa/account/config/generate",
         access: Access::Configuring,
         endpoint: Endpoint::TwoFaGenerate,
+        effect: Effect::Credential,
     },
     EndpointRoute {
         method: Method::POST,
         pattern: "/api/2fa/account/config",
         access: Access::Configuring,
         endpoint: Endpoint::TwoFaSave,
+        effect: Effect::Credential,
     },
     EndpointRoute {
         method: Method::GET,
         pattern: "/api/2fa/account/settings",
         access: Access::Configuring,
         endpoint: Endpoint::TwoFaAccountSettings,
+        effect: Effect::Read,
     },
     EndpointRoute {
         method: Method::PUT,
         pattern: "/api/2fa/account/config",
         access: Access::Authenticated,
         endpoint: Endpoint::TwoFaUpdate,
+        effect: Effect::Credential,
     },
     EndpointRoute {
         method: Method::DELETE,
         pattern: "/api/2fa/account/config",
         access: Access::Authenticated,
         endpoint: Endpoint::TwoFaDelete,
+        effect: Effect::Credential,
     },
     EndpointRoute {
         method: Method::GET,
         pattern: "/api/2fa/settings",
         access: Access::Authenticated,
         endpoint: Endpoint::TwoFaPlatformSettings,
+        effect: Effect::Read,
     },
     EndpointRoute {
         method: Method::POST,
         pattern: "/api/2fa/settings",
         access: Access::Authenticated,
         endpoint: Endpoint::TwoFaSavePlatformSettings,
+        effect: Effect::Credential,
     },
     EndpointRoute {
         method: Method::GET,
         pattern: "/api/auth/2fa/providers",
         access: Access::PreVerification,
         endpoint: Endpoint::TwoFaLoginProviders,
+        effect: Effect::Read,
     },
     EndpointRoute {
         method: Method::POST,
         pattern: "/api/auth/2fa/verification/send",
         access: Access::PreVerification,
         endpoint: Endpoint::TwoFaSendCode,
+        effect: Effect::Credential,
     },
     EndpointRoute {
         method: Method::POST,
         pattern: "/api/auth/2fa/verification/check",
         access: Access::PreVerification,
         endpoint: Endpoint::TwoFaCheckCode,
+        effect: Effect::Credential,
     },
     EndpointRoute {
         method: Method::POST,
         pattern: "/api/auth/2fa/login",
         access: Access::MfaConfiguration,
         endpoint: Endpoint::TwoFaConfiguredLogin,
+        effect: Effect::Credential,
     },
     EndpointRoute {
         method: Method::POST,
         pattern: "/api/2fa/account/config/submit",
         access: Access::Configuring,
         endpoint: Endpoint::TwoFaSubmit,
+        effect: Effect::Credential,
     },
     EndpointRoute {
         method: Method::POST,
         pattern: "/api/user/sendActivationMail",
         access: Access::Authenticated,
         endpoint: Endpoint::SendActivationMail,
+        effect: Effect::Credential,
     },
     EndpointRoute {
         method: Method::POST,
         pattern: "/api/noauth/resetPasswordByEmail",
         access: Access::Public,
         endpoint: Endpoint::RequestPasswordReset,
+        effect: Effect::Credential,
     },
     EndpointRoute {
         method: Method::GET,
         pattern: "/api/noauth/resetPassword",
         access: Access::Public,
         endpoint: Endpoint::CheckResetToken,
+        effect: Effect::Read,
     },
     EndpointRoute {
         method: Method::POST,
         pattern: "/api/noauth/resetPassword",
         access: Access::Public,
         endpoint: Endpoint::ResetPassword,
+        effect: Effect::Credential,
     },
 ];
 
@@ -402,6 +463,66 @@ pub fn platform_owns(path: &str) -> bool {
         || PLATFORM_USER_PATHS
             .iter()
             .any(|pattern| match_pattern(pattern, path).is_some())
+}
+
+/// The platform's endpoints that mint, reveal, replace or remove a
+/// credential ([`Effect::Credential`]), as its controllers name them
+/// (`AuthController`, the login filters, `TwoFactorAuthController`,
+/// `TwoFactorAuthConfigController`, `ApiKeyController`, `UserController`,
+/// `AdminController`). A forwarded request to one of them is a credential,
+/// whatever its method and whatever route carries it: keygate answers most
+/// of these itself, but with the sync on the user endpoints go to the
+/// platform's route, and any route may reach a platform.
+pub const PLATFORM_CREDENTIAL_PATHS: &[&str] = &[
+    // Login filters and `AuthController`.
+    "/api/auth/login",
+    "/api/auth/login/public",
+    "/api/auth/token",
+    "/api/auth/logout",
+    "/api/auth/changePassword",
+    "/api/noauth/activate",
+    "/api/noauth/resetPasswordByEmail",
+    "/api/noauth/resetPassword",
+    // `TwoFactorAuthController` (the login's second step).
+    "/api/auth/2fa/verification/send",
+    "/api/auth/2fa/verification/check",
+    "/api/auth/2fa/login",
+    // `TwoFactorAuthConfigController`.
+    "/api/2fa/account/config/generate",
+    "/api/2fa/account/config/submit",
+    "/api/2fa/account/config",
+    "/api/2fa/settings",
+    // `ApiKeyController` (listing, `/api/apiKeys/{userId}`, shows no value).
+    "/api/apiKey",
+    "/api/apiKey/{id}",
+    "/api/apiKey/{id}/enabled/{enabled}",
+    // `UserController`: log in as the user, activation links, the
+    // account's credentials switched on or off.
+    "/api/user/{id}/token",
+    "/api/user/{id}/activationLink",
+    "/api/user/{id}/activationLinkInfo",
+    "/api/user/sendActivationMail",
+    "/api/user/{id}/userCredentialsEnabled",
+    // `AdminController`: the key every platform token is signed with.
+    "/api/admin/jwtSettings",
+];
+
+/// What a forwarded request to the normalised `path` does: a credential
+/// when the path is one of [`PLATFORM_CREDENTIAL_PATHS`], else what its
+/// upstream makes of it. Asked only for a scoped key.
+pub fn proxied_effect(path: &str) -> Effect {
+    let path = path
+        .strip_suffix('/')
+        .filter(|p| !p.is_empty())
+        .unwrap_or(path);
+    if PLATFORM_CREDENTIAL_PATHS
+        .iter()
+        .any(|pattern| matches_pattern(pattern, path))
+    {
+        Effect::Credential
+    } else {
+        Effect::Upstream
+    }
 }
 
 /// A matched owned route and its path parameters.
@@ -486,6 +607,21 @@ fn candidates(path: &str) -> impl Iterator<Item = &'static EndpointRoute> {
         .flatten()
         .chain(&index.anywhere)
         .copied()
+}
+
+/// Does `path` match `pattern` ([`match_pattern`], without keeping the
+/// parameters)? Asked for every request of a scoped key.
+fn matches_pattern(pattern: &str, path: &str) -> bool {
+    let mut pattern_parts = pattern.split('/');
+    let mut path_parts = path.split('/');
+    loop {
+        match (pattern_parts.next(), path_parts.next()) {
+            (None, None) => return true,
+            (Some(p), Some(s)) if p.starts_with('{') && p.ends_with('}') && !s.is_empty() => {}
+            (Some(p), Some(s)) if p == s => {}
+            _ => return false,
+        }
+    }
 }
 
 fn match_pattern(pattern: &str, path: &str) -> Option<Vec<String>> {
@@ -720,6 +856,17 @@ impl Endpoints {
         {
             return Err(ApiError::permission_denied());
         }
+        if endpoint.needs_session()
+            && let Some(identity) = req.identity.as_ref().filter(|i| !i.is_session())
+        {
+            tracing::warn!(
+                target: "keygate::security",
+                key_id = %identity.credential_id(),
+                user_id = %identity.principal.user_id,
+                "an API key tried to change a second factor: refused"
+            );
+            return Err(ApiError::session_required());
+        }
         match endpoint {
             Endpoint::Login => session::login(self, req).await,
             Endpoint::PublicLogin => session::public_login(self, req).await,
@@ -888,6 +1035,101 @@ mod tests {
     }
 
     #[test]
+    fn every_route_has_a_class_and_the_credential_ones_are_exactly_these() {
+        use std::collections::BTreeSet;
+        let expected: BTreeSet<(&str, &str)> = [
+            ("POST", "/api/auth/login"),
+            ("POST", "/api/auth/login/public"),
+            ("POST", "/api/auth/token"),
+            ("POST", "/api/auth/logout"),
+            ("POST", "/api/auth/changePassword"),
+            ("POST", "/api/apiKey"),
+            ("PUT", "/api/apiKey/{id}/enabled/{enabled}"),
+            ("DELETE", "/api/apiKey/{id}"),
+            ("POST", "/api/user/{id}/userCredentialsEnabled"),
+            ("GET", "/api/user/{id}/activationLink"),
+            ("POST", "/api/user/sendActivationMail"),
+            ("POST", "/api/noauth/activate"),
+            ("POST", "/api/2fa/account/config/generate"),
+            ("POST", "/api/2fa/account/config"),
+            ("PUT", "/api/2fa/account/config"),
+            ("DELETE", "/api/2fa/account/config"),
+            ("POST", "/api/2fa/account/config/submit"),
+            ("POST", "/api/2fa/settings"),
+            ("POST", "/api/auth/2fa/verification/send"),
+            ("POST", "/api/auth/2fa/verification/check"),
+            ("POST", "/api/auth/2fa/login"),
+            ("POST", "/api/noauth/resetPasswordByEmail"),
+            ("POST", "/api/noauth/resetPassword"),
+        ]
+        .into();
+        let mut credential = BTreeSet::new();
+        for route in ROUTES {
+            match route.effect {
+                Effect::Credential => {
+                    credential.insert((route.method.as_str(), route.pattern));
+                    // The platform's endpoint of the same path, forwarded,
+                    // is a credential too.
+                    let path = route.pattern.replace("{", "x").replace("}", "");
+                    assert_eq!(proxied_effect(&path), Effect::Credential, "{path}");
+                }
+                Effect::Read | Effect::Write => {}
+                Effect::Upstream => panic!("{} is keygate's own: it has a class", route.pattern),
+            }
+            // A GET is no proof of a read: the class says what it does.
+            if route.method == Method::GET && route.effect != Effect::Read {
+                assert_eq!(
+                    route.endpoint,
+                    Endpoint::ActivationLink,
+                    "{}",
+                    route.pattern
+                );
+            }
+        }
+        assert_eq!(credential, expected);
+    }
+
+    #[test]
+    fn the_platforms_credential_endpoints_are_classed_by_path_whatever_route_carries_them() {
+        let id = "784f394c-42b6-435a-983c-b7beff2784f9";
+        for path in [
+            format!("/api/user/{id}/activationLink"),
+            format!("/api/user/{id}/activationLinkInfo"),
+            format!("/api/user/{id}/activationLink/"),
+            format!("/api/user/{id}/token"),
+            format!("/api/user/{id}/userCredentialsEnabled"),
+            "/api/user/sendActivationMail".to_owned(),
+            "/api/auth/changePassword".to_owned(),
+            "/api/noauth/activate".to_owned(),
+            "/api/noauth/resetPassword".to_owned(),
+            "/api/noauth/resetPasswordByEmail".to_owned(),
+            "/api/2fa/account/config".to_owned(),
+            "/api/2fa/account/config/generate".to_owned(),
+            "/api/auth/2fa/verification/check".to_owned(),
+            "/api/apiKey".to_owned(),
+            format!("/api/apiKey/{id}"),
+            format!("/api/apiKey/{id}/enabled/true"),
+            "/api/admin/jwtSettings".to_owned(),
+        ] {
+            assert_eq!(proxied_effect(&path), Effect::Credential, "{path}");
+        }
+        for path in [
+            format!("/api/user/{id}"),
+            format!("/api/apiKeys/{id}"),
+            format!("/api/apiKey/{id}/description"),
+            format!("/api/user/{id}/tokenx"),
+            "/api/user/tokenAccessEnabled".to_owned(),
+            "/api/users".to_owned(),
+            "/api/device/abc/credentials".to_owned(),
+            "/api/2fa/providers".to_owned(),
+            "/api/ws".to_owned(),
+            "/".to_owned(),
+        ] {
+            assert_eq!(proxied_effect(&path), Effect::Upstream, "{path}");
+        }
+    }
+
+    #[test]
     fn owned_routes_match_exactly_and_wrong_methods_are_405() {
         let m = find(&Method::POST, "/api/auth/login").unwrap().unwrap();
         assert_eq!(m.route.endpoint, Endpoint::Login);
@@ -1036,5 +1278,21 @@ mod tests {
         );
         assert_eq!(match_pattern("/api/apiKey/{id}", "/api/apiKey/"), None);
         assert_eq!(match_pattern("/api/apiKey/{id}", "/api/apiKey/a/b"), None);
+        for (pattern, path) in [
+            (
+                "/api/apiKey/{id}/enabled/{v}",
+                "/api/apiKey/abc/enabled/true",
+            ),
+            ("/api/apiKey/{id}", "/api/apiKey/"),
+            ("/api/apiKey/{id}", "/api/apiKey/a/b"),
+            ("/api/apiKey", "/api/apiKey"),
+            ("/api/apiKey", "/api/apiKeys"),
+        ] {
+            assert_eq!(
+                matches_pattern(pattern, path),
+                match_pattern(pattern, path).is_some(),
+                "{pattern} {path}"
+            );
+        }
     }
 }

@@ -412,7 +412,9 @@ pub async fn refresh(
         .verify_refresh(&body.refresh_token)
         .map_err(|e| match e {
             TokenError::Expired | TokenError::BadSignature => ApiError::token_expired(),
-            TokenError::Malformed | TokenError::WrongScope => ApiError::invalid_credentials(),
+            TokenError::Malformed | TokenError::WrongScope | TokenError::SecondFactorPending => {
+                ApiError::invalid_credentials()
+            }
         })?;
     // A public user's refresh holds while its customer is still public, as
     // on the platform; it has no stored session to rotate.
@@ -585,5 +587,13 @@ pub async fn change_password(
         tokens_valid_after: now,
         ..user
     };
+    // A session's pair comes from a login that passed its second factor; an
+    // API key and the password are not that: the second factor due at login
+    // is due here, as on activation.
+    if !identity.is_session()
+        && let Some(pending) = api.second_factor_due(&user).await?
+    {
+        return Ok(json_response(&pending));
+    }
     Ok(json_response(&api.issue_pair(&user).await?))
 }

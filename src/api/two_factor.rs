@@ -1135,7 +1135,9 @@ async fn waiting_login(
     };
     let claims = verified.map_err(|error| match error {
         TokenError::Expired | TokenError::BadSignature => ApiError::token_expired(),
-        TokenError::Malformed | TokenError::WrongScope => ApiError::invalid_credentials(),
+        TokenError::Malformed | TokenError::WrongScope | TokenError::SecondFactorPending => {
+            ApiError::invalid_credentials()
+        }
     })?;
     let platform = api.platform_two_fa().await?;
     let max = platform.max_failures(&api.settings.two_factor);

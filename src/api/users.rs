@@ -13,7 +13,7 @@ use super::session::HashFor;
 use super::wire::{ActivateUserRequest, BodyErrors, JwtPair, ListErrors, ManageErrors};
 use super::{EndpointRequest, Endpoints, empty_response, json_response};
 use crate::accounts::{self, NewProfile, NewUser};
-use crate::auth::api_key::{self, KeyDigest};
+use crate::auth::api_key::KeyDigest;
 use crate::body::Body;
 use crate::error::ApiError;
 use crate::identity::{Authority, NULL_UUID, Principal};
@@ -21,7 +21,10 @@ use crate::import::TokenKind;
 use crate::mail::MailKind;
 use crate::store::{Audit, PageRequest, USER_SORT_PROPERTIES, UserScope};
 
+use crate::store::ACTIVATION_RENEW_MS;
 pub use crate::store::ACTIVATION_TTL_MS;
+use base64::Engine;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 
 /// A `User` as a create or update request carries it: every field may be
 /// left out, and ids need no `entityType`.
@@ -460,7 +463,8 @@ pub async fn set_enabled(
     Ok(empty_response())
 }
 
-/// `GET /api/user/{id}/activationLink`: a new one-time link (older ones stop working).
+/// `GET /api/user/{id}/activationLink`: the pending one-time link, or a new
+/// one when it is close to its end ([`activation_link_of`]).
 #[utoipa::path(
     get,
     path = "/api/user/{id}/activationLink",
@@ -487,7 +491,7 @@ pub async fn activation_link(
     if user.is_some_and(|u| !u.password_hash.is_empty()) {
         return Err(ApiError::bad_request("User is already active"));
     }
-    let link = new_activation_link(api, identity, id, &req.base_url).await?;
+    let (link, _) = activation_link_of(api, identity, id, &req.base_url).await?;
     let mut response = http::Response::new(crate::body::full(link));
     response.headers_mut().insert(
         http::header::CONTENT_TYPE,
@@ -500,26 +504,49 @@ pub async fn activation_link(
     Ok(response)
 }
 
-/// A new one-time activation link for `user_id` (older ones stop working),
-/// on `base_url` (the configured public base URL, never the client's Host).
-async fn new_activation_link(
+/// The one-time activation link of `user_id` and when it expires (epoch
+/// ms), on `base_url` (the configured public base URL, never the client's
+/// Host). Asking never replaces a pending link: while one has more than
+/// [`ACTIVATION_RENEW_MS`] left it is the answer, token and all, as the
+/// platform answers its own (`checkUserActivationToken`); only then is a
+/// new one issued, and the old one still works until it expires. A token
+/// is worked out from the user and its expiry under the sealing secret
+/// ([`crate::auth::at_rest::Sealer::derive`]), so the store keeps only
+/// its digest and can still show it again; one it cannot work out (issued
+/// under an earlier secret, or by the platform) is never shown again, and
+/// a new one is issued beside it.
+async fn activation_link_of(
     api: &Endpoints,
     identity: &crate::identity::Identity,
     user_id: uuid::Uuid,
     base_url: &str,
-) -> Result<String, ApiError> {
-    let token = api_key::generate("").map_err(|_| ApiError::internal())?;
-    let expires_at = crate::clock::now_ms() + ACTIVATION_TTL_MS;
+) -> Result<(String, i64), ApiError> {
+    let sealer = api.two_factor.sealer();
+    let token_of = |expires_at: i64| {
+        let secret = sealer.derive(user_id, "activation", &expires_at.to_be_bytes());
+        URL_SAFE_NO_PAD.encode(secret)
+    };
+    let link = |token: &str| format!("{base_url}/api/noauth/activate?activateToken={token}");
+    let now = crate::clock::now_ms();
+    for (digest, expires_at) in api.store.pending_activations(user_id, now).await? {
+        if expires_at - now < ACTIVATION_RENEW_MS {
+            continue;
+        }
+        let token = token_of(expires_at);
+        if KeyDigest::of(&token).to_hex() == digest {
+            return Ok((link(&token), expires_at));
+        }
+    }
+    let expires_at = now + ACTIVATION_TTL_MS;
+    let token = token_of(expires_at);
     audited(&api.store, identity, "user.activation_link")
-        .replace_activation(user_id, &token.digest.to_hex(), expires_at)
+        .add_activation(user_id, &KeyDigest::of(&token).to_hex(), expires_at)
         .await?;
-    Ok(format!(
-        "{base_url}/api/noauth/activate?activateToken={}",
-        token.value.expose()
-    ))
+    Ok((link(&token), expires_at))
 }
 
-/// Mails `user` a new activation link: queued, never waited for.
+/// Mails `user` their activation link ([`activation_link_of`]): queued,
+/// never waited for.
 async fn mail_activation(
     api: &Endpoints,
     mailer: &crate::mail::Mailer,
@@ -527,8 +554,9 @@ async fn mail_activation(
     user: &crate::store::UserRecord,
     base_url: &str,
 ) -> Result<(), ApiError> {
-    let link = new_activation_link(api, identity, user.id, base_url).await?;
-    let hours = (ACTIVATION_TTL_MS / 3_600_000).to_string();
+    let (link, expires_at) = activation_link_of(api, identity, user.id, base_url).await?;
+    let left = expires_at - crate::clock::now_ms();
+    let hours = ((left + 3_599_999) / 3_600_000).max(1).to_string();
     mailer.send(
         MailKind::Activation,
         &user.email,
@@ -544,14 +572,14 @@ fn mail_not_configured() -> ApiError {
     ApiError::bad_request("Mail is not configured on this server: set [mail] host to send mail")
 }
 
-/// `POST /api/user/sendActivationMail?email=`: mails a new activation link
-/// to a user who has not activated yet.
+/// `POST /api/user/sendActivationMail?email=`: mails the activation link
+/// ([`activation_link_of`]) to a user who has not activated yet.
 #[utoipa::path(
     post,
     path = "/api/user/sendActivationMail",
     tag = "user-controller",
     operation_id = "sendActivationEmail",
-    summary = "Mail a new one-time activation link (24 h)",
+    summary = "Mail the one-time activation link (24 h)",
     params(("email" = String, Query, description = "The user's e-mail address")),
     responses(
         (status = 200, description = "Queued for sending"),

@@ -8,6 +8,10 @@
 //! associated data binding it to one user and one purpose, so a row copied
 //! onto another user does not open. A backup code digest is
 //! `<key id>.<hex HMAC-SHA256(user ‖ code)>`.
+//!
+//! The same secret also works out one-time tokens that must be shown again
+//! while they are valid (an activation link, [`Sealer::derive`]), so the
+//! store keeps only their digests.
 
 use aws_lc_rs::aead::{AES_256_GCM, Aad, LessSafeKey, NONCE_LEN, Nonce, UnboundKey};
 use aws_lc_rs::{constant_time, hkdf, hmac};
@@ -23,6 +27,7 @@ struct KeySet {
     id: String,
     aead: LessSafeKey,
     codes: hmac::Key,
+    derived: hmac::Key,
 }
 
 impl KeySet {
@@ -46,6 +51,7 @@ impl KeySet {
                 UnboundKey::new(&AES_256_GCM, &aead_key).expect("a 32-byte AES-256 key"),
             ),
             codes: hmac::Key::new(hmac::HMAC_SHA256, &expand(b"backup codes")),
+            derived: hmac::Key::new(hmac::HMAC_SHA512, &expand(b"derived tokens")),
         }
     }
 }
@@ -155,6 +161,19 @@ impl Sealer {
             .is_ok()
     }
 
+    /// A 64-byte secret for `user` and `purpose`, worked out from `context`
+    /// under the current key: the same inputs give the same secret while
+    /// that key is current, and no one without it can work it out.
+    pub fn derive(&self, user: Uuid, purpose: &str, context: &[u8]) -> [u8; 64] {
+        let mut message = associated(user, purpose).into_bytes();
+        message.push(0);
+        message.extend_from_slice(context);
+        let tag = hmac::sign(&self.keys[0].derived, &message);
+        let mut out = [0u8; 64];
+        out.copy_from_slice(tag.as_ref());
+        out
+    }
+
     /// Was `sealed` sealed under an old key (to be resealed)?
     pub fn is_stale(&self, sealed: &str) -> bool {
         let id = sealed.split('.').find(|part| *part != "v1");
@@ -181,6 +200,21 @@ mod tests {
     use super::*;
 
     const USER: Uuid = Uuid::from_u128(7);
+
+    #[test]
+    fn derived_tokens_repeat_for_the_same_inputs_and_differ_for_any_other() {
+        let sealer = Sealer::new(b"current secret", &[]);
+        let token = sealer.derive(USER, "activation", b"1700000000000");
+        assert_eq!(token, sealer.derive(USER, "activation", b"1700000000000"));
+        for other in [
+            sealer.derive(Uuid::from_u128(8), "activation", b"1700000000000"),
+            sealer.derive(USER, "reset", b"1700000000000"),
+            sealer.derive(USER, "activation", b"1700000000001"),
+            Sealer::new(b"another secret", &[]).derive(USER, "activation", b"1700000000000"),
+        ] {
+            assert_ne!(token, other);
+        }
+    }
 
     #[test]
     fn sealed_secrets_open_only_for_their_user_and_purpose() {

@@ -116,6 +116,10 @@ pub enum TokenError {
     Malformed,
     #[error("token has the wrong scope for this use")]
     WrongScope,
+    /// A pre-verification token where an access token is needed: the
+    /// login's second factor is still to be checked.
+    #[error("the login's second factor is still to be checked")]
+    SecondFactorPending,
 }
 
 /// Signs and verifies tokens with one key.
@@ -346,7 +350,9 @@ impl TokenKeys {
             let wrong = |s: &String| {
                 s == REFRESH_SCOPE || s == PRE_VERIFICATION_SCOPE || s == MFA_CONFIGURATION_SCOPE
             };
-            return Err(if claims.scopes.iter().any(wrong) {
+            return Err(if claims.scopes.as_slice() == [PRE_VERIFICATION_SCOPE] {
+                TokenError::SecondFactorPending
+            } else if claims.scopes.iter().any(wrong) {
                 TokenError::WrongScope
             } else {
                 TokenError::Malformed
@@ -584,7 +590,10 @@ mod tests {
             claims["exp"].as_i64().unwrap() - claims["iat"].as_i64().unwrap(),
             300
         );
-        assert_eq!(k.verify_access(&signed.token), Err(TokenError::WrongScope));
+        assert_eq!(
+            k.verify_access(&signed.token),
+            Err(TokenError::SecondFactorPending)
+        );
         assert_eq!(
             k.verify_pre_verification(&signed.token).unwrap().session_id,
             Uuid::from_u128(9)

@@ -50,6 +50,9 @@ pub enum AuthFailure {
     LookupsSpent,
     /// A valid scoped API key whose grants do not hold the request.
     OutOfScope,
+    /// A pre-verification token: a password login whose second factor is
+    /// still to be checked.
+    SecondFactorPending,
 }
 
 /// A refused credential: why, and whose it is when that is known: the key's
@@ -74,7 +77,7 @@ impl From<AuthFailure> for AuthRefusal {
 
 impl AuthFailure {
     /// Every failure, for creating each metric series up front.
-    pub const ALL: [AuthFailure; 13] = [
+    pub const ALL: [AuthFailure; 14] = [
         AuthFailure::Missing,
         AuthFailure::Malformed,
         AuthFailure::Unknown,
@@ -88,6 +91,7 @@ impl AuthFailure {
         AuthFailure::StoreUnavailable,
         AuthFailure::LookupsSpent,
         AuthFailure::OutOfScope,
+        AuthFailure::SecondFactorPending,
     ];
 
     /// No credential could be read, so it is counted under method `none`.
@@ -109,6 +113,7 @@ impl AuthFailure {
             AuthFailure::StoreUnavailable => "store_error",
             AuthFailure::LookupsSpent => "rate_limited",
             AuthFailure::OutOfScope => "out_of_scope",
+            AuthFailure::SecondFactorPending => "second_factor_pending",
         }
     }
 
@@ -127,6 +132,7 @@ impl AuthFailure {
             // ([`Authenticator::to_api_error`]); one second stands in.
             AuthFailure::LookupsSpent => ApiError::too_many_requests(1),
             AuthFailure::OutOfScope => ApiError::out_of_scope(),
+            AuthFailure::SecondFactorPending => ApiError::second_factor_pending(),
         }
     }
 }
@@ -148,6 +154,7 @@ impl From<TokenError> for AuthFailure {
             // A malformed bearer value is a bad credential, not a bad header.
             TokenError::Malformed => AuthFailure::Unknown,
             TokenError::WrongScope => AuthFailure::WrongScope,
+            TokenError::SecondFactorPending => AuthFailure::SecondFactorPending,
         }
     }
 }

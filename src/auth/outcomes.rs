@@ -39,6 +39,7 @@ const RESULTS: [&str; 1 + AuthFailure::ALL.len()] = [
     "store_error",
     "rate_limited",
     "out_of_scope",
+    "second_factor_pending",
 ];
 
 /// The request path's authentication counters.
@@ -54,8 +55,14 @@ impl Outcomes {
         for method in [AUTH_METHODS[API_KEY], AUTH_METHODS[JWT]] {
             metrics.init_auth(method, RESULTS[0]);
             for failure in AuthFailure::ALL.iter().filter(|f| !f.is_parse_failure()) {
-                // Only an API key has scopes.
-                if *failure != AuthFailure::OutOfScope || method == AUTH_METHODS[API_KEY] {
+                // Only an API key has scopes; only a token waits for a
+                // second factor.
+                let possible = match failure {
+                    AuthFailure::OutOfScope => method == AUTH_METHODS[API_KEY],
+                    AuthFailure::SecondFactorPending => method == AUTH_METHODS[JWT],
+                    _ => true,
+                };
+                if possible {
                     metrics.init_auth(method, failure.label());
                 }
             }

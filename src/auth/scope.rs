@@ -219,6 +219,37 @@ impl fmt::Display for ScopeError {
 
 impl std::error::Error for ScopeError {}
 
+/// What a request does, whatever its method: the class a scoped key's check
+/// reads before its grants. Every endpoint keygate answers has one in its
+/// route table (`api::ROUTES`); a forwarded request is a credential when its
+/// path is one of the platform's credential endpoints
+/// (`api::proxied_effect`), and otherwise the upstream's to define.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Effect {
+    /// Reads what it names and changes nothing.
+    Read,
+    /// Changes what it names, but no credential.
+    Write,
+    /// Mints, reveals, replaces or removes a credential: a password, a
+    /// token pair, an activation or reset link, an API key, a second factor,
+    /// an account's enabled flag. Never reached with a scoped key, whatever
+    /// its grants say.
+    Credential,
+    /// Forwarded to an upstream, which defines what it does: the grant of
+    /// its method and path decides.
+    Upstream,
+}
+
+impl Scopes {
+    /// The one scope check of every path a scoped key takes (an endpoint,
+    /// a forwarded request, a WebSocket): a credential is refused whatever
+    /// the grants say; anything else needs a grant of `method` on the
+    /// normalised `path`.
+    pub fn permit(&self, effect: Effect, method: &Method, path: &str) -> bool {
+        effect != Effect::Credential && self.allows(method, path)
+    }
+}
+
 /// A key's grants: at least one. A key without scopes has its owner's full
 /// rights and no `Scopes` at all.
 #[derive(Debug, Clone, PartialEq, Eq)]

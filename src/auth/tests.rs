@@ -250,12 +250,16 @@ async fn a_scoped_keys_grants_come_from_the_cache_without_a_store_lookup() {
     let cached = f.accepted(&credential).await;
     assert_eq!(f.auth.lookups[0].get(), before, "a hit reads no store");
     assert_eq!(cached.scopes(), Some(&scopes));
-    assert!(cached.allows(&http::Method::GET, "/api/device/x"));
-    assert!(!cached.allows(&http::Method::POST, "/api/device/x"));
+    let upstream = || crate::auth::scope::Effect::Upstream;
+    assert!(cached.permits(&http::Method::GET, "/api/device/x", upstream));
+    assert!(!cached.permits(&http::Method::POST, "/api/device/x", upstream));
+    let credential_class = || crate::auth::scope::Effect::Credential;
+    assert!(!cached.permits(&http::Method::GET, "/api/device/x", credential_class));
     let (_, unscoped) = f.key(&user, 0).await;
     let whole = f.accepted(&unscoped).await;
     assert_eq!(whole.scopes(), None);
-    assert!(whole.allows(&http::Method::DELETE, "/anything"));
+    assert!(whole.permits(&http::Method::DELETE, "/anything", upstream));
+    assert!(whole.permits(&http::Method::GET, "/anything", credential_class));
 }
 
 #[tokio::test]
@@ -528,11 +532,18 @@ fn failures_map_to_the_contract_errors() {
             20,
             "This API key's scopes do not allow this request",
         ),
+        (
+            SecondFactorPending,
+            StatusCode::UNAUTHORIZED,
+            10,
+            "A second factor is pending: finish the login at /api/auth/2fa/verification/check first",
+        ),
     ];
     // A new variant does not compile here until the table above covers it.
     let _covered = |f: AuthFailure| match f {
         Missing | Malformed | Unknown | WrongScope | Disabled | Expired | TokenExpired
-        | BadSignature | Outdated | PlaintextRefused | StoreUnavailable | OutOfScope => (),
+        | BadSignature | Outdated | PlaintextRefused | StoreUnavailable | OutOfScope
+        | SecondFactorPending => (),
         // Checked below: it carries a Retry-After.
         LookupsSpent => (),
     };

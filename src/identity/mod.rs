@@ -190,12 +190,26 @@ impl Identity {
         self.scopes.as_deref()
     }
 
-    /// Does the credential allow `method` on the normalised `path`? Always,
-    /// unless it is scoped.
-    pub fn allows(&self, method: &http::Method, path: &str) -> bool {
+    /// Does the credential allow `method` on the normalised `path`, which
+    /// does what `effect` says ([`Scopes::permit`])? Always, unless it is
+    /// scoped; `effect` is worked out only for a scoped credential.
+    pub fn permits(
+        &self,
+        method: &http::Method,
+        path: &str,
+        effect: impl FnOnce() -> crate::auth::scope::Effect,
+    ) -> bool {
         self.scopes
             .as_deref()
-            .is_none_or(|scopes| scopes.allows(method, path))
+            .is_none_or(|scopes| scopes.permit(effect(), method, path))
+    }
+
+    /// Is the credential a token of a session keygate opened (every one of
+    /// a user's sessions follows a password, and the second factor when one
+    /// was due; a public user's follows a public login and opens no account
+    /// endpoint), rather than an API key?
+    pub fn is_session(&self) -> bool {
+        matches!(self.method, AuthMethod::Jwt { .. })
     }
 
     /// The id of the credential: the key's or the session's.

@@ -11,21 +11,25 @@ use super::{Published, Revocation, Store, StoreError};
 /// How long an activation link stays valid.
 pub const ACTIVATION_TTL_MS: i64 = 24 * 3600 * 1000;
 
+/// A pending activation link with less than this left is renewed rather than
+/// shown again, as the platform renews its own (`checkUserActivationToken`).
+pub const ACTIVATION_RENEW_MS: i64 = 15 * 60 * 1000;
+
 impl Store {
-    /// Stores a new activation token digest for a user, replacing older ones.
-    pub(crate) async fn replace_activation(
+    /// Stores a new activation token digest for a user. The user's other
+    /// tokens stay: a link already mailed keeps working until it expires or
+    /// the user activates (which consumes them all). The same digest again
+    /// only sets its expiry.
+    pub(crate) async fn add_activation(
         &self,
         user_id: Uuid,
         digest: &str,
         expires_at: i64,
     ) -> Result<(), StoreError> {
         let mut tx = self.pool.begin().await?;
-        sqlx::query("DELETE FROM activation_tokens WHERE user_id = $1")
-            .bind(user_id.to_string())
-            .execute(&mut *tx)
-            .await?;
         sqlx::query(
-            "INSERT INTO activation_tokens (digest, user_id, expires_at) VALUES ($1, $2, $3)",
+            "INSERT INTO activation_tokens (digest, user_id, expires_at) VALUES ($1, $2, $3) \
+             ON CONFLICT (digest) DO UPDATE SET expires_at = excluded.expires_at",
         )
         .bind(digest)
         .bind(user_id.to_string())
@@ -35,6 +39,26 @@ impl Store {
         let event = self.record(&mut tx, Target::User(user_id)).await?;
         event.commit(tx).await?;
         Ok(())
+    }
+
+    /// The digests and expiry times (epoch ms) of a user's unexpired
+    /// activation tokens, the longest-lived first.
+    pub(crate) async fn pending_activations(
+        &self,
+        user_id: Uuid,
+        now_ms: i64,
+    ) -> Result<Vec<(String, i64)>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT digest, expires_at FROM activation_tokens \
+             WHERE user_id = $1 AND expires_at > $2 ORDER BY expires_at DESC",
+        )
+        .bind(user_id.to_string())
+        .bind(now_ms)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|row| Ok((row.try_get(0)?, row.try_get(1)?)))
+            .collect()
     }
 
     /// The user an unexpired activation token belongs to, without using it.

@@ -166,6 +166,7 @@ store_tests!(
     check_activation_token_is_used_once_when_raced,
     check_activation_never_sets_the_password_of_an_active_account,
     check_activation_ends_earlier_sessions_of_the_user,
+    check_a_new_activation_token_keeps_the_pending_ones,
     check_reset_token_is_used_once_when_raced_and_ends_sessions_keeping_keys,
     check_a_new_reset_token_voids_the_older_and_expired_ones,
     check_sessions_record_rotation_and_first_end_times,
@@ -628,10 +629,7 @@ async fn check_changes_return_the_revocation_they_publish(store: &Store) {
     let by_user = Some(Revocation::User(u.id));
     let by_key = Some(Revocation::Key(k.id));
 
-    store
-        .replace_activation(u.id, "tok", i64::MAX)
-        .await
-        .unwrap();
+    store.add_activation(u.id, "tok", i64::MAX).await.unwrap();
     let activated = store.activate("tok", "hash", 0, 1).await.unwrap();
     assert_eq!(
         (activated.outcome, activated.revocation),
@@ -1185,13 +1183,31 @@ fn pending(email: &str) -> UserRecord {
     }
 }
 
+async fn check_a_new_activation_token_keeps_the_pending_ones(store: &Store) {
+    let u = pending("kept@example.com");
+    store.insert_user(&u).await.unwrap();
+    store.add_activation(u.id, "old", 2_000).await.unwrap();
+    store.add_activation(u.id, "new", 3_000).await.unwrap();
+    store.add_activation(u.id, "gone", 500).await.unwrap();
+    assert_eq!(
+        store.pending_activations(u.id, 1_000).await.unwrap(),
+        vec![("new".to_string(), 3_000), ("old".to_string(), 2_000)],
+        "unexpired ones, the longest-lived first"
+    );
+    assert_eq!(
+        store.activation_user("old", 1_000).await.unwrap(),
+        Some(u.id)
+    );
+    // Activating with either consumes them all.
+    let activated = store.activate("old", "hash", 1_000, 1).await.unwrap();
+    assert_eq!(activated.outcome, Some(u.id));
+    assert!(store.pending_activations(u.id, 0).await.unwrap().is_empty());
+}
+
 async fn check_activation_token_is_used_once_when_raced(store: &Store) {
     let u = pending("race@example.com");
     store.insert_user(&u).await.unwrap();
-    store
-        .replace_activation(u.id, "tok", i64::MAX)
-        .await
-        .unwrap();
+    store.add_activation(u.id, "tok", i64::MAX).await.unwrap();
     assert_eq!(store.activation_user("tok", 0).await.unwrap(), Some(u.id));
     let (a, b) = tokio::join!(
         store.activate("tok", "hash-a", 0, 1_800_000_000),
@@ -1211,10 +1227,7 @@ async fn check_activation_token_is_used_once_when_raced(store: &Store) {
 async fn check_activation_never_sets_the_password_of_an_active_account(store: &Store) {
     let u = user("active@example.com", 1);
     store.insert_user(&u).await.unwrap();
-    store
-        .replace_activation(u.id, "tok", i64::MAX)
-        .await
-        .unwrap();
+    store.add_activation(u.id, "tok", i64::MAX).await.unwrap();
     assert_eq!(
         store
             .activate("tok", "attacker", 0, 1_800_000_000)
@@ -1235,16 +1248,13 @@ async fn check_activation_ends_earlier_sessions_of_the_user(store: &Store) {
     store.insert_user(&u).await.unwrap();
     let s = session(&u);
     store.insert_session(&s).await.unwrap();
-    store.replace_activation(u.id, "tok", 10).await.unwrap();
+    store.add_activation(u.id, "tok", 10).await.unwrap();
     assert_eq!(
         store.activation_user("tok", 10).await.unwrap(),
         None,
         "expired"
     );
-    store
-        .replace_activation(u.id, "tok", i64::MAX)
-        .await
-        .unwrap();
+    store.add_activation(u.id, "tok", i64::MAX).await.unwrap();
     assert_eq!(
         store
             .activate("tok", "first", 0, 1_800_000_000)
@@ -1501,7 +1511,7 @@ async fn check_pruning_deletes_expired_activation_tokens_only(store: &Store) {
         store.insert_user(&u).await.unwrap();
         let digest = format!("digest-{i}");
         store
-            .replace_activation(u.id, &digest, expires_at)
+            .add_activation(u.id, &digest, expires_at)
             .await
             .unwrap();
         users.push((u, digest));

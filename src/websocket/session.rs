@@ -198,7 +198,12 @@ impl Session {
         };
         self.refuse_in_clear(form, &credential).await?;
         match self.sockets.auth.verify_from(&credential, self.from).await {
-            Ok(identity) if !identity.allows(&http::Method::GET, &self.path) => {
+            // The check every request makes ([`crate::auth::scope::Scopes::permit`]).
+            Ok(identity)
+                if !identity.permits(&http::Method::GET, &self.path, || {
+                    crate::api::proxied_effect(&self.path)
+                }) =>
+            {
                 tracing::warn!(
                     target: "keygate::security",
                     key_id = %identity.credential_id(),
