@@ -6,8 +6,8 @@ never uses `requests`, so REQUESTS_CA_BUNDLE changes nothing."""
 
 import json
 import os
-import sys
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -94,7 +94,8 @@ def test_cli_api_key_login_and_current_user_trust_the_private_ca_through_ssl_cer
     users = users_listed(tb("user", "list", "--format", "json", trust=trust))
     assert TENANT_EMAIL in users
 
-    # No profile at all: the URL and the key from the environment, as in CI.
+    # No profile at all: the URL and the key from the environment, as a script
+    # or a pipeline would give them.
     from_env = {
         **trust, "TB_URL": gateway.base_url, "TB_API_KEY": gateway.api_key,
         "TB_CONFIG_HOME": str(tmp_path / "empty"),
