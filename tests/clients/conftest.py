@@ -1,5 +1,11 @@
 """Starts the reference entity service and a keygate server (the binaries that
-`cargo test` builds) on free loopback ports, with a short access-token lifetime."""
+`cargo test` builds) on free loopback ports, with a short access-token lifetime.
+
+keygate serves the development certificate, signed by its own private CA
+(`dev-ca.pem` in the data dir). No test inherits a trusted CA from the
+environment: each one gives its client exactly what the table in
+docs/deploying.md ("Clients and a private certificate authority") says that
+client needs, so each row of the table is tested."""
 
 import os
 import re
@@ -21,6 +27,9 @@ TWO_FACTOR_EMAIL = "second-factor@example.com"
 TWO_FACTOR_PASSWORD = "second-factor-password"
 TENANT_ID = "5f1c0c9e-1d2a-4c3b-9e8f-0a1b2c3d4e5f"
 ACCESS_TTL = 60
+# Where OpenSSL (and so Python's ssl module), httpx, requests and curl look for
+# trusted CAs besides their built-in defaults.
+TRUST_VARIABLES = ("SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE")
 
 
 def _read_line(stream, pattern, deadline):
@@ -108,7 +117,6 @@ def gateway():
             "user", "add", "--email", TWO_FACTOR_EMAIL, "--authority", "TENANT_ADMIN",
             "--tenant-id", TENANT_ID, stdin=TWO_FACTOR_PASSWORD + "\n",
         )
-        os.environ["REQUESTS_CA_BUNDLE"] = keygate.ca
         yield keygate
         keygate.stop()
         log = (workdir / "keygate.log").read_text()
@@ -117,3 +125,19 @@ def gateway():
         upstream.terminate()
         upstream.wait(timeout=30)
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+@pytest.fixture(autouse=True)
+def no_inherited_trust(monkeypatch):
+    """Unsets every trust variable the machine may set (in-process and for the
+    processes a test starts); a test sets back only what its client needs."""
+    for name in TRUST_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture
+def requests_trusts_keygate(gateway, monkeypatch):
+    """`requests` (tb-rest-client's password login and refresh) trusts
+    keygate's CA: it reads REQUESTS_CA_BUNDLE, never the client's own
+    `configuration.ssl_ca_cert`."""
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", gateway.ca)

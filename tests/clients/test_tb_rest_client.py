@@ -12,12 +12,14 @@ from conftest import ACCESS_TTL, TENANT_EMAIL, TENANT_ID, TENANT_PASSWORD
 
 
 def client_for(gateway):
+    """Its API calls (urllib3) trust keygate's CA through `ssl_ca_cert` only;
+    a password login needs `requests_trusts_keygate` as well."""
     client = RestClient(base_url=gateway.base_url)
     client.configuration.ssl_ca_cert = gateway.ca
     return client
 
 
-def test_login_and_current_user(gateway):
+def test_login_and_current_user(gateway, requests_trusts_keygate):
     client = client_for(gateway)
     client.login(username=TENANT_EMAIL, password=TENANT_PASSWORD)
     user = client.get_user()
@@ -48,7 +50,7 @@ def test_unknown_api_key_is_refused_in_the_contract_shape(gateway):
     assert '"errorCode":10' in body
 
 
-def test_expired_access_token_is_refreshed_by_the_client(gateway):
+def test_expired_access_token_is_refreshed_by_the_client(gateway, requests_trusts_keygate):
     with client_for(gateway) as client:
         client.login(username=TENANT_EMAIL, password=TENANT_PASSWORD)
         first = client.token_info["token"]

@@ -38,7 +38,7 @@ def _configure_totp(base_url, token):
     return totp, code
 
 
-def test_two_factor_login_with_the_clients_own_check_call(gateway):
+def test_two_factor_login_with_the_clients_own_check_call(gateway, requests_trusts_keygate):
     client = _client(gateway)
     client.login(TWO_FACTOR_EMAIL, TWO_FACTOR_PASSWORD)
     totp, used = _configure_totp(gateway.base_url, client.get_token())

@@ -39,7 +39,7 @@ def test_auth_cmd_with_an_api_key_runs_the_cmds_upstream_with_the_identity(gatew
     ws.close()
 
 
-def test_auth_cmd_with_the_login_token_authenticates_the_socket(gateway):
+def test_auth_cmd_with_the_login_token_authenticates_the_socket(gateway, requests_trusts_keygate):
     client = RestClient(base_url=gateway.base_url)
     client.configuration.ssl_ca_cert = gateway.ca
     client.login(username=TENANT_EMAIL, password=TENANT_PASSWORD)
@@ -53,7 +53,7 @@ def test_auth_cmd_with_the_login_token_authenticates_the_socket(gateway):
     ws.close()
 
 
-def test_query_token_on_the_deprecated_telemetry_path(gateway):
+def test_query_token_on_the_deprecated_telemetry_path(gateway, requests_trusts_keygate):
     client = RestClient(base_url=gateway.base_url)
     client.configuration.ssl_ca_cert = gateway.ca
     client.login(username=TENANT_EMAIL, password=TENANT_PASSWORD)
