@@ -811,6 +811,7 @@ fn spawn_background(
             sync.clone(),
             running.app.two_factor_sealer(),
             settings.mail.is_some(),
+            settings.login.max_bcrypt_cost,
         );
         tokio::spawn(sync.run(shutdown_rx.clone()));
     }

@@ -221,6 +221,13 @@ impl Store {
         event.commit(tx).await
     }
 
+    /// [`Store::record_user_event`] about an API key.
+    pub(crate) async fn record_key_event(&self, key_id: Uuid) -> Result<(), StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let event = self.record(&mut tx, Target::ApiKey(key_id)).await?;
+        event.commit(tx).await
+    }
+
     /// Writes the audit event of a change to `target` in the change's
     /// transaction, when this store records one.
     pub(super) async fn record(
@@ -330,14 +337,14 @@ impl Store {
         filter: &AuditFilter,
         limit: u32,
     ) -> Result<Vec<AuditEvent>, StoreError> {
-        let email = filter.user_email.as_deref().unwrap_or("").to_lowercase();
+        let email = crate::email::fold(filter.user_email.as_deref().unwrap_or(""));
         let id = filter.user_id.map(|id| id.to_string()).unwrap_or_default();
         let any_user = email.is_empty() && id.is_empty();
         let action = filter.action.as_deref().unwrap_or("");
         let sql = format!(
             "SELECT {AUDIT_COLUMNS} FROM audit_events \
              WHERE created_time >= $1 AND ($2 = 1 OR action = $3) \
-             AND ($4 = 1 OR LOWER(actor) = $5 OR actor_id = $6 OR target_id = $7) \
+             AND ($4 = 1 OR actor = $5 OR actor_id = $6 OR target_id = $7) \
              ORDER BY seq DESC LIMIT $8"
         );
         let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
