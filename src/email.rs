@@ -9,9 +9,14 @@
 //! look-alikes onto ASCII (`\u{212A}` KELVIN SIGN lower-cases to `k`,
 //! `\u{130}` to `i` and a dot), so that `\u{212A}elvin@ex.com` would name
 //! `kelvin@ex.com`'s account. [`check`] then refuses any address that is
-//! not printable ASCII, as the platform's own validator does for the local
-//! part (Apache Commons' `EmailValidator`, whose local-part pattern is
-//! ASCII), so no stored address holds a character the fold leaves alone.
+//! not printable ASCII, so no stored address holds a character the fold
+//! leaves alone. That is stricter than the platform: its validator (Apache
+//! Commons' `EmailValidator`, since 1.5) takes non-ASCII local parts and
+//! internationalised domains, and its lookups are case-exact by default
+//! (`security.user_login_case_sensitive`). keygate refuses them rather than
+//! keep them case-exact: look-alikes from other scripts (a Cyrillic `а` in
+//! `аdmin@ex.com`) would name accounts beside the ASCII ones, and mail to
+//! them needs SMTPUTF8. Such platform rows are skipped and named.
 
 /// The longest address: the platform's `tb_user.email` is `varchar(255)`.
 pub const MAX_LEN: usize = 255;

@@ -2212,6 +2212,57 @@ async fn imported_rows_the_platform_could_not_have_written_are_skipped_with_the_
             );
         }
     }
+    // A user imported before whose row now breaks a rule is held back, but
+    // the platform disabling them still applies.
+    assert_eq!(
+        login_over(
+            &gw,
+            common::Wire::Http2,
+            "tenant@platform.test",
+            PLATFORM_PASSWORD
+        )
+        .await,
+        200
+    );
+    platform
+        .execute(&format!(
+            "UPDATE tb_user SET first_name = '{megabyte}' WHERE id = '{admin}'; \
+             UPDATE user_credentials SET enabled = FALSE WHERE user_id = '{admin}'",
+            admin = platform.admin
+        ))
+        .await;
+    let report = import_json(&gw, &platform, &[]).await;
+    assert_eq!(
+        skipped_users(&report)[&platform.admin.to_string()].0,
+        "too_long",
+        "{report}"
+    );
+    for wire in common::WIRES {
+        assert_eq!(
+            login_over(&gw, wire, "tenant@platform.test", PLATFORM_PASSWORD).await,
+            401,
+            "{wire:?}: disabled on the platform"
+        );
+    }
+    // Fixed and enabled on the platform again: it follows.
+    platform
+        .execute(&format!(
+            "UPDATE tb_user SET first_name = 'First' WHERE id = '{admin}'; \
+             UPDATE user_credentials SET enabled = TRUE WHERE user_id = '{admin}'",
+            admin = platform.admin
+        ))
+        .await;
+    import_json(&gw, &platform, &[]).await;
+    assert_eq!(
+        login_over(
+            &gw,
+            common::Wire::Http1,
+            "tenant@platform.test",
+            PLATFORM_PASSWORD
+        )
+        .await,
+        200
+    );
     platform.drop().await;
 }
 

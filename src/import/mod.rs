@@ -584,18 +584,26 @@ impl Run {
 
     async fn users(&mut self, rows: Vec<UserRow>) -> Result<(), ImportError> {
         let mut mapped = Vec::with_capacity(rows.len());
+        let mut disabled_there = Vec::new();
         for row in rows {
             if let Ok(id) = Uuid::parse_str(&row.id) {
                 self.seen_users.insert(id);
+                if row.enabled != Some(true) {
+                    disabled_there.push(id);
+                }
             }
             match plan::map_user(&row, self.now_ms, self.max_bcrypt_cost) {
-                Ok(user) => mapped.push(user),
+                Ok(user) => {
+                    disabled_there.retain(|id| *id != user.id);
+                    mapped.push(user);
+                }
                 Err(refused) => {
                     let name = shown_name(row.email.as_deref().unwrap_or(""));
                     self.hold("user", &row.id, &name, refused);
                 }
             }
         }
+        self.disable_held_back(&disabled_there).await?;
         // Who holds each address, in keygate and among the rows added here.
         let emails: Vec<String> = mapped.iter().map(|u| u.email.clone()).collect();
         let mut holders = self.store.user_ids_by_emails(&emails).await?;
@@ -741,6 +749,39 @@ impl Run {
                     self.skip("user", &user.id.to_string(), &user.email, error.to_string());
                 }
             }
+        }
+        Ok(())
+    }
+
+    /// A row skipped now of a user imported before is not applied, but its
+    /// platform's disabling is: a user disabled on the platform never stays
+    /// enabled in keygate because their row broke a rule meanwhile. The
+    /// import record follows, so that enabling them on the platform again
+    /// applies once their row imports.
+    async fn disable_held_back(&mut self, ids: &[Uuid]) -> Result<(), ImportError> {
+        if ids.is_empty() {
+            return Ok(());
+        }
+        let imported: HashMap<Uuid, PlatformUser> =
+            self.store.imported_rows(RowKind::User, ids).await?;
+        let keygate = self.store.users_by_ids(ids).await?;
+        for (id, mut platform) in imported {
+            if !keygate.get(&id).is_some_and(|user| user.enabled) {
+                continue;
+            }
+            tracing::warn!(user_id = %id, "a platform row held back is disabled on the platform: disabled in keygate too");
+            if self.dry_run {
+                continue;
+            }
+            let change = self
+                .users_store
+                .set_user_enabled(id, false, self.now_ms / 1000)
+                .await?;
+            self.published(change);
+            platform.enabled = false;
+            self.store
+                .remember_imported(RowKind::User, id, &platform, self.now_ms)
+                .await?;
         }
         Ok(())
     }
