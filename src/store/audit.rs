@@ -344,7 +344,7 @@ impl Store {
         let sql = format!(
             "SELECT {AUDIT_COLUMNS} FROM audit_events \
              WHERE created_time >= $1 AND ($2 = 1 OR action = $3) \
-             AND ($4 = 1 OR actor = $5 OR actor_id = $6 OR target_id = $7) \
+             AND ($4 = 1 OR LOWER(actor) = $5 OR actor_id = $6 OR target_id = $7) \
              ORDER BY seq DESC LIMIT $8"
         );
         let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
