@@ -48,17 +48,7 @@ pub struct NewUser {
 }
 
 fn check_email(email: &str) -> Result<String, AccountError> {
-    let email = email.trim().to_lowercase();
-    let valid = email.len() <= 255
-        && email.bytes().all(|b| b.is_ascii_graphic())
-        && matches!(email.split_once('@'), Some((local, domain)) if !local.is_empty() && (domain.contains('.') || domain == "localhost"));
-    if valid {
-        Ok(email)
-    } else {
-        Err(AccountError::Invalid(format!(
-            "Invalid email address: {email:?}"
-        )))
-    }
+    crate::email::check(email).map_err(AccountError::Invalid)
 }
 
 /// Creates a user with an Argon2id-hashed password.

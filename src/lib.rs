@@ -21,6 +21,7 @@ pub(crate) mod body;
 pub mod clock;
 pub mod config;
 pub mod dev;
+pub mod email;
 pub(crate) mod error;
 mod fnv;
 pub mod identity;

@@ -813,6 +813,7 @@ fn spawn_background(
             sync.clone(),
             running.app.two_factor_sealer(),
             settings.mail.is_some(),
+            settings.login.max_bcrypt_cost,
         )
         .following_the_signing_key(
             settings

@@ -209,6 +209,16 @@ impl Platform {
             .await
             .unwrap();
         }
+        // The customer of the customer users, in their tenant.
+        sqlx::query(
+            "INSERT INTO customer (id, created_time, tenant_id, title, is_public) \
+             VALUES ($1::uuid, 1, $2::uuid, 'Customer', FALSE)",
+        )
+        .bind(c.to_string())
+        .bind(t.to_string())
+        .execute(&mut db)
+        .await
+        .unwrap();
         let jwt = format!(
             r#"{{"tokenExpirationTime":9000,"refreshTokenExpTime":604800,"tokenIssuer":"platform.test","tokenSigningKey":"{SIGNING_KEY}"}}"#
         );
@@ -231,6 +241,55 @@ impl Platform {
             .execute(&mut db)
             .await
             .unwrap();
+    }
+
+    /// Adds users with password hashes, as the platform's tables hold them
+    /// (whatever the platform's own checks would have said of them), in one
+    /// transaction: a sync round sees all of them or none.
+    async fn add_users(&self, users: &[(&str, &str, Uuid, Uuid, &str)]) -> Vec<Uuid> {
+        let mut db = PgConnection::connect(&self.url).await.unwrap();
+        let mut tx = db.begin().await.unwrap();
+        let mut ids = Vec::new();
+        for (email, authority, tenant, customer, hash) in users {
+            let id = Uuid::new_v4();
+            sqlx::query(
+                "INSERT INTO tb_user (id, created_time, authority, customer_id, email, first_name, tenant_id) \
+                 VALUES ($1::uuid, 1700000000002, $2, $3::uuid, $4, 'First', $5::uuid)",
+            )
+            .bind(id.to_string())
+            .bind(*authority)
+            .bind(customer.to_string())
+            .bind(*email)
+            .bind(tenant.to_string())
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+            sqlx::query(
+                "INSERT INTO user_credentials (id, created_time, enabled, password, user_id) \
+                 VALUES ($1::uuid, 1700000000002, TRUE, $2, $3::uuid)",
+            )
+            .bind(Uuid::new_v4().to_string())
+            .bind(*hash)
+            .bind(id.to_string())
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+            ids.push(id);
+        }
+        tx.commit().await.unwrap();
+        ids
+    }
+
+    async fn add_user(
+        &self,
+        email: &str,
+        authority: &str,
+        tenant: Uuid,
+        customer: Uuid,
+        hash: &str,
+    ) -> Uuid {
+        self.add_users(&[(email, authority, tenant, customer, hash)])
+            .await[0]
     }
 
     async fn drop(self) {
@@ -808,10 +867,8 @@ async fn customers_the_platform_marks_public_open_a_public_login_after_the_impor
         .execute(&format!(
             "INSERT INTO customer (id, created_time, tenant_id, title, is_public) VALUES \
              ('{public}', 1, '{tenant}', 'Public', TRUE), \
-             ('{private}', 2, '{tenant}', 'Private', FALSE), \
              ('{orphan}', 3, NULL, 'Orphan', TRUE)",
             tenant = platform.tenant,
-            private = platform.customer,
             orphan = Uuid::new_v4(),
         ))
         .await;
@@ -1960,5 +2017,690 @@ async fn a_platform_email_second_factor_logs_in_with_the_mailed_code_and_never_m
     assert_eq!(report["twoFactors"]["added"], 0, "{report}");
     assert_eq!(report["twoFactors"]["unchanged"], 1, "{report}");
     drop(gw);
+    platform.drop().await;
+}
+
+// --- rows the platform could not have written -------------------------------------
+
+/// The report's skipped rows of users, by id: (code, reason).
+fn skipped_users(
+    report: &serde_json::Value,
+) -> std::collections::HashMap<String, (String, String)> {
+    report["skipped"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["kind"] == "user")
+        .map(|s| {
+            (
+                s["id"].as_str().unwrap().to_owned(),
+                (
+                    s["code"].as_str().unwrap().to_owned(),
+                    s["reason"].as_str().unwrap().to_owned(),
+                ),
+            )
+        })
+        .collect()
+}
+
+/// Logs in over `wire`: the status.
+async fn login_over(gw: &Gateway, wire: common::Wire, email: &str, password: &str) -> u16 {
+    gw.client_over(wire)
+        .post(gw.https("/api/auth/login"))
+        .json(&serde_json::json!({ "username": email, "password": password }))
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .as_u16()
+}
+
+#[tokio::test]
+#[ignore = "needs PostgreSQL: set KEYGATE_TEST_DATABASE_URL and run with --include-ignored"]
+async fn an_imported_row_never_takes_another_users_login_name() {
+    let platform = Platform::start().await;
+    let (_upstream, gw) = gateway("").await;
+    // A user keygate holds already, created in keygate.
+    let policy = gw.running.app.settings().password_policy;
+    let owner = keygate::accounts::create_user(
+        &gw.running.store,
+        keygate::accounts::NewUser {
+            email: "owner@ex.test".into(),
+            authority: keygate::identity::Authority::TenantAdmin,
+            tenant_id: Some(platform.tenant),
+            customer_id: None,
+            first_name: String::new(),
+            last_name: String::new(),
+        },
+        NEW_PASSWORD.into(),
+        &policy,
+    )
+    .await
+    .unwrap();
+    let hash = bcrypt_2a(PLATFORM_PASSWORD);
+    let null = Uuid::parse_str(NULL).unwrap();
+    let t = platform.tenant;
+    let boss_upper = platform
+        .add_user("Boss@Ex.test", "TENANT_ADMIN", t, null, &hash)
+        .await;
+    let boss_lower = platform
+        .add_user("boss@ex.test", "TENANT_ADMIN", t, null, &hash)
+        .await;
+    let kelvin = platform
+        .add_user("kelvin@ex.test", "TENANT_ADMIN", t, null, &hash)
+        .await;
+    let kelvin_sign = platform
+        .add_user("\u{212A}elvin@Ex.test", "TENANT_ADMIN", t, null, &hash)
+        .await;
+    let claimant = platform
+        .add_user("OWNER@ex.test", "TENANT_ADMIN", t, null, &hash)
+        .await;
+
+    let out = import(&gw, &platform.url, &["--json"]).await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let skipped = skipped_users(&report);
+    for (id, other) in [(boss_upper, boss_lower), (boss_lower, boss_upper)] {
+        let (code, reason) = &skipped[&id.to_string()];
+        assert_eq!(code, "email_collision", "{report}");
+        assert!(
+            reason.contains("boss@ex.test") && reason.contains(&other.to_string()),
+            "{reason}"
+        );
+    }
+    assert_eq!(
+        skipped[&kelvin_sign.to_string()].0,
+        "invalid_email",
+        "{report}"
+    );
+    assert_eq!(skipped[&claimant.to_string()].0, "email_taken", "{report}");
+    assert!(!skipped.contains_key(&kelvin.to_string()), "{report}");
+    // A warning and an audit event name each row held back.
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    for id in [boss_upper, boss_lower, kelvin_sign, claimant] {
+        assert!(
+            stderr
+                .lines()
+                .any(|l| l.contains("not imported") && l.contains(&id.to_string())),
+            "{stderr}"
+        );
+    }
+    let events = gw.running.store.audit_events(200).await.unwrap();
+    for id in [boss_upper, boss_lower, claimant] {
+        assert!(
+            events
+                .iter()
+                .any(|e| e.action == "user.import_skipped" && e.target_id == id),
+            "{events:?}"
+        );
+    }
+
+    for wire in common::WIRES {
+        // Neither claimant of boss@ex.test logs in under any spelling.
+        for typed in ["boss@ex.test", "Boss@Ex.test"] {
+            assert_eq!(
+                login_over(&gw, wire, typed, PLATFORM_PASSWORD).await,
+                401,
+                "{wire:?}"
+            );
+        }
+        // The KELVIN SIGN is not a K: the row is not kelvin's.
+        assert_eq!(
+            login_over(&gw, wire, "kelvin@ex.test", PLATFORM_PASSWORD).await,
+            200
+        );
+        assert_eq!(
+            login_over(&gw, wire, "\u{212A}elvin@ex.test", PLATFORM_PASSWORD).await,
+            401,
+            "{wire:?}"
+        );
+        // The user keygate held keeps the name and their own password.
+        assert_eq!(
+            login_over(&gw, wire, "Owner@Ex.test", NEW_PASSWORD).await,
+            200
+        );
+        assert_eq!(
+            login_over(&gw, wire, "owner@ex.test", PLATFORM_PASSWORD).await,
+            401
+        );
+    }
+    let held = gw
+        .running
+        .store
+        .user_by_email("owner@ex.test")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(held.id, owner.id);
+
+    // Once the platform's rows name one user per address, the one left in
+    // is imported.
+    platform
+        .execute(&format!("DELETE FROM user_credentials WHERE user_id = '{boss_upper}'; DELETE FROM tb_user WHERE id = '{boss_upper}'"))
+        .await;
+    let report = import_json(&gw, &platform, &[]).await;
+    assert!(
+        !skipped_users(&report).contains_key(&boss_lower.to_string()),
+        "{report}"
+    );
+    assert_eq!(
+        login_over(&gw, common::Wire::Http1, "Boss@Ex.test", PLATFORM_PASSWORD).await,
+        200
+    );
+    // A later claimant of that address is held back; the user keygate
+    // holds keeps it, and the platform's changes to them still apply.
+    let late = platform
+        .add_user("BOSS@ex.test", "TENANT_ADMIN", t, null, &hash)
+        .await;
+    platform
+        .execute(&format!(
+            "UPDATE tb_user SET last_name = 'Renamed' WHERE id = '{boss_lower}'"
+        ))
+        .await;
+    let report = import_json(&gw, &platform, &[]).await;
+    let skipped = skipped_users(&report);
+    assert_eq!(skipped[&late.to_string()].0, "email_collision", "{report}");
+    assert!(
+        skipped[&late.to_string()]
+            .1
+            .contains(&format!("keygate holds it for user {boss_lower}")),
+        "{report}"
+    );
+    assert!(!skipped.contains_key(&boss_lower.to_string()), "{report}");
+    assert_eq!(report["users"]["updated"], 1, "{report}");
+    for wire in common::WIRES {
+        assert_eq!(
+            login_over(&gw, wire, "boss@ex.test", PLATFORM_PASSWORD).await,
+            200
+        );
+    }
+    let kept = gw
+        .running
+        .store
+        .user_by_email("BOSS@ex.test")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((kept.id, kept.last_name.as_str()), (boss_lower, "Renamed"));
+    platform.drop().await;
+}
+
+#[tokio::test]
+#[ignore = "needs PostgreSQL: set KEYGATE_TEST_DATABASE_URL and run with --include-ignored"]
+async fn the_sync_holds_back_colliding_rows_and_a_keygate_users_name_and_tells_once() {
+    let platform = Platform::start().await;
+    let upstream = Upstream::start().await;
+    let gw = syncing(&platform, &upstream.url(), &upstream.url(), SYNC_INTERVAL).await;
+    let policy = gw.running.app.settings().password_policy;
+    keygate::accounts::create_user(
+        &gw.running.store,
+        keygate::accounts::NewUser {
+            email: "owner@ex.test".into(),
+            authority: keygate::identity::Authority::TenantAdmin,
+            tenant_id: Some(platform.tenant),
+            customer_id: None,
+            first_name: String::new(),
+            last_name: String::new(),
+        },
+        NEW_PASSWORD.into(),
+        &policy,
+    )
+    .await
+    .unwrap();
+    let hash = bcrypt_2a(PLATFORM_PASSWORD);
+    let null = Uuid::parse_str(NULL).unwrap();
+    let t = platform.tenant;
+    // The two claimants of one address appear on the platform at once: no
+    // round sees one without the other.
+    platform
+        .add_users(&[
+            ("Boss@Ex.test", "TENANT_ADMIN", t, null, &hash),
+            ("boss@ex.test", "TENANT_ADMIN", t, null, &hash),
+            ("OWNER@ex.test", "TENANT_ADMIN", t, null, &hash),
+        ])
+        .await;
+    let skipped = async |reason: &str| {
+        common::counter(
+            &gw.metrics().await,
+            &format!("keygate_platform_import_skipped_total{{reason=\"{reason}\"}}"),
+        )
+    };
+    wait_until("the rows held back", SYNCED, async || {
+        skipped("email_collision").await == 2 && skipped("email_taken").await == 1
+    })
+    .await;
+    for wire in common::WIRES {
+        assert_eq!(
+            login_over(&gw, wire, "boss@ex.test", PLATFORM_PASSWORD).await,
+            401
+        );
+        assert_eq!(
+            login_over(&gw, wire, "owner@ex.test", NEW_PASSWORD).await,
+            200
+        );
+        assert_eq!(
+            login_over(&gw, wire, "owner@ex.test", PLATFORM_PASSWORD).await,
+            401
+        );
+    }
+    // More rounds: the rows still held back are counted and audited once.
+    platform
+        .add_user("later@ex.test", "TENANT_ADMIN", t, null, &hash)
+        .await;
+    wait_until("a later round", SYNCED, async || {
+        bearer(&gw, "later@ex.test", PLATFORM_PASSWORD)
+            .await
+            .is_some()
+    })
+    .await;
+    assert_eq!(skipped("email_collision").await, 2);
+    assert_eq!(skipped("email_taken").await, 1);
+    let events = gw.running.store.audit_events(500).await.unwrap();
+    let held = events
+        .iter()
+        .filter(|e| e.action == "user.import_skipped")
+        .count();
+    assert_eq!(held, 3, "{events:?}");
+    platform.drop().await;
+}
+
+/// A bcrypt hash in the platform's format: cost `cost`, never to be run.
+fn bcrypt_of_cost(cost: u32) -> String {
+    format!("$2a${cost:02}$N9qo8uLOickgx2ZMRZoMyeIjZAgcfl7p92ldGxad68LJZdL17lhWy")
+}
+
+#[tokio::test]
+#[ignore = "needs PostgreSQL: set KEYGATE_TEST_DATABASE_URL and run with --include-ignored"]
+async fn imported_rows_the_platform_could_not_have_written_are_skipped_with_the_reason() {
+    let platform = Platform::start().await;
+    let (_upstream, gw) = gateway("").await;
+    let hash = bcrypt_2a(PLATFORM_PASSWORD);
+    let null = Uuid::parse_str(NULL).unwrap();
+    let t = platform.tenant;
+    let megabyte = "x".repeat(1 << 20);
+    let crlf = platform
+        .add_user(
+            "evil@ex.test\r\nBcc: all@ex.test",
+            "TENANT_ADMIN",
+            t,
+            null,
+            &hash,
+        )
+        .await;
+    let space = platform
+        .add_user("a b@ex.test", "TENANT_ADMIN", t, null, &hash)
+        .await;
+    let words = platform
+        .add_user("not an email", "TENANT_ADMIN", t, null, &hash)
+        .await;
+    let long = platform
+        .add_user("long@ex.test", "TENANT_ADMIN", t, null, &hash)
+        .await;
+    platform
+        .execute(&format!(
+            "ALTER TABLE tb_user ALTER COLUMN first_name TYPE varchar; \
+             UPDATE tb_user SET first_name = '{megabyte}' WHERE id = '{long}'"
+        ))
+        .await;
+    let cost13 = platform
+        .add_user(
+            "cost13@ex.test",
+            "TENANT_ADMIN",
+            t,
+            null,
+            &bcrypt_of_cost(13),
+        )
+        .await;
+    let cost31 = platform
+        .add_user(
+            "cost31@ex.test",
+            "TENANT_ADMIN",
+            t,
+            null,
+            &bcrypt_of_cost(31),
+        )
+        .await;
+    // A SYS_ADMIN row holding a tenant and a customer.
+    let admin = platform
+        .add_user("root@ex.test", "SYS_ADMIN", t, platform.customer, &hash)
+        .await;
+    // A customer user of tenant t whose customer is another tenant's.
+    let other_tenant = Uuid::new_v4();
+    let foreign = Uuid::new_v4();
+    platform
+        .execute(&format!(
+            "INSERT INTO customer (id, created_time, tenant_id, title, is_public) \
+             VALUES ('{foreign}', 1, '{other_tenant}', 'Other', FALSE)"
+        ))
+        .await;
+    let intruder = platform
+        .add_user("intruder@ex.test", "CUSTOMER_USER", t, foreign, &hash)
+        .await;
+    let unknown = platform
+        .add_user(
+            "nocustomer@ex.test",
+            "CUSTOMER_USER",
+            t,
+            Uuid::new_v4(),
+            &hash,
+        )
+        .await;
+
+    let report = import_json(&gw, &platform, &[]).await;
+    let skipped = skipped_users(&report);
+    for (id, code, words) in [
+        (crlf, "invalid_email", "Invalid email address"),
+        (space, "invalid_email", "Invalid email address"),
+        (words, "invalid_email", "Invalid email address"),
+        (long, "too_long", "first_name is 1048576 characters"),
+        (
+            cost13,
+            "bcrypt_cost",
+            "cost 13, above login.max_bcrypt_cost 12",
+        ),
+        (cost31, "bcrypt_cost", "cost 31"),
+        (
+            intruder,
+            "foreign_customer",
+            &format!("belongs to tenant {other_tenant}"),
+        ),
+        (
+            unknown,
+            "foreign_customer",
+            "not in the platform's customer table",
+        ),
+    ] {
+        let (got, reason) = skipped
+            .get(&id.to_string())
+            .unwrap_or_else(|| panic!("{id} not skipped: {report}"));
+        assert_eq!(got, code, "{reason}");
+        assert!(reason.contains(words), "{reason}");
+    }
+    let human = import(&gw, &platform.url, &["--dry-run"]).await;
+    let summary = String::from_utf8_lossy(&human.stdout);
+    assert!(
+        summary.contains(&format!("skipped user {cost31}")),
+        "{summary}"
+    );
+    assert!(
+        !summary.contains(&megabyte[..1000]),
+        "the report never echoes the field"
+    );
+    // The SYS_ADMIN is in, with no tenant and no customer.
+    let root = gw
+        .running
+        .store
+        .user_by_email("root@ex.test")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(root.id, admin);
+    assert_eq!((root.tenant_id, root.customer_id), (null, null));
+    for wire in common::WIRES {
+        for refused in [
+            "evil@ex.test",
+            "a b@ex.test",
+            "not an email",
+            "cost31@ex.test",
+            "intruder@ex.test",
+        ] {
+            assert_eq!(
+                login_over(&gw, wire, refused, PLATFORM_PASSWORD).await,
+                401,
+                "{refused}"
+            );
+        }
+    }
+    // A user imported before whose row now breaks a rule is held back, but
+    // the platform disabling them still applies.
+    assert_eq!(
+        login_over(
+            &gw,
+            common::Wire::Http2,
+            "tenant@platform.test",
+            PLATFORM_PASSWORD
+        )
+        .await,
+        200
+    );
+    platform
+        .execute(&format!(
+            "UPDATE tb_user SET first_name = '{megabyte}' WHERE id = '{admin}'; \
+             UPDATE user_credentials SET enabled = FALSE WHERE user_id = '{admin}'",
+            admin = platform.admin
+        ))
+        .await;
+    let report = import_json(&gw, &platform, &[]).await;
+    assert_eq!(
+        skipped_users(&report)[&platform.admin.to_string()].0,
+        "too_long",
+        "{report}"
+    );
+    for wire in common::WIRES {
+        assert_eq!(
+            login_over(&gw, wire, "tenant@platform.test", PLATFORM_PASSWORD).await,
+            401,
+            "{wire:?}: disabled on the platform"
+        );
+    }
+    // Fixed and enabled on the platform again: it follows.
+    platform
+        .execute(&format!(
+            "UPDATE tb_user SET first_name = 'First' WHERE id = '{admin}'; \
+             UPDATE user_credentials SET enabled = TRUE WHERE user_id = '{admin}'",
+            admin = platform.admin
+        ))
+        .await;
+    import_json(&gw, &platform, &[]).await;
+    assert_eq!(
+        login_over(
+            &gw,
+            common::Wire::Http1,
+            "tenant@platform.test",
+            PLATFORM_PASSWORD
+        )
+        .await,
+        200
+    );
+    platform.drop().await;
+}
+
+/// Everything logged in this test process, as text (installed once).
+fn captured_log() -> std::sync::Arc<std::sync::Mutex<Vec<u8>>> {
+    static LOG: std::sync::OnceLock<std::sync::Arc<std::sync::Mutex<Vec<u8>>>> =
+        std::sync::OnceLock::new();
+    LOG.get_or_init(|| {
+        #[derive(Clone)]
+        struct Writer(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+        impl std::io::Write for Writer {
+            fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(bytes);
+                Ok(bytes.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let buffer = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let writer = Writer(buffer.clone());
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .with_max_level(tracing::Level::INFO)
+            .finish();
+        let _ = tracing::subscriber::set_global_default(subscriber);
+        buffer
+    })
+    .clone()
+}
+
+/// Runs the import with `login.max_bcrypt_cost` = `cap` (the gateway's own
+/// config otherwise): how a hash above the serving cap gets into the store.
+async fn import_with_cap(gw: &Gateway, platform: &Platform, cap: u32) {
+    let config = gw.dir.path().join("import.toml");
+    let text = std::fs::read_to_string(gw.dir.path().join("keygate.toml")).unwrap();
+    std::fs::write(
+        &config,
+        format!("{text}\n[login]\nmax_bcrypt_cost = {cap}\n"),
+    )
+    .unwrap();
+    let args: Vec<String> = ["import", "platform", "--database-url", &platform.url]
+        .iter()
+        .map(|a| (*a).to_owned())
+        .collect();
+    let out = tokio::task::spawn_blocking(move || keygate(&config, &args))
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[tokio::test]
+#[ignore = "needs PostgreSQL: set KEYGATE_TEST_DATABASE_URL and run with --include-ignored"]
+async fn a_stored_bcrypt_hash_above_the_cap_is_refused_at_login_without_hashing() {
+    let log = captured_log();
+    let platform = Platform::start().await;
+    let (_upstream, gw) = gateway("").await;
+    let null = Uuid::parse_str(NULL).unwrap();
+    let days = platform
+        .add_user(
+            "days@ex.test",
+            "TENANT_ADMIN",
+            platform.tenant,
+            null,
+            &bcrypt_of_cost(31),
+        )
+        .await;
+    import_with_cap(&gw, &platform, 31).await;
+    let stored = gw
+        .running
+        .store
+        .user_by_email("days@ex.test")
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(stored.password_hash.starts_with("$2a$31$"));
+    let hashes = async || {
+        common::counter(
+            &gw.metrics().await,
+            "keygate_password_hashes_total{purpose=\"login\"}",
+        )
+    };
+    let before = hashes().await;
+    for wire in common::WIRES {
+        assert_eq!(
+            login_over(&gw, wire, "days@ex.test", PLATFORM_PASSWORD).await,
+            401
+        );
+    }
+    assert_eq!(hashes().await, before, "no hashing slot was taken");
+    // Another user logs in as ever, and that is hashed.
+    assert_eq!(
+        login_over(
+            &gw,
+            common::Wire::Http2,
+            "tenant@platform.test",
+            PLATFORM_PASSWORD
+        )
+        .await,
+        200
+    );
+    assert_eq!(hashes().await, before + 1);
+    let text = String::from_utf8_lossy(&log.lock().unwrap()).into_owned();
+    let refused = text
+        .lines()
+        .filter(|l| l.contains("above login.max_bcrypt_cost") && l.contains(&days.to_string()))
+        .count();
+    assert_eq!(refused, 2, "one line per refused check:\n{text}");
+    platform.drop().await;
+}
+
+#[tokio::test]
+#[ignore = "needs PostgreSQL: set KEYGATE_TEST_DATABASE_URL and run with --include-ignored"]
+async fn concurrent_wrong_logins_to_one_account_take_one_hashing_slot_while_another_user_logs_in() {
+    let platform = Platform::start().await;
+    // One hashing slot for logins; waits and per-account limits wide enough
+    // that only the hashing decides.
+    let (_upstream, gw) = gateway(
+        "[login]\nmax_concurrent_hashes = 1\nhash_wait = \"120s\"\n\
+         account_address_max_failures = 1000\naccount_max_failures = 1000\naddress_max_failures = 1000\n",
+    )
+    .await;
+    let null = Uuid::parse_str(NULL).unwrap();
+    // Cost 12: the highest the import takes, each check several times the
+    // platform's cost 10.
+    let slow = bcrypt::hash_with_result(PLATFORM_PASSWORD, 12)
+        .unwrap()
+        .format_for_version(bcrypt::Version::TwoA);
+    platform
+        .add_user(
+            "victim@ex.test",
+            "TENANT_ADMIN",
+            platform.tenant,
+            null,
+            &slow,
+        )
+        .await;
+    import_json(&gw, &platform, &[]).await;
+    let hashes = async || {
+        common::counter(
+            &gw.metrics().await,
+            "keygate_password_hashes_total{purpose=\"login\"}",
+        )
+    };
+    const WRONG: usize = 6;
+    for wire in common::WIRES {
+        let start = hashes().await;
+        let mut wrong = Vec::new();
+        for _ in 0..WRONG {
+            let client = gw.client_over(wire);
+            let url = gw.https("/api/auth/login");
+            wrong.push(tokio::spawn(async move {
+                client
+                    .post(url)
+                    .json(&serde_json::json!({ "username": "victim@ex.test", "password": "wrong-guess" }))
+                    .send()
+                    .await
+                    .unwrap()
+                    .status()
+                    .as_u16()
+            }));
+        }
+        wait_until("the first wrong check hashing", SYNCED, async || {
+            hashes().await > start
+        })
+        .await;
+        let before = hashes().await;
+        assert_eq!(
+            login_over(&gw, wire, "tenant@platform.test", PLATFORM_PASSWORD).await,
+            200
+        );
+        // The other login took the slot after at most the victim's check
+        // running when it came and the one next in the account's turn;
+        // without one turn per account it would wait behind every queued
+        // wrong guess.
+        let after = hashes().await;
+        assert!(
+            after - before <= 3,
+            "{wire:?}: {} checks took the slot between (at most 3 allowed; {} wrong guesses were queued)",
+            after - before,
+            WRONG - 1
+        );
+        for status in wrong {
+            assert_eq!(status.await.unwrap(), 401, "{wire:?}");
+        }
+        assert_eq!(
+            hashes().await,
+            start + WRONG as u64 + 1,
+            "each check hashed once"
+        );
+    }
     platform.drop().await;
 }

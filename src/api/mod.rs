@@ -820,6 +820,11 @@ pub struct Hashing {
     pub other: tokio::sync::Semaphore,
     pub threads: crate::auth::password::HashThreads,
     pub wait: std::time::Duration,
+    /// One password check at a time per account, across both allowances.
+    pub turns: crate::auth::password::Turns,
+    /// `login.max_bcrypt_cost`: a stored bcrypt hash above it is refused
+    /// without being run.
+    pub max_bcrypt_cost: u32,
 }
 
 impl Hashing {
@@ -830,6 +835,8 @@ impl Hashing {
             other: tokio::sync::Semaphore::new(per_purpose),
             threads: crate::auth::password::HashThreads::new(2 * per_purpose, settings.hash_nice),
             wait: settings.hash_wait,
+            turns: crate::auth::password::Turns::default(),
+            max_bcrypt_cost: settings.max_bcrypt_cost,
         }
     }
 }

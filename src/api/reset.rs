@@ -25,7 +25,6 @@ use crate::mail::{MailKind, Mailer, redact};
 use crate::store::{Audit, ResetToken, Store};
 
 /// Longest address a reset request is looked up for.
-const MAX_EMAIL: usize = 255;
 
 /// When a reset request is answered, after it arrived, whatever the address:
 /// far above the work before the answer (well under a millisecond), so the
@@ -66,8 +65,8 @@ pub async fn request_by_email(
 ) -> Result<http::Response<Body>, ApiError> {
     let answer_at = tokio::time::Instant::now() + ANSWER_AFTER;
     let body: ResetPasswordEmailRequest = req.json()?;
-    let email = body.email.trim().to_lowercase();
-    if email.is_empty() || email.len() > MAX_EMAIL || !email.contains('@') {
+    let email = crate::email::fold(&body.email);
+    if email.is_empty() || email.len() > crate::email::MAX_LEN || !email.contains('@') {
         return Err(ApiError::bad_request("email must be an e-mail address"));
     }
     // Counted per address and per account, known or not: each request
@@ -316,7 +315,7 @@ pub async fn reset(
         .map_err(ApiError::bad_request)?;
     let user = api.store.user_by_id(user_id).await?.ok_or_else(invalid)?;
     if api
-        .verify_password(HashFor::Other, &body.password, Some(&user.password_hash))
+        .verify_password(HashFor::Other, &body.password, Some(&user))
         .await?
     {
         return Err(ApiError::bad_request(

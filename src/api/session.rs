@@ -28,6 +28,7 @@ impl Endpoints {
     async fn hashing_permit(
         &self,
         purpose: HashFor,
+        deadline: tokio::time::Instant,
     ) -> Result<tokio::sync::SemaphorePermit<'_>, ApiError> {
         let (pool, label) = match purpose {
             HashFor::Login => (&self.hashing.login, "login"),
@@ -36,7 +37,7 @@ impl Endpoints {
         // Waiting is bounded: under a login storm on a busy machine (hashing
         // runs below proxying in priority) a request is refused rather than
         // queued without end.
-        let permit = match tokio::time::timeout(self.hashing.wait, pool.acquire()).await {
+        let permit = match tokio::time::timeout_at(deadline, pool.acquire()).await {
             Ok(Ok(permit)) => permit,
             Ok(Err(_)) => return Err(ApiError::unavailable()),
             Err(_) => {
@@ -49,15 +50,37 @@ impl Endpoints {
         Ok(permit)
     }
 
-    /// Verifies a password on the hashing threads, within `purpose`'s allowance.
-    /// `None` (unknown user) verifies against a dummy hash so both cost the same.
+    /// Verifies `user`'s password on the hashing threads, within `purpose`'s
+    /// allowance and the account's turn ([`crate::auth::password::Turns`]:
+    /// a second check of the same account waits for the first to end, both
+    /// waits within `login.hash_wait`). `None` (unknown user) verifies
+    /// against a dummy hash so both cost the same. A stored bcrypt hash above
+    /// `login.max_bcrypt_cost` is a mismatch, found without running it.
     pub(super) async fn verify_password(
         &self,
         purpose: HashFor,
         password: &str,
-        stored: Option<&str>,
+        user: Option<&UserRecord>,
     ) -> Result<bool, ApiError> {
-        let _permit = self.hashing_permit(purpose).await?;
+        let stored = user.map(|u| u.password_hash.as_str());
+        if let (Some(user), Some(stored)) = (user, stored)
+            && password::over_cost_cap(stored, self.hashing.max_bcrypt_cost)
+        {
+            tracing::warn!(
+                target: "keygate::security",
+                user_id = %user.id,
+                cost = password::bcrypt_cost(stored),
+                max_bcrypt_cost = self.hashing.max_bcrypt_cost,
+                "refused a password check against a bcrypt hash above login.max_bcrypt_cost without running it; set a new password for this user"
+            );
+            return Ok(false);
+        }
+        let deadline = tokio::time::Instant::now() + self.hashing.wait;
+        let _turn = match user {
+            Some(user) => Some(self.account_turn(purpose, user.id, deadline).await?),
+            None => None,
+        };
+        let _permit = self.hashing_permit(purpose, deadline).await?;
         // A user who has not activated yet has no hash: same cost as unknown.
         let stored = stored.filter(|h| !h.is_empty());
         let hash = stored.unwrap_or(&self.dummy_hash).to_string();
@@ -70,12 +93,34 @@ impl Endpoints {
         Ok(ok && stored.is_some())
     }
 
+    /// The account's turn to have its password checked, by `deadline`.
+    async fn account_turn(
+        &self,
+        purpose: HashFor,
+        account: Uuid,
+        deadline: tokio::time::Instant,
+    ) -> Result<crate::auth::password::Turn<'_>, ApiError> {
+        match tokio::time::timeout_at(deadline, self.hashing.turns.take(account)).await {
+            Ok(turn) => Ok(turn),
+            Err(_) => {
+                let label = match purpose {
+                    HashFor::Login => "login",
+                    HashFor::Other => "other",
+                };
+                tracing::warn!(target: "keygate::security", user_id = %account, waited = ?self.hashing.wait, "another check of this account's password ran all the time this one could wait");
+                self.metrics.password_hash_refused(label);
+                Err(ApiError::unavailable())
+            }
+        }
+    }
+
     pub(super) async fn hash_password(
         &self,
         purpose: HashFor,
         password: &str,
     ) -> Result<String, ApiError> {
-        let _permit = self.hashing_permit(purpose).await?;
+        let deadline = tokio::time::Instant::now() + self.hashing.wait;
+        let _permit = self.hashing_permit(purpose, deadline).await?;
         self.hashing
             .threads
             .hash(password.to_string())
@@ -193,11 +238,7 @@ pub async fn login(
         .inspect_err(|_| api.metrics.login("rate_limited"))?;
     let user = api.store.user_by_email(username).await?;
     let verified = api
-        .verify_password(
-            HashFor::Login,
-            &body.password,
-            user.as_ref().map(|u| u.password_hash.as_str()),
-        )
+        .verify_password(HashFor::Login, &body.password, user.as_ref())
         .await?;
     let user = match user {
         Some(user) if verified => user,
@@ -554,11 +595,7 @@ pub async fn change_password(
     // Limited like login: an API key must not buy unlimited password guesses.
     let attempt = api.password_attempt(&user.email, &req).await?;
     if !api
-        .verify_password(
-            HashFor::Other,
-            &body.current_password,
-            Some(&user.password_hash),
-        )
+        .verify_password(HashFor::Other, &body.current_password, Some(&user))
         .await?
     {
         tracing::info!(target: "keygate::security", user_id = %user.id, client = %req.client_ip, "password change refused: wrong current password");

@@ -695,6 +695,7 @@ pub(super) async fn platform_token(
         sealer: api.two_factor.sealer(),
         origin: crate::import::Origin::Sync,
         mail: api.mail.is_some(),
+        max_bcrypt_cost: api.settings.login.max_bcrypt_cost,
     };
     match crate::import::lookup_token(&api.store, &options, kind, token).await {
         Ok(Some((id, revocations))) => {

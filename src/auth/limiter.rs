@@ -173,7 +173,7 @@ impl LoginLimiter {
     }
 
     fn account_key(account: &str) -> String {
-        let lower = account.trim().to_lowercase();
+        let lower = crate::email::fold(account);
         match lower.char_indices().nth(MAX_ACCOUNT_KEY) {
             Some((cut, _)) => lower[..cut].to_string(),
             None => lower,

@@ -46,6 +46,27 @@ pub fn verify_blocking(password: &str, stored: &str) -> bool {
         .is_ok()
 }
 
+/// The cost of a bcrypt hash (`$2a$10$...` is 10), or `None` for another
+/// scheme. A check of a bcrypt hash takes 2^cost rounds: each step up
+/// doubles it (cost 10 is about 60 ms of a core, 15 about 2 s, 31 days).
+pub fn bcrypt_cost(stored: &str) -> Option<u32> {
+    if !is_bcrypt(stored) {
+        return None;
+    }
+    let digits = stored.get(4..6)?;
+    if !digits.bytes().all(|b| b.is_ascii_digit()) || stored.as_bytes().get(6) != Some(&b'$') {
+        // Not a cost bcrypt reads: as costly as the most, refused by any cap.
+        return Some(u32::MAX);
+    }
+    digits.parse().ok()
+}
+
+/// Whether checking `stored` would cost more than bcrypt cost `cap`: such a
+/// hash is refused without being run.
+pub fn over_cost_cap(stored: &str, cap: u32) -> bool {
+    bcrypt_cost(stored).is_some_and(|cost| cost > cap)
+}
+
 fn is_bcrypt(stored: &str) -> bool {
     ["$2a$", "$2b$", "$2y$"]
         .iter()
@@ -70,6 +91,81 @@ pub async fn verify(password: String, stored: String) -> Result<bool, PasswordEr
     tokio::task::spawn_blocking(move || verify_blocking(&password, &stored))
         .await
         .map_err(|_| PasswordError::Join)
+}
+
+/// One turn at a time per account: a password check of an account waits
+/// while another check of the same account runs, so one account never holds
+/// more than one hashing thread, however many requests name it. Without
+/// it, concurrent wrong logins to one account with a costly hash would take
+/// every hashing slot, and everyone else's logins would wait for them.
+#[derive(Default)]
+pub struct Turns {
+    busy: std::sync::Mutex<
+        std::collections::HashMap<uuid::Uuid, std::sync::Arc<tokio::sync::Notify>>,
+    >,
+}
+
+/// An account's turn; the next check of the account may start once it is
+/// dropped.
+pub struct Turn<'a> {
+    turns: &'a Turns,
+    account: uuid::Uuid,
+}
+
+impl Turns {
+    fn busy(
+        &self,
+    ) -> std::sync::MutexGuard<
+        '_,
+        std::collections::HashMap<uuid::Uuid, std::sync::Arc<tokio::sync::Notify>>,
+    > {
+        self.busy
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Waits for `account`'s turn. A waiter dropped (its request gave up)
+    /// leaves nothing behind.
+    pub async fn take(&self, account: uuid::Uuid) -> Turn<'_> {
+        loop {
+            match self.try_take(account) {
+                Ok(turn) => return turn,
+                Err(notified) => notified.await,
+            }
+        }
+    }
+
+    /// The turn if it is free; else a wake-up for when it is given back,
+    /// registered under the lock so that it cannot be missed.
+    fn try_take(
+        &self,
+        account: uuid::Uuid,
+    ) -> Result<Turn<'_>, tokio::sync::futures::OwnedNotified> {
+        use std::collections::hash_map::Entry;
+        match self.busy().entry(account) {
+            Entry::Vacant(free) => {
+                free.insert(std::sync::Arc::new(tokio::sync::Notify::new()));
+                Ok(Turn {
+                    turns: self,
+                    account,
+                })
+            }
+            Entry::Occupied(taken) => Err(taken.get().clone().notified_owned()),
+        }
+    }
+
+    /// Accounts with a check running now.
+    pub fn running(&self) -> usize {
+        self.busy().len()
+    }
+}
+
+impl Drop for Turn<'_> {
+    fn drop(&mut self) {
+        if let Some(notify) = self.turns.busy().remove(&self.account) {
+            notify.notify_waiters();
+        }
+    }
 }
 
 type Job = Box<dyn FnOnce() + Send>;
@@ -225,6 +321,73 @@ mod tests {
         assert!(verify_blocking("imported-secret", &as_2a));
         assert!(needs_rehash(&stored));
         assert!(!needs_rehash(&hash_blocking("fresh-password").unwrap()));
+    }
+
+    #[test]
+    fn a_bcrypt_cost_is_read_from_the_hash_without_running_it() {
+        let stored = bcrypt::hash("x", 4).unwrap();
+        assert_eq!(bcrypt_cost(&stored), Some(4));
+        assert_eq!(
+            bcrypt_cost("$2a$31$N9qo8uLOickgx2ZMRZoMyeIjZAgcfl7p92ldGxad68LJZdL17lhWy"),
+            Some(31)
+        );
+        assert_eq!(
+            bcrypt_cost("$2y$x1$abc"),
+            Some(u32::MAX),
+            "unreadable: refused"
+        );
+        assert_eq!(bcrypt_cost(&hash_blocking("x").unwrap()), None);
+        assert!(over_cost_cap(
+            "$2b$13$N9qo8uLOickgx2ZMRZoMyeIjZAgcfl7p92ldGxad68LJZdL17lhWy",
+            12
+        ));
+        assert!(!over_cost_cap(&stored, 12));
+    }
+
+    #[tokio::test]
+    async fn concurrent_checks_of_one_account_take_one_turn_while_another_account_runs() {
+        use futures_util::FutureExt;
+        let turns = std::sync::Arc::new(Turns::default());
+        let (victim, other) = (uuid::Uuid::new_v4(), uuid::Uuid::new_v4());
+        let first = turns.take(victim).await;
+        assert!(
+            turns.take(victim).now_or_never().is_none(),
+            "a second check of the account waits"
+        );
+        let mut others = turns
+            .take(other)
+            .now_or_never()
+            .expect("another account runs at once");
+        assert_eq!(turns.running(), 2);
+        drop(others);
+        // Many waiters of one account: never two running at once.
+        let running = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let most = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let mut waiters = Vec::new();
+        for _ in 0..8 {
+            let (turns, running, most) = (turns.clone(), running.clone(), most.clone());
+            waiters.push(tokio::spawn(async move {
+                let _turn = turns.take(victim).await;
+                let now = running.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+                most.fetch_max(now, std::sync::atomic::Ordering::SeqCst);
+                tokio::task::yield_now().await;
+                running.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+            }));
+        }
+        tokio::task::yield_now().await;
+        others = turns.take(other).now_or_never().expect("still at once");
+        drop(others);
+        drop(first);
+        for waiter in waiters {
+            waiter.await.unwrap();
+        }
+        assert_eq!(most.load(std::sync::atomic::Ordering::SeqCst), 1);
+        assert_eq!(turns.running(), 0, "nothing left behind");
+        // A waiter that gives up leaves nothing behind either.
+        let held = turns.take(victim).await;
+        assert!(turns.take(victim).now_or_never().is_none());
+        drop(held);
+        assert_eq!(turns.running(), 0);
     }
 
     #[tokio::test]

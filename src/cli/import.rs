@@ -32,6 +32,7 @@ pub(super) async fn import(cmd: ImportCommand, settings: &Settings) -> anyhow::R
         sealer: std::sync::Arc::new(sealer),
         origin: import::Origin::CommandLine,
         mail: settings.mail.is_some(),
+        max_bcrypt_cost: settings.login.max_bcrypt_cost,
     };
     let progress = |line: &str| eprintln!("import: {line}");
     let report = import::run(&store, &options, &progress).await?;

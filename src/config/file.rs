@@ -172,6 +172,7 @@ pub struct LoginSection {
     pub max_concurrent_hashes: i64,
     pub hash_nice: i64,
     pub hash_wait: String,
+    pub max_bcrypt_cost: i64,
     pub password_min_length: i64,
     pub password_max_length: i64,
 }
@@ -659,6 +660,7 @@ impl Default for LoginSection {
             max_concurrent_hashes: 0,
             hash_nice: 10,
             hash_wait: "10s".into(),
+            max_bcrypt_cost: 12,
             password_min_length: 8,
             password_max_length: 72,
         }

@@ -242,6 +242,9 @@ pub struct LoginSettings {
     pub hash_nice: i32,
     /// Longest a request waits for its turn to hash before a 503.
     pub hash_wait: Duration,
+    /// The highest bcrypt cost an imported hash may have: a higher one is
+    /// not imported, and one stored is refused at login without being run.
+    pub max_bcrypt_cost: u32,
 }
 
 /// Length rules for new passwords.

@@ -715,8 +715,16 @@ impl LoginSection {
                 self.hash_nice
             ));
         }
+        // bcrypt's own range; the platform writes cost 10.
+        if !(4..=31).contains(&self.max_bcrypt_cost) {
+            errors.push(format!(
+                "login.max_bcrypt_cost: must be 4 to 31 (the platform writes 10), got {}",
+                self.max_bcrypt_cost
+            ));
+        }
         let login = LoginSettings {
             limiter,
+            max_bcrypt_cost: self.max_bcrypt_cost.clamp(4, 31) as u32,
             lockout_after: self.lockout_after.clamp(0, i64::from(u32::MAX)) as u32,
             max_concurrent_hashes,
             hash_nice: self.hash_nice.clamp(0, 19) as i32,

@@ -33,7 +33,9 @@ use crate::store::{
     Audit, PlatformKey, PlatformUser, PublicCustomer, Published, Revocation, RowKind, Store,
     StoreError, TwoFactorRecord,
 };
-use plan::{ImportedTwoFactor, Plan, PlatformSecret, PlatformTwoFactor, TwoFactorPlan};
+use plan::{
+    ImportedTwoFactor, Plan, PlatformSecret, PlatformTwoFactor, Refused, TwoFactorPlan, code,
+};
 pub use source::TokenKind;
 use source::{KeyRow, Source, TwoFaRow, UserRow};
 
@@ -80,6 +82,9 @@ pub struct Options {
     /// Whether this keygate sends mail (`[mail]`): the platform's EMAIL
     /// second factors are imported only then.
     pub mail: bool,
+    /// `login.max_bcrypt_cost`: a password hash of a higher cost is not
+    /// imported.
+    pub max_bcrypt_cost: u32,
 }
 
 /// Who runs an import: an operator, or the sync inside `keygate serve`.
@@ -122,6 +127,9 @@ pub struct Skipped {
     pub id: String,
     /// The user's e-mail, or the key's description.
     pub name: String,
+    /// A short code of the reason ([`plan::code`]), the `reason` label of
+    /// `keygate_platform_import_skipped_total`.
+    pub code: &'static str,
     pub reason: String,
 }
 
@@ -238,6 +246,11 @@ pub async fn run(
     let mut source = Source::open(&options.database_url).await?;
     let result = import(store, options, &mut source, progress).await;
     source.close().await;
+    if let Ok(report) = &result
+        && !options.dry_run
+    {
+        announce(store, options.origin, &report.skipped).await;
+    }
     result
 }
 
@@ -255,6 +268,7 @@ pub(crate) async fn import(
     ));
     let signing = signing(store, options.dry_run, source.jwt_settings().await?).await?;
     let mut run = Run::new(store, options, signing);
+    run.collisions = email_collisions(source).await?;
     {
         let mut rows = pin!(source.users());
         let mut batch = Vec::with_capacity(BATCH);
@@ -341,7 +355,9 @@ async fn lookup(
         reason: None,
     };
     let mut run = Run::new(store, options, absent);
+    run.collisions = email_collisions(source).await?;
     run.users(vec![row]).await?;
+    announce(store, options.origin, &run.report.skipped).await;
     let Some(id) = run.seen_users.iter().next().copied() else {
         return Ok(None);
     };
@@ -402,6 +418,75 @@ pub async fn check_platform_database(url: &str) -> Result<(), String> {
     checked
 }
 
+/// A platform address as a report and a log show it: at most 100
+/// characters, control characters escaped (a row may hold a CR LF).
+fn shown_name(text: &str) -> String {
+    let mut shown: String = text
+        .chars()
+        .take(100)
+        .flat_map(char::escape_default)
+        .collect();
+    if text.chars().count() > 100 {
+        shown.push_str("...");
+    }
+    shown
+}
+
+/// The addresses two or more platform users fold to ([`crate::email::fold`]),
+/// each with the ids of those users. Such rows are all held back: which one
+/// came first says nothing about who owns the address.
+async fn email_collisions(
+    source: &mut Source,
+) -> Result<HashMap<String, Vec<String>>, ImportError> {
+    let mut by_address: HashMap<String, Vec<String>> = HashMap::new();
+    let mut rows = pin!(source.user_emails());
+    while let Some(row) = rows.next().await {
+        let (id, email) = row?;
+        let folded = crate::email::fold(&email);
+        if !folded.is_empty() {
+            by_address.entry(folded).or_default().push(id);
+        }
+    }
+    by_address.retain(|_, ids| ids.len() > 1);
+    Ok(by_address)
+}
+
+/// Says what was held back: a warning in the log and an audit event
+/// (`user.import_skipped`, `api_key.import_skipped`) for each user and key
+/// row. The sync calls it with the rows new since its last round only.
+pub async fn announce(store: &Store, origin: Origin, skipped: &[Skipped]) {
+    for skipped in skipped {
+        tracing::warn!(
+            kind = skipped.kind,
+            id = %skipped.id,
+            reason = skipped.code,
+            detail = %skipped.reason,
+            "a platform row was not imported"
+        );
+        let Ok(id) = Uuid::parse_str(&skipped.id) else {
+            continue;
+        };
+        let written = match skipped.kind {
+            "user" => {
+                store
+                    .audited(origin.audit("user.import_skipped"))
+                    .record_user_event(id)
+                    .await
+            }
+            "API key" => {
+                store
+                    .audited(origin.audit("api_key.import_skipped"))
+                    .record_key_event(id)
+                    .await
+            }
+            _ => Ok(()),
+        };
+        if let Err(error) = written {
+            tracing::error!(%error, "recording an audit event of a skipped platform row failed");
+        }
+    }
+}
+
 /// The platform's `jwt` settings into keygate's store.
 async fn signing(
     store: &Store,
@@ -454,6 +539,10 @@ struct Run {
     seen_keys: HashSet<Uuid>,
     /// Users whose second-factor settings the platform holds.
     seen_two_factors: HashSet<Uuid>,
+    /// `login.max_bcrypt_cost`.
+    max_bcrypt_cost: u32,
+    /// Addresses several platform users fold to ([`email_collisions`]).
+    collisions: HashMap<String, Vec<String>>,
 }
 
 const SECOND_FACTOR: &str = "second factor";
@@ -487,6 +576,8 @@ impl Run {
             added_users: HashMap::new(),
             seen_keys: HashSet::new(),
             seen_two_factors: HashSet::new(),
+            max_bcrypt_cost: options.max_bcrypt_cost,
+            collisions: HashMap::new(),
         }
     }
 
@@ -496,6 +587,11 @@ impl Run {
     }
 
     fn skip(&mut self, kind: &'static str, id: &str, name: &str, reason: String) {
+        self.hold(kind, id, name, Refused::new(code::OTHER, reason));
+    }
+
+    /// Skips a row, naming why by code and in words.
+    fn hold(&mut self, kind: &'static str, id: &str, name: &str, refused: Refused) {
         let counts = match kind {
             "user" => &mut self.report.users,
             SECOND_FACTOR => &mut self.report.two_factors,
@@ -506,49 +602,121 @@ impl Run {
             kind,
             id: id.to_owned(),
             name: name.to_owned(),
-            reason,
+            code: refused.code,
+            reason: refused.reason,
         });
     }
 
     async fn users(&mut self, rows: Vec<UserRow>) -> Result<(), ImportError> {
         let mut mapped = Vec::with_capacity(rows.len());
+        let mut disabled_there = Vec::new();
         for row in rows {
             if let Ok(id) = Uuid::parse_str(&row.id) {
                 self.seen_users.insert(id);
+                if row.enabled != Some(true) {
+                    disabled_there.push(id);
+                }
             }
-            match plan::map_user(&row, self.now_ms) {
-                Ok(user) => mapped.push(user),
-                Err(reason) => {
-                    let name = row.email.as_deref().unwrap_or("");
-                    self.skip("user", &row.id, name, reason);
+            match plan::map_user(&row, self.now_ms, self.max_bcrypt_cost) {
+                Ok(user) => {
+                    disabled_there.retain(|id| *id != user.id);
+                    mapped.push(user);
+                }
+                Err(refused) => {
+                    let name = shown_name(row.email.as_deref().unwrap_or(""));
+                    self.hold("user", &row.id, &name, refused);
                 }
             }
         }
-        let ids: Vec<Uuid> = mapped.iter().map(|u| u.id).collect();
+        self.disable_held_back(&disabled_there).await?;
+        // Who holds each address, in keygate and among the rows added here.
         let emails: Vec<String> = mapped.iter().map(|u| u.email.clone()).collect();
+        let mut holders = self.store.user_ids_by_emails(&emails).await?;
+        // Rows folding to one address are all held back, but for the one
+        // keygate already holds it for (imported before): it keeps the name,
+        // and the platform's changes to it (disabled, deleted) still apply.
+        let mut clear = Vec::with_capacity(mapped.len());
+        for user in mapped {
+            let holds = holders.get(&user.email) == Some(&user.id);
+            match self.collisions.get(&user.email).filter(|_| !holds) {
+                Some(ids) => {
+                    let id = user.id.to_string();
+                    let others: Vec<&str> = ids
+                        .iter()
+                        .map(String::as_str)
+                        .filter(|other| *other != id)
+                        .collect();
+                    let reason = match holders.get(&user.email) {
+                        Some(holder) => format!(
+                            "its e-mail address folds to {}, as platform user {} does; keygate holds it for user {holder}, who keeps it",
+                            user.email,
+                            others.join(", ")
+                        ),
+                        None => format!(
+                            "its e-mail address folds to {}, as platform user {} does: all such rows are held back until one address names one user",
+                            user.email,
+                            others.join(", ")
+                        ),
+                    };
+                    let refused = Refused::new(code::EMAIL_COLLISION, reason);
+                    self.hold("user", &id, &user.email, refused);
+                }
+                None => clear.push(user),
+            }
+        }
+        let mapped = clear;
+        // A customer keygate already binds to another tenant stays there.
+        let mut owners: HashMap<Uuid, Option<Uuid>> = HashMap::new();
+        let mut clear = Vec::with_capacity(mapped.len());
+        for user in mapped {
+            if user.customer_id != NULL_UUID {
+                let owner = match owners.get(&user.customer_id) {
+                    Some(owner) => *owner,
+                    None => {
+                        let owner = self.store.customer_tenant(user.customer_id).await?;
+                        owners.insert(user.customer_id, owner);
+                        owner
+                    }
+                };
+                if let Some(owner) = owner.filter(|owner| *owner != user.tenant_id) {
+                    let reason = format!(
+                        "its customer {} belongs to tenant {owner} in keygate, not to its tenant {}",
+                        user.customer_id, user.tenant_id
+                    );
+                    let refused = Refused::new(code::FOREIGN_CUSTOMER, reason);
+                    self.hold("user", &user.id.to_string(), &user.email, refused);
+                    continue;
+                }
+            }
+            clear.push(user);
+        }
+        let mapped = clear;
+        let ids: Vec<Uuid> = mapped.iter().map(|u| u.id).collect();
         let keygate = self.store.users_by_ids(&ids).await?;
         let imported: HashMap<Uuid, PlatformUser> =
             self.store.imported_rows(RowKind::User, &ids).await?;
-        // Who holds each address, in keygate and among the rows added here.
-        let mut holders = self.store.user_ids_by_emails(&emails).await?;
         let mut adds = Vec::new();
         for user in mapped {
             let taken = holders
                 .get(&user.email)
-                .is_some_and(|holder| *holder != user.id);
+                .copied()
+                .filter(|holder| *holder != user.id);
             let id = user.id;
             match plan::plan_user(user, keygate.get(&id), imported.get(&id)) {
-                Plan::Add(user) if taken => {
-                    let reason = "another keygate user has this e-mail address".to_owned();
-                    self.skip("user", &id.to_string(), &user.email, reason);
+                Plan::Add(user) if let Some(holder) = taken => {
+                    let reason =
+                        format!("keygate user {holder} has this e-mail address, and keeps it");
+                    let refused = Refused::new(code::EMAIL_TAKEN, reason);
+                    self.hold("user", &id.to_string(), &user.email, refused);
                 }
                 Plan::Add(user) => {
                     holders.insert(user.email.clone(), id);
                     adds.push(user);
                 }
-                Plan::Update(user, update) if update.profile && taken => {
+                Plan::Update(user, update) if update.profile && taken.is_some() => {
                     let reason = "its new e-mail address is another keygate user's".to_owned();
-                    self.skip("user", &id.to_string(), &user.email, reason);
+                    let refused = Refused::new(code::EMAIL_TAKEN, reason);
+                    self.hold("user", &id.to_string(), &user.email, refused);
                 }
                 Plan::Update(user, update) => {
                     if !self.dry_run {
@@ -606,6 +774,39 @@ impl Run {
                     self.skip("user", &user.id.to_string(), &user.email, error.to_string());
                 }
             }
+        }
+        Ok(())
+    }
+
+    /// A row skipped now of a user imported before is not applied, but its
+    /// platform's disabling is: a user disabled on the platform never stays
+    /// enabled in keygate because their row broke a rule meanwhile. The
+    /// import record follows, so that enabling them on the platform again
+    /// applies once their row imports.
+    async fn disable_held_back(&mut self, ids: &[Uuid]) -> Result<(), ImportError> {
+        if ids.is_empty() {
+            return Ok(());
+        }
+        let imported: HashMap<Uuid, PlatformUser> =
+            self.store.imported_rows(RowKind::User, ids).await?;
+        let keygate = self.store.users_by_ids(ids).await?;
+        for (id, mut platform) in imported {
+            if !keygate.get(&id).is_some_and(|user| user.enabled) {
+                continue;
+            }
+            tracing::warn!(user_id = %id, "a platform row held back is disabled on the platform: disabled in keygate too");
+            if self.dry_run {
+                continue;
+            }
+            let change = self
+                .users_store
+                .set_user_enabled(id, false, self.now_ms / 1000)
+                .await?;
+            self.published(change);
+            platform.enabled = false;
+            self.store
+                .remember_imported(RowKind::User, id, &platform, self.now_ms)
+                .await?;
         }
         Ok(())
     }
@@ -901,6 +1102,7 @@ impl Run {
                     kind: "public customer",
                     id,
                     name: String::new(),
+                    code: code::INVALID_ROW,
                     reason: if customer_id.is_none() {
                         "its id is not a UUID".into()
                     } else {

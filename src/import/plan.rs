@@ -49,36 +49,148 @@ fn uuid_or_null(text: &Option<String>) -> Result<Uuid, String> {
     }
 }
 
-/// A platform user as keygate imports it, or why it cannot be.
-pub fn map_user(row: &UserRow, now_ms: i64) -> Result<PlatformUser, String> {
-    let id = Uuid::parse_str(&row.id).map_err(|_| format!("bad id {:?}", row.id))?;
-    let email = row
+/// Why a row is not imported: a short code (the `reason` label of
+/// `keygate_platform_import_skipped_total`) and the words of the report.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refused {
+    pub code: &'static str,
+    pub reason: String,
+}
+
+impl Refused {
+    pub fn new(code: &'static str, reason: impl Into<String>) -> Refused {
+        Refused {
+            code,
+            reason: reason.into(),
+        }
+    }
+}
+
+/// The codes of [`Refused`], and of the other rows an import holds back.
+pub mod code {
+    /// Not a user keygate can hold (no id, authority, tenant, credentials).
+    pub const INVALID_ROW: &str = "invalid_row";
+    /// The e-mail address fails the rule of the REST user endpoint.
+    pub const INVALID_EMAIL: &str = "invalid_email";
+    /// A field longer than the platform's own column allows.
+    pub const TOO_LONG: &str = "too_long";
+    /// A bcrypt hash of a cost above `login.max_bcrypt_cost`.
+    pub const BCRYPT_COST: &str = "bcrypt_cost";
+    /// Two or more platform rows fold to one e-mail address.
+    pub const EMAIL_COLLISION: &str = "email_collision";
+    /// The address is another keygate user's.
+    pub const EMAIL_TAKEN: &str = "email_taken";
+    /// A customer user whose customer is not in its tenant.
+    pub const FOREIGN_CUSTOMER: &str = "foreign_customer";
+    /// Anything else (a store refusal, a row deleted in keygate, a key).
+    pub const OTHER: &str = "other";
+    pub const ALL: [&str; 8] = [
+        INVALID_ROW,
+        INVALID_EMAIL,
+        TOO_LONG,
+        BCRYPT_COST,
+        EMAIL_COLLISION,
+        EMAIL_TAKEN,
+        FOREIGN_CUSTOMER,
+        OTHER,
+    ];
+}
+
+/// The platform's `tb_user` text columns are `varchar(255)`: a longer value
+/// cannot come from the platform itself.
+pub const MAX_FIELD_CHARS: usize = 255;
+
+/// A platform user as keygate imports it, or why it cannot be. A bcrypt
+/// hash above `max_bcrypt_cost` is refused: one check of it would hold a
+/// hashing thread for seconds (cost 15) to days (cost 31).
+pub fn map_user(row: &UserRow, now_ms: i64, max_bcrypt_cost: u32) -> Result<PlatformUser, Refused> {
+    let invalid = |reason: String| Refused::new(code::INVALID_ROW, reason);
+    let id = Uuid::parse_str(&row.id).map_err(|_| invalid(format!("bad id {:?}", row.id)))?;
+    let text = row
         .email
         .as_deref()
-        .map(|e| e.trim().to_lowercase())
-        .filter(|e| !e.is_empty())
-        .ok_or("no e-mail address")?;
+        .filter(|e| !e.trim_ascii().is_empty())
+        .ok_or_else(|| invalid("no e-mail address".into()))?;
+    for (field, value) in [
+        ("email", Some(text)),
+        ("first_name", row.first_name.as_deref()),
+        ("last_name", row.last_name.as_deref()),
+        ("phone", row.phone.as_deref()),
+    ] {
+        let chars = value.map_or(0, |v| v.chars().count());
+        if chars > MAX_FIELD_CHARS {
+            return Err(Refused::new(
+                code::TOO_LONG,
+                format!(
+                    "{field} is {chars} characters, longer than the platform's varchar({MAX_FIELD_CHARS})"
+                ),
+            ));
+        }
+    }
+    let email =
+        crate::email::check(text).map_err(|reason| Refused::new(code::INVALID_EMAIL, reason))?;
     let authority_text = row.authority.as_deref().unwrap_or("");
     let authority = Authority::parse(authority_text)
-        .ok_or_else(|| format!("authority {authority_text:?} is not a user's"))?;
-    let tenant_id = uuid_or_null(&row.tenant_id)?;
-    let customer_id = uuid_or_null(&row.customer_id)?;
-    match authority {
-        Authority::SysAdmin => {}
+        .ok_or_else(|| invalid(format!("authority {authority_text:?} is not a user's")))?;
+    let tenant_id = uuid_or_null(&row.tenant_id).map_err(invalid)?;
+    let customer_id = uuid_or_null(&row.customer_id).map_err(invalid)?;
+    // A SYS_ADMIN belongs to no tenant and no customer, whatever the row
+    // says (the platform stores the null UUID for both).
+    let (tenant_id, customer_id) = match authority {
+        Authority::SysAdmin => (NULL_UUID, NULL_UUID),
         Authority::TenantAdmin | Authority::CustomerUser if tenant_id == NULL_UUID => {
-            return Err(format!("a {authority} without a tenant"));
+            return Err(invalid(format!("a {authority} without a tenant")));
         }
         Authority::CustomerUser if customer_id == NULL_UUID => {
-            return Err("a CUSTOMER_USER without a customer".into());
+            return Err(invalid("a CUSTOMER_USER without a customer".into()));
         }
-        _ => {}
+        Authority::TenantAdmin if customer_id != NULL_UUID => {
+            return Err(invalid(format!(
+                "a TENANT_ADMIN assigned to customer {customer_id}"
+            )));
+        }
+        _ => (tenant_id, customer_id),
+    };
+    // A customer user's customer must be one of its tenant's, as the
+    // platform's `customer` table says: a row naming another tenant's
+    // customer would reach that customer's devices.
+    if authority == Authority::CustomerUser {
+        let owner = row
+            .customer_tenant_id
+            .as_deref()
+            .and_then(|t| Uuid::parse_str(t).ok());
+        if !row.customer_found {
+            return Err(Refused::new(
+                code::FOREIGN_CUSTOMER,
+                format!("its customer {customer_id} is not in the platform's customer table"),
+            ));
+        }
+        if owner != Some(tenant_id) {
+            let owner = owner.map_or("no tenant".to_owned(), |t| format!("tenant {t}"));
+            return Err(Refused::new(
+                code::FOREIGN_CUSTOMER,
+                format!(
+                    "its customer {customer_id} belongs to {owner}, not to its tenant {tenant_id}"
+                ),
+            ));
+        }
     }
     if !row.has_credentials {
-        return Err("no credentials row".into());
+        return Err(invalid("no credentials row".into()));
     }
     let password_hash = row.password.clone().unwrap_or_default();
     if !password_hash.is_empty() && !is_bcrypt(&password_hash) {
-        return Err("the password hash is not bcrypt".into());
+        return Err(invalid("the password hash is not bcrypt".into()));
+    }
+    if let Some(cost) = crate::auth::password::bcrypt_cost(&password_hash)
+        && cost > max_bcrypt_cost
+    {
+        return Err(Refused::new(
+            code::BCRYPT_COST,
+            format!(
+                "the bcrypt hash has cost {cost}, above login.max_bcrypt_cost {max_bcrypt_cost}"
+            ),
+        ));
     }
     let pending = password_hash.is_empty();
     // The platform keeps a user who has not activated yet disabled until
@@ -379,8 +491,8 @@ pub fn map_two_factors(
             }
             "EMAIL" if !mail => Err("EMAIL needs [mail]"),
             "EMAIL" => match config.get("email").and_then(|v| v.as_str()) {
-                Some(email) if email.trim().eq_ignore_ascii_case(account_email.trim()) => {
-                    Ok(PlatformSecret::Email(account_email.trim().to_lowercase()))
+                Some(email) if crate::email::same(email, account_email) => {
+                    Ok(PlatformSecret::Email(crate::email::fold(account_email)))
                 }
                 Some(_) => Err("EMAIL names another address than the account's"),
                 None => Err("EMAIL names no address"),
@@ -547,22 +659,22 @@ mod tests {
             reset_token_exp_time: Some(5_000),
             ..row()
         };
-        let user = map_user(&row, 1_000).unwrap();
+        let user = map_user(&row, 1_000, CAP).unwrap();
         assert_eq!(
             user.reset,
             Some((KeyDigest::of("reset-token").to_hex(), 5_000))
         );
-        assert_eq!(map_user(&row, 5_000).unwrap().reset, None, "expired");
+        assert_eq!(map_user(&row, 5_000, CAP).unwrap().reset, None, "expired");
         let pending = UserRow {
             password: None,
             ..row.clone()
         };
-        assert_eq!(map_user(&pending, 1_000).unwrap().reset, None);
+        assert_eq!(map_user(&pending, 1_000, CAP).unwrap().reset, None);
         let disabled = UserRow {
             enabled: Some(false),
             ..row.clone()
         };
-        assert_eq!(map_user(&disabled, 1_000).unwrap().reset, None);
+        assert_eq!(map_user(&disabled, 1_000, CAP).unwrap().reset, None);
     }
 
     #[test]
@@ -572,9 +684,9 @@ mod tests {
             reset_token_exp_time: Some(5_000),
             ..row()
         };
-        let imported = map_user(&row, 1_000).unwrap();
+        let imported = map_user(&row, 1_000, CAP).unwrap();
         let keygate = keygate_of(&imported);
-        let again = map_user(&row, 2_000).unwrap();
+        let again = map_user(&row, 2_000, CAP).unwrap();
         assert!(matches!(
             plan_user(again, Some(&keygate), Some(&imported)),
             Plan::Keep { .. }
@@ -585,6 +697,7 @@ mod tests {
                 ..row.clone()
             },
             2_000,
+            CAP,
         )
         .unwrap();
         let Plan::Update(_, update) = plan_user(newer, Some(&keygate), Some(&imported)) else {
@@ -634,6 +747,7 @@ mod tests {
         assert_eq!(plan_two_factor(None, Some(20), None), Nothing);
     }
 
+    const CAP: u32 = 12;
     const HASH: &str = "$2a$10$N9qo8uLOickgx2ZMRZoMyeIjZAgcfl7p92ldGxad68LJZdL17lhWy";
     const OTHER_HASH: &str = "$2a$10$abcdefghijklmnopqrstuu5Ud1Nw1zJ8jQk5Qb0bq8mXl5lXyVYFW";
 
@@ -674,7 +788,7 @@ mod tests {
     #[test]
     fn a_platform_user_keeps_its_id_email_and_bcrypt_hash() {
         let row = row();
-        let user = map_user(&row, 0).unwrap();
+        let user = map_user(&row, 0, CAP).unwrap();
         assert_eq!(user.id.to_string(), row.id);
         assert_eq!(user.email, "ann@example.com");
         assert_eq!(user.password_hash, HASH);
@@ -728,9 +842,126 @@ mod tests {
             ),
         ];
         for (row, reason) in cases {
-            let error = map_user(&row, 0).unwrap_err();
-            assert!(error.contains(reason), "{error} lacks {reason}");
+            let error = map_user(&row, 0, CAP).unwrap_err();
+            assert!(error.reason.contains(reason), "{error:?} lacks {reason}");
+            assert_eq!(error.code, code::INVALID_ROW);
         }
+    }
+
+    #[test]
+    fn an_imported_row_with_an_address_the_rest_endpoint_refuses_is_skipped() {
+        for bad in [
+            "evil@example.com\r\nBcc: x@example.com",
+            "a b@example.com",
+            "not an email",
+            "\u{212A}elvin@example.com",
+        ] {
+            let row = UserRow {
+                email: Some(bad.into()),
+                ..row()
+            };
+            let error = map_user(&row, 0, CAP).unwrap_err();
+            assert_eq!(error.code, code::INVALID_EMAIL, "{bad:?}: {error:?}");
+            assert!(error.reason.contains("Invalid email address"), "{error:?}");
+        }
+    }
+
+    #[test]
+    fn an_imported_name_longer_than_the_platforms_column_is_skipped() {
+        let megabyte = "x".repeat(1 << 20);
+        for row in [
+            UserRow {
+                first_name: Some(megabyte.clone()),
+                ..row()
+            },
+            UserRow {
+                last_name: Some("é".repeat(MAX_FIELD_CHARS + 1)),
+                ..row()
+            },
+            UserRow {
+                phone: Some(megabyte.clone()),
+                ..row()
+            },
+            UserRow {
+                email: Some(format!("{megabyte}@example.com")),
+                ..row()
+            },
+        ] {
+            let error = map_user(&row, 0, CAP).unwrap_err();
+            assert_eq!(error.code, code::TOO_LONG, "{error:?}");
+            assert!(error.reason.contains("varchar(255)"), "{error:?}");
+        }
+        // 255 characters of two bytes each fit the platform's column.
+        let fits = UserRow {
+            last_name: Some("é".repeat(MAX_FIELD_CHARS)),
+            ..row()
+        };
+        assert!(map_user(&fits, 0, CAP).is_ok());
+    }
+
+    #[test]
+    fn an_imported_bcrypt_hash_above_the_cost_cap_is_skipped_naming_its_cost() {
+        for (cost, skipped) in [(10, false), (12, false), (13, true), (31, true)] {
+            let hash = format!("$2a${cost:02}${}", &HASH[7..]);
+            let row = UserRow {
+                password: Some(hash),
+                ..row()
+            };
+            match map_user(&row, 0, CAP) {
+                Err(error) if skipped => {
+                    assert_eq!(error.code, code::BCRYPT_COST);
+                    assert!(error.reason.contains(&format!("cost {cost}")), "{error:?}");
+                }
+                Ok(user) if !skipped => assert!(user.password_hash.starts_with("$2a$")),
+                other => panic!("cost {cost}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn a_customer_user_whose_customer_is_another_tenants_is_skipped() {
+        let tenant = Uuid::new_v4();
+        let customer_user = |found: bool, owner: Option<Uuid>| UserRow {
+            authority: Some("CUSTOMER_USER".into()),
+            tenant_id: Some(tenant.to_string()),
+            customer_id: Some(Uuid::new_v4().to_string()),
+            customer_found: found,
+            customer_tenant_id: owner.map(|t| t.to_string()),
+            ..row()
+        };
+        assert!(map_user(&customer_user(true, Some(tenant)), 0, CAP).is_ok());
+        for (row, words) in [
+            (
+                customer_user(true, Some(Uuid::new_v4())),
+                "belongs to tenant",
+            ),
+            (customer_user(true, None), "belongs to no tenant"),
+            (
+                customer_user(false, None),
+                "not in the platform's customer table",
+            ),
+        ] {
+            let error = map_user(&row, 0, CAP).unwrap_err();
+            assert_eq!(error.code, code::FOREIGN_CUSTOMER);
+            assert!(error.reason.contains(words), "{error:?}");
+        }
+    }
+
+    #[test]
+    fn an_imported_sys_admin_has_no_tenant_and_no_customer() {
+        let admin = UserRow {
+            authority: Some("SYS_ADMIN".into()),
+            customer_id: Some(Uuid::new_v4().to_string()),
+            ..row()
+        };
+        let user = map_user(&admin, 0, CAP).unwrap();
+        assert_eq!((user.tenant_id, user.customer_id), (NULL_UUID, NULL_UUID));
+        let assigned = UserRow {
+            customer_id: Some(Uuid::new_v4().to_string()),
+            ..row()
+        };
+        let error = map_user(&assigned, 0, CAP).unwrap_err();
+        assert!(error.reason.contains("TENANT_ADMIN assigned"), "{error:?}");
     }
 
     #[test]
@@ -742,7 +973,7 @@ mod tests {
             activate_token_exp_time: Some(5_000),
             ..row()
         };
-        let user = map_user(&row, 0).unwrap();
+        let user = map_user(&row, 0, CAP).unwrap();
         assert!(user.enabled);
         assert_eq!(user.password_hash, "");
         assert_eq!(
@@ -759,6 +990,7 @@ mod tests {
                 ..row()
             },
             0,
+            CAP,
         )
         .unwrap();
         assert!(!user.enabled);
@@ -766,7 +998,7 @@ mod tests {
 
     #[test]
     fn a_reimport_of_an_unchanged_user_changes_nothing() {
-        let user = map_user(&row(), 0).unwrap();
+        let user = map_user(&row(), 0, CAP).unwrap();
         let keygate = keygate_of(&user);
         let plan = plan_user(user.clone(), Some(&keygate), Some(&user));
         assert_eq!(
@@ -780,7 +1012,7 @@ mod tests {
 
     #[test]
     fn a_password_changed_in_keygate_survives_a_platform_password_change() {
-        let imported = map_user(&row(), 0).unwrap();
+        let imported = map_user(&row(), 0, CAP).unwrap();
         let mut keygate = keygate_of(&imported);
         keygate.password_hash = "$argon2id$v=19$...".into();
         let platform = PlatformUser {
@@ -799,7 +1031,7 @@ mod tests {
 
     #[test]
     fn a_platform_change_updates_only_what_changed_there() {
-        let imported = map_user(&row(), 0).unwrap();
+        let imported = map_user(&row(), 0, CAP).unwrap();
         let keygate = keygate_of(&imported);
         let platform = PlatformUser {
             last_name: "Smith".into(),
@@ -819,7 +1051,7 @@ mod tests {
 
     #[test]
     fn a_user_deleted_in_keygate_is_not_imported_again() {
-        let imported = map_user(&row(), 0).unwrap();
+        let imported = map_user(&row(), 0, CAP).unwrap();
         let plan = plan_user(imported.clone(), None, Some(&imported));
         assert!(matches!(plan, Plan::Skip(reason) if reason.contains("deleted in keygate")));
     }

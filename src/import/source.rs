@@ -32,6 +32,10 @@ pub struct UserRow {
     pub reset_token: Option<String>,
     pub reset_token_exp_time: Option<i64>,
     pub has_credentials: bool,
+    /// Whether the platform's `customer` table holds the row's customer.
+    pub customer_found: bool,
+    /// That customer's `tenant_id`.
+    pub customer_tenant_id: Option<String>,
 }
 
 /// A one-time token the platform mails, looked up by its value.
@@ -122,8 +126,10 @@ macro_rules! user_by {
             "SELECT u.id::text, u.created_time, u.tenant_id::text, u.customer_id::text, u.email, \
              u.authority, u.first_name, u.last_name, u.phone, u.additional_info, \
              c.enabled, c.password, c.activate_token, c.activate_token_exp_time, \
-             c.reset_token, c.reset_token_exp_time, c.user_id IS NOT NULL \
-             FROM user_credentials c JOIN tb_user u ON u.id = c.user_id WHERE c.",
+             c.reset_token, c.reset_token_exp_time, c.user_id IS NOT NULL, \
+             cu.id IS NOT NULL, cu.tenant_id::text \
+             FROM user_credentials c JOIN tb_user u ON u.id = c.user_id \
+             LEFT JOIN customer cu ON cu.id = u.customer_id WHERE c.",
             $column,
             " = $1"
         )
@@ -269,11 +275,27 @@ impl Source {
             "SELECT u.id::text, u.created_time, u.tenant_id::text, u.customer_id::text, u.email, \
              u.authority, u.first_name, u.last_name, u.phone, u.additional_info, \
              c.enabled, c.password, c.activate_token, c.activate_token_exp_time, \
-             c.reset_token, c.reset_token_exp_time, c.user_id IS NOT NULL \
-             FROM tb_user u LEFT JOIN user_credentials c ON c.user_id = u.id ORDER BY u.id",
+             c.reset_token, c.reset_token_exp_time, c.user_id IS NOT NULL, \
+             cu.id IS NOT NULL, cu.tenant_id::text \
+             FROM tb_user u LEFT JOIN user_credentials c ON c.user_id = u.id \
+             LEFT JOIN customer cu ON cu.id = u.customer_id ORDER BY u.id",
         )
         .fetch(&mut self.conn)
         .map(|row| Ok(user_row(&row?)?))
+    }
+
+    /// Every user's id and e-mail address as stored, by id: the import folds
+    /// them all before it maps a row, so that rows folding to one address
+    /// are held back together wherever they fall in the batches.
+    pub fn user_emails(
+        &mut self,
+    ) -> impl Stream<Item = Result<(String, String), ImportError>> + '_ {
+        sqlx::query("SELECT id::text, email FROM tb_user WHERE email IS NOT NULL ORDER BY id")
+            .fetch(&mut self.conn)
+            .map(|row| {
+                let row = row?;
+                Ok((row.try_get(0)?, row.try_get(1)?))
+            })
     }
 
     /// The user holding an activation or reset token on the platform, if any.
@@ -305,8 +327,9 @@ impl Source {
                SELECT 'u' || ROW(u.id, u.created_time, u.tenant_id, u.customer_id, u.email, \
                  u.authority, u.first_name, u.last_name, u.phone, u.additional_info, \
                  c.enabled, c.password, c.activate_token, c.activate_token_exp_time, \
-                 c.reset_token, c.reset_token_exp_time, c.user_id)::text AS r \
+                 c.reset_token, c.reset_token_exp_time, c.user_id, cu.id, cu.tenant_id)::text AS r \
                  FROM tb_user u LEFT JOIN user_credentials c ON c.user_id = u.id \
+                 LEFT JOIN customer cu ON cu.id = u.customer_id \
                UNION ALL SELECT 'k' || ROW(id, created_time, tenant_id, user_id, value, enabled, \
                  expiration_time, description)::text FROM api_key \
                UNION ALL SELECT 's' || ROW(tenant_id, json_value)::text \
@@ -353,6 +376,8 @@ fn user_row(row: &PgRow) -> Result<UserRow, sqlx::Error> {
         reset_token: row.try_get(14)?,
         reset_token_exp_time: row.try_get(15)?,
         has_credentials: row.try_get(16)?,
+        customer_found: row.try_get(17)?,
+        customer_tenant_id: row.try_get(18)?,
     })
 }
 

@@ -21,12 +21,13 @@
 //! (`/readyz` stays ready): the error is logged once per outage, and once on
 //! recovery, and counted every round.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use tokio::sync::watch;
 
 use super::source::Source;
-use super::{ImportError, Options, Origin, Report};
+use super::{ImportError, Options, Origin, Report, Skipped};
 use crate::auth::Authenticator;
 use crate::config::SyncSettings;
 use crate::store::Store;
@@ -50,6 +51,11 @@ pub struct Sync {
     /// the issuer to sign with when the stored one is blank. The key the
     /// platform rotates to is then followed every round.
     follow_key: Option<String>,
+    /// `login.max_bcrypt_cost`.
+    max_bcrypt_cost: u32,
+    /// The rows the last applied round held back (kind, id, reason): a row
+    /// still held back is logged, audited and counted once, not every round.
+    held_back: HashSet<(&'static str, String, String)>,
 }
 
 /// What one round did.
@@ -70,6 +76,7 @@ impl Sync {
         settings: SyncSettings,
         sealer: Arc<crate::auth::at_rest::Sealer>,
         mail: bool,
+        max_bcrypt_cost: u32,
     ) -> Sync {
         Sync {
             store,
@@ -81,6 +88,8 @@ impl Sync {
             applied: None,
             failing: false,
             follow_key: None,
+            max_bcrypt_cost,
+            held_back: HashSet::new(),
         }
     }
 
@@ -204,6 +213,7 @@ impl Sync {
             origin: Origin::Sync,
             sealer: self.sealer.clone(),
             mail: self.mail,
+            max_bcrypt_cost: self.max_bcrypt_cost,
         };
         let quiet = |_: &str| {};
         let result = super::import(&self.store, &options, source, &quiet).await;
@@ -215,6 +225,7 @@ impl Sync {
             self.auth.revoke(Some(*revocation)).await;
         }
         self.count(&report);
+        self.held_back(&report).await;
         self.applied = Some(fingerprint);
         Ok(Round::Applied(Box::new(report)))
     }
@@ -244,13 +255,31 @@ impl Sync {
                 "applied the platform's changes"
             );
         }
-        for skipped in &report.skipped {
-            tracing::warn!(
-                kind = skipped.kind,
-                id = %skipped.id,
-                reason = %skipped.reason,
-                "a platform row was not synced"
-            );
+    }
+
+    /// Announces the rows held back that the last round did not hold back
+    /// ([`super::announce`]: a log line and an audit event each) and counts
+    /// them by reason; a row held back round after round is told once.
+    async fn held_back(&mut self, report: &Report) {
+        let now: HashSet<(&'static str, String, String)> = report
+            .skipped
+            .iter()
+            .map(|s| (s.kind, s.id.clone(), s.reason.clone()))
+            .collect();
+        let new: Vec<Skipped> = report
+            .skipped
+            .iter()
+            .filter(|s| {
+                !self
+                    .held_back
+                    .contains(&(s.kind, s.id.clone(), s.reason.clone()))
+            })
+            .cloned()
+            .collect();
+        for skipped in &new {
+            self.metrics.platform_row_skipped(skipped.code);
         }
+        super::announce(&self.store, Origin::Sync, &new).await;
+        self.held_back = now;
     }
 }

@@ -221,6 +221,13 @@ impl Store {
         event.commit(tx).await
     }
 
+    /// [`Store::record_user_event`] about an API key.
+    pub(crate) async fn record_key_event(&self, key_id: Uuid) -> Result<(), StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let event = self.record(&mut tx, Target::ApiKey(key_id)).await?;
+        event.commit(tx).await
+    }
+
     /// Writes the audit event of a change to `target` in the change's
     /// transaction, when this store records one.
     pub(super) async fn record(
@@ -330,7 +337,7 @@ impl Store {
         filter: &AuditFilter,
         limit: u32,
     ) -> Result<Vec<AuditEvent>, StoreError> {
-        let email = filter.user_email.as_deref().unwrap_or("").to_lowercase();
+        let email = crate::email::fold(filter.user_email.as_deref().unwrap_or(""));
         let id = filter.user_id.map(|id| id.to_string()).unwrap_or_default();
         let any_user = email.is_empty() && id.is_empty();
         let action = filter.action.as_deref().unwrap_or("");

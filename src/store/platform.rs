@@ -269,12 +269,13 @@ impl Store {
             .collect()
     }
 
-    /// The ids of the users holding these (lower-case) e-mail addresses.
+    /// The ids of the users holding these e-mail addresses, by the address
+    /// as stored (folded, [`crate::email::fold`]).
     pub async fn user_ids_by_emails(
         &self,
         emails: &[String],
     ) -> Result<HashMap<String, Uuid>, StoreError> {
-        let emails = emails.iter().cloned();
+        let emails = emails.iter().map(|e| crate::email::fold(e));
         let rows = self.rows_in("email, id", "users", "email", emails).await?;
         rows.iter()
             .map(|row| Ok((row.try_get(0)?, super::uuid_col(row, 1)?)))

@@ -146,7 +146,7 @@ impl Store {
             .bind(user.created_time)
             .bind(user.tenant_id.to_string())
             .bind(user.customer_id.to_string())
-            .bind(user.email.trim().to_lowercase())
+            .bind(crate::email::fold(&user.email))
             .bind(user.authority.as_str())
             .bind(&user.first_name)
             .bind(&user.last_name)
@@ -176,11 +176,11 @@ impl Store {
         row.map(|r| user_from_row(&r)).transpose()
     }
 
-    /// Emails are stored lower-cased; the lookup is case-insensitive.
+    /// Emails are stored folded ([`crate::email::fold`]); the lookup folds too.
     pub async fn user_by_email(&self, email: &str) -> Result<Option<UserRecord>, StoreError> {
         let sql = format!("SELECT {USER_COLUMNS} FROM users WHERE email = $1");
         let row = sqlx::query(AssertSqlSafe(sql))
-            .bind(email.trim().to_lowercase())
+            .bind(crate::email::fold(email))
             .fetch_optional(&self.pool)
             .await?;
         row.map(|r| user_from_row(&r)).transpose()

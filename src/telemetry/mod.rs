@@ -255,6 +255,7 @@ struct Operations {
     sync_last_success: IntGauge,
     sync_rows: IntCounterVec,
     sync_errors: prometheus::IntCounter,
+    import_skipped: IntCounterVec,
 }
 
 impl Operations {
@@ -335,6 +336,11 @@ impl Operations {
             "keygate_platform_sync_errors_total",
             "Syncs with the platform's database that failed (unreachable, not the platform's, or a store error).",
         );
+        let import_skipped = r.counter(
+            "keygate_platform_import_skipped_total",
+            "Platform rows the sync held back, counted once when first held back, by reason (invalid_row, invalid_email, too_long, bcrypt_cost, email_collision, email_taken, foreign_customer, other).",
+            &["reason"],
+        );
         let operations = Operations {
             logins,
             rate_limited,
@@ -351,6 +357,7 @@ impl Operations {
             sync_last_success,
             sync_rows,
             sync_errors,
+            import_skipped,
         };
         operations.zero_known_outcomes();
         operations
@@ -370,6 +377,9 @@ impl Operations {
         }
         for kind in SYNC_KINDS {
             self.sync_rows.with_label_values(&[kind]);
+        }
+        for reason in crate::import::plan::code::ALL {
+            self.import_skipped.with_label_values(&[reason]);
         }
         for what in RELOADED {
             for outcome in OUTCOMES {
@@ -669,6 +679,14 @@ impl Metrics {
             .inc_by(rows);
     }
 
+    /// A platform row the sync holds back, by [`crate::import::plan::code`].
+    pub(crate) fn platform_row_skipped(&self, reason: &str) {
+        self.operations
+            .import_skipped
+            .with_label_values(&[reason])
+            .inc();
+    }
+
     pub(crate) fn sync_failed(&self) {
         self.operations.sync_errors.inc();
     }
@@ -762,9 +780,10 @@ impl LogDigest {
         LogDigest(hmac::Key::new(hmac::HMAC_SHA256, derived.as_ref()))
     }
 
-    /// 12 hex characters of HMAC-SHA256 over the trimmed, lower-cased text.
+    /// 12 hex characters of HMAC-SHA256 over the text folded as an account
+    /// name ([`crate::email::fold`]).
     pub fn of(&self, text: &str) -> String {
-        let tag = aws_lc_rs::hmac::sign(&self.0, text.trim().to_lowercase().as_bytes());
+        let tag = aws_lc_rs::hmac::sign(&self.0, crate::email::fold(text).as_bytes());
         tag.as_ref()[..6]
             .iter()
             .map(|b| format!("{b:02x}"))
