@@ -1743,7 +1743,7 @@ impl Platform {
 }
 
 /// The reset link's check, without following its redirect: the status and
-/// the `Location`.
+/// the `Location`'s path and query, on the listener (no public base URL).
 async fn follow_reset_link(gw: &Gateway, token: &str) -> (u16, String) {
     let client = reqwest::Client::builder()
         .add_root_certificate(reqwest::Certificate::from_pem(&gw.ca_pem).unwrap())
@@ -1760,6 +1760,14 @@ async fn follow_reset_link(gw: &Gateway, token: &str) -> (u16, String) {
         .get("location")
         .map(|l| l.to_str().unwrap().to_owned())
         .unwrap_or_default();
+    let base = format!("https://{}", gw.running.https.unwrap());
+    let location = match location.strip_prefix(&base) {
+        Some(path) => path.to_owned(),
+        None => {
+            assert_eq!(location, "", "a Location on the listener");
+            location
+        }
+    };
     (response.status().as_u16(), location)
 }
 
