@@ -118,16 +118,20 @@ async fn store_pool(gw: &Gateway) -> sqlx::SqlitePool {
     sqlx::sqlite::SqlitePool::connect(&url).await.unwrap()
 }
 
-/// Moves every `table` token of `user` into the past, as time passing would.
-async fn expire_tokens(gw: &Gateway, table: &str, user: Uuid) {
-    let updated = sqlx::query(&format!(
-        "UPDATE {table} SET expires_at = 1 WHERE user_id = $1"
-    ))
-    .bind(user.to_string())
-    .execute(&store_pool(gw).await)
-    .await
-    .unwrap();
-    assert!(updated.rows_affected() > 0, "{user} has a {table} row");
+/// Moves every activation (`reset`: reset) token of `user` into the past,
+/// as time passing would.
+async fn expire_tokens(gw: &Gateway, reset: bool, user: Uuid) {
+    let sql = if reset {
+        "UPDATE reset_tokens SET expires_at = 1 WHERE user_id = $1"
+    } else {
+        "UPDATE activation_tokens SET expires_at = 1 WHERE user_id = $1"
+    };
+    let updated = sqlx::query(sql)
+        .bind(user.to_string())
+        .execute(&store_pool(gw).await)
+        .await
+        .unwrap();
+    assert!(updated.rows_affected() > 0, "{user} has a token to expire");
 }
 
 async fn request_reset(gw: &Gateway, email: &str) {
@@ -195,7 +199,7 @@ async fn an_expired_invitation_goes_to_the_expired_page_an_unknown_one_is_409_an
     let user = pending_user(&gw, &admin, "late@example.com").await;
     let link = activation_link(&gw, &admin, user).await;
     let token = token_in(&link, "activateToken");
-    expire_tokens(&gw, "activation_tokens", user).await;
+    expire_tokens(&gw, false, user).await;
     for wire in WIRES {
         let (status, location, _, _) = follow(&gw, wire, path_of(&link, &base)).await;
         assert_eq!(
@@ -289,7 +293,7 @@ async fn a_reset_link_redirects_on_the_listener_and_the_token_still_resets_then_
     request_reset(&gw, "forgot@example.com").await;
     let mail = sink.wait_for("forgot@example.com", 2).await;
     let late = mail.link_with("/api/noauth/resetPassword?resetToken=");
-    expire_tokens(&gw, "reset_tokens", user.id).await;
+    expire_tokens(&gw, true, user.id).await;
     for wire in WIRES {
         let (status, location, _, _) = follow(&gw, wire, path_of(&late, &base)).await;
         assert_eq!(
