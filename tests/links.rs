@@ -369,3 +369,103 @@ async fn with_a_public_base_url_every_mailed_link_and_redirect_points_there_what
     let response = activate(&gw, &activate_token).await;
     assert_eq!(response.status(), 200);
 }
+
+/// The fenced block between `<!-- NAME:begin -->` and `<!-- NAME:end -->`
+/// of `text`, without its fences.
+fn marked_block(text: &str, name: &str) -> String {
+    let begin = format!("<!-- {name}:begin -->");
+    let end = format!("<!-- {name}:end -->");
+    let start = text.find(&begin).expect("the block's begin mark") + begin.len();
+    let stop = start + text[start..].find(&end).expect("the block's end mark");
+    let inner: Vec<&str> = text[start..stop].trim().lines().collect();
+    assert!(inner.len() > 2 && inner[0].starts_with("```") && inner[inner.len() - 1] == "```");
+    inner[1..inner.len() - 1].join("\n")
+}
+
+fn repo_file(path: &str) -> String {
+    std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(path)).unwrap()
+}
+
+/// Asserts the upstream's last request was `path_and_query`, carrying no
+/// identity and no credential of any kind.
+fn assert_reached_without_identity(upstream: &common::Upstream, path_and_query: &str) {
+    let seen = upstream.last();
+    assert_eq!(seen.path_and_query, path_and_query);
+    for name in seen.headers.keys() {
+        let name = name.as_str();
+        assert!(
+            !name.starts_with("x-auth") && name != "authorization" && name != "cookie",
+            "{path_and_query} reached the platform with {name}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn the_documented_platform_routes_carry_the_web_ui_without_any_identity_and_keygate_keeps_its_endpoints()
+ {
+    use base64::Engine;
+    // The routes as the guide shows them, which the example file must hold.
+    let block = marked_block(
+        &repo_file("docs/moving-from-the-platform.md"),
+        "front-of-platform-routes",
+    );
+    let documented: toml::Table = block.parse().unwrap();
+    let example: toml::Table = repo_file("config/front-of-platform.toml").parse().unwrap();
+    assert_eq!(documented["route"], example["route"]);
+
+    let upstream = common::Upstream::start().await;
+    let key = base64::engine::general_purpose::STANDARD.encode([7u8; 64]);
+    let config = format!(
+        "{}\n[platform]\nsigning_key = \"{key}\"\n",
+        block.replace("http://platform:8080", &upstream.url())
+    );
+    let gw = Gateway::start_with_routes(&config).await;
+    let admin = admin_bearer(&gw).await;
+    let forged = format!("Bearer {}", "e30.e30.forged");
+    for wire in WIRES {
+        let client = browser(&gw, wire);
+        // The UI's pages, the page a reset link redirects to among them, with
+        // every credential and identity a client could send.
+        for path in ["/login/resetPassword?resetToken=x", "/", "/home?token=abc"] {
+            for credential in [&admin, &forged] {
+                let response = client
+                    .get(gw.https(path))
+                    .header("X-Authorization", credential)
+                    .header("Authorization", credential)
+                    .header("X-Auth-User-Id", Uuid::new_v4().to_string())
+                    .header("X-Auth-Authority", "SYS_ADMIN")
+                    .send()
+                    .await
+                    .unwrap();
+                assert_eq!(response.version(), wire.version());
+                assert_eq!(response.status(), 200, "{wire:?} {path}");
+                // A platform route's `token` parameter never reaches it.
+                let expected = path.replace("?token=abc", "");
+                assert_reached_without_identity(&upstream, &expected);
+            }
+        }
+        let forwarded = upstream.requests().len();
+
+        // keygate still answers its own endpoints: logins, the mailed links.
+        let response = client
+            .post(gw.https("/api/auth/login"))
+            .json(&json!({"username": keygate::accounts::BOOTSTRAP_EMAIL, "password": PASSWORD}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+        let pair: Value = response.json().await.unwrap();
+        assert!(pair["token"].is_string());
+        let (status, _, _, _) = follow(&gw, wire, "/api/noauth/activate?activateToken=x").await;
+        assert_eq!(status, 409);
+        // A credential endpoint of the platform is on the authenticated
+        // route, never on the public UI route.
+        let response = client
+            .get(gw.https(&format!("/api/user/{}/token", Uuid::new_v4())))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 401);
+        assert_eq!(upstream.requests().len(), forwarded, "{wire:?}");
+    }
+}
