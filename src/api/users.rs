@@ -654,11 +654,17 @@ pub async fn check_activate_token(
         .activation_token(&digest, crate::clock::now_ms())
         .await?;
     // With the sync on, an invitation the platform mailed since the last
-    // round is its; looking it up imports its holder (never uses it).
-    if state == ActivationToken::Unknown
-        && let Some(user_id) = platform_token(api, TokenKind::Activation, &token).await
-    {
-        state = ActivationToken::Valid(user_id);
+    // round is its; looking it up imports its holder (never uses it), and
+    // an expired one is imported as expired.
+    if state == ActivationToken::Unknown && api.settings.platform.sync.is_some() {
+        state = match platform_token(api, TokenKind::Activation, &token).await {
+            Some(user_id) => ActivationToken::Valid(user_id),
+            None => {
+                api.store
+                    .activation_token(&digest, crate::clock::now_ms())
+                    .await?
+            }
+        };
     }
     match state {
         ActivationToken::Unknown => {
