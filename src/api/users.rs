@@ -507,11 +507,12 @@ pub async fn activation_link(
 }
 
 /// The one-time activation link of `user_id` and when it expires (epoch
-/// ms), on the request's [`EndpointRequest::link`] (the configured public
-/// base URL, never the client's Host). Asking never replaces a pending link: while one has more than
-/// [`ACTIVATION_RENEW_MS`] left it is the answer, token and all, as the
-/// platform answers its own (`checkUserActivationToken`); only then is a
-/// new one issued, and the old one still works until it expires. A token
+/// ms), made by [`EndpointRequest::link`] (the configured public base URL,
+/// never the client's Host). Asking never replaces a pending link: while
+/// one has more than [`ACTIVATION_RENEW_MS`] left it is the answer, token
+/// and all, as the platform answers its own (`checkUserActivationToken`);
+/// only then is a new one issued, and the old one still works until it
+/// expires. A token
 /// is worked out from the user and its expiry under the sealing secret
 /// ([`crate::auth::at_rest::Sealer::derive`]), so the store keeps only
 /// its digest and can still show it again; one it cannot work out (issued
