@@ -370,6 +370,38 @@ async fn with_a_public_base_url_every_mailed_link_and_redirect_points_there_what
     assert_eq!(response.status(), 200);
 }
 
+#[tokio::test]
+async fn behind_a_trusted_proxy_the_redirect_points_at_the_forwarded_host_and_elsewhere_never() {
+    let (_up, trusting) = common::gateway("[proxy]\ntrusted_proxies = [\"127.0.0.1/32\"]\n").await;
+    let (_up2, wary) = common::gateway("").await;
+    for (gw, base) in [
+        (&trusting, "https://iot.example.net".to_owned()),
+        (&wary, listener_base(&wary)),
+    ] {
+        let admin = admin_bearer(gw).await;
+        let user = pending_user(gw, &admin, "proxied@example.com").await;
+        let link = activation_link(gw, &admin, user).await;
+        let token = token_in(&link, "activateToken");
+        let path = format!("/api/noauth/activate?activateToken={token}");
+        for wire in WIRES {
+            let response = browser(gw, wire)
+                .get(gw.https(&path))
+                .header("X-Forwarded-Host", "iot.example.net")
+                .header("X-Forwarded-Proto", "https")
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(response.version(), wire.version());
+            assert_eq!(response.status(), 303);
+            assert_eq!(
+                response.headers()["location"].to_str().unwrap(),
+                format!("{base}/login/createPassword?activateToken={token}"),
+                "{wire:?}"
+            );
+        }
+    }
+}
+
 /// The fenced block between `<!-- NAME:begin -->` and `<!-- NAME:end -->`
 /// of `text`, without its fences.
 fn marked_block(text: &str, name: &str) -> String {
