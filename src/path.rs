@@ -14,6 +14,11 @@
 //!   server that folds it to `..` without any of the checks below;
 //! - an encoded `%` (`%25`), the mark of a double encoding: `%252e` is `%2e`
 //!   after one decoding and `.` after two (`%25%32%65` likewise);
+//! - escapes of unreserved characters (letters, digits, `-`, `_`, `~`) are
+//!   decoded: RFC 3986 section 6.2.2.2 makes `/%61pi/` the same path as
+//!   `/api/`, and the platform's servlet container reads it so; left encoded,
+//!   it would decide no route of keygate's (or the public `/` route) while
+//!   the platform answered its own `/api/` endpoint;
 //! - percent-escapes that do not decode to UTF-8 (overlong forms such as
 //!   `%c0%ae` for `.`), and segments made only of dots where some are Unicode
 //!   look-alikes (`%ef%bc%8e`, U+FF0E) that some servers fold to `.`, and
@@ -94,6 +99,31 @@ fn hex_byte(hex: Option<&[u8]>) -> Option<u8> {
     u8::from_str_radix(hex, 16).ok()
 }
 
+/// RFC 3986's unreserved characters but `.` (an encoded dot is refused).
+fn is_unreserved(byte: u8) -> bool {
+    byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'_' | b'~')
+}
+
+/// `path` with the escapes of [`is_unreserved`] characters decoded, every
+/// other escape kept as it was (escapes were validated by the caller).
+fn decode_unreserved(path: &str) -> String {
+    let bytes = path.as_bytes();
+    let mut out = String::with_capacity(path.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%'
+            && let Some(value) = hex_byte(bytes.get(i + 1..i + 3)).filter(|v| is_unreserved(*v))
+        {
+            out.push(value as char);
+            i += 3;
+        } else {
+            out.push(bytes[i] as char);
+            i += 1;
+        }
+    }
+    out
+}
+
 /// Normalises a request path. Borrows when nothing needs changing.
 pub fn normalize(path: &str) -> Result<Cow<'_, str>, PathError> {
     if !path.starts_with('/') {
@@ -102,6 +132,7 @@ pub fn normalize(path: &str) -> Result<Cow<'_, str>, PathError> {
     let bytes = path.as_bytes();
     let mut needs_dot_work = false;
     let mut non_ascii_escape = false;
+    let mut unreserved_escape = false;
     let mut i = 0;
     while i < bytes.len() {
         match bytes[i] {
@@ -117,6 +148,7 @@ pub fn normalize(path: &str) -> Result<Cow<'_, str>, PathError> {
                     return Err(PathError::Semicolon);
                 }
                 non_ascii_escape |= !value.is_ascii();
+                unreserved_escape |= is_unreserved(value);
                 i += 3;
                 continue;
             }
@@ -130,6 +162,12 @@ pub fn normalize(path: &str) -> Result<Cow<'_, str>, PathError> {
     }
     if non_ascii_escape {
         check_decoded(path)?;
+    }
+    if unreserved_escape {
+        // Decoding them makes no separator, dot, `%` or `;`: the decoded
+        // path is checked again, and has no such escape left.
+        let decoded = decode_unreserved(path);
+        return Ok(Cow::Owned(normalize(&decoded)?.into_owned()));
     }
     if !needs_dot_work {
         return Ok(Cow::Borrowed(path));
@@ -204,6 +242,28 @@ mod tests {
                 "{p}"
             );
         }
+    }
+
+    #[test]
+    fn escaped_letters_and_digits_are_decoded_so_routing_reads_what_the_platform_reads() {
+        for (escaped, plain) in [
+            ("/%61pi/auth/login", "/api/auth/login"),
+            ("/%41pi/x", "/Api/x"),
+            ("/api/noauth/%61ctivate", "/api/noauth/activate"),
+            ("/api/user/u1/t%6f%6Ben", "/api/user/u1/token"),
+            ("/api/%7Ex%2D%5f%31", "/api/~x-_1"),
+            ("/api/%61/../b", "/api/b"),
+            ("/api/%61%20b", "/api/a%20b"),
+        ] {
+            assert_eq!(normalize(escaped).as_deref(), Ok(plain), "{escaped}");
+        }
+        // Other escapes keep their meaning and their checks.
+        assert_eq!(
+            normalize("/%61pi/%2e%2e/x"),
+            Err(PathError::EncodedSeparator)
+        );
+        assert_eq!(normalize("/%61pi/%3b"), Err(PathError::Semicolon));
+        assert_eq!(normalize("/%61pi/%25"), Err(PathError::DoubleEncoded));
     }
 
     #[test]

@@ -244,7 +244,7 @@ async fn reset_mail_link_sets_the_password_ends_sessions_keeps_keys_and_works_on
     assert_eq!(response.status(), 303);
     assert_eq!(
         response.headers()["location"].to_str().unwrap(),
-        format!("/login/resetPassword?resetToken={token}")
+        format!("{PUBLIC}/login/resetPassword?resetToken={token}")
     );
 
     // The password policy holds here too.

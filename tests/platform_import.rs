@@ -1416,6 +1416,75 @@ async fn a_fresh_platform_invitation_activates_before_the_next_sync() {
 
 #[tokio::test]
 #[ignore = "needs PostgreSQL: set KEYGATE_TEST_DATABASE_URL and run with --include-ignored"]
+async fn a_fresh_platform_invitation_link_redirects_before_the_next_sync_and_an_expired_one_goes_to_the_expired_page()
+ {
+    let platform = Platform::start().await;
+    let upstream = Upstream::start().await;
+    // One round at start, the next in an hour: only the lookup can help.
+    let gw = syncing(&platform, &upstream.url(), &upstream.url(), "1h").await;
+    let now = keygate::clock::now_ms();
+    let fresh = format!("freshInvitation{}", Uuid::new_v4().simple());
+    let late = format!("lateInvitation{}", Uuid::new_v4().simple());
+    for (email, token, expires_at) in [
+        ("fresh@platform.test", &fresh, now + 3_600_000),
+        ("late@platform.test", &late, now - 1_000),
+    ] {
+        let invited = Uuid::new_v4();
+        platform
+            .execute(&format!(
+                "INSERT INTO tb_user (id, created_time, authority, customer_id, email, tenant_id) \
+                 VALUES ('{invited}', 1700000000002, 'TENANT_ADMIN', '{NULL}', '{email}', '{}'); \
+                 INSERT INTO user_credentials (id, created_time, enabled, activate_token, activate_token_exp_time, user_id) \
+                 VALUES ('{}', 1700000000002, false, '{token}', {expires_at}, '{invited}');",
+                platform.tenant,
+                Uuid::new_v4(),
+            ))
+            .await;
+    }
+    let base = format!("https://{}", gw.running.https.unwrap());
+    for wire in common::WIRES {
+        let builder = reqwest::Client::builder()
+            .add_root_certificate(reqwest::Certificate::from_pem(&gw.ca_pem).unwrap())
+            .redirect(reqwest::redirect::Policy::none());
+        let client = match wire {
+            common::Wire::Http1 => builder.http1_only(),
+            common::Wire::Http2 => builder,
+        }
+        .build()
+        .unwrap();
+        for (token, expected) in [
+            (
+                &fresh,
+                format!("{base}/login/createPassword?activateToken={fresh}"),
+            ),
+            (&late, format!("{base}/activationLinkExpired")),
+        ] {
+            let response = client
+                .get(gw.https(&format!("/api/noauth/activate?activateToken={token}")))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(response.version(), wire.version());
+            assert_eq!(response.status(), 303, "{wire:?} {token}");
+            assert_eq!(response.headers()["location"].to_str().unwrap(), expected);
+        }
+    }
+    // Followed, the fresh one still activates; the expired one does not.
+    let activate = |token: String| {
+        gw.client()
+            .post(gw.https("/api/noauth/activate"))
+            .json(&serde_json::json!({"activateToken": token, "password": NEW_PASSWORD}))
+            .send()
+    };
+    assert_eq!(activate(late).await.unwrap().status(), 400);
+    assert_eq!(activate(fresh).await.unwrap().status(), 200);
+    assert!(upstream.requests().is_empty());
+    drop(gw);
+    platform.drop().await;
+}
+
+#[tokio::test]
+#[ignore = "needs PostgreSQL: set KEYGATE_TEST_DATABASE_URL and run with --include-ignored"]
 async fn with_the_sync_on_user_endpoints_reach_the_platform_with_its_own_token() {
     let platform = Platform::start().await;
     let upstream = Upstream::start().await;
@@ -1800,7 +1869,7 @@ impl Platform {
 }
 
 /// The reset link's check, without following its redirect: the status and
-/// the `Location`.
+/// the `Location`'s path and query, on the listener (no public base URL).
 async fn follow_reset_link(gw: &Gateway, token: &str) -> (u16, String) {
     let client = reqwest::Client::builder()
         .add_root_certificate(reqwest::Certificate::from_pem(&gw.ca_pem).unwrap())
@@ -1817,6 +1886,14 @@ async fn follow_reset_link(gw: &Gateway, token: &str) -> (u16, String) {
         .get("location")
         .map(|l| l.to_str().unwrap().to_owned())
         .unwrap_or_default();
+    let base = format!("https://{}", gw.running.https.unwrap());
+    let location = match location.strip_prefix(&base) {
+        Some(path) => path.to_owned(),
+        None => {
+            assert_eq!(location, "", "a Location on the listener");
+            location
+        }
+    };
     (response.status().as_u16(), location)
 }
 

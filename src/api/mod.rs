@@ -79,6 +79,7 @@ pub enum Endpoint {
     DeleteUser,
     EnableUser,
     ActivationLink,
+    CheckActivateToken,
     Activate,
     Jwks,
     PasswordPolicy,
@@ -287,6 +288,13 @@ pub static ROUTES: &[EndpointRoute] = &[
         access: Access::Authenticated,
         endpoint: Endpoint::ActivationLink,
         effect: Effect::Credential,
+    },
+    EndpointRoute {
+        method: Method::GET,
+        pattern: "/api/noauth/activate",
+        access: Access::Public,
+        endpoint: Endpoint::CheckActivateToken,
+        effect: Effect::Read,
     },
     EndpointRoute {
         method: Method::POST,
@@ -665,6 +673,13 @@ pub struct EndpointRequest {
 }
 
 impl EndpointRequest {
+    /// A link to `path_and_query` on [`EndpointRequest::base_url`]: every
+    /// link keygate writes (a mail's, a redirect's `Location`) is made here.
+    pub fn link(&self, path_and_query: &str) -> String {
+        debug_assert!(path_and_query.starts_with('/'));
+        format!("{}{path_and_query}", self.base_url)
+    }
+
     /// The identity of an authenticated route.
     pub fn identity(&self) -> Result<&Identity, ApiError> {
         self.identity
@@ -745,6 +760,34 @@ pub(crate) fn json_response(value: &impl serde::Serialize) -> Response<Body> {
         .headers_mut()
         .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     response
+}
+
+/// A 303 to `link` ([`EndpointRequest::link`]), as the platform answers the
+/// links it mails; never cached (it carries a one-time token).
+pub(crate) fn see_other(link: &str) -> Result<Response<Body>, ApiError> {
+    let location = HeaderValue::from_str(link)
+        .map_err(|_| ApiError::bad_request("The token has characters a link cannot carry"))?;
+    let mut response = Response::new(body::empty());
+    *response.status_mut() = StatusCode::SEE_OTHER;
+    response.headers_mut().insert(header::LOCATION, location);
+    response
+        .headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    Ok(response)
+}
+
+/// `text` with every byte but RFC 3986's unreserved ones percent-encoded:
+/// a token echoed into a query parameter of a link stays that parameter.
+pub(crate) fn encode_component(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for byte in text.bytes() {
+        if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'.' | b'_' | b'~') {
+            out.push(byte as char);
+        } else {
+            out.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    out
 }
 
 /// A 200 response with an empty body.
@@ -896,6 +939,7 @@ impl Endpoints {
             Endpoint::DeleteUser => users::delete(self, req).await,
             Endpoint::EnableUser => users::set_enabled(self, req).await,
             Endpoint::ActivationLink => users::activation_link(self, req).await,
+            Endpoint::CheckActivateToken => users::check_activate_token(self, req).await,
             Endpoint::Activate => users::activate(self, req).await,
             Endpoint::Jwks => jwks::jwks(self, req).await,
             Endpoint::PasswordPolicy => users::password_policy(self, req).await,

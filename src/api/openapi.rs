@@ -43,6 +43,7 @@ use crate::error::ErrorResponse;
         users::delete,
         users::set_enabled,
         users::activation_link,
+        users::check_activate_token,
         users::activate,
         jwks::jwks,
         users::password_policy,

@@ -16,7 +16,7 @@ use utoipa::ToSchema;
 use super::access::{param, query_pairs};
 use super::session::HashFor;
 use super::wire::BodyErrors;
-use super::{EndpointRequest, Endpoints, empty_response};
+use super::{EndpointRequest, Endpoints, empty_response, encode_component, see_other};
 use crate::auth::api_key::{self, KeyDigest};
 use crate::body::Body;
 use crate::error::{ApiError, code};
@@ -89,9 +89,11 @@ pub async fn request_by_email(
                 store: api.store.clone(),
                 mailer,
                 email,
-                token: token.value.expose().to_string(),
+                link: req.link(&format!(
+                    "/api/noauth/resetPassword?resetToken={}",
+                    encode_component(token.value.expose())
+                )),
                 digest: token.digest.to_hex(),
-                base_url: req.base_url.clone(),
             };
             tokio::spawn(async move {
                 work.run().await;
@@ -111,9 +113,9 @@ struct ResetWork {
     store: Store,
     mailer: Mailer,
     email: String,
-    token: String,
+    /// The link to mail, token and all ([`EndpointRequest::link`]).
+    link: String,
     digest: String,
-    base_url: String,
 }
 
 impl ResetWork {
@@ -153,16 +155,12 @@ impl ResetWork {
             tracing::warn!(%error, user_id = %user.id, "password reset token not stored: nothing sent");
             return;
         }
-        let link = format!(
-            "{}/api/noauth/resetPassword?resetToken={}",
-            self.base_url, self.token
-        );
         let hours = lifetime.as_secs().div_ceil(3600).to_string();
         self.mailer.send(
             MailKind::Reset,
             &user.email,
             &[
-                ("passwordResetLink", &link),
+                ("passwordResetLink", &self.link),
                 ("passwordResetLinkTtlInHours", &hours),
             ],
         );
@@ -177,22 +175,6 @@ fn reset_token_param(req: &EndpointRequest) -> Result<String, ApiError> {
         .ok_or_else(|| {
             ApiError::bad_request("Required request parameter 'resetToken' is not present")
         })
-}
-
-/// A 303 to `location` (relative, as the platform answers).
-fn see_other(location: &str) -> Result<http::Response<Body>, ApiError> {
-    let location = http::HeaderValue::from_str(location)
-        .map_err(|_| ApiError::bad_request("resetToken has characters a link cannot carry"))?;
-    let mut response = http::Response::new(crate::body::empty());
-    *response.status_mut() = http::StatusCode::SEE_OTHER;
-    response
-        .headers_mut()
-        .insert(http::header::LOCATION, location);
-    response.headers_mut().insert(
-        http::header::CACHE_CONTROL,
-        http::HeaderValue::from_static("no-store"),
-    );
-    Ok(response)
 }
 
 /// What a reset token is in keygate's store; with the sync on, a token
@@ -218,9 +200,11 @@ async fn known_reset_token(
     )
 }
 
-/// `GET /api/noauth/resetPassword?resetToken=`: the link in the mail. A
-/// valid token is sent on to the reset page, an expired one to the
-/// platform's expired-link page; an unknown one is a 409.
+/// `GET /api/noauth/resetPassword?resetToken=`: the link in the mail,
+/// answered as the platform's `checkResetToken`: a valid token is sent on to
+/// the reset page, an expired one to the platform's expired-link page (303s,
+/// on [`EndpointRequest::link`]); an unknown one is a 409. Nothing is used
+/// up or replaced: the token still sets the password.
 #[utoipa::path(
     get,
     path = "/api/noauth/resetPassword",
@@ -229,7 +213,7 @@ async fn known_reset_token(
     summary = "The reset link: 303 to the reset page, 409 for an unknown token",
     params(("resetToken" = String, Query, description = "The token from the mail")),
     responses(
-        (status = 303, description = "To /login/resetPassword?resetToken=..., or /passwordResetLinkExpired"),
+        (status = 303, description = "To <base>/login/resetPassword?resetToken=..., or <base>/passwordResetLinkExpired"),
         (status = 409, description = "Unknown or used token"),
         BodyErrors
     )
@@ -258,11 +242,14 @@ pub async fn check_token(
         }
         ResetToken::Expired => {
             api.limiter.succeeded(attempt).await;
-            see_other("/passwordResetLinkExpired")
+            see_other(&req.link("/passwordResetLinkExpired"))
         }
         ResetToken::Valid(_) => {
             api.limiter.succeeded(attempt).await;
-            see_other(&format!("/login/resetPassword?resetToken={token}"))
+            see_other(&req.link(&format!(
+                "/login/resetPassword?resetToken={}",
+                encode_component(&token)
+            )))
         }
     }
 }
@@ -336,7 +323,7 @@ pub async fn reset(
     api.applied(changed).await.ok_or_else(invalid)?;
     tracing::info!(target: "keygate::security", user_id = %user.id, client = %req.client_ip, "password reset by mail; older tokens outdated");
     if let Some(mailer) = &api.mail {
-        let login = format!("{}/login", req.base_url);
+        let login = req.link("/login");
         mailer.send(
             MailKind::PasswordWasReset,
             &user.email,

@@ -11,7 +11,9 @@ use super::access::{
 use super::records::{EntityId, PageDataUser, PageDataUserInfo, User, UserInfo};
 use super::session::HashFor;
 use super::wire::{ActivateUserRequest, BodyErrors, JwtPair, ListErrors, ManageErrors};
-use super::{EndpointRequest, Endpoints, empty_response, json_response};
+use super::{
+    EndpointRequest, Endpoints, empty_response, encode_component, json_response, see_other,
+};
 use crate::accounts::{self, NewProfile, NewUser};
 use crate::auth::api_key::KeyDigest;
 use crate::body::Body;
@@ -21,8 +23,8 @@ use crate::import::TokenKind;
 use crate::mail::MailKind;
 use crate::store::{Audit, PageRequest, USER_SORT_PROPERTIES, UserScope};
 
-use crate::store::ACTIVATION_RENEW_MS;
 pub use crate::store::ACTIVATION_TTL_MS;
+use crate::store::{ACTIVATION_RENEW_MS, ActivationToken};
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 
@@ -139,7 +141,7 @@ pub async fn save(api: &Endpoints, req: EndpointRequest) -> Result<http::Respons
     let store = audited(&api.store, identity, "user.create");
     let user = accounts::create_pending_user(&store, new, profile).await?;
     if send_mail && let Some(mailer) = &api.mail {
-        mail_activation(api, mailer, identity, &user, &req.base_url).await?;
+        mail_activation(api, mailer, identity, &user, &req).await?;
     }
     Ok(json_response(&User::from(&user)))
 }
@@ -491,7 +493,7 @@ pub async fn activation_link(
     if user.is_some_and(|u| !u.password_hash.is_empty()) {
         return Err(ApiError::bad_request("User is already active"));
     }
-    let (link, _) = activation_link_of(api, identity, id, &req.base_url).await?;
+    let (link, _) = activation_link_of(api, identity, id, &req).await?;
     let mut response = http::Response::new(crate::body::full(link));
     response.headers_mut().insert(
         http::header::CONTENT_TYPE,
@@ -505,11 +507,12 @@ pub async fn activation_link(
 }
 
 /// The one-time activation link of `user_id` and when it expires (epoch
-/// ms), on `base_url` (the configured public base URL, never the client's
-/// Host). Asking never replaces a pending link: while one has more than
-/// [`ACTIVATION_RENEW_MS`] left it is the answer, token and all, as the
-/// platform answers its own (`checkUserActivationToken`); only then is a
-/// new one issued, and the old one still works until it expires. A token
+/// ms), made by [`EndpointRequest::link`] (the configured public base URL,
+/// never the client's Host). Asking never replaces a pending link: while
+/// one has more than [`ACTIVATION_RENEW_MS`] left it is the answer, token
+/// and all, as the platform answers its own (`checkUserActivationToken`);
+/// only then is a new one issued, and the old one still works until it
+/// expires. A token
 /// is worked out from the user and its expiry under the sealing secret
 /// ([`crate::auth::at_rest::Sealer::derive`]), so the store keeps only
 /// its digest and can still show it again; one it cannot work out (issued
@@ -519,14 +522,14 @@ async fn activation_link_of(
     api: &Endpoints,
     identity: &crate::identity::Identity,
     user_id: uuid::Uuid,
-    base_url: &str,
+    req: &EndpointRequest,
 ) -> Result<(String, i64), ApiError> {
     let sealer = api.two_factor.sealer();
     let token_of = |expires_at: i64| {
         let secret = sealer.derive(user_id, "activation", &expires_at.to_be_bytes());
         URL_SAFE_NO_PAD.encode(secret)
     };
-    let link = |token: &str| format!("{base_url}/api/noauth/activate?activateToken={token}");
+    let link = |token: &str| req.link(&format!("/api/noauth/activate?activateToken={token}"));
     let now = crate::clock::now_ms();
     for (digest, expires_at) in api.store.pending_activations(user_id, now).await? {
         if expires_at - now < ACTIVATION_RENEW_MS {
@@ -552,9 +555,9 @@ async fn mail_activation(
     mailer: &crate::mail::Mailer,
     identity: &crate::identity::Identity,
     user: &crate::store::UserRecord,
-    base_url: &str,
+    req: &EndpointRequest,
 ) -> Result<(), ApiError> {
-    let (link, expires_at) = activation_link_of(api, identity, user.id, base_url).await?;
+    let (link, expires_at) = activation_link_of(api, identity, user.id, req).await?;
     let left = expires_at - crate::clock::now_ms();
     let hours = ((left + 3_599_999) / 3_600_000).max(1).to_string();
     mailer.send(
@@ -605,8 +608,86 @@ pub async fn send_activation_mail(
         return Err(ApiError::bad_request("User is already active"));
     }
     let mailer = api.mail.as_ref().ok_or_else(mail_not_configured)?;
-    mail_activation(api, mailer, identity, &user, &req.base_url).await?;
+    mail_activation(api, mailer, identity, &user, &req).await?;
     Ok(empty_response())
+}
+
+/// `GET /api/noauth/activate?activateToken=`: the link in the invitation,
+/// answered as the platform's `checkActivateToken`: a valid token is sent on
+/// to the create-password page, an expired one to the platform's
+/// expired-link page (303s, on [`EndpointRequest::link`]); an unknown or
+/// used one is a 409. Nothing is used up or replaced: the token still
+/// activates. Unknown tokens count against the client's address as failed
+/// activations do.
+#[utoipa::path(
+    get,
+    path = "/api/noauth/activate",
+    tag = "noauth-controller",
+    operation_id = "checkActivateToken",
+    summary = "The invitation link: 303 to the create-password page, 409 for an unknown token",
+    params(("activateToken" = String, Query, description = "The token from the invitation")),
+    responses(
+        (status = 303, description = "To <base>/login/createPassword?activateToken=..., or <base>/activationLinkExpired"),
+        (status = 409, description = "Unknown or used token"),
+        BodyErrors
+    )
+)]
+pub async fn check_activate_token(
+    api: &Endpoints,
+    req: EndpointRequest,
+) -> Result<http::Response<Body>, ApiError> {
+    api.require_confidential(&req)?;
+    let pairs = query_pairs(req.query.as_deref());
+    let token = param(&pairs, "activateToken")
+        .filter(|t| !t.is_empty())
+        .map(str::to_owned)
+        .ok_or_else(|| {
+            ApiError::bad_request("Required request parameter 'activateToken' is not present")
+        })?;
+    let attempt = api
+        .limiter
+        .acquire_address(req.client_key)
+        .await
+        .map_err(|limited| api.rate_limited(limited, None, &req))?;
+    let digest = KeyDigest::of(&token).to_hex();
+    let mut state = api
+        .store
+        .activation_token(&digest, crate::clock::now_ms())
+        .await?;
+    // With the sync on, an invitation the platform mailed since the last
+    // round is its; looking it up imports its holder (never uses it), and
+    // an expired one is imported as expired.
+    if state == ActivationToken::Unknown && api.settings.platform.sync.is_some() {
+        state = match platform_token(api, TokenKind::Activation, &token).await {
+            Some(user_id) => ActivationToken::Valid(user_id),
+            None => {
+                api.store
+                    .activation_token(&digest, crate::clock::now_ms())
+                    .await?
+            }
+        };
+    }
+    match state {
+        ActivationToken::Unknown => {
+            tracing::info!(target: "keygate::security", client = %req.client_ip, "activation link with an unknown token");
+            Err(ApiError::with_message(
+                http::StatusCode::CONFLICT,
+                crate::error::code::BAD_REQUEST_PARAMS,
+                "Activation token is invalid or was used",
+            ))
+        }
+        ActivationToken::Expired => {
+            api.limiter.succeeded(attempt).await;
+            see_other(&req.link("/activationLinkExpired"))
+        }
+        ActivationToken::Valid(_) => {
+            api.limiter.succeeded(attempt).await;
+            see_other(&req.link(&format!(
+                "/login/createPassword?activateToken={}",
+                encode_component(&token)
+            )))
+        }
+    }
 }
 
 /// `POST /api/noauth/activate`: sets the first password and logs the user in.

@@ -15,6 +15,17 @@ pub const ACTIVATION_TTL_MS: i64 = 24 * 3600 * 1000;
 /// shown again, as the platform renews its own (`checkUserActivationToken`).
 pub const ACTIVATION_RENEW_MS: i64 = 15 * 60 * 1000;
 
+/// An activation token as the store holds it ([`Store::activation_token`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ActivationToken {
+    /// No such token: never issued, used, or pruned.
+    Unknown,
+    /// Issued, but past its lifetime.
+    Expired,
+    /// Valid, for this user.
+    Valid(Uuid),
+}
+
 impl Store {
     /// Stores a new activation token digest for a user. The user's other
     /// tokens stay: a link already mailed keeps working until it expires or
@@ -75,6 +86,30 @@ impl Store {
         .fetch_optional(&self.pool)
         .await?;
         row.map(|row| parse_uuid(row.try_get(0)?)).transpose()
+    }
+
+    /// What an activation token is, without using it: unknown (never
+    /// issued, used, or pruned after expiring), expired, or valid for a
+    /// user. Expired tokens stay until the retention prunes them
+    /// (`retention.activation_tokens`), so a late click is told so.
+    pub(crate) async fn activation_token(
+        &self,
+        digest: &str,
+        now_ms: i64,
+    ) -> Result<ActivationToken, StoreError> {
+        let row =
+            sqlx::query("SELECT user_id, expires_at FROM activation_tokens WHERE digest = $1")
+                .bind(digest)
+                .fetch_optional(&self.pool)
+                .await?;
+        let Some(row) = row else {
+            return Ok(ActivationToken::Unknown);
+        };
+        let expires_at: i64 = row.try_get(1)?;
+        if expires_at <= now_ms {
+            return Ok(ActivationToken::Expired);
+        }
+        Ok(ActivationToken::Valid(parse_uuid(row.try_get(0)?)?))
     }
 
     /// Uses an activation token once, atomically: the token is consumed by a

@@ -41,7 +41,7 @@ mod signing_keys;
 mod two_factor;
 mod users;
 
-pub use activation::{ACTIVATION_RENEW_MS, ACTIVATION_TTL_MS};
+pub use activation::{ACTIVATION_RENEW_MS, ACTIVATION_TTL_MS, ActivationToken};
 pub use audit::{Actor, Audit, AuditEvent, AuditFilter};
 pub use keys::ApiKeyRecord;
 pub use paging::{Page, PageRequest, Sort};

@@ -167,6 +167,7 @@ store_tests!(
     check_activation_never_sets_the_password_of_an_active_account,
     check_activation_ends_earlier_sessions_of_the_user,
     check_a_new_activation_token_keeps_the_pending_ones,
+    check_an_activation_token_reads_as_valid_expired_or_unknown_without_being_used,
     check_reset_token_is_used_once_when_raced_and_ends_sessions_keeping_keys,
     check_a_new_reset_token_voids_the_older_and_expired_ones,
     check_sessions_record_rotation_and_first_end_times,
@@ -1202,6 +1203,37 @@ async fn check_a_new_activation_token_keeps_the_pending_ones(store: &Store) {
     let activated = store.activate("old", "hash", 1_000, 1).await.unwrap();
     assert_eq!(activated.outcome, Some(u.id));
     assert!(store.pending_activations(u.id, 0).await.unwrap().is_empty());
+}
+
+async fn check_an_activation_token_reads_as_valid_expired_or_unknown_without_being_used(
+    store: &Store,
+) {
+    use super::ActivationToken;
+    let u = pending("looked@example.com");
+    store.insert_user(&u).await.unwrap();
+    store.add_activation(u.id, "live", 2_000).await.unwrap();
+    store.add_activation(u.id, "late", 500).await.unwrap();
+    for _ in 0..2 {
+        assert_eq!(
+            store.activation_token("live", 1_000).await.unwrap(),
+            ActivationToken::Valid(u.id)
+        );
+        assert_eq!(
+            store.activation_token("late", 1_000).await.unwrap(),
+            ActivationToken::Expired
+        );
+        assert_eq!(
+            store.activation_token("never", 1_000).await.unwrap(),
+            ActivationToken::Unknown
+        );
+    }
+    // Read twice, still there to activate with; used, unknown.
+    let activated = store.activate("live", "hash", 1_000, 1).await.unwrap();
+    assert_eq!(activated.outcome, Some(u.id));
+    assert_eq!(
+        store.activation_token("live", 1_000).await.unwrap(),
+        ActivationToken::Unknown
+    );
 }
 
 async fn check_activation_token_is_used_once_when_raced(store: &Store) {

@@ -306,6 +306,34 @@ impl Gateway {
     /// Like [`Gateway::start`], on the given store URL (default: SQLite in the
     /// gateway's own directory).
     pub async fn start_on(upstream: &str, extra: &str, store_url: Option<&str>) -> Gateway {
+        let routes = format!(
+            r#"
+[[route]]
+name = "api"
+prefix = "/api/"
+upstreams = ["{upstream}"]
+[[route]]
+name = "noauth"
+prefix = "/api/noauth/"
+upstreams = ["{upstream}"]
+public = true
+[[route]]
+name = "slow"
+prefix = "/api/slow"
+upstreams = ["{upstream}"]
+request_timeout = "300ms"
+"#
+        );
+        Gateway::launch(&routes, extra, store_url).await
+    }
+
+    /// Starts keygate with only the routes `config` has (and the rest of
+    /// [`Gateway::start`]'s settings): a documented route table, as given.
+    pub async fn start_with_routes(config: &str) -> Gateway {
+        Gateway::launch("", config, None).await
+    }
+
+    async fn launch(routes: &str, extra: &str, store_url: Option<&str>) -> Gateway {
         let dir = tempfile::tempdir().unwrap();
         let data = dir.path().display().to_string();
         let store_url = store_url
@@ -328,24 +356,10 @@ upstream_retry_after = "1s"
 [limits]
 max_body_bytes = 2097152
 max_header_bytes = 8192
-[[route]]
-name = "api"
-prefix = "/api/"
-upstreams = ["{upstream}"]
-[[route]]
-name = "noauth"
-prefix = "/api/noauth/"
-upstreams = ["{upstream}"]
-public = true
-[[route]]
-name = "slow"
-prefix = "/api/slow"
-upstreams = ["{upstream}"]
-request_timeout = "300ms"
 "#
         );
         let path = dir.path().join("keygate.toml");
-        std::fs::write(&path, merge_toml(&text, extra)).unwrap();
+        std::fs::write(&path, merge_toml(&merge_toml(&text, routes), extra)).unwrap();
         let settings = config::load(&Source {
             file: Some(&path),
             env: vec![],
