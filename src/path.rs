@@ -1,7 +1,8 @@
 //! One normalised path decides the route and the auth policy, and the upstream
 //! receives that same path.
 //!
-//! Dot-segments are resolved (RFC 3986 section 5.2.4). Refused rather than
+//! Dot-segments are resolved (RFC 3986 section 5.2.4) and empty segments
+//! (`//`) dropped, as servlet containers and nginx merge them. Refused rather than
 //! repaired, so no later decoding can change the meaning:
 //! - a percent-encoded `/`, `\`, `.` or NUL, a raw `\`, a broken escape, or a
 //!   `..` above the root;
@@ -156,6 +157,7 @@ pub fn normalize(path: &str) -> Result<Cow<'_, str>, PathError> {
             b';' => return Err(PathError::Semicolon),
             byte if !byte.is_ascii() => return Err(PathError::RawNonAscii),
             b'.' if bytes[i - 1] == b'/' => needs_dot_work = true,
+            b'/' if i > 0 && bytes[i - 1] == b'/' => needs_dot_work = true,
             _ => {}
         }
         i += 1;
@@ -190,6 +192,11 @@ pub fn normalize(path: &str) -> Result<Cow<'_, str>, PathError> {
                     out.push("");
                 }
             }
+            // An empty segment (`//`) is dropped, as the platform's servlet
+            // container and nginx (`merge_slashes`) drop it: left in,
+            // `/api//user/x/token` would be no path keygate classes while
+            // the upstream answered `/api/user/x/token`.
+            "" if n != last => {}
             other => out.push(other),
         }
     }
@@ -235,12 +242,25 @@ mod tests {
             "/api/tenant/devices",
             "/api/a.b/c..d",
             "/api/%20x",
-            "/api//x",
         ] {
             assert!(
                 matches!(normalize(p), Ok(Cow::Borrowed(q)) if q == p),
                 "{p}"
             );
+        }
+    }
+
+    #[test]
+    fn empty_segments_are_dropped_so_a_doubled_slash_cannot_hide_an_endpoint() {
+        for (doubled, single) in [
+            ("/api//x", "/api/x"),
+            ("//api/auth/login", "/api/auth/login"),
+            ("/api/user//u1///activationLink", "/api/user/u1/activationLink"),
+            ("/api//", "/api/"),
+            ("//", "/"),
+            ("/api//a/../b", "/api/b"),
+        ] {
+            assert_eq!(normalize(doubled).as_deref(), Ok(single), "{doubled}");
         }
     }
 
