@@ -507,6 +507,48 @@ async fn a_password_changed_in_keygate_survives_a_reimport() {
 
 #[tokio::test]
 #[ignore = "needs PostgreSQL: set KEYGATE_TEST_DATABASE_URL and run with --include-ignored"]
+async fn a_platform_password_change_reaches_a_user_rehashed_at_login_at_a_reimport() {
+    let platform = Platform::start().await;
+    let (_upstream, gw) = gateway("").await;
+    import_json(&gw, &platform, &[]).await;
+    // The first login re-hashes the imported bcrypt hash: no password change.
+    assert!(
+        bearer(&gw, "tenant@platform.test", PLATFORM_PASSWORD)
+            .await
+            .is_some()
+    );
+    let again = import_json(&gw, &platform, &[]).await;
+    assert_eq!(again["users"]["updated"], 0, "{again}");
+    platform
+        .execute(&format!(
+            "UPDATE user_credentials SET password = '{}' WHERE user_id = '{}'",
+            bcrypt_2a("newer-Platform-1"),
+            platform.admin
+        ))
+        .await;
+    let report = import_json(&gw, &platform, &[]).await;
+    assert_eq!(report["users"]["updated"], 1, "{report}");
+    for wire in common::WIRES {
+        assert_eq!(
+            login_over(&gw, wire, "tenant@platform.test", PLATFORM_PASSWORD).await,
+            401
+        );
+        assert_eq!(
+            login_over(&gw, wire, "tenant@platform.test", "newer-Platform-1").await,
+            200
+        );
+    }
+    // The import ran in another process on this SQLite store: the running
+    // server hears of the revocation within its cache bound; the store has
+    // outdated the user's tokens already.
+    let users = gw.running.store.list_users().await.unwrap();
+    let user = users.iter().find(|u| u.id == platform.admin).unwrap();
+    assert!(user.tokens_valid_after > 0);
+    platform.drop().await;
+}
+
+#[tokio::test]
+#[ignore = "needs PostgreSQL: set KEYGATE_TEST_DATABASE_URL and run with --include-ignored"]
 async fn a_dry_run_writes_nothing() {
     let platform = Platform::start().await;
     let (_upstream, gw) = gateway("").await;
