@@ -507,6 +507,48 @@ async fn a_password_changed_in_keygate_survives_a_reimport() {
 
 #[tokio::test]
 #[ignore = "needs PostgreSQL: set KEYGATE_TEST_DATABASE_URL and run with --include-ignored"]
+async fn a_platform_password_change_reaches_a_user_rehashed_at_login_at_a_reimport() {
+    let platform = Platform::start().await;
+    let (_upstream, gw) = gateway("").await;
+    import_json(&gw, &platform, &[]).await;
+    // The first login re-hashes the imported bcrypt hash: no password change.
+    assert!(
+        bearer(&gw, "tenant@platform.test", PLATFORM_PASSWORD)
+            .await
+            .is_some()
+    );
+    let again = import_json(&gw, &platform, &[]).await;
+    assert_eq!(again["users"]["updated"], 0, "{again}");
+    platform
+        .execute(&format!(
+            "UPDATE user_credentials SET password = '{}' WHERE user_id = '{}'",
+            bcrypt_2a("newer-Platform-1"),
+            platform.admin
+        ))
+        .await;
+    let report = import_json(&gw, &platform, &[]).await;
+    assert_eq!(report["users"]["updated"], 1, "{report}");
+    for wire in common::WIRES {
+        assert_eq!(
+            login_over(&gw, wire, "tenant@platform.test", PLATFORM_PASSWORD).await,
+            401
+        );
+        assert_eq!(
+            login_over(&gw, wire, "tenant@platform.test", "newer-Platform-1").await,
+            200
+        );
+    }
+    // The import ran in another process on this SQLite store: the running
+    // server hears of the revocation within its cache bound; the store has
+    // outdated the user's tokens already.
+    let users = gw.running.store.list_users().await.unwrap();
+    let user = users.iter().find(|u| u.id == platform.admin).unwrap();
+    assert!(user.tokens_valid_after > 0);
+    platform.drop().await;
+}
+
+#[tokio::test]
+#[ignore = "needs PostgreSQL: set KEYGATE_TEST_DATABASE_URL and run with --include-ignored"]
 async fn a_dry_run_writes_nothing() {
     let platform = Platform::start().await;
     let (_upstream, gw) = gateway("").await;
@@ -1279,6 +1321,16 @@ mod socket {
     /// A socket to `/api/ws` authenticated by its first frame with the API
     /// key `key`, its first message echoed by the reference service.
     pub async fn keyed(gw: &Gateway, key: &str) -> Socket {
+        opened(gw, "apiKey", key).await
+    }
+
+    /// A socket to `/api/ws` authenticated by its first frame with the
+    /// access token `jwt` (without `Bearer `).
+    pub async fn with_token(gw: &Gateway, jwt: &str) -> Socket {
+        opened(gw, "token", jwt).await
+    }
+
+    async fn opened(gw: &Gateway, field: &str, value: &str) -> Socket {
         let port = gw.running.https.unwrap().port();
         let request = format!("wss://localhost:{port}/api/ws")
             .into_client_request()
@@ -1290,7 +1342,7 @@ mod socket {
             .await
             .unwrap();
         let (mut socket, _) = tokio_tungstenite::client_async(request, tls).await.unwrap();
-        let auth = serde_json::json!({"authCmd": {"cmdId": 0, "apiKey": key}}).to_string();
+        let auth = serde_json::json!({"authCmd": {"cmdId": 0, field: value}}).to_string();
         socket.send(Message::text(auth)).await.unwrap();
         socket.send(Message::text("up")).await.unwrap();
         loop {
@@ -2779,5 +2831,177 @@ async fn concurrent_wrong_logins_to_one_account_take_one_hashing_slot_while_anot
             "each check hashed once"
         );
     }
+    platform.drop().await;
+}
+
+// While the sync is on, the platform owns passwords: a password it changes
+// replaces keygate's, the re-hash made at a login through keygate included,
+// and ends the user's sessions, tokens and sockets in the round that sees it.
+
+const RESET_ON_PLATFORM: &str = "platform-Reset-Passw0rd!3";
+
+/// A refresh over `wire` with `refresh_token`: the status.
+async fn refresh_over(gw: &Gateway, wire: common::Wire, refresh_token: &str) -> u16 {
+    gw.client_over(wire)
+        .post(gw.https("/api/auth/token"))
+        .json(&serde_json::json!({ "refreshToken": refresh_token }))
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .as_u16()
+}
+
+/// `GET /api/auth/user` over `wire` with `authorization`: the status.
+async fn current_user_over(gw: &Gateway, wire: common::Wire, authorization: &str) -> u16 {
+    gw.client_over(wire)
+        .get(gw.https("/api/auth/user"))
+        .header("X-Authorization", authorization)
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .as_u16()
+}
+
+/// A login of `email`: its access token (as `Bearer ...`) and refresh token.
+async fn token_pair(gw: &Gateway, email: &str, password: &str) -> (String, String) {
+    let response = gw.login(email, password).await;
+    assert_eq!(response.status(), 200);
+    let body: serde_json::Value = response.json().await.unwrap();
+    (
+        format!("Bearer {}", body["token"].as_str().unwrap()),
+        body["refreshToken"].as_str().unwrap().to_owned(),
+    )
+}
+
+/// The password hash keygate holds for `email`.
+async fn stored_hash(gw: &Gateway, email: &str) -> String {
+    let users = gw.running.store.list_users().await.unwrap();
+    let user = users.iter().find(|u| u.email == email).unwrap();
+    user.password_hash.clone()
+}
+
+/// Sets the platform's password of `user`, as its UI's reset does.
+async fn set_platform_password(platform: &Platform, user: Uuid, password: &str) {
+    platform
+        .execute(&format!(
+            "UPDATE user_credentials SET password = '{}' WHERE user_id = '{user}'",
+            bcrypt_2a(password)
+        ))
+        .await;
+}
+
+#[tokio::test]
+#[ignore = "needs PostgreSQL: set KEYGATE_TEST_DATABASE_URL and run with --include-ignored"]
+async fn a_password_changed_on_the_platform_replaces_a_rehashed_one_and_ends_sessions_within_a_round()
+ {
+    let platform = Platform::start().await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let reference = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(keygate::dev::serve_reference_upstream_counted(
+        listener,
+        std::future::pending(),
+        Default::default(),
+    ));
+    let gw = syncing(&platform, &reference, &reference, SYNC_INTERVAL).await;
+    let email = "tenant@platform.test";
+    // The first login through keygate re-hashes the platform's bcrypt hash.
+    let (token, refresh) = token_pair(&gw, email, PLATFORM_PASSWORD).await;
+    assert!(stored_hash(&gw, email).await.starts_with("$argon2id$"));
+    for wire in common::WIRES {
+        assert_eq!(current_user_over(&gw, wire, &token).await, 200);
+    }
+    let jwt = token.trim_start_matches("Bearer ").to_owned();
+    let mut socket = socket::with_token(&gw, &jwt).await;
+
+    // An operator resets the account in the platform's UI.
+    set_platform_password(&platform, platform.admin, RESET_ON_PLATFORM).await;
+    // The round that writes the new hash revokes in the same transaction:
+    // once the old token is refused, the new password is in place.
+    let took = wait_until("the old token refused", SYNCED, async || {
+        current_user(&gw, &token).await.status() == 401
+    })
+    .await;
+    println!(
+        "a password changed on the platform: the old token refused {} ms later (sync_interval {SYNC_INTERVAL})",
+        took.as_millis()
+    );
+    let (code, _) = socket::close_of(&mut socket, SYNCED).await;
+    assert_eq!(code, 1008, "the socket of the old token closes");
+    for wire in common::WIRES {
+        assert_eq!(login_over(&gw, wire, email, PLATFORM_PASSWORD).await, 401);
+        assert_eq!(login_over(&gw, wire, email, RESET_ON_PLATFORM).await, 200);
+        assert_eq!(current_user_over(&gw, wire, &token).await, 401);
+        assert_eq!(refresh_over(&gw, wire, &refresh).await, 401);
+    }
+    // Its login re-hashed the new one: the platform's next change is still
+    // the platform's.
+    assert!(stored_hash(&gw, email).await.starts_with("$argon2id$"));
+    drop(gw);
+    platform.drop().await;
+}
+
+#[tokio::test]
+#[ignore = "needs PostgreSQL: set KEYGATE_TEST_DATABASE_URL and run with --include-ignored"]
+async fn a_password_changed_in_keygate_stays_across_rounds_until_the_platform_changes_it_again() {
+    let platform = Platform::start().await;
+    let upstream = Upstream::start().await;
+    let gw = syncing(&platform, &upstream.url(), &upstream.url(), SYNC_INTERVAL).await;
+    let email = "tenant@platform.test";
+    let token = bearer(&gw, email, PLATFORM_PASSWORD).await.unwrap();
+    let changed = gw
+        .client()
+        .post(gw.https("/api/auth/changePassword"))
+        .header("X-Authorization", &token)
+        .json(&serde_json::json!({ "currentPassword": PLATFORM_PASSWORD, "newPassword": NEW_PASSWORD }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(changed.status(), 200);
+    let body: serde_json::Value = changed.json().await.unwrap();
+    let keygate_token = format!("Bearer {}", body["token"].as_str().unwrap());
+
+    // Rounds that apply the platform's other changes to this user keep the
+    // password set in keygate.
+    for round in 1..=2 {
+        let name = format!("Renamed{round}");
+        platform
+            .execute(&format!(
+                "UPDATE tb_user SET last_name = '{name}' WHERE id = '{}'",
+                platform.admin
+            ))
+            .await;
+        wait_until("the platform's new name applied", SYNCED, async || {
+            let users = gw.running.store.list_users().await.unwrap();
+            users
+                .iter()
+                .any(|u| u.email == email && u.last_name == name)
+        })
+        .await;
+        for wire in common::WIRES {
+            assert_eq!(login_over(&gw, wire, email, NEW_PASSWORD).await, 200);
+            assert_eq!(login_over(&gw, wire, email, PLATFORM_PASSWORD).await, 401);
+            assert_eq!(current_user_over(&gw, wire, &keygate_token).await, 200);
+        }
+    }
+
+    // The platform changes it again: the platform's replaces keygate's.
+    set_platform_password(&platform, platform.admin, RESET_ON_PLATFORM).await;
+    let took = wait_until(
+        "the token of keygate's password refused",
+        SYNCED,
+        async || current_user(&gw, &keygate_token).await.status() == 401,
+    )
+    .await;
+    println!(
+        "a platform password replaced one set in keygate: its token refused {} ms later (sync_interval {SYNC_INTERVAL})",
+        took.as_millis()
+    );
+    for wire in common::WIRES {
+        assert_eq!(login_over(&gw, wire, email, NEW_PASSWORD).await, 401);
+        assert_eq!(login_over(&gw, wire, email, RESET_ON_PLATFORM).await, 200);
+    }
+    drop(gw);
     platform.drop().await;
 }

@@ -266,9 +266,15 @@ pub async fn login(
     api.store.clear_login_failures(user.id).await?;
     if password::needs_rehash(&user.password_hash) {
         let rehashed = api.hash_password(HashFor::Other, &body.password).await?;
-        let rehashed = api.store.update_password(user.id, &rehashed, None).await?;
-        api.applied(rehashed).await;
-        tracing::info!(user_id = %user.id, "re-hashed an imported password with Argon2id");
+        // Only if the hash is still the one checked: a password the
+        // platform's sync or the user set meanwhile stays.
+        if api
+            .store
+            .rehash_password(user.id, &user.password_hash, &rehashed)
+            .await?
+        {
+            tracing::info!(user_id = %user.id, "re-hashed an imported password with Argon2id");
+        }
     }
     // A user with a second factor gets a pre-verification token, which
     // opens nothing but the second-factor check; one whom a second factor is

@@ -693,8 +693,13 @@ impl Run {
         let mapped = clear;
         let ids: Vec<Uuid> = mapped.iter().map(|u| u.id).collect();
         let keygate = self.store.users_by_ids(&ids).await?;
+        let rehashed = self.store.rehashed_from_by_ids(&ids).await?;
         let imported: HashMap<Uuid, PlatformUser> =
             self.store.imported_rows(RowKind::User, &ids).await?;
+        let owner = match self.origin {
+            Origin::Sync => plan::PasswordOwner::Platform,
+            Origin::CommandLine => plan::PasswordOwner::Keygate,
+        };
         let mut adds = Vec::new();
         for user in mapped {
             let taken = holders
@@ -702,7 +707,14 @@ impl Run {
                 .copied()
                 .filter(|holder| *holder != user.id);
             let id = user.id;
-            match plan::plan_user(user, keygate.get(&id), imported.get(&id)) {
+            let rehashed_from = rehashed.get(&id).map(String::as_str);
+            match plan::plan_user(
+                user,
+                keygate.get(&id),
+                imported.get(&id),
+                rehashed_from,
+                owner,
+            ) {
                 Plan::Add(user) if let Some(holder) = taken => {
                     let reason =
                         format!("keygate user {holder} has this e-mail address, and keeps it");

@@ -3,9 +3,8 @@
 //! with what was imported last time. Pure: no I/O.
 //!
 //! The rule of a re-import: a field changes in keygate only when it changed
-//! on the platform's side since the last import. A password set in keygate
-//! since (a change, or the re-hash at the first login) is kept even when the
-//! platform's changed too; so is a row deleted in keygate since.
+//! on the platform's side since the last import. A password is decided by
+//! [`password_from_platform`]; a row deleted in keygate since stays deleted.
 
 use uuid::Uuid;
 
@@ -272,12 +271,61 @@ pub fn map_key(row: &KeyRow) -> Result<PlatformKey, String> {
     })
 }
 
+/// Whose password stays when both sides changed it since the last import.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PasswordOwner {
+    /// The sync is on: the platform's UI manages users, and its change wins.
+    Platform,
+    /// An operator's import: users moved to keygate, and keygate's change
+    /// wins.
+    Keygate,
+}
+
+/// keygate's side of a user's password.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeygatePassword<'a> {
+    /// The hash keygate checks.
+    pub hash: &'a str,
+    /// The hash `hash` is keygate's re-hash of (the same password, at a
+    /// login), when it is one.
+    pub rehashed_from: Option<&'a str>,
+}
+
+/// The one rule of passwords between the platform and keygate: whether the
+/// platform's current hash `platform` replaces keygate's.
+///
+/// The platform changed the password when its hash differs from `imported`,
+/// the hash last imported from it (never compared with keygate's own
+/// hashes). Unchanged there, keygate's password stays, whatever keygate did
+/// with it. Changed there, it replaces keygate's when keygate still holds
+/// the password last imported: that hash, or keygate's re-hash of it at a
+/// login (a re-hash is nobody's password change). A password set in keygate
+/// since (a change, a reset, an activation) stays only for an operator's
+/// import; with the sync on, the platform owns passwords and its change
+/// wins, so an operator who resets an account in the platform's UI also
+/// ends every session of it there and then.
+pub fn password_from_platform(
+    platform: &str,
+    imported: &str,
+    keygate: KeygatePassword<'_>,
+    owner: PasswordOwner,
+) -> bool {
+    if platform == imported || platform == keygate.hash {
+        return false;
+    }
+    let imported_one = keygate.hash == imported || keygate.rehashed_from == Some(imported);
+    imported_one || owner == PasswordOwner::Platform
+}
+
 /// What to do with a platform user, given what keygate holds with its id
-/// and what was imported last time.
+/// (and, when its password hash is a re-hash, of which hash) and what was
+/// imported last time.
 pub fn plan_user(
     platform: PlatformUser,
     keygate: Option<&UserRecord>,
     imported: Option<&PlatformUser>,
+    rehashed_from: Option<&str>,
+    owner: PasswordOwner,
 ) -> UserPlan {
     match (keygate, imported) {
         (None, None) => Plan::Add(platform),
@@ -320,11 +368,16 @@ pub fn plan_user(
             if platform.enabled != imported.enabled && platform.enabled != keygate.enabled {
                 update.enabled = Some(platform.enabled);
             }
-            // The platform's new password replaces only the one it gave.
-            if platform.password_hash != imported.password_hash
-                && keygate.password_hash == imported.password_hash
-                && platform.password_hash != keygate.password_hash
-            {
+            let keygate_password = KeygatePassword {
+                hash: &keygate.password_hash,
+                rehashed_from,
+            };
+            if password_from_platform(
+                &platform.password_hash,
+                &imported.password_hash,
+                keygate_password,
+                owner,
+            ) {
                 update.password_hash = Some(platform.password_hash.clone());
             }
             let token = |a: &Option<(String, i64)>| a.as_ref().map(|(d, _)| d.clone());
@@ -688,7 +741,13 @@ mod tests {
         let keygate = keygate_of(&imported);
         let again = map_user(&row, 2_000, CAP).unwrap();
         assert!(matches!(
-            plan_user(again, Some(&keygate), Some(&imported)),
+            plan_user(
+                again,
+                Some(&keygate),
+                Some(&imported),
+                None,
+                PasswordOwner::Keygate
+            ),
             Plan::Keep { .. }
         ));
         let newer = map_user(
@@ -700,7 +759,13 @@ mod tests {
             CAP,
         )
         .unwrap();
-        let Plan::Update(_, update) = plan_user(newer, Some(&keygate), Some(&imported)) else {
+        let Plan::Update(_, update) = plan_user(
+            newer,
+            Some(&keygate),
+            Some(&imported),
+            None,
+            PasswordOwner::Keygate,
+        ) else {
             panic!("not an update");
         };
         assert_eq!(
@@ -1000,7 +1065,13 @@ mod tests {
     fn a_reimport_of_an_unchanged_user_changes_nothing() {
         let user = map_user(&row(), 0, CAP).unwrap();
         let keygate = keygate_of(&user);
-        let plan = plan_user(user.clone(), Some(&keygate), Some(&user));
+        let plan = plan_user(
+            user.clone(),
+            Some(&keygate),
+            Some(&user),
+            None,
+            PasswordOwner::Keygate,
+        );
         assert_eq!(
             plan,
             Plan::Keep {
@@ -1019,7 +1090,13 @@ mod tests {
             password_hash: OTHER_HASH.into(),
             ..imported.clone()
         };
-        let plan = plan_user(platform.clone(), Some(&keygate), Some(&imported));
+        let plan = plan_user(
+            platform.clone(),
+            Some(&keygate),
+            Some(&imported),
+            None,
+            PasswordOwner::Keygate,
+        );
         assert_eq!(
             plan,
             Plan::Keep {
@@ -1027,6 +1104,114 @@ mod tests {
                 remember: true
             }
         );
+    }
+
+    /// The cases of [`password_from_platform`], for the sync (the platform
+    /// owns passwords) and for an operator's import.
+    #[test]
+    fn a_platform_password_replaces_keygates_unless_keygate_set_one_since() {
+        use PasswordOwner::{Keygate, Platform};
+        const REHASH: &str = "$argon2id$v=19$rehash-of-HASH";
+        const SET: &str = "$argon2id$v=19$set-in-keygate";
+        let untouched = KeygatePassword {
+            hash: HASH,
+            rehashed_from: None,
+        };
+        let rehashed = KeygatePassword {
+            hash: REHASH,
+            rehashed_from: Some(HASH),
+        };
+        let set_in_keygate = KeygatePassword {
+            hash: SET,
+            rehashed_from: None,
+        };
+        // A re-hash of a hash imported before the last platform change is
+        // keygate's own password, not the one imported last.
+        let rehash_of_older = KeygatePassword {
+            hash: REHASH,
+            rehashed_from: Some(OTHER_HASH),
+        };
+        for owner in [Platform, Keygate] {
+            // Unchanged on the platform: keygate's stays, whatever it is.
+            for keygate in [untouched, rehashed, set_in_keygate, rehash_of_older] {
+                assert!(
+                    !password_from_platform(HASH, HASH, keygate, owner),
+                    "{keygate:?} {owner:?}"
+                );
+            }
+            // Changed on the platform: it replaces the imported one, and
+            // keygate's re-hash of it (which is no password change).
+            assert!(password_from_platform(OTHER_HASH, HASH, untouched, owner));
+            assert!(password_from_platform(OTHER_HASH, HASH, rehashed, owner));
+            // Already the platform's: nothing to write.
+            let same = KeygatePassword {
+                hash: OTHER_HASH,
+                rehashed_from: None,
+            };
+            assert!(!password_from_platform(OTHER_HASH, HASH, same, owner));
+        }
+        // Changed in keygate and on the platform since the last import: the
+        // sync's platform owns passwords; an operator's import keeps
+        // keygate's.
+        assert!(password_from_platform(
+            OTHER_HASH,
+            HASH,
+            set_in_keygate,
+            Platform
+        ));
+        assert!(!password_from_platform(
+            OTHER_HASH,
+            HASH,
+            set_in_keygate,
+            Keygate
+        ));
+        assert!(password_from_platform("", HASH, rehash_of_older, Platform));
+        assert!(!password_from_platform(
+            OTHER_HASH,
+            HASH,
+            rehash_of_older,
+            Keygate
+        ));
+        // A pending user (no password on either side) who activates on the
+        // platform gets the platform's password.
+        let pending = KeygatePassword {
+            hash: "",
+            rehashed_from: None,
+        };
+        assert!(password_from_platform(HASH, "", pending, Keygate));
+    }
+
+    #[test]
+    fn a_password_rehashed_at_login_is_replaced_by_the_platforms_new_one() {
+        let imported = map_user(&row(), 0, CAP).unwrap();
+        let mut keygate = keygate_of(&imported);
+        keygate.password_hash = "$argon2id$v=19$rehash".into();
+        let platform = PlatformUser {
+            password_hash: OTHER_HASH.into(),
+            ..imported.clone()
+        };
+        for owner in [PasswordOwner::Platform, PasswordOwner::Keygate] {
+            let plan = plan_user(
+                platform.clone(),
+                Some(&keygate),
+                Some(&imported),
+                Some(HASH),
+                owner,
+            );
+            let Plan::Update(_, update) = plan else {
+                panic!("not an update: {plan:?}");
+            };
+            assert_eq!(update.password_hash.as_deref(), Some(OTHER_HASH));
+        }
+        // The platform's unchanged: the re-hash stays, nothing is written.
+        let plan = plan_user(
+            imported.clone(),
+            Some(&keygate),
+            Some(&imported),
+            Some(HASH),
+            PasswordOwner::Platform,
+        );
+        assert!(matches!(plan, Plan::Keep { .. }), "{plan:?}");
     }
 
     #[test]
@@ -1039,7 +1224,13 @@ mod tests {
             password_hash: OTHER_HASH.into(),
             ..imported.clone()
         };
-        let Plan::Update(_, update) = plan_user(platform, Some(&keygate), Some(&imported)) else {
+        let Plan::Update(_, update) = plan_user(
+            platform,
+            Some(&keygate),
+            Some(&imported),
+            None,
+            PasswordOwner::Keygate,
+        ) else {
             panic!("not an update");
         };
         assert!(update.profile);
@@ -1052,7 +1243,13 @@ mod tests {
     #[test]
     fn a_user_deleted_in_keygate_is_not_imported_again() {
         let imported = map_user(&row(), 0, CAP).unwrap();
-        let plan = plan_user(imported.clone(), None, Some(&imported));
+        let plan = plan_user(
+            imported.clone(),
+            None,
+            Some(&imported),
+            None,
+            PasswordOwner::Keygate,
+        );
         assert!(matches!(plan, Plan::Skip(reason) if reason.contains("deleted in keygate")));
     }
 

@@ -142,8 +142,8 @@ impl Store {
                 .execute(&mut *tx)
                 .await?;
             let updated = sqlx::query(
-                "UPDATE users SET password_hash = $1, tokens_valid_after = $2, version = version + 1 \
-                 WHERE id = $3 AND password_hash = ''",
+                "UPDATE users SET password_hash = $1, password_rehashed_from = NULL, tokens_valid_after = $2, \
+                 version = version + 1 WHERE id = $3 AND password_hash = ''",
             )
             .bind(password_hash)
             .bind(now_secs)

@@ -11,7 +11,8 @@ use super::{Published, Revocation, Store, StoreError};
 
 /// Sets a user's password as a password change does: every older token of
 /// the user is outdated and their sessions end, in the caller's transaction
-/// (API keys stay). `false` when there is no such user.
+/// (API keys stay). A password set is nobody's re-hash: the hash it
+/// re-hashed is forgotten. `false` when there is no such user.
 pub(super) async fn set_password_ending_sessions(
     conn: &mut sqlx::AnyConnection,
     user_id: Uuid,
@@ -19,7 +20,8 @@ pub(super) async fn set_password_ending_sessions(
     now_secs: i64,
 ) -> Result<bool, StoreError> {
     let updated = sqlx::query(
-        "UPDATE users SET password_hash = $1, tokens_valid_after = $2, version = version + 1 WHERE id = $3",
+        "UPDATE users SET password_hash = $1, password_rehashed_from = NULL, tokens_valid_after = $2, \
+         version = version + 1 WHERE id = $3",
     )
     .bind(hash)
     .bind(now_secs)
@@ -27,6 +29,29 @@ pub(super) async fn set_password_ending_sessions(
     .execute(&mut *conn)
     .await?;
     end_sessions_of_user(&mut *conn, user_id, now_secs.saturating_mul(1000), None).await?;
+    Ok(updated.rows_affected() > 0)
+}
+
+/// A re-hash: the same password, so no token ends. The user remembers the
+/// first hash of a chain of re-hashes (`password_rehashed_from`), which an
+/// import compares with the platform's hash it imported last
+/// ([`crate::import::plan::password_from_platform`]): a re-hash of the
+/// platform's password is still the platform's.
+async fn rehash(
+    conn: &mut sqlx::AnyConnection,
+    user_id: Uuid,
+    from: Option<&str>,
+    to: &str,
+) -> Result<bool, StoreError> {
+    let updated = sqlx::query(
+        "UPDATE users SET password_rehashed_from = COALESCE(password_rehashed_from, password_hash), \
+         password_hash = $1 WHERE id = $2 AND ($3 IS NULL OR password_hash = $3)",
+    )
+    .bind(to)
+    .bind(user_id.to_string())
+    .bind(from)
+    .execute(&mut *conn)
+    .await?;
     Ok(updated.rows_affected() > 0)
 }
 
@@ -45,15 +70,7 @@ impl Store {
                 Some(now_secs) => {
                     set_password_ending_sessions(&mut tx, user_id, hash, now_secs).await?
                 }
-                None => {
-                    sqlx::query("UPDATE users SET password_hash = $1 WHERE id = $2")
-                        .bind(hash)
-                        .bind(user_id.to_string())
-                        .execute(&mut *tx)
-                        .await?
-                        .rows_affected()
-                        > 0
-                }
+                None => rehash(&mut tx, user_id, None, hash).await?,
             };
             let revocation = outdate_at.map(|_| Revocation::User(user_id));
             Change::new(
@@ -64,6 +81,21 @@ impl Store {
             )
         })
         .await
+    }
+
+    /// Replaces the hash `from` a user's password had with its re-hash `to`
+    /// (the same password, hashed anew: at login, an imported bcrypt hash
+    /// becomes Argon2id). Nothing else changes, and nothing when the hash is
+    /// no longer `from` (the password was set meanwhile, by the user or the
+    /// platform's sync, and stays). `false` then.
+    pub(crate) async fn rehash_password(
+        &self,
+        user_id: Uuid,
+        from: &str,
+        to: &str,
+    ) -> Result<bool, StoreError> {
+        let mut conn = self.pool.acquire().await?;
+        rehash(&mut conn, user_id, Some(from), to).await
     }
 
     /// Counts one more consecutive failed login; returns the count.

@@ -66,6 +66,11 @@ const SQLITE: &[(i64, &str, &str)] = &[
         "reset_tokens",
         include_str!("../../migrations/sqlite/0012_reset_tokens.sql"),
     ),
+    (
+        13,
+        "password_rehashed_from",
+        include_str!("../../migrations/sqlite/0013_password_rehashed_from.sql"),
+    ),
 ];
 const POSTGRES: &[(i64, &str, &str)] = &[
     (
@@ -127,6 +132,11 @@ const POSTGRES: &[(i64, &str, &str)] = &[
         12,
         "reset_tokens",
         include_str!("../../migrations/postgres/0012_reset_tokens.sql"),
+    ),
+    (
+        13,
+        "password_rehashed_from",
+        include_str!("../../migrations/postgres/0013_password_rehashed_from.sql"),
     ),
 ];
 

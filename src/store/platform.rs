@@ -269,6 +269,25 @@ impl Store {
             .collect()
     }
 
+    /// Of the users with these ids, those whose password hash is a re-hash
+    /// made in keygate, with the hash it re-hashed (the first of a chain).
+    pub async fn rehashed_from_by_ids(
+        &self,
+        ids: &[Uuid],
+    ) -> Result<HashMap<Uuid, String>, StoreError> {
+        let ids = ids.iter().map(Uuid::to_string);
+        let rows = self
+            .rows_in("id, password_rehashed_from", "users", "id", ids)
+            .await?;
+        let mut rehashed = HashMap::new();
+        for row in &rows {
+            if let Some(from) = row.try_get::<Option<String>, _>(1)? {
+                rehashed.insert(super::uuid_col(row, 0)?, from);
+            }
+        }
+        Ok(rehashed)
+    }
+
     /// The ids of the users holding these e-mail addresses, by the address
     /// as stored (folded, [`crate::email::fold`]).
     pub async fn user_ids_by_emails(
@@ -510,7 +529,10 @@ impl Store {
                 .await?;
             }
             if let Some(hash) = &update.password_hash {
-                sqlx::query("UPDATE users SET password_hash = $1, version = version + 1 WHERE id = $2")
+                sqlx::query(
+                    "UPDATE users SET password_hash = $1, password_rehashed_from = NULL, \
+                     version = version + 1 WHERE id = $2",
+                )
                     .bind(hash)
                     .bind(&id)
                     .execute(&mut *tx)

@@ -162,6 +162,7 @@ store_tests!(
     check_flags_and_i64_round_trip,
     check_refresh_rotation_accepts_only_the_current_token,
     check_password_change_outdates_tokens_and_ends_sessions_but_rehash_does_not,
+    check_a_rehash_remembers_the_hash_it_replaced_until_a_password_is_set,
     check_lockout_counts_locks_and_is_lifted_by_enabling,
     check_activation_token_is_used_once_when_raced,
     check_activation_never_sets_the_password_of_an_active_account,
@@ -1149,6 +1150,50 @@ async fn check_password_change_outdates_tokens_and_ends_sessions_but_rehash_does
             .unwrap()
             .outcome
     );
+}
+
+async fn check_a_rehash_remembers_the_hash_it_replaced_until_a_password_is_set(store: &Store) {
+    let mut u = user("rehash@example.com", 1);
+    u.password_hash = "bcrypt".into();
+    store.insert_user(&u).await.unwrap();
+    let rehashed_from = async || {
+        store
+            .rehashed_from_by_ids(&[u.id])
+            .await
+            .unwrap()
+            .get(&u.id)
+            .cloned()
+    };
+    assert_eq!(rehashed_from().await, None);
+    // Only the hash the login checked is re-hashed: one set meanwhile stays.
+    assert!(
+        !store
+            .rehash_password(u.id, "stale", "argon-1")
+            .await
+            .unwrap()
+    );
+    assert!(
+        store
+            .rehash_password(u.id, "bcrypt", "argon-1")
+            .await
+            .unwrap()
+    );
+    // A chain of re-hashes remembers its first hash.
+    assert!(
+        store
+            .rehash_password(u.id, "argon-1", "argon-2")
+            .await
+            .unwrap()
+    );
+    let after = store.user_by_id(u.id).await.unwrap().unwrap();
+    assert_eq!(after.password_hash, "argon-2");
+    assert_eq!(rehashed_from().await.as_deref(), Some("bcrypt"));
+    // A password set is nobody's re-hash.
+    store
+        .update_password(u.id, "changed", Some(2))
+        .await
+        .unwrap();
+    assert_eq!(rehashed_from().await, None);
 }
 
 async fn check_lockout_counts_locks_and_is_lifted_by_enabling(store: &Store) {
