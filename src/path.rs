@@ -237,12 +237,7 @@ mod tests {
 
     #[test]
     fn clean_paths_are_borrowed_unchanged() {
-        for p in [
-            "/",
-            "/api/tenant/devices",
-            "/api/a.b/c..d",
-            "/api/%20x",
-        ] {
+        for p in ["/", "/api/tenant/devices", "/api/a.b/c..d", "/api/%20x"] {
             assert!(
                 matches!(normalize(p), Ok(Cow::Borrowed(q)) if q == p),
                 "{p}"
@@ -255,7 +250,10 @@ mod tests {
         for (doubled, single) in [
             ("/api//x", "/api/x"),
             ("//api/auth/login", "/api/auth/login"),
-            ("/api/user//u1///activationLink", "/api/user/u1/activationLink"),
+            (
+                "/api/user//u1///activationLink",
+                "/api/user/u1/activationLink",
+            ),
             ("/api//", "/api/"),
             ("//", "/"),
             ("/api//a/../b", "/api/b"),
