@@ -2266,7 +2266,7 @@ async fn the_sync_holds_back_colliding_rows_and_a_keygate_users_name_and_tells_o
     let skipped = async |reason: &str| {
         common::counter(
             &gw.metrics().await,
-            &format!("keygate_platform_import_skipped_total{{reason=\"{reason}\"}}"),
+            &format!("keygate_platform_sync_skipped_total{{reason=\"{reason}\"}}"),
         )
     };
     wait_until("the rows held back", SYNCED, async || {

@@ -128,7 +128,7 @@ pub struct Skipped {
     /// The user's e-mail, or the key's description.
     pub name: String,
     /// A short code of the reason ([`plan::code`]), the `reason` label of
-    /// `keygate_platform_import_skipped_total`.
+    /// `keygate_platform_sync_skipped_total`.
     pub code: &'static str,
     pub reason: String,
 }
