@@ -56,6 +56,9 @@ pub struct Sync {
     /// The rows the last applied round held back (kind, id, reason): a row
     /// still held back is logged, audited and counted once, not every round.
     held_back: HashSet<(&'static str, String, String)>,
+    /// Whether a bootstrap administrator kept for having been used was told
+    /// of (once, not every round).
+    told_bootstrap_kept: bool,
 }
 
 /// What one round did.
@@ -90,6 +93,7 @@ impl Sync {
             follow_key: None,
             max_bcrypt_cost,
             held_back: HashSet::new(),
+            told_bootstrap_kept: false,
         }
     }
 
@@ -224,8 +228,11 @@ impl Sync {
         for revocation in &report.revocations {
             self.auth.revoke(Some(*revocation)).await;
         }
+        // A key tried before this round brought it in was cached as unknown.
+        self.auth.caches().forget_keys(&report.new_key_values);
         self.count(&report);
         self.held_back(&report).await;
+        self.bootstrap_admin(&report);
         self.applied = Some(fingerprint);
         Ok(Round::Applied(Box::new(report)))
     }
@@ -254,6 +261,29 @@ impl Sync {
                 keys_removed = report.keys.removed,
                 "applied the platform's changes"
             );
+        }
+    }
+
+    /// Says what became of the bootstrap administrator: removed (audited
+    /// by the import), or kept for having been used (told once).
+    fn bootstrap_admin(&mut self, report: &Report) {
+        let Some(admin) = &report.bootstrap_admin else {
+            return;
+        };
+        match admin.reason.as_deref() {
+            None => tracing::warn!(
+                email = %admin.email,
+                "removed the bootstrap administrator: an administrator imported from the platform can log in"
+            ),
+            Some(reason) if !self.told_bootstrap_kept => {
+                tracing::warn!(
+                    email = %admin.email,
+                    reason,
+                    "kept the bootstrap administrator beside the platform's administrator"
+                );
+                self.told_bootstrap_kept = true;
+            }
+            Some(_) => {}
         }
     }
 
