@@ -2704,3 +2704,269 @@ async fn concurrent_wrong_logins_to_one_account_take_one_hashing_slot_while_anot
     }
     platform.drop().await;
 }
+
+/// The files in `dir`, sorted.
+fn files_in(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+/// The real binary, in the order docs/moving-from-the-platform.md gives, on
+/// a fresh data directory: `keygate import platform --dry-run` (a report,
+/// nothing created), `keygate import platform` (creates the store and fills
+/// it), then `keygate serve`, which starts at once with the imported signing
+/// key and no bootstrap administrator beside the platform's own.
+#[tokio::test]
+#[ignore = "needs PostgreSQL: set KEYGATE_TEST_DATABASE_URL and run with --include-ignored"]
+async fn a_first_run_in_the_documented_order_works_the_first_time() {
+    let platform = Platform::start().await;
+    let double = PlatformDouble::start(SIGNING_KEY).await;
+    let upstream = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    let ca_pem = common::certificate_into(&dir.path().join("ca"), &data);
+    let config = dir.path().join("keygate.toml");
+    common::write_config(&config, &data, &upstream.url(), &platform_route(&double));
+    let run = |extra: &[&str]| {
+        let mut args: Vec<String> = ["import", "platform", "--database-url", &platform.url]
+            .iter()
+            .map(|a| (*a).to_owned())
+            .collect();
+        args.extend(extra.iter().map(|a| (*a).to_owned()));
+        keygate(&config, &args)
+    };
+    let fresh = files_in(&data);
+
+    // 1. The report: everything is new; no file, no schema.
+    let dry = run(&["--dry-run", "--json"]);
+    let stderr = String::from_utf8_lossy(&dry.stderr);
+    assert!(dry.status.success(), "{stderr}");
+    assert!(stderr.contains("no store yet"), "{stderr}");
+    let report: serde_json::Value = serde_json::from_slice(&dry.stdout).unwrap();
+    assert_eq!(report["dryRun"], true, "{report}");
+    assert_eq!(report["users"]["added"], 5, "{report}");
+    assert_eq!(report["users"]["unchanged"], 0, "{report}");
+    assert_eq!(report["keys"]["added"], 4, "{report}");
+    assert_eq!(report["signing"]["state"], "imported", "{report}");
+    assert!(report.get("bootstrapAdmin").is_none(), "{report}");
+    assert_eq!(files_in(&data), fresh, "a dry run creates nothing");
+
+    // 2. The import creates the store and fills it, as the dry run said.
+    let real = run(&["--json"]);
+    let stderr = String::from_utf8_lossy(&real.stderr);
+    assert!(real.status.success(), "{stderr}");
+    assert!(stderr.contains("creating it"), "{stderr}");
+    let imported: serde_json::Value = serde_json::from_slice(&real.stdout).unwrap();
+    assert_eq!(imported["users"], report["users"], "{imported}");
+    assert_eq!(imported["keys"], report["keys"], "{imported}");
+    assert!(data.join("k.db").is_file());
+
+    // 3. The server starts the first time, signing with the imported key.
+    let keygate = common::Process::spawn(&config, "info");
+    let log = std::fs::read_to_string(&keygate.log).unwrap();
+    assert!(!log.contains("created the first administrator"), "{log}");
+    assert!(!data.join("bootstrap-admin-password").exists());
+    for wire in common::WIRES {
+        let client = {
+            let builder = reqwest::Client::builder()
+                .add_root_certificate(reqwest::Certificate::from_pem(&ca_pem).unwrap())
+                .resolve("localhost", ([127, 0, 0, 1], 0).into())
+                .timeout(Duration::from_secs(10));
+            match wire {
+                common::Wire::Http1 => builder.http1_only(),
+                common::Wire::Http2 => builder,
+            }
+            .build()
+            .unwrap()
+        };
+        let https = |path: &str| format!("https://localhost:{}{path}", keygate.https);
+        let login = |email: &str, password: &str| {
+            client
+                .post(https("/api/auth/login"))
+                .json(&serde_json::json!({ "username": email, "password": password }))
+                .send()
+        };
+        let platform_admin = login("sysadmin@platform.test", PLATFORM_PASSWORD)
+            .await
+            .unwrap();
+        assert_eq!(platform_admin.status(), 200, "{wire:?}");
+        assert_eq!(platform_admin.version(), wire.version());
+        let bootstrap = login("sysadmin@keygate.local", "bootstrap-password")
+            .await
+            .unwrap();
+        assert_eq!(
+            bootstrap.status(),
+            401,
+            "{wire:?}: no bootstrap administrator"
+        );
+        let through = client
+            .get(https("/api/tb/user"))
+            .header("X-Authorization", api_key_header(&platform.admin_key))
+            .send()
+            .await
+            .unwrap();
+        let status = through.status();
+        let user: serde_json::Value = through.json().await.unwrap();
+        assert_eq!(
+            status, 200,
+            "{wire:?}: the platform took keygate's token: {user}"
+        );
+        assert_eq!(user["id"], platform.admin.to_string(), "{user}");
+    }
+    keygate.signal("TERM");
+    drop(keygate);
+    platform.drop().await;
+}
+
+/// The audit events of `action`, newest first.
+async fn audited(gw: &Gateway, action: &str) -> Vec<keygate::store::AuditEvent> {
+    let filter = keygate::store::AuditFilter {
+        action: Some(action.to_owned()),
+        ..Default::default()
+    };
+    gw.running
+        .store
+        .audit_events_where(&filter, 100)
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+#[ignore = "needs PostgreSQL: set KEYGATE_TEST_DATABASE_URL and run with --include-ignored"]
+async fn an_unused_bootstrap_admin_gives_way_to_the_platforms_admin_and_its_removal_is_audited() {
+    let platform = Platform::start().await;
+    let (_upstream, gw) = gateway("").await;
+    let bootstrap = "sysadmin@keygate.local";
+    let admin = gw.running.store.user_by_email(bootstrap).await.unwrap();
+    let admin = admin.expect("the server created its bootstrap administrator");
+
+    let dry = import_json(&gw, &platform, &["--dry-run"]).await;
+    assert_eq!(dry["bootstrapAdmin"]["state"], "removed", "{dry}");
+    let summary = String::from_utf8_lossy(&import(&gw, &platform.url, &["--dry-run"]).await.stdout)
+        .into_owned();
+    assert!(
+        summary.contains("bootstrap administrator sysadmin@keygate.local: would be removed"),
+        "{summary}"
+    );
+    assert!(
+        gw.running
+            .store
+            .user_by_email(bootstrap)
+            .await
+            .unwrap()
+            .is_some()
+    );
+
+    let report = import_json(&gw, &platform, &[]).await;
+    assert_eq!(report["bootstrapAdmin"]["state"], "removed", "{report}");
+    assert!(
+        gw.running
+            .store
+            .user_by_email(bootstrap)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let events = audited(&gw, "user.bootstrap_remove").await;
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!(events[0].target_id, admin.id);
+    for wire in common::WIRES {
+        assert_eq!(
+            login_over(&gw, wire, bootstrap, common::PASSWORD).await,
+            401
+        );
+        let platform_admin = login_over(&gw, wire, "sysadmin@platform.test", PLATFORM_PASSWORD);
+        assert_eq!(platform_admin.await, 200);
+    }
+    // A re-import has nothing more to say of it.
+    let again = import_json(&gw, &platform, &[]).await;
+    assert!(again.get("bootstrapAdmin").is_none(), "{again}");
+    platform.drop().await;
+}
+
+#[tokio::test]
+#[ignore = "needs PostgreSQL: set KEYGATE_TEST_DATABASE_URL and run with --include-ignored"]
+async fn a_bootstrap_admin_in_use_is_kept_beside_the_platforms_and_the_import_says_why() {
+    let platform = Platform::start().await;
+    let (_upstream, gw) = gateway("").await;
+    let bootstrap = "sysadmin@keygate.local";
+    // The operator logged in with it: it is in use.
+    assert!(bearer(&gw, bootstrap, common::PASSWORD).await.is_some());
+
+    let report = import_json(&gw, &platform, &[]).await;
+    assert_eq!(report["bootstrapAdmin"]["state"], "kept", "{report}");
+    let reason = report["bootstrapAdmin"]["reason"].as_str().unwrap();
+    assert!(reason.contains("it has logged in"), "{reason}");
+    assert!(
+        reason.contains("keygate user delete sysadmin@keygate.local"),
+        "{reason}"
+    );
+    assert!(audited(&gw, "user.bootstrap_remove").await.is_empty());
+    let summary =
+        String::from_utf8_lossy(&import(&gw, &platform.url, &[]).await.stdout).into_owned();
+    assert!(
+        summary.contains("bootstrap administrator sysadmin@keygate.local: kept: it has been used"),
+        "{summary}"
+    );
+    for wire in common::WIRES {
+        assert_eq!(
+            login_over(&gw, wire, bootstrap, common::PASSWORD).await,
+            200
+        );
+    }
+    platform.drop().await;
+}
+
+#[tokio::test]
+#[ignore = "needs PostgreSQL: set KEYGATE_TEST_DATABASE_URL and run with --include-ignored"]
+async fn a_platform_key_tried_before_the_sync_brings_it_works_from_that_round_despite_the_negative_cache()
+ {
+    let platform = Platform::start().await;
+    let upstream = Upstream::start().await;
+    let config = sync_config(&platform.url, &upstream.url(), "1s")
+        .replace("[cache]\n", "[cache]\nnegative_ttl = \"300s\"\n");
+    let gw = Gateway::start(&upstream.url(), &config).await;
+    wait_until("the first sync", SYNCED, async || {
+        bearer(&gw, "tenant@platform.test", PLATFORM_PASSWORD)
+            .await
+            .is_some()
+    })
+    .await;
+    let value = format!("tb_{}", Uuid::new_v4().simple());
+    let status = async |wire: common::Wire| {
+        gw.client_over(wire)
+            .get(gw.https("/api/auth/user"))
+            .header("X-Authorization", api_key_header(&value))
+            .send()
+            .await
+            .unwrap()
+            .status()
+            .as_u16()
+    };
+    for wire in common::WIRES {
+        assert_eq!(status(wire).await, 401, "{wire:?}: not on the platform yet");
+    }
+    platform
+        .execute(&format!(
+            "INSERT INTO api_key (id, created_time, tenant_id, user_id, value, enabled, expiration_time, description) \
+             VALUES ('{}', 1700000000003, '{}', '{}', '{value}', TRUE, 0, 'added later')",
+            Uuid::new_v4(),
+            platform.tenant,
+            platform.admin
+        ))
+        .await;
+    // A round comes within 1 s; 300 s of negative cache would outlast the wait.
+    wait_until("the key to work", Duration::from_secs(5), async || {
+        status(common::Wire::Http1).await == 200
+    })
+    .await;
+    for wire in common::WIRES {
+        assert_eq!(status(wire).await, 200, "{wire:?}");
+    }
+    platform.drop().await;
+}

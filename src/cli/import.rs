@@ -73,18 +73,25 @@ async fn store_to_fill(settings: &Settings, dry_run: bool) -> anyhow::Result<Sto
             "import: no store yet at {url}: everything is reported as new, and nothing is created; \
              `keygate import platform` creates the store"
         );
+        // An in-memory database on one connection, which holds it (a dry
+        // run writes nothing, so never waits on a second connection);
+        // `create` only lets its name through: no file is ever made.
+        let name = format!(
+            "sqlite://keygate-dry-run-{}?mode=memory",
+            uuid::Uuid::new_v4().simple()
+        );
         (
-            "sqlite::memory:",
+            name,
             OpenOptions {
-                max_connections: 2,
-                create: false,
+                max_connections: 1,
+                create: true,
                 connect_timeout: CLI_CONNECT_TIMEOUT,
             },
         )
     } else {
         eprintln!("import: no store yet at {url}: creating it");
         (
-            settings.store_url.as_str(),
+            settings.store_url.clone(),
             OpenOptions {
                 max_connections: settings.store_max_connections.min(2),
                 create: true,
@@ -92,5 +99,5 @@ async fn store_to_fill(settings: &Settings, dry_run: bool) -> anyhow::Result<Sto
             },
         )
     };
-    Ok(Store::open(target, options).await?)
+    Ok(Store::open(&target, options).await?)
 }
