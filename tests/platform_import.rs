@@ -2970,3 +2970,54 @@ async fn a_platform_key_tried_before_the_sync_brings_it_works_from_that_round_de
     }
     platform.drop().await;
 }
+
+/// `keygate serve` before the import, with a route that needs the platform's
+/// signing key: refused, naming the import, and with no bootstrap
+/// administrator left behind for the import to find beside the platform's.
+#[tokio::test]
+async fn a_start_refused_for_want_of_the_platforms_key_creates_no_bootstrap_admin() {
+    let double = PlatformDouble::start(SIGNING_KEY).await;
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    common::certificate_into(&dir.path().join("ca"), &data);
+    let config = dir.path().join("keygate.toml");
+    common::write_config(&config, &data, &double.url(), &platform_route(&double));
+    let mut child = Command::new(env!("CARGO_BIN_EXE_keygate"))
+        .arg("--config")
+        .arg(&config)
+        .arg("serve")
+        .env("RUST_LOG", "warn")
+        .env_remove("KEYGATE_CONFIG")
+        .env_remove("KEYGATE_BOOTSTRAP_PASSWORD")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("keygate serve started without the platform's signing key");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert!(!status.success());
+    assert!(stderr.contains("keygate import platform"), "{stderr}");
+    assert!(
+        !stderr.contains("created the first administrator"),
+        "{stderr}"
+    );
+    assert!(!data.join("bootstrap-admin-password").exists());
+    let url = format!("sqlite://{}/k.db", data.display());
+    if data.join("k.db").is_file() {
+        let store = keygate::store::Store::connect(&url, 1).await.unwrap();
+        assert!(store.list_users().await.unwrap().is_empty());
+        store.close().await;
+    }
+}

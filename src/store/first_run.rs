@@ -83,3 +83,100 @@ impl Store {
         Ok(uses)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::identity::{Authority, NULL_UUID};
+    use crate::store::{OpenOptions, SessionRecord, UserRecord};
+
+    async fn fresh() -> (tempfile::TempDir, Store) {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}/k.db", dir.path().display());
+        let store = Store::open(&url, OpenOptions::server(2)).await.unwrap();
+        (dir, store)
+    }
+
+    fn admin(email: &str) -> UserRecord {
+        UserRecord {
+            authority: Authority::SysAdmin,
+            tenant_id: NULL_UUID,
+            password_hash: "$argon2id$fake".into(),
+            ..UserRecord::test_user(email)
+        }
+    }
+
+    #[tokio::test]
+    async fn a_missing_sqlite_store_is_found_missing_and_not_created() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("data/k.db");
+        let url = format!("sqlite://{}", file.display());
+        let timeout = Duration::from_secs(1);
+        assert!(!Store::exists(&url, timeout).await.unwrap());
+        assert!(!dir.path().join("data").exists(), "nothing created");
+        Store::open(&url, OpenOptions::server(1))
+            .await
+            .unwrap()
+            .close()
+            .await;
+        assert!(Store::exists(&url, timeout).await.unwrap());
+    }
+
+    #[tokio::test]
+    async fn a_bootstrap_admin_is_unused_until_it_logs_in_or_is_changed() {
+        let (_dir, store) = fresh().await;
+        let user = admin("sysadmin@keygate.local");
+        store.insert_user(&user).await.unwrap();
+        assert!(store.uses_of(user.id, 1).await.unwrap().is_empty());
+        assert_eq!(
+            store.uses_of(user.id, 2).await.unwrap(),
+            ["its password or profile was changed"]
+        );
+        let session = SessionRecord::open(user.id, 1, "jti".into());
+        store.insert_session(&session).await.unwrap();
+        assert_eq!(
+            store.uses_of(user.id, 1).await.unwrap(),
+            ["it has logged in"]
+        );
+    }
+
+    #[tokio::test]
+    async fn only_an_imported_admin_who_can_log_in_counts_as_a_successor() {
+        let (_dir, store) = fresh().await;
+        let local = admin("local@example.com");
+        store.insert_user(&local).await.unwrap();
+        assert!(
+            !store.imported_admin_can_log_in().await.unwrap(),
+            "not imported"
+        );
+        let pending = UserRecord {
+            password_hash: String::new(),
+            ..admin("pending@example.com")
+        };
+        let imported = admin("imported@example.com");
+        for user in [&pending, &imported] {
+            store.insert_user(user).await.unwrap();
+        }
+        let remember = async |id: Uuid| {
+            sqlx::query(
+                "INSERT INTO platform_rows (kind, id, fields, imported_time) VALUES ('user', $1, '{}', 1)",
+            )
+            .bind(id.to_string())
+            .execute(&store.pool)
+            .await
+            .unwrap();
+        };
+        remember(pending.id).await;
+        assert!(
+            !store.imported_admin_can_log_in().await.unwrap(),
+            "no password"
+        );
+        remember(imported.id).await;
+        assert!(store.imported_admin_can_log_in().await.unwrap());
+        store.set_user_enabled(imported.id, false, 1).await.unwrap();
+        assert!(
+            !store.imported_admin_can_log_in().await.unwrap(),
+            "disabled"
+        );
+    }
+}
