@@ -3021,3 +3021,61 @@ async fn a_start_refused_for_want_of_the_platforms_key_creates_no_bootstrap_admi
         store.close().await;
     }
 }
+
+/// The tables in `schema`.
+async fn tables_in(base: &str, schema: &str) -> Vec<String> {
+    let mut db = PgConnection::connect(base).await.unwrap();
+    sqlx::query_scalar("SELECT tablename::text FROM pg_catalog.pg_tables WHERE schemaname = $1")
+        .bind(schema)
+        .fetch_all(&mut db)
+        .await
+        .unwrap()
+}
+
+/// On a PostgreSQL store too: the dry run leaves an empty database without
+/// keygate's tables, and the import creates them.
+#[tokio::test]
+#[ignore = "needs PostgreSQL: set KEYGATE_TEST_DATABASE_URL and run with --include-ignored"]
+async fn a_dry_run_before_the_first_import_creates_no_schema_in_a_postgresql_store() {
+    let platform = Platform::start().await;
+    let (store_url, schema) = fresh_schema(&platform.base).await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("keygate.toml");
+    std::fs::write(&config, format!("[store]\nurl = \"{store_url}\"\n")).unwrap();
+    let run = |extra: &[&str]| {
+        let mut args: Vec<String> = [
+            "import",
+            "platform",
+            "--json",
+            "--database-url",
+            &platform.url,
+        ]
+        .iter()
+        .map(|a| (*a).to_owned())
+        .collect();
+        args.extend(extra.iter().map(|a| (*a).to_owned()));
+        keygate(&config, &args)
+    };
+    let dry = run(&["--dry-run"]);
+    assert!(
+        dry.status.success(),
+        "{}",
+        String::from_utf8_lossy(&dry.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&dry.stdout).unwrap();
+    assert_eq!(report["users"]["added"], 5, "{report}");
+    assert!(
+        tables_in(&platform.base, &schema).await.is_empty(),
+        "no schema"
+    );
+    let real = run(&[]);
+    assert!(
+        real.status.success(),
+        "{}",
+        String::from_utf8_lossy(&real.stderr)
+    );
+    let tables = tables_in(&platform.base, &schema).await;
+    assert!(tables.contains(&"users".to_owned()), "{tables:?}");
+    drop_schema(&platform.base, &schema).await;
+    platform.drop().await;
+}

@@ -24,8 +24,6 @@ use crate::import::TokenKind;
 use crate::mail::{MailKind, Mailer, redact};
 use crate::store::{Audit, ResetToken, Store};
 
-/// Longest address a reset request is looked up for.
-
 /// When a reset request is answered, after it arrived, whatever the address:
 /// far above the work before the answer (well under a millisecond), so the
 /// work after an answer (a lookup, or a lookup, a write and a mail) never
