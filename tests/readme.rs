@@ -179,7 +179,6 @@ fn every_alert_in_the_rules_file_is_listed_in_the_deployment_guide() {
         .lines()
         .filter_map(|line| line.strip_prefix("| `Keygate"))
         .filter_map(|rest| rest.split('`').next())
-        .map(|name| &name[..])
         .collect();
     let listed: std::collections::BTreeSet<String> =
         listed.iter().map(|name| format!("Keygate{name}")).collect();
