@@ -3079,3 +3079,70 @@ async fn a_dry_run_before_the_first_import_creates_no_schema_in_a_postgresql_sto
     drop_schema(&platform.base, &schema).await;
     platform.drop().await;
 }
+
+/// Two replicas on one PostgreSQL store, both syncing: the one that does not
+/// apply the round that brings a key forgets having found it unknown too.
+#[tokio::test]
+#[ignore = "needs PostgreSQL: set KEYGATE_TEST_DATABASE_URL and run with --include-ignored"]
+async fn a_platform_key_tried_on_every_replica_before_the_sync_brings_it_works_on_each_from_the_next_round()
+ {
+    let platform = Platform::start().await;
+    let upstream = Upstream::start().await;
+    let (store_url, store_schema) = fresh_schema(&platform.base).await;
+    let config = sync_config(&platform.url, &upstream.url(), "1s")
+        .replace("[cache]\n", "[cache]\nnegative_ttl = \"300s\"\n");
+    let a = Gateway::start_on(&upstream.url(), &config, Some(&store_url)).await;
+    let b = Gateway::start_on(&upstream.url(), &config, Some(&store_url)).await;
+    for gw in [&a, &b] {
+        wait_until("the first sync", SYNCED, async || {
+            bearer(gw, "tenant@platform.test", PLATFORM_PASSWORD)
+                .await
+                .is_some()
+        })
+        .await;
+    }
+    let value = format!("tb_{}", Uuid::new_v4().simple());
+    let status = async |gw: &Gateway, wire: common::Wire| {
+        gw.client_over(wire)
+            .get(gw.https("/api/auth/user"))
+            .header("X-Authorization", api_key_header(&value))
+            .send()
+            .await
+            .unwrap()
+            .status()
+            .as_u16()
+    };
+    for gw in [&a, &b] {
+        for wire in common::WIRES {
+            assert_eq!(
+                status(gw, wire).await,
+                401,
+                "{wire:?}: not on the platform yet"
+            );
+        }
+    }
+    platform
+        .execute(&format!(
+            "INSERT INTO api_key (id, created_time, tenant_id, user_id, value, enabled, expiration_time, description) \
+             VALUES ('{}', 1700000000003, '{}', '{}', '{value}', TRUE, 0, 'added later')",
+            Uuid::new_v4(),
+            platform.tenant,
+            platform.admin
+        ))
+        .await;
+    // Rounds come every second on each replica; 300 s of negative cache
+    // would outlast the wait.
+    for gw in [&a, &b] {
+        wait_until("the key to work", Duration::from_secs(5), async || {
+            status(gw, common::Wire::Http1).await == 200
+        })
+        .await;
+        for wire in common::WIRES {
+            assert_eq!(status(gw, wire).await, 200, "{wire:?}");
+        }
+    }
+    drop(a);
+    drop(b);
+    drop_schema(&platform.base, &store_schema).await;
+    platform.drop().await;
+}

@@ -59,6 +59,8 @@ pub struct Sync {
     /// Whether a bootstrap administrator kept for having been used was told
     /// of (once, not every round).
     told_bootstrap_kept: bool,
+    /// [`Store::last_key_import`] as this replica last read it.
+    keys_imported_at: Option<i64>,
 }
 
 /// What one round did.
@@ -94,6 +96,7 @@ impl Sync {
             max_bcrypt_cost,
             held_back: HashSet::new(),
             told_bootstrap_kept: false,
+            keys_imported_at: None,
         }
     }
 
@@ -126,6 +129,7 @@ impl Sync {
     pub async fn round(&mut self) -> Option<Round> {
         let round = self.import_round().await;
         self.follow_signing_key().await;
+        self.follow_key_imports().await;
         round
     }
 
@@ -163,6 +167,24 @@ impl Sync {
             tracing::warn!(
                 "the platform's signing key changed: platform tokens are signed with the new key from now on"
             );
+        }
+    }
+
+    /// A key the sync imported works on every replica from the next round,
+    /// whatever `cache.negative_ttl`: a replica that did not apply the round
+    /// (or restarted) sees the store's last key import move and forgets the
+    /// key values it found unknown (the one that applied it forgot the
+    /// imported ones already).
+    async fn follow_key_imports(&mut self) {
+        let latest = match self.store.last_key_import().await {
+            Ok(latest) => latest,
+            Err(error) => {
+                tracing::debug!(%error, "reading when keys were last imported failed");
+                return;
+            }
+        };
+        if self.keys_imported_at.replace(latest) != Some(latest) {
+            self.auth.caches().forget_unknown_keys();
         }
     }
 

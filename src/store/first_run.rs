@@ -36,6 +36,17 @@ impl Store {
         Ok(found)
     }
 
+    /// When a key was last imported from the platform (epoch ms, 0: never):
+    /// a replica that sees it move forgets the key values it found unknown.
+    pub(crate) async fn last_key_import(&self) -> Result<i64, StoreError> {
+        let row = sqlx::query(
+            "SELECT COALESCE(MAX(imported_time), 0) FROM platform_rows WHERE kind = 'key'",
+        )
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(row.try_get::<i64, _>(0)?)
+    }
+
     /// Whether an administrator imported from the platform can log in:
     /// enabled, with a password.
     pub(crate) async fn imported_admin_can_log_in(&self) -> Result<bool, StoreError> {

@@ -139,6 +139,12 @@ impl Caches {
         }
     }
 
+    /// Forget every key value found unknown: keys were added to the store
+    /// elsewhere (another replica's platform sync).
+    pub fn forget_unknown_keys(&self) {
+        self.keys.invalidate_if(|_, state| state.is_none());
+    }
+
     /// Forget a user: their keys and tokens are re-checked against the store.
     pub fn invalidate_user(&self, id: Uuid) {
         self.users.invalidate(&id);
