@@ -190,4 +190,22 @@ mod tests {
             "disabled"
         );
     }
+
+    #[tokio::test]
+    async fn the_last_key_import_moves_with_each_imported_key_row() {
+        let (_dir, store) = fresh().await;
+        assert_eq!(store.last_key_import().await.unwrap(), 0, "never");
+        for (kind, time) in [("key", 5_i64), ("user", 9), ("key", 7)] {
+            sqlx::query(
+                "INSERT INTO platform_rows (kind, id, fields, imported_time) VALUES ($1, $2, '{}', $3)",
+            )
+            .bind(kind)
+            .bind(Uuid::new_v4().to_string())
+            .bind(time)
+            .execute(&store.pool)
+            .await
+            .unwrap();
+        }
+        assert_eq!(store.last_key_import().await.unwrap(), 7, "keys only");
+    }
 }
