@@ -2844,6 +2844,9 @@ async fn an_unused_bootstrap_admin_gives_way_to_the_platforms_admin_and_its_remo
     let bootstrap = "sysadmin@keygate.local";
     let admin = gw.running.store.user_by_email(bootstrap).await.unwrap();
     let admin = admin.expect("the server created its bootstrap administrator");
+    // Where a first start with the JSON log wrote its generated password.
+    let password_file = gw.dir.path().join("bootstrap-admin-password");
+    std::fs::write(&password_file, "generated\n").unwrap();
 
     let dry = import_json(&gw, &platform, &["--dry-run"]).await;
     assert_eq!(dry["bootstrapAdmin"]["state"], "removed", "{dry}");
@@ -2861,9 +2864,11 @@ async fn an_unused_bootstrap_admin_gives_way_to_the_platforms_admin_and_its_remo
             .unwrap()
             .is_some()
     );
+    assert!(password_file.exists(), "a dry run removes nothing");
 
     let report = import_json(&gw, &platform, &[]).await;
     assert_eq!(report["bootstrapAdmin"]["state"], "removed", "{report}");
+    assert!(!password_file.exists(), "its password file goes with it");
     assert!(
         gw.running
             .store
