@@ -307,8 +307,9 @@ pub async fn start(mut settings: Settings, options: StartOptions) -> Result<Runn
     listener::descriptors::fit(&mut settings);
 
     let store = Store::connect(&settings.store_url, settings.store_max_connections).await?;
-    let generated_password = bootstrap(&store, options, &settings).await?;
-    let secret = signing_key(&settings, &store).await?;
+    // A start refused for want of the platform's key creates no bootstrap
+    // administrator: `keygate import platform`, which brings the key, brings
+    // the platform's administrators too.
     platform_signing(&mut settings, &store).await?;
     if settings
         .platform
@@ -318,6 +319,8 @@ pub async fn start(mut settings: Settings, options: StartOptions) -> Result<Runn
     {
         return Err(StartError::SyncWithoutUpstream);
     }
+    let generated_password = bootstrap(&store, options, &settings).await?;
+    let secret = signing_key(&settings, &store).await?;
     // keygate's key may come from the store, which validation never sees.
     if settings.platform.signing_key.as_deref() == Some(secret.as_slice()) {
         return Err(StartError::PlatformKeyIsOwn);

@@ -22,6 +22,19 @@ impl KeyDigest {
         KeyDigest(out)
     }
 
+    /// The digest of [`KeyDigest::to_hex`]'s text; `None` for other text.
+    pub fn from_hex(text: &str) -> Option<KeyDigest> {
+        if text.len() != 64 || !text.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return None;
+        }
+        let mut out = [0u8; 32];
+        for (byte, pair) in out.iter_mut().zip(text.as_bytes().chunks(2)) {
+            let pair = std::str::from_utf8(pair).ok()?;
+            *byte = u8::from_str_radix(pair, 16).ok()?;
+        }
+        Some(KeyDigest(out))
+    }
+
     /// Lower-case hex, as stored.
     pub fn to_hex(self) -> String {
         use std::fmt::Write;
@@ -87,5 +100,14 @@ mod tests {
             "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
         );
         assert!(!format!("{:?}", KeyDigest::of("abc")).contains("b00361a3"));
+    }
+
+    #[test]
+    fn a_stored_digest_reads_back_as_the_digest_it_was() {
+        let digest = KeyDigest::of("tb_value");
+        assert_eq!(KeyDigest::from_hex(&digest.to_hex()), Some(digest));
+        assert_eq!(KeyDigest::from_hex("abc"), None);
+        let signed = format!("+{}", &digest.to_hex()[1..]);
+        assert_eq!(KeyDigest::from_hex(&signed), None);
     }
 }

@@ -318,7 +318,7 @@ pub async fn run(
 }
 
 /// How long a management command waits for PostgreSQL.
-const CLI_CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3);
+pub(super) const CLI_CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3);
 
 /// Opens the configured store, never creating one: a command run from the
 /// wrong directory or with the wrong config must not work on a new, empty
@@ -332,8 +332,9 @@ pub(super) async fn open_store(settings: &Settings) -> anyhow::Result<Store> {
     match Store::open(&settings.store_url, options).await {
         Ok(store) => Ok(store),
         Err(StoreError::Missing(file)) => anyhow::bail!(
-            "no store at {file}: store.url is {}, from {}; management commands never create \
-             a store: start `keygate serve` once, or give the right --config or KEYGATE_STORE_URL",
+            "no store at {file}: store.url is {}, from {}; commands that only change a store never \
+             create one: `keygate import platform` or the first `keygate serve` does; or give the \
+             right --config or KEYGATE_STORE_URL",
             keygate::config::redacted_url(&settings.store_url),
             config_origin()
         ),

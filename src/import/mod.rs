@@ -128,7 +128,7 @@ pub struct Skipped {
     /// The user's e-mail, or the key's description.
     pub name: String,
     /// A short code of the reason ([`plan::code`]), the `reason` label of
-    /// `keygate_platform_import_skipped_total`.
+    /// `keygate_platform_sync_skipped_total`.
     pub code: &'static str,
     pub reason: String,
 }
@@ -140,6 +140,18 @@ pub struct Signing {
     /// `imported`, `unchanged`, `absent` or `invalid`.
     pub state: &'static str,
     pub issuer: Option<String>,
+    pub reason: Option<String>,
+}
+
+/// The bootstrap administrator `keygate serve` creates in an empty store,
+/// once the platform's own administrator is imported and can log in.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BootstrapAdmin {
+    pub email: String,
+    /// `removed` (in a dry run: would be), or `kept`: it has been used.
+    pub state: &'static str,
+    /// Why it is kept.
     pub reason: Option<String>,
 }
 
@@ -159,10 +171,19 @@ pub struct Report {
     /// The customers marked public on the platform: their ids open
     /// `POST /api/auth/login/public`. The stored set is replaced by them.
     pub public_customers: u64,
+    /// What became of the bootstrap administrator, when the store has one and
+    /// the import brings the platform's administrator.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bootstrap_admin: Option<BootstrapAdmin>,
     /// What the writes published, for a running server to apply to its own
     /// caches and open sockets ([`crate::auth::Authenticator::revoke`]).
     #[serde(skip)]
     pub revocations: Vec<Revocation>,
+    /// The keys whose value the writes brought in (added, or a new value):
+    /// a running server forgets having found them unknown
+    /// ([`crate::auth::cache::Caches::forget_keys`]).
+    #[serde(skip)]
+    pub new_key_values: Vec<KeyDigest>,
 }
 
 impl Report {
@@ -219,6 +240,20 @@ impl Report {
             "public customers: {} {verb}stored",
             self.public_customers
         );
+        if let Some(admin) = &self.bootstrap_admin {
+            let _ = match admin.reason.as_deref() {
+                None => writeln!(
+                    out,
+                    "bootstrap administrator {}: {verb}removed, the platform's administrator takes over",
+                    admin.email
+                ),
+                Some(reason) => writeln!(
+                    out,
+                    "bootstrap administrator {}: kept: {reason}",
+                    admin.email
+                ),
+            };
+        }
         let issuer = self.signing.issuer.as_deref().unwrap_or("");
         let _ = match self.signing.state {
             "imported" => writeln!(out, "signing settings: {verb}imported (issuer {issuer})"),
@@ -317,6 +352,7 @@ pub(crate) async fn import(
         run.two_factors_gone().await?;
     }
     run.deleted(options.prune).await?;
+    run.bootstrap_admin().await?;
     let public = source.public_customers().await?;
     run.public_customers(public).await?;
     Ok(run.report)
@@ -543,6 +579,9 @@ struct Run {
     max_bcrypt_cost: u32,
     /// Addresses several platform users fold to ([`email_collisions`]).
     collisions: HashMap<String, Vec<String>>,
+    /// Whether this run adds (in a dry run: would add) a platform
+    /// administrator who can log in.
+    admin_added: bool,
 }
 
 const SECOND_FACTOR: &str = "second factor";
@@ -570,7 +609,9 @@ impl Run {
                 deleted_keys: Vec::new(),
                 signing,
                 public_customers: 0,
+                bootstrap_admin: None,
                 revocations: Vec::new(),
+                new_key_values: Vec::new(),
             },
             seen_users: HashSet::new(),
             added_users: HashMap::new(),
@@ -578,6 +619,14 @@ impl Run {
             seen_two_factors: HashSet::new(),
             max_bcrypt_cost: options.max_bcrypt_cost,
             collisions: HashMap::new(),
+            admin_added: false,
+        }
+    }
+
+    /// Keeps the digest (hex, as stored) of a key value a write brought in.
+    fn new_key_value(&mut self, digest: Option<&str>) {
+        if let Some(digest) = digest.and_then(KeyDigest::from_hex) {
+            self.report.new_key_values.push(digest);
         }
     }
 
@@ -723,6 +772,9 @@ impl Run {
                 }
                 Plan::Add(user) => {
                     holders.insert(user.email.clone(), id);
+                    self.admin_added |= user.authority == crate::identity::Authority::SysAdmin
+                        && user.enabled
+                        && !user.password_hash.is_empty();
                     adds.push(user);
                 }
                 Plan::Update(user, update) if update.profile && taken.is_some() => {
@@ -875,6 +927,7 @@ impl Run {
                             .update_imported_key(&key, &update, self.now_ms)
                             .await?;
                         self.published(change);
+                        self.new_key_value(update.digest.as_deref());
                     }
                     self.report.keys.updated += 1;
                 }
@@ -906,6 +959,9 @@ impl Run {
             .is_ok()
         {
             self.report.keys.added += adds.len() as u64;
+            for key in &adds {
+                self.new_key_value(Some(&key.digest));
+            }
             return Ok(());
         }
         for key in adds {
@@ -914,7 +970,10 @@ impl Run {
                 .add_imported_keys(std::slice::from_ref(&key), self.now_ms)
                 .await
             {
-                Ok(()) => self.report.keys.added += 1,
+                Ok(()) => {
+                    self.report.keys.added += 1;
+                    self.new_key_value(Some(&key.digest));
+                }
                 Err(error) => {
                     self.skip(
                         "API key",
@@ -1129,6 +1188,58 @@ impl Run {
                 .replace_public_customers(&customers, self.now_ms)
                 .await?;
         }
+        Ok(())
+    }
+
+    /// Removes the bootstrap administrator once an administrator imported
+    /// from the platform can log in, unless it has been used (then it is
+    /// kept, and the report says so and why). A removal is audited
+    /// (`user.bootstrap_remove`).
+    async fn bootstrap_admin(&mut self) -> Result<(), ImportError> {
+        let email = crate::accounts::BOOTSTRAP_EMAIL;
+        let Some(admin) = self.store.user_by_email(email).await? else {
+            return Ok(());
+        };
+        if admin.authority != crate::identity::Authority::SysAdmin
+            || self.seen_users.contains(&admin.id)
+        {
+            return Ok(());
+        }
+        let imported: HashMap<Uuid, PlatformUser> =
+            self.store.imported_rows(RowKind::User, &[admin.id]).await?;
+        if !imported.is_empty() {
+            return Ok(());
+        }
+        let successor =
+            (self.dry_run && self.admin_added) || self.store.imported_admin_can_log_in().await?;
+        if !successor {
+            return Ok(());
+        }
+        let uses = self.store.uses_of(admin.id, admin.version).await?;
+        if !uses.is_empty() {
+            self.report.bootstrap_admin = Some(BootstrapAdmin {
+                email: admin.email,
+                state: "kept",
+                reason: Some(format!(
+                    "it has been used ({}); delete it with `keygate user delete {email}` once it is not needed",
+                    uses.join(", ")
+                )),
+            });
+            return Ok(());
+        }
+        if !self.dry_run {
+            let change = self
+                .store
+                .audited(self.origin.audit("user.bootstrap_remove"))
+                .delete_user(admin.id)
+                .await?;
+            self.published(change);
+        }
+        self.report.bootstrap_admin = Some(BootstrapAdmin {
+            email: admin.email,
+            state: "removed",
+            reason: None,
+        });
         Ok(())
     }
 

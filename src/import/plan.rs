@@ -49,7 +49,7 @@ fn uuid_or_null(text: &Option<String>) -> Result<Uuid, String> {
 }
 
 /// Why a row is not imported: a short code (the `reason` label of
-/// `keygate_platform_import_skipped_total`) and the words of the report.
+/// `keygate_platform_sync_skipped_total`) and the words of the report.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Refused {
     pub code: &'static str,

@@ -56,6 +56,11 @@ pub struct Sync {
     /// The rows the last applied round held back (kind, id, reason): a row
     /// still held back is logged, audited and counted once, not every round.
     held_back: HashSet<(&'static str, String, String)>,
+    /// Whether a bootstrap administrator kept for having been used was told
+    /// of (once, not every round).
+    told_bootstrap_kept: bool,
+    /// [`Store::last_key_import`] as this replica last read it.
+    keys_imported_at: Option<i64>,
 }
 
 /// What one round did.
@@ -90,6 +95,8 @@ impl Sync {
             follow_key: None,
             max_bcrypt_cost,
             held_back: HashSet::new(),
+            told_bootstrap_kept: false,
+            keys_imported_at: None,
         }
     }
 
@@ -122,6 +129,7 @@ impl Sync {
     pub async fn round(&mut self) -> Option<Round> {
         let round = self.import_round().await;
         self.follow_signing_key().await;
+        self.follow_key_imports().await;
         round
     }
 
@@ -159,6 +167,24 @@ impl Sync {
             tracing::warn!(
                 "the platform's signing key changed: platform tokens are signed with the new key from now on"
             );
+        }
+    }
+
+    /// A key the sync imported works on every replica from the next round,
+    /// whatever `cache.negative_ttl`: a replica that did not apply the round
+    /// (or restarted) sees the store's last key import move and forgets the
+    /// key values it found unknown (the one that applied it forgot the
+    /// imported ones already).
+    async fn follow_key_imports(&mut self) {
+        let latest = match self.store.last_key_import().await {
+            Ok(latest) => latest,
+            Err(error) => {
+                tracing::debug!(%error, "reading when keys were last imported failed");
+                return;
+            }
+        };
+        if self.keys_imported_at.replace(latest) != Some(latest) {
+            self.auth.caches().forget_unknown_keys();
         }
     }
 
@@ -224,8 +250,11 @@ impl Sync {
         for revocation in &report.revocations {
             self.auth.revoke(Some(*revocation)).await;
         }
+        // A key tried before this round brought it in was cached as unknown.
+        self.auth.caches().forget_keys(&report.new_key_values);
         self.count(&report);
         self.held_back(&report).await;
+        self.bootstrap_admin(&report);
         self.applied = Some(fingerprint);
         Ok(Round::Applied(Box::new(report)))
     }
@@ -254,6 +283,29 @@ impl Sync {
                 keys_removed = report.keys.removed,
                 "applied the platform's changes"
             );
+        }
+    }
+
+    /// Says what became of the bootstrap administrator: removed (audited
+    /// by the import), or kept for having been used (told once).
+    fn bootstrap_admin(&mut self, report: &Report) {
+        let Some(admin) = &report.bootstrap_admin else {
+            return;
+        };
+        match admin.reason.as_deref() {
+            None => tracing::warn!(
+                email = %admin.email,
+                "removed the bootstrap administrator: an administrator imported from the platform can log in"
+            ),
+            Some(reason) if !self.told_bootstrap_kept => {
+                tracing::warn!(
+                    email = %admin.email,
+                    reason,
+                    "kept the bootstrap administrator beside the platform's administrator"
+                );
+                self.told_bootstrap_kept = true;
+            }
+            Some(_) => {}
         }
     }
 

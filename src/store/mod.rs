@@ -26,6 +26,7 @@
 
 mod activation;
 mod audit;
+mod first_run;
 mod keys;
 mod logins;
 mod migrate;

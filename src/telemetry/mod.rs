@@ -255,7 +255,7 @@ struct Operations {
     sync_last_success: IntGauge,
     sync_rows: IntCounterVec,
     sync_errors: prometheus::IntCounter,
-    import_skipped: IntCounterVec,
+    sync_skipped: IntCounterVec,
 }
 
 impl Operations {
@@ -336,8 +336,8 @@ impl Operations {
             "keygate_platform_sync_errors_total",
             "Syncs with the platform's database that failed (unreachable, not the platform's, or a store error).",
         );
-        let import_skipped = r.counter(
-            "keygate_platform_import_skipped_total",
+        let sync_skipped = r.counter(
+            "keygate_platform_sync_skipped_total",
             "Platform rows the sync held back, counted once when first held back, by reason (invalid_row, invalid_email, too_long, bcrypt_cost, email_collision, email_taken, foreign_customer, other).",
             &["reason"],
         );
@@ -357,7 +357,7 @@ impl Operations {
             sync_last_success,
             sync_rows,
             sync_errors,
-            import_skipped,
+            sync_skipped,
         };
         operations.zero_known_outcomes();
         operations
@@ -379,7 +379,7 @@ impl Operations {
             self.sync_rows.with_label_values(&[kind]);
         }
         for reason in crate::import::plan::code::ALL {
-            self.import_skipped.with_label_values(&[reason]);
+            self.sync_skipped.with_label_values(&[reason]);
         }
         for what in RELOADED {
             for outcome in OUTCOMES {
@@ -682,7 +682,7 @@ impl Metrics {
     /// A platform row the sync holds back, by [`crate::import::plan::code`].
     pub(crate) fn platform_row_skipped(&self, reason: &str) {
         self.operations
-            .import_skipped
+            .sync_skipped
             .with_label_values(&[reason])
             .inc();
     }
@@ -893,10 +893,17 @@ mod tests {
             let series = format!("keygate_platform_sync_rows_applied_total{{kind=\"{kind}\"}} 0");
             assert!(text.contains(&series), "{series}");
         }
+        for reason in crate::import::plan::code::ALL {
+            let series = format!("keygate_platform_sync_skipped_total{{reason=\"{reason}\"}} 0");
+            assert!(text.contains(&series), "{series}");
+        }
+        assert!(!text.contains("keygate_platform_import_skipped_total"));
         m.sync_failed();
         m.sync_applied("users_added", 3);
         m.sync_succeeded(1_700_000_000);
+        m.platform_row_skipped("email_collision");
         let text = m.render();
+        assert!(text.contains("keygate_platform_sync_skipped_total{reason=\"email_collision\"} 1"));
         assert!(text.contains("keygate_platform_sync_errors_total 1"));
         assert!(text.contains("keygate_platform_sync_rows_applied_total{kind=\"users_added\"} 3"));
         assert!(text.contains("keygate_platform_sync_last_success_timestamp_seconds 1700000000"));

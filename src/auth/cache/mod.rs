@@ -130,6 +130,21 @@ impl Caches {
         self.passports.forget_credential(id);
     }
 
+    /// Forget what is cached of these key values, the finding that no key
+    /// has them included: a key the platform sync just brought in works at
+    /// once, not after `cache.negative_ttl`.
+    pub fn forget_keys(&self, digests: &[KeyDigest]) {
+        for digest in digests {
+            self.keys.invalidate(digest);
+        }
+    }
+
+    /// Forget every key value found unknown: keys were added to the store
+    /// elsewhere (another replica's platform sync).
+    pub fn forget_unknown_keys(&self) {
+        self.keys.invalidate_if(|_, state| state.is_none());
+    }
+
     /// Forget a user: their keys and tokens are re-checked against the store.
     pub fn invalidate_user(&self, id: Uuid) {
         self.users.invalidate(&id);
