@@ -712,6 +712,15 @@ async fn the_quick_start_in_front_of_the_platform_works_as_documented_step_by_st
     let config = dir.path().join("keygate.toml");
     std::fs::write(&config, documented_config(&data, &double.url())).unwrap();
 
+    // The config alone (no store yet: `--connect` waits for the import).
+    let checked = keygate(&config, &platform.url, &["check-config"]);
+    assert!(
+        checked.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&checked.stdout),
+        String::from_utf8_lossy(&checked.stderr)
+    );
+
     // 2. The dry run: a report, nothing written.
     let dry = keygate(
         &config,
@@ -741,6 +750,12 @@ async fn the_quick_start_in_front_of_the_platform_works_as_documented_step_by_st
     assert_eq!(imported["twoFactors"], report["twoFactors"], "{imported}");
     assert!(data.join("keygate.db").is_file());
 
+    // What keygate reads from the platform's database, reached.
+    let checked = keygate(&config, &platform.url, &["check-config", "--connect"]);
+    let said = String::from_utf8_lossy(&checked.stdout).into_owned()
+        + &String::from_utf8_lossy(&checked.stderr);
+    assert!(checked.status.success(), "{said}");
+
     // 4. Serve with the sync on; ready once /readyz says so.
     let server = serve(&config, &platform.url);
     let readyz = format!("http://127.0.0.1:{}/readyz", server.admin);
@@ -752,6 +767,27 @@ async fn the_quick_start_in_front_of_the_platform_works_as_documented_step_by_st
     .await;
     let log = std::fs::read_to_string(&server.log).unwrap();
     assert!(!log.contains("created the first administrator"), "{log}");
+    // The imported rows serve at once; the sync's first round follows.
+    let metrics_url = format!("http://127.0.0.1:{}/metrics", server.admin);
+    let metrics = async || {
+        reqwest::get(&metrics_url)
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    };
+    reaches_keygate("the sync's first round", async || {
+        !metrics()
+            .await
+            .contains("keygate_platform_sync_last_success_timestamp_seconds 0\n")
+    })
+    .await;
+    let text = metrics().await;
+    assert!(
+        text.contains("keygate_platform_sync_errors_total 0\n"),
+        "{text}"
+    );
     let ca_pem = std::fs::read(data.join("dev-ca.pem")).expect("the development CA");
     let front = Front {
         https: server.https,
