@@ -66,34 +66,7 @@ impl Refused {
 }
 
 /// The codes of [`Refused`], and of the other rows an import holds back.
-pub mod code {
-    /// Not a user keygate can hold (no id, authority, tenant, credentials).
-    pub const INVALID_ROW: &str = "invalid_row";
-    /// The e-mail address fails the rule of the REST user endpoint.
-    pub const INVALID_EMAIL: &str = "invalid_email";
-    /// A field longer than the platform's own column allows.
-    pub const TOO_LONG: &str = "too_long";
-    /// A bcrypt hash of a cost above `login.max_bcrypt_cost`.
-    pub const BCRYPT_COST: &str = "bcrypt_cost";
-    /// Two or more platform rows fold to one e-mail address.
-    pub const EMAIL_COLLISION: &str = "email_collision";
-    /// The address is another keygate user's.
-    pub const EMAIL_TAKEN: &str = "email_taken";
-    /// A customer user whose customer is not in its tenant.
-    pub const FOREIGN_CUSTOMER: &str = "foreign_customer";
-    /// Anything else (a store refusal, a row deleted in keygate, a key).
-    pub const OTHER: &str = "other";
-    pub const ALL: [&str; 8] = [
-        INVALID_ROW,
-        INVALID_EMAIL,
-        TOO_LONG,
-        BCRYPT_COST,
-        EMAIL_COLLISION,
-        EMAIL_TAKEN,
-        FOREIGN_CUSTOMER,
-        OTHER,
-    ];
-}
+pub use crate::telemetry::skip_reason as code;
 
 /// The platform's `tb_user` text columns are `varchar(255)`: a longer value
 /// cannot come from the platform itself.
