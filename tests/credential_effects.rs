@@ -13,7 +13,6 @@ use common::{Gateway, PASSWORD, Upstream, WIRES, api_key_header, counter, error_
 use keygate::identity::Authority;
 use keygate::store::UserRecord;
 use serde_json::{Value, json};
-use tokio::net::TcpStream;
 use uuid::Uuid;
 
 const OUT_OF_SCOPE: &str = "This API key's scopes do not allow this request";
@@ -436,7 +435,7 @@ async fn a_pre_verification_token_is_told_its_second_factor_is_pending() {
 async fn a_pre_verification_token_on_a_websocket_is_told_its_second_factor_is_pending() {
     use futures_util::StreamExt;
     use tokio_tungstenite::tungstenite::Message;
-    let gw = Gateway::start(&reference().await, "").await;
+    let gw = Gateway::start(&common::reference_upstream().await, "").await;
     let user = gw
         .user("socket-factor@example.com", Authority::TenantAdmin)
         .await;
@@ -444,7 +443,7 @@ async fn a_pre_verification_token_on_a_websocket_is_told_its_second_factor_is_pe
     configure_totp(&gw.client(), &gw, &format!("Bearer {session}")).await;
     let pre = pre_verification_token(&gw, "socket-factor@example.com").await;
 
-    let mut socket = open_socket(&gw, &format!("/api/ws?token={pre}")).await;
+    let mut socket = common::open_socket(&gw, &format!("/api/ws?token={pre}")).await;
     let closed = tokio::time::timeout(Duration::from_secs(30), async {
         loop {
             match socket.next().await {
@@ -459,38 +458,6 @@ async fn a_pre_verification_token_on_a_websocket_is_told_its_second_factor_is_pe
     .await
     .expect("a close in time");
     assert_eq!(closed, (1007, PENDING.to_string()));
-}
-
-/// The reference entity service on a free port; its URL.
-async fn reference() -> String {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(keygate::dev::serve_reference_upstream_counted(
-        listener,
-        std::future::pending(),
-        Default::default(),
-    ));
-    format!("http://{addr}")
-}
-
-type Socket = tokio_tungstenite::WebSocketStream<tokio_rustls::client::TlsStream<TcpStream>>;
-
-async fn open_socket(gw: &Gateway, path: &str) -> Socket {
-    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
-    let port = gw.running.https.unwrap().port();
-    let request = format!("wss://localhost:{port}{path}")
-        .into_client_request()
-        .unwrap();
-    let tcp = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
-    let server_name = rustls_pki_types::ServerName::try_from("localhost").unwrap();
-    let tls = common::tls_connector(&gw.ca_pem)
-        .connect(server_name, tcp)
-        .await
-        .unwrap();
-    tokio_tungstenite::client_async(request, tls)
-        .await
-        .unwrap()
-        .0
 }
 
 /// The activation token of a link.

@@ -440,44 +440,12 @@ async fn every_malformed_scope_is_a_400_naming_its_field_and_creates_nothing() {
     assert_eq!(keys.len(), 1, "only the administrator's own key exists");
 }
 
-/// The reference entity service on a free port; its URL.
-async fn reference() -> String {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(keygate::dev::serve_reference_upstream_counted(
-        listener,
-        std::future::pending(),
-        Default::default(),
-    ));
-    format!("http://{addr}")
-}
-
-type Socket = tokio_tungstenite::WebSocketStream<tokio_rustls::client::TlsStream<TcpStream>>;
-
-async fn open_socket(gw: &Gateway, path: &str) -> Socket {
-    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
-    let port = gw.running.https.unwrap().port();
-    let request = format!("wss://localhost:{port}{path}")
-        .into_client_request()
-        .unwrap();
-    let tcp = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
-    let server_name = rustls_pki_types::ServerName::try_from("localhost").unwrap();
-    let tls = common::tls_connector(&gw.ca_pem)
-        .connect(server_name, tcp)
-        .await
-        .unwrap();
-    tokio_tungstenite::client_async(request, tls)
-        .await
-        .unwrap()
-        .0
-}
-
 /// Authenticates a socket on `/api/ws` with `key` in the first frame, then
 /// sends `hello`: the reference service's answer, or the close frame.
 async fn keyed_socket(gw: &Gateway, key: &str) -> Result<Value, (u16, String)> {
     use futures_util::{SinkExt, StreamExt};
     use tokio_tungstenite::tungstenite::Message;
-    let mut socket = open_socket(gw, "/api/ws").await;
+    let mut socket = common::open_socket(gw, "/api/ws").await;
     let auth = json!({"authCmd": {"cmdId": 0, "apiKey": key}}).to_string();
     socket.send(Message::text(auth)).await.unwrap();
     let _ = socket.send(Message::text("hello")).await;
@@ -502,7 +470,7 @@ async fn keyed_socket(gw: &Gateway, key: &str) -> Result<Value, (u16, String)> {
 
 #[tokio::test]
 async fn a_scoped_key_opens_a_websocket_only_with_a_get_grant_of_its_path() {
-    let gw = Gateway::start(&reference().await, "").await;
+    let gw = Gateway::start(&common::reference_upstream().await, "").await;
     let (user, admin_key) = admin(&gw, "scoped-socket@example.com").await;
     let socket_grant = json!([{"path": "/api/ws", "methods": ["GET"]}]);
     let (allowed, _) = scoped_key(&gw, &admin_key, &user, socket_grant).await;

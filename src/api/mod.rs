@@ -776,6 +776,52 @@ pub(crate) fn see_other(link: &str) -> Result<Response<Body>, ApiError> {
     Ok(response)
 }
 
+/// A link keygate mails (an invitation, a reset), as its check answers it
+/// ([`MailedLink::answer`]).
+pub(crate) struct MailedLink {
+    /// The page a valid token is sent on to, with the token's parameter:
+    /// `/login/createPassword?activateToken=`.
+    pub page: &'static str,
+    /// The page an expired token is sent to.
+    pub expired_page: &'static str,
+    /// The 409's message for an unknown or used token.
+    pub unknown: &'static str,
+    /// The security log line of an unknown token.
+    pub logged: &'static str,
+}
+
+impl MailedLink {
+    /// The answer of the link's check, as the platform's `checkActivateToken`
+    /// and `checkResetToken` give it: a valid token is sent on to the page,
+    /// an expired one to the expired-link page (303s, on
+    /// [`EndpointRequest::link`]); an unknown one is a 409, and keeps the
+    /// address's failed attempt. Nothing is used up or replaced.
+    pub(crate) async fn answer(
+        &self,
+        api: &Endpoints,
+        req: &EndpointRequest,
+        attempt: crate::auth::limiter::Attempt,
+        found: crate::store::MailedToken,
+        token: &str,
+    ) -> Result<Response<Body>, ApiError> {
+        use crate::store::MailedToken;
+        let page = match found {
+            MailedToken::Unknown => {
+                tracing::info!(target: "keygate::security", client = %req.client_ip, "{}", self.logged);
+                return Err(ApiError::with_message(
+                    StatusCode::CONFLICT,
+                    crate::error::code::BAD_REQUEST_PARAMS,
+                    self.unknown,
+                ));
+            }
+            MailedToken::Expired => self.expired_page.to_owned(),
+            MailedToken::Valid(_) => format!("{}{}", self.page, encode_component(token)),
+        };
+        api.limiter.succeeded(attempt).await;
+        see_other(&req.link(&page))
+    }
+}
+
 /// `text` with every byte but RFC 3986's unreserved ones percent-encoded:
 /// a token echoed into a query parameter of a link stays that parameter.
 pub(crate) fn encode_component(text: &str) -> String {

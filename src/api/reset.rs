@@ -16,10 +16,10 @@ use utoipa::ToSchema;
 use super::access::{param, query_pairs};
 use super::session::HashFor;
 use super::wire::BodyErrors;
-use super::{EndpointRequest, Endpoints, empty_response, encode_component, see_other};
+use super::{EndpointRequest, Endpoints, MailedLink, empty_response, encode_component};
 use crate::auth::api_key::{self, KeyDigest};
 use crate::body::Body;
-use crate::error::{ApiError, code};
+use crate::error::ApiError;
 use crate::import::TokenKind;
 use crate::mail::{MailKind, Mailer, redact};
 use crate::store::{Audit, ResetToken, Store};
@@ -231,28 +231,17 @@ pub async fn check_token(
         .await
         .map_err(|limited| api.rate_limited(limited, None, &req))?;
     let digest = KeyDigest::of(&token).to_hex();
-    match known_reset_token(api, &token, &digest).await? {
-        ResetToken::Unknown => {
-            tracing::info!(target: "keygate::security", client = %req.client_ip, "reset link with an unknown token");
-            Err(ApiError::with_message(
-                http::StatusCode::CONFLICT,
-                code::BAD_REQUEST_PARAMS,
-                "Password reset token is invalid or was used",
-            ))
-        }
-        ResetToken::Expired => {
-            api.limiter.succeeded(attempt).await;
-            see_other(&req.link("/passwordResetLinkExpired"))
-        }
-        ResetToken::Valid(_) => {
-            api.limiter.succeeded(attempt).await;
-            see_other(&req.link(&format!(
-                "/login/resetPassword?resetToken={}",
-                encode_component(&token)
-            )))
-        }
-    }
+    let found = known_reset_token(api, &token, &digest).await?;
+    RESET_LINK.answer(api, &req, attempt, found, &token).await
 }
+
+/// The reset mail's link, answered as the platform's `checkResetToken`.
+const RESET_LINK: MailedLink = MailedLink {
+    page: "/login/resetPassword?resetToken=",
+    expired_page: "/passwordResetLinkExpired",
+    unknown: "Password reset token is invalid or was used",
+    logged: "reset link with an unknown token",
+};
 
 /// `POST /api/noauth/resetPassword`: sets the new password with the token
 /// from the mail, once. Every earlier session of the user ends; API keys stay.

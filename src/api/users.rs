@@ -11,9 +11,7 @@ use super::access::{
 use super::records::{EntityId, PageDataUser, PageDataUserInfo, User, UserInfo};
 use super::session::HashFor;
 use super::wire::{ActivateUserRequest, BodyErrors, JwtPair, ListErrors, ManageErrors};
-use super::{
-    EndpointRequest, Endpoints, empty_response, encode_component, json_response, see_other,
-};
+use super::{EndpointRequest, Endpoints, MailedLink, empty_response, json_response};
 use crate::accounts::{self, NewProfile, NewUser};
 use crate::auth::api_key::KeyDigest;
 use crate::body::Body;
@@ -667,28 +665,18 @@ pub async fn check_activate_token(
             }
         };
     }
-    match state {
-        ActivationToken::Unknown => {
-            tracing::info!(target: "keygate::security", client = %req.client_ip, "activation link with an unknown token");
-            Err(ApiError::with_message(
-                http::StatusCode::CONFLICT,
-                crate::error::code::BAD_REQUEST_PARAMS,
-                "Activation token is invalid or was used",
-            ))
-        }
-        ActivationToken::Expired => {
-            api.limiter.succeeded(attempt).await;
-            see_other(&req.link("/activationLinkExpired"))
-        }
-        ActivationToken::Valid(_) => {
-            api.limiter.succeeded(attempt).await;
-            see_other(&req.link(&format!(
-                "/login/createPassword?activateToken={}",
-                encode_component(&token)
-            )))
-        }
-    }
+    INVITATION_LINK
+        .answer(api, &req, attempt, state, &token)
+        .await
 }
+
+/// The invitation's link, answered as the platform's `checkActivateToken`.
+const INVITATION_LINK: MailedLink = MailedLink {
+    page: "/login/createPassword?activateToken=",
+    expired_page: "/activationLinkExpired",
+    unknown: "Activation token is invalid or was used",
+    logged: "activation link with an unknown token",
+};
 
 /// `POST /api/noauth/activate`: sets the first password and logs the user in.
 #[utoipa::path(

@@ -16,15 +16,7 @@ pub const ACTIVATION_TTL_MS: i64 = 24 * 3600 * 1000;
 pub const ACTIVATION_RENEW_MS: i64 = 15 * 60 * 1000;
 
 /// An activation token as the store holds it ([`Store::activation_token`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ActivationToken {
-    /// No such token: never issued, used, or pruned.
-    Unknown,
-    /// Issued, but past its lifetime.
-    Expired,
-    /// Valid, for this user.
-    Valid(Uuid),
-}
+pub type ActivationToken = super::reset::MailedToken;
 
 impl Store {
     /// Stores a new activation token digest for a user. The user's other

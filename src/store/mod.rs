@@ -51,7 +51,7 @@ pub use platform::{
 };
 pub use prune::PruneKind;
 pub use public_customers::PublicCustomer;
-pub use reset::ResetToken;
+pub use reset::{MailedToken, ResetToken};
 pub use revocation::{Published, REVOCATION_CHANNEL, Revocation};
 pub use sessions::SessionRecord;
 pub use signing_keys::SigningKeyRecord;

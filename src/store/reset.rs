@@ -9,16 +9,21 @@ use super::logins::set_password_ending_sessions;
 use super::revocation::Change;
 use super::{Published, Revocation, Store, StoreError};
 
-/// What a reset token's lookup found.
+/// What the lookup of a token mailed in a link found: a reset token, or an
+/// activation token ([`super::ActivationToken`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ResetToken {
-    /// No such token (never issued, used, or replaced by a newer one).
+pub enum MailedToken {
+    /// No such token: never issued, used, replaced by a newer one (a reset
+    /// token), or pruned.
     Unknown,
     /// Issued, but past its lifetime.
     Expired,
     /// Valid, for this user.
     Valid(Uuid),
 }
+
+/// What a reset token's lookup found.
+pub type ResetToken = MailedToken;
 
 impl Store {
     /// Stores a new reset token digest for a user, replacing the user's older

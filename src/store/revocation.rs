@@ -84,6 +84,17 @@ impl<T> Change<T> {
 }
 
 impl Change<bool> {
+    /// A change to `user_id` that happened or not (`changed`): when it did,
+    /// it revokes what the user holds and is audited as theirs.
+    pub fn of_user(tx: Tx, user_id: Uuid, changed: bool) -> Result<Change<bool>, StoreError> {
+        Change::new(
+            tx,
+            changed,
+            changed.then_some(Revocation::User(user_id)),
+            changed.then_some(Target::User(user_id)),
+        )
+    }
+
     /// `changed` (a row was affected) is the outcome; `revocation` is
     /// published either way, the event of `target` recorded only if changed.
     pub fn audited(

@@ -8,7 +8,7 @@ use uuid::Uuid;
 use super::audit::Target;
 use super::revocation::Change;
 use super::sessions::end_sessions_of_user;
-use super::{Published, Revocation, Store, StoreError, flag};
+use super::{Published, Store, StoreError, flag};
 
 /// One configured provider of one user.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -134,12 +134,7 @@ impl Store {
                 }
                 end_sessions_of_user(&mut tx, user_id, now_ms, keep).await?;
             }
-            Change::new(
-                tx,
-                inserted,
-                inserted.then_some(Revocation::User(user_id)),
-                inserted.then_some(Target::User(user_id)),
-            )
+            Change::of_user(tx, user_id, inserted)
         })
         .await
     }
@@ -213,12 +208,7 @@ impl Store {
                 }
                 end_sessions_of_user(&mut tx, user_id, now_ms, keep).await?;
             }
-            Change::new(
-                tx,
-                removed,
-                removed.then_some(Revocation::User(user_id)),
-                removed.then_some(Target::User(user_id)),
-            )
+            Change::of_user(tx, user_id, removed)
         })
         .await
     }

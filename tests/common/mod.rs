@@ -839,3 +839,41 @@ pub async fn drop_schema(base: &str, schema: &str) {
             .await;
     }
 }
+
+/// The reference entity service on a free loopback port; its URL.
+pub async fn reference_upstream() -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(keygate::dev::serve_reference_upstream_counted(
+        listener,
+        std::future::pending(),
+        Default::default(),
+    ));
+    format!("http://{addr}")
+}
+
+/// A WebSocket over TLS to the gateway.
+pub type Socket =
+    tokio_tungstenite::WebSocketStream<tokio_rustls::client::TlsStream<tokio::net::TcpStream>>;
+
+/// Opens a WebSocket on `path` of the gateway's HTTPS listener (the
+/// upgrade goes through hyper's driver over HTTP/1.1).
+pub async fn open_socket(gw: &Gateway, path: &str) -> Socket {
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+    let port = gw.running.https.unwrap().port();
+    let request = format!("wss://localhost:{port}{path}")
+        .into_client_request()
+        .unwrap();
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    let server_name = rustls_pki_types::ServerName::try_from("localhost").unwrap();
+    let tls = tls_connector(&gw.ca_pem)
+        .connect(server_name, tcp)
+        .await
+        .unwrap();
+    tokio_tungstenite::client_async(request, tls)
+        .await
+        .unwrap()
+        .0
+}
