@@ -1073,9 +1073,11 @@ impl Run {
                         continue;
                     };
                     if !self.dry_run {
-                        self.two_factor_store
+                        let change = self
+                            .two_factor_store
                             .put_imported_two_factor(user_id, &record, self.now_ms)
                             .await?;
+                        self.published(change);
                     }
                     remembered.insert(
                         provider.to_owned(),
@@ -1094,9 +1096,11 @@ impl Run {
                     self.report.two_factors.deleted_on_platform += 1;
                     self.report.two_factors.removed += 1;
                     if !self.dry_run {
-                        self.two_factor_store
-                            .remove_two_factor(user_id, provider)
+                        let change = self
+                            .two_factor_store
+                            .remove_two_factor(user_id, provider, self.now_ms)
                             .await?;
+                        self.published(change);
                     }
                 }
                 (TwoFactorPlan::Forget, _, _) => {

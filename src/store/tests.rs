@@ -185,6 +185,7 @@ store_tests!(
     check_a_backup_code_is_used_once_when_raced,
     check_two_factor_rows_go_with_their_user,
     check_a_second_factor_change_ends_every_session_but_the_one_making_it,
+    check_a_second_factor_the_platform_changes_ends_every_session_of_the_user,
     check_api_key_scopes_are_stored_as_given_and_absent_when_unscoped,
     check_user_pages_are_scoped_and_sorted_by_the_asked_property,
     check_public_customers_are_replaced_as_a_set_and_name_their_tenant,
@@ -338,8 +339,20 @@ async fn check_two_factor_configs_are_added_once_defaulted_and_removed(store: &S
             .await
             .unwrap()
     );
-    assert!(store.remove_two_factor(u.id, "TOTP").await.unwrap());
-    assert!(!store.remove_two_factor(u.id, "TOTP").await.unwrap());
+    assert!(
+        store
+            .remove_two_factor(u.id, "TOTP", 5)
+            .await
+            .unwrap()
+            .outcome
+    );
+    assert!(
+        !store
+            .remove_two_factor(u.id, "TOTP", 6)
+            .await
+            .unwrap()
+            .outcome
+    );
     assert_eq!(store.two_factors(u.id).await.unwrap().len(), 1);
 }
 
@@ -385,6 +398,40 @@ async fn check_a_backup_code_is_used_once_when_raced(store: &Store) {
     );
     assert_eq!([a.unwrap(), b.unwrap()].iter().filter(|w| **w).count(), 1);
     assert_eq!(store.two_factors(u.id).await.unwrap()[0].secret, r#"["b"]"#);
+}
+
+async fn check_a_second_factor_the_platform_changes_ends_every_session_of_the_user(store: &Store) {
+    let u = user("platform-factor@example.com", 1);
+    store.insert_user(&u).await.unwrap();
+    let open = || SessionRecord::open(u.id, 10, Uuid::new_v4().to_string());
+    let ended = |id| async move { store.session_by_id(id).await.unwrap().unwrap().ended };
+    let before = open();
+    store.insert_session(&before).await.unwrap();
+    let put = store
+        .put_imported_two_factor(u.id, &factor("TOTP", true, "sealed"), 20)
+        .await
+        .unwrap();
+    assert_eq!(put.revocation, Some(Revocation::User(u.id)));
+    assert!(
+        ended(before.id).await,
+        "a factor the platform set ends sessions"
+    );
+    let after = open();
+    store.insert_session(&after).await.unwrap();
+    let removed = store.remove_two_factor(u.id, "TOTP", 30).await.unwrap();
+    assert_eq!(
+        (removed.outcome, removed.revocation),
+        (true, Some(Revocation::User(u.id)))
+    );
+    assert!(
+        ended(after.id).await,
+        "a factor the platform removed ends sessions"
+    );
+    let last = open();
+    store.insert_session(&last).await.unwrap();
+    let none = store.remove_two_factor(u.id, "TOTP", 40).await.unwrap();
+    assert_eq!((none.outcome, none.revocation), (false, None));
+    assert!(!ended(last.id).await, "nothing removed ends nothing");
 }
 
 async fn check_a_second_factor_change_ends_every_session_but_the_one_making_it(store: &Store) {

@@ -62,37 +62,40 @@ impl Store {
     }
 
     /// Stores an imported provider in place of the user's one of that type,
-    /// if any, configured at `now_ms`.
+    /// if any, configured at `now_ms`; every session of the user ends.
     pub async fn put_imported_two_factor(
         &self,
         user_id: Uuid,
         record: &TwoFactorRecord,
         now_ms: i64,
-    ) -> Result<(), StoreError> {
-        let mut tx = self.pool.begin().await?;
-        if record.use_by_default {
-            sqlx::query("UPDATE two_factor SET use_by_default = 0 WHERE user_id = $1")
-                .bind(user_id.to_string())
-                .execute(&mut *tx)
-                .await?;
-        }
-        sqlx::query(
-            "INSERT INTO two_factor (user_id, provider, use_by_default, secret, last_step, created_time) \
-             VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (user_id, provider) DO UPDATE SET \
-             use_by_default = excluded.use_by_default, secret = excluded.secret, \
-             last_step = excluded.last_step, created_time = excluded.created_time",
-        )
-        .bind(user_id.to_string())
-        .bind(&record.provider)
-        .bind(i64::from(record.use_by_default))
-        .bind(&record.secret)
-        .bind(record.last_step)
-        .bind(now_ms)
-        .execute(&mut *tx)
-        .await?;
-        let event = self.record_if(&mut tx, true, Target::User(user_id)).await?;
-        event.commit(tx).await?;
-        Ok(())
+    ) -> Result<Published<bool>, StoreError> {
+        self.revoking_write(|mut tx| async move {
+            if record.use_by_default {
+                sqlx::query("UPDATE two_factor SET use_by_default = 0 WHERE user_id = $1")
+                    .bind(user_id.to_string())
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            sqlx::query(
+                "INSERT INTO two_factor (user_id, provider, use_by_default, secret, last_step, created_time) \
+                 VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (user_id, provider) DO UPDATE SET \
+                 use_by_default = excluded.use_by_default, secret = excluded.secret, \
+                 last_step = excluded.last_step, created_time = excluded.created_time",
+            )
+            .bind(user_id.to_string())
+            .bind(&record.provider)
+            .bind(i64::from(record.use_by_default))
+            .bind(&record.secret)
+            .bind(record.last_step)
+            .bind(now_ms)
+            .execute(&mut *tx)
+            .await?;
+            // A second factor the platform configured ends the user's
+            // sessions, as one configured in keygate ends the others.
+            end_sessions_of_user(&mut tx, user_id, now_ms, None).await?;
+            Change::of_user(tx, user_id, true)
+        })
+        .await
     }
 
     /// Adds a provider; `false` when the user has it already. A provider
@@ -213,25 +216,31 @@ impl Store {
         .await
     }
 
-    /// Removes a provider; `false` when the user had none such.
+    /// Removes a provider the platform removed; `false` when the user had
+    /// none such. Every session of the user ends with it.
     pub async fn remove_two_factor(
         &self,
         user_id: Uuid,
         provider: &str,
-    ) -> Result<bool, StoreError> {
-        let mut tx = self.pool.begin().await?;
-        let removed = sqlx::query("DELETE FROM two_factor WHERE user_id = $1 AND provider = $2")
-            .bind(user_id.to_string())
-            .bind(provider)
-            .execute(&mut *tx)
-            .await?
-            .rows_affected()
-            == 1;
-        let event = self
-            .record_if(&mut tx, removed, Target::User(user_id))
-            .await?;
-        event.commit(tx).await?;
-        Ok(removed)
+        now_ms: i64,
+    ) -> Result<Published<bool>, StoreError> {
+        self.revoking_write(|mut tx| async move {
+            let removed =
+                sqlx::query("DELETE FROM two_factor WHERE user_id = $1 AND provider = $2")
+                    .bind(user_id.to_string())
+                    .bind(provider)
+                    .execute(&mut *tx)
+                    .await?
+                    .rows_affected()
+                    == 1;
+            // A second factor the platform removed ends the user's
+            // sessions, as one removed in keygate ends the others.
+            if removed {
+                end_sessions_of_user(&mut tx, user_id, now_ms, None).await?;
+            }
+            Change::of_user(tx, user_id, removed)
+        })
+        .await
     }
 
     /// Records that the TOTP code of `step` was used, and reseals the secret
