@@ -378,8 +378,6 @@ impl App {
         if header_block_size(req) > self.settings.limits.max_header_bytes {
             return Err(Decline::Malformed);
         }
-        // Refused on hyper's path, by the rule [`App::admit`] applies.
-        headers::refuse_folded_framing(req.headers()).map_err(|_| Decline::FoldedName)?;
         let path = path::normalize(req.uri().path()).map_err(|_| Decline::Path)?;
         if !conn.client(req.headers()).secure && credential::parse(req.headers()).is_ok() {
             return Err(Decline::InClear);

@@ -38,9 +38,8 @@
 //!   taken ([`Decline::Method`]).
 //! - A header name that folds to a framing or hop-by-hop one
 //!   (`Content_Length`, `Transfer_Encoding`: `_` or another separator read as
-//!   `-`) is declined by the decision ([`Decline::FoldedName`], from
-//!   `App::fast_decide`): hyper's path refuses it with a 400, the one rule
-//!   for both drivers.
+//!   `-`) is not taken ([`Decline::FoldedName`]): hyper's path refuses it
+//!   with a 400, the one rule for both drivers.
 //! - 9.6: after a request or a response saying `Connection: close`, the
 //!   response says it too and the connection is closed. A `Connection`
 //!   header naming `upgrade` is hyper's.
@@ -212,6 +211,9 @@ fn build(req: &httparse::Request<'_, '_>) -> Result<(Request<()>, usize, bool), 
         }
         if name == header::EXPECT {
             return Err(Decline::Expect);
+        }
+        if crate::identity::folds_to_framing(&name) {
+            return Err(Decline::FoldedName);
         }
         if name == header::CONTENT_LENGTH {
             if length.is_some() {

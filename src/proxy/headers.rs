@@ -57,48 +57,7 @@ pub(crate) fn is_method_override(name: &HeaderName) -> bool {
             .any(|known| identity::folded_eq(bytes, known.as_bytes()))
 }
 
-/// The names that frame a request or belong to one connection: a header
-/// spelled so that a server behind keygate folds it into one of these
-/// (`Content_Length`, `transfer.encoding`: `_` or another separator read as
-/// `-`, as CGI-style servers read names) would frame or steer the request
-/// there differently from how keygate framed it. Such a request is refused
-/// ([`refuse_folded_framing`]); only names with a separator can be spelled
-/// so.
-const FRAMING: [&str; 6] = [
-    "content-length",
-    "transfer-encoding",
-    "keep-alive",
-    "proxy-connection",
-    "proxy-authenticate",
-    "proxy-authorization",
-];
-
-/// The lengths of [`FRAMING`]'s names, one bit each: most names are
-/// answered by one test of their length.
-const FRAMING_LENGTHS: u32 = {
-    let mut mask = 0u32;
-    let mut i = 0;
-    while i < FRAMING.len() {
-        mask |= 1 << FRAMING[i].len();
-        i += 1;
-    }
-    mask
-};
-
-/// Does `name` fold to one of [`FRAMING`] without being it: a separator
-/// other than `-` where the name has one? (A `HeaderName` is lower case, so
-/// a name equal to one of them byte for byte is that header itself.)
-pub fn folds_to_framing(name: &HeaderName) -> bool {
-    let bytes = name.as_str().as_bytes();
-    bytes.len() < 32
-        && FRAMING_LENGTHS & (1 << bytes.len()) != 0
-        && bytes
-            .iter()
-            .any(|b| !b.is_ascii_alphanumeric() && *b != b'-')
-        && FRAMING
-            .iter()
-            .any(|known| identity::folded_eq(bytes, known.as_bytes()))
-}
+pub use crate::identity::folds_to_framing;
 
 /// Refuses (400, the contract's shape) a request with a header whose name
 /// folds to a framing or hop-by-hop name ([`folds_to_framing`]). The one
