@@ -70,22 +70,10 @@ fn main() -> ExitCode {
         |f| f.display().to_string(),
     );
     let _ = cli::CONFIG_ORIGIN.set(origin.clone());
-    let source = Source {
-        file,
-        env: std::env::vars().collect(),
-    };
     let asked_json = matches!(cli.log_format, Some(LogFormatArg::Json));
-    let mut settings = match config::load(&source) {
+    let mut settings = match load_settings(file, asked_json) {
         Ok(settings) => settings,
-        Err(errors) => {
-            if asked_json {
-                init_logging(LogFormat::Json, "error");
-                tracing::error!(problems = %errors.one_line(), "invalid configuration");
-            } else {
-                eprint!("keygate: {errors}");
-            }
-            return ExitCode::from(EXIT_CONFIG);
-        }
+        Err(code) => return code,
     };
     let format = match cli.log_format {
         Some(LogFormatArg::Json) => LogFormat::Json,
@@ -97,40 +85,85 @@ fn main() -> ExitCode {
     // what went wrong (the audit line of its change is in `keygate audit`).
     let serving = matches!(cli.command, Command::Serve { .. });
     init_logging(format, if serving { "info" } else { "warn" });
-    let fail = |message: String, code: ExitCode| {
-        match format {
-            LogFormat::Json => tracing::error!("{message}"),
-            LogFormat::Human => eprintln!("keygate: {message}"),
-        }
-        code
-    };
     if !cli.quiet {
-        let store = config::redacted_url(&settings.store_url);
-        if serving {
-            tracing::info!(config = %origin, store = %store, "configuration and store");
-        } else if format == LogFormat::Json {
-            let line = serde_json::json!({
-                "level": "INFO",
-                "fields": {"message": "configuration and store", "config": origin, "store": store},
-                "target": "keygate",
-            });
-            eprintln!("{line}");
-        } else {
-            eprintln!("keygate: config {origin}; store {store}");
-        }
+        log_origin(&origin, &settings, serving, format);
     }
     if let Command::CheckConfig { connect } = cli.command {
         return check_config(&settings, connect, format);
     }
+    run_command(cli.command, settings, file, explicit, format)
+}
+
+/// The settings from `file` (if any) and the environment; a configuration
+/// that does not load is reported (as a JSON log line when asked for) and
+/// ends the command with [`EXIT_CONFIG`].
+fn load_settings(file: Option<&Path>, asked_json: bool) -> Result<config::Settings, ExitCode> {
+    let source = Source {
+        file,
+        env: std::env::vars().collect(),
+    };
+    config::load(&source).map_err(|errors| {
+        if asked_json {
+            init_logging(LogFormat::Json, "error");
+            tracing::error!(problems = %errors.one_line(), "invalid configuration");
+        } else {
+            eprint!("keygate: {errors}");
+        }
+        ExitCode::from(EXIT_CONFIG)
+    })
+}
+
+/// Says which configuration and store a command runs with: logged when
+/// serving, else on standard error (a JSON line in the JSON format).
+fn log_origin(origin: &str, settings: &config::Settings, serving: bool, format: LogFormat) {
+    let store = config::redacted_url(&settings.store_url);
+    if serving {
+        tracing::info!(config = %origin, store = %store, "configuration and store");
+    } else if format == LogFormat::Json {
+        let line = serde_json::json!({
+            "level": "INFO",
+            "fields": {"message": "configuration and store", "config": origin, "store": store},
+            "target": "keygate",
+        });
+        eprintln!("{line}");
+    } else {
+        eprintln!("keygate: config {origin}; store {store}");
+    }
+}
+
+/// Reports a command's failure in the log format, and ends it with `code`.
+fn fail(format: LogFormat, message: String, code: ExitCode) -> ExitCode {
+    match format {
+        LogFormat::Json => tracing::error!("{message}"),
+        LogFormat::Human => eprintln!("keygate: {message}"),
+    }
+    code
+}
+
+/// Runs `command` on a runtime of its own, with the loaded settings.
+fn run_command(
+    command: Command,
+    settings: config::Settings,
+    file: Option<&Path>,
+    explicit: bool,
+    format: LogFormat,
+) -> ExitCode {
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
     {
         Ok(rt) => rt,
-        Err(e) => return fail(format!("starting the runtime: {e}"), ExitCode::FAILURE),
+        Err(e) => {
+            return fail(
+                format,
+                format!("starting the runtime: {e}"),
+                ExitCode::FAILURE,
+            );
+        }
     };
-    if matches!(cli.command, Command::Serve { dev: true }) && explicit {
+    if matches!(command, Command::Serve { dev: true }) && explicit {
         return fail(
+            format,
             "serve --dev runs on the embedded defaults with the reference upstream; \
              drop --config (or KEYGATE_CONFIG) to use it, or drop --dev to serve that configuration"
                 .into(),
@@ -138,13 +171,13 @@ fn main() -> ExitCode {
         );
     }
     let config_file = file.map(Path::to_path_buf);
-    let result = runtime.block_on(run(cli.command, settings, config_file));
+    let result = runtime.block_on(run(command, settings, config_file));
     // Nothing left to wait for: background tasks (the pool's reaper, a
     // watcher) are not waited on at exit.
     runtime.shutdown_background();
     match result {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e) => fail(cli::one_line(&e), ExitCode::FAILURE),
+        Err(e) => fail(format, cli::one_line(&e), ExitCode::FAILURE),
     }
 }
 

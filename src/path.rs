@@ -125,15 +125,26 @@ fn decode_unreserved(path: &str) -> String {
     out
 }
 
-/// Normalises a request path. Borrows when nothing needs changing.
-pub fn normalize(path: &str) -> Result<Cow<'_, str>, PathError> {
-    if !path.starts_with('/') {
-        return Err(PathError::NotAbsolute);
-    }
+/// What one pass over a path found that normalising must act on.
+#[derive(Clone, Copy)]
+struct Scan {
+    /// A `.` segment or an empty segment (`//`) to resolve.
+    needs_dot_work: bool,
+    /// An escape of a non-ASCII byte: what the escapes decode to is checked.
+    non_ascii_escape: bool,
+    /// An escape of an unreserved character, to decode.
+    unreserved_escape: bool,
+}
+
+/// Refuses what a path may not hold (see the module's list) and notes what
+/// normalising it must do, in one pass over its bytes.
+fn scan(path: &str) -> Result<Scan, PathError> {
     let bytes = path.as_bytes();
-    let mut needs_dot_work = false;
-    let mut non_ascii_escape = false;
-    let mut unreserved_escape = false;
+    let mut found = Scan {
+        needs_dot_work: false,
+        non_ascii_escape: false,
+        unreserved_escape: false,
+    };
     let mut i = 0;
     while i < bytes.len() {
         match bytes[i] {
@@ -148,32 +159,46 @@ pub fn normalize(path: &str) -> Result<Cow<'_, str>, PathError> {
                 if value == b';' {
                     return Err(PathError::Semicolon);
                 }
-                non_ascii_escape |= !value.is_ascii();
-                unreserved_escape |= is_unreserved(value);
+                found.non_ascii_escape |= !value.is_ascii();
+                found.unreserved_escape |= is_unreserved(value);
                 i += 3;
                 continue;
             }
             b'\\' => return Err(PathError::Backslash),
             b';' => return Err(PathError::Semicolon),
             byte if !byte.is_ascii() => return Err(PathError::RawNonAscii),
-            b'.' if bytes[i - 1] == b'/' => needs_dot_work = true,
-            b'/' if i > 0 && bytes[i - 1] == b'/' => needs_dot_work = true,
+            b'.' if bytes[i - 1] == b'/' => found.needs_dot_work = true,
+            b'/' if i > 0 && bytes[i - 1] == b'/' => found.needs_dot_work = true,
             _ => {}
         }
         i += 1;
     }
-    if non_ascii_escape {
+    Ok(found)
+}
+
+/// Normalises a request path. Borrows when nothing needs changing.
+pub fn normalize(path: &str) -> Result<Cow<'_, str>, PathError> {
+    if !path.starts_with('/') {
+        return Err(PathError::NotAbsolute);
+    }
+    let found = scan(path)?;
+    if found.non_ascii_escape {
         check_decoded(path)?;
     }
-    if unreserved_escape {
+    if found.unreserved_escape {
         // Decoding them makes no separator, dot, `%` or `;`: the decoded
         // path is checked again, and has no such escape left.
         let decoded = decode_unreserved(path);
         return Ok(Cow::Owned(normalize(&decoded)?.into_owned()));
     }
-    if !needs_dot_work {
+    if !found.needs_dot_work {
         return Ok(Cow::Borrowed(path));
     }
+    resolve_segments(path).map(Cow::Owned)
+}
+
+/// `path` with its dot-segments resolved and its empty segments dropped.
+fn resolve_segments(path: &str) -> Result<String, PathError> {
     let mut out: Vec<&str> = Vec::new();
     let segments: Vec<&str> = path[1..].split('/').collect();
     let last = segments.len() - 1;
@@ -208,7 +233,7 @@ pub fn normalize(path: &str) -> Result<Cow<'_, str>, PathError> {
     if normalized.is_empty() {
         normalized.push('/');
     }
-    Ok(Cow::Owned(normalized))
+    Ok(normalized)
 }
 
 /// A query component with its `%XX` escapes decoded (RFC 3986 section 2.1;

@@ -306,25 +306,11 @@ pub async fn start(mut settings: Settings, options: StartOptions) -> Result<Runn
     let metrics = Arc::new(Metrics::new());
     listener::descriptors::fit(&mut settings);
 
-    let store = Store::connect(&settings.store_url, settings.store_max_connections).await?;
-    // A start refused for want of the platform's key creates no bootstrap
-    // administrator: `keygate import platform`, which brings the key, brings
-    // the platform's administrators too.
-    platform_signing(&mut settings, &store).await?;
-    if settings
-        .platform
-        .sync
-        .as_ref()
-        .is_some_and(|sync| sync.upstream.is_empty())
-    {
-        return Err(StartError::SyncWithoutUpstream);
-    }
-    let generated_password = bootstrap(&store, options, &settings).await?;
-    let secret = signing_key(&settings, &store).await?;
-    // keygate's key may come from the store, which validation never sees.
-    if settings.platform.signing_key.as_deref() == Some(secret.as_slice()) {
-        return Err(StartError::PlatformKeyIsOwn);
-    }
+    let Prepared {
+        store,
+        generated_password,
+        secret,
+    } = prepare_store(&mut settings, options).await?;
     let platform_minter = settings.platform.signing_key.is_some();
     let key_ring = Arc::new(KeyRing::open(&store, &settings.assertion).await?);
     let auth = authenticator(&settings, &store, &secret, &metrics, &key_ring);
@@ -352,21 +338,7 @@ pub async fn start(mut settings: Settings, options: StartOptions) -> Result<Runn
         &key_ring,
     )
     .await?;
-    let limits = SharedLimits {
-        seats: link.clone().and_then(|link| {
-            let limits = SeatLimits {
-                per_user: settings.websocket.max_per_user,
-                per_tenant: settings.websocket.max_per_tenant,
-            };
-            Seats::new(link, limits, instance, settings.quota.sync_interval).map(Arc::new)
-        }),
-        quotas: Arc::new(Quotas::new(
-            settings.quota.clone(),
-            link,
-            instance,
-            metrics.clone(),
-        )),
-    };
+    let limits = shared_limits(&settings, link, instance, &metrics);
     let app = Arc::new(App::new(
         settings,
         api,
@@ -395,6 +367,75 @@ pub async fn start(mut settings: Settings, options: StartOptions) -> Result<Runn
         platform_minter,
     };
     Ok(spawn(running, bound, tls_acceptor, auth))
+}
+
+/// The store as a start finds it ready: connected, holding the platform's
+/// key when a route needs it, with its bootstrap administrator, and
+/// keygate's own signing key.
+struct Prepared {
+    store: Store,
+    /// The bootstrap administrator's password, when this start generated it.
+    generated_password: Option<String>,
+    /// keygate's signing key.
+    secret: Vec<u8>,
+}
+
+/// Connects the store and readies what a start needs from it
+/// ([`Prepared`]), refusing settings that only the store's contents show
+/// to be wrong.
+async fn prepare_store(
+    settings: &mut Settings,
+    options: StartOptions,
+) -> Result<Prepared, StartError> {
+    let store = Store::connect(&settings.store_url, settings.store_max_connections).await?;
+    // A start refused for want of the platform's key creates no bootstrap
+    // administrator: `keygate import platform`, which brings the key, brings
+    // the platform's administrators too.
+    platform_signing(settings, &store).await?;
+    if settings
+        .platform
+        .sync
+        .as_ref()
+        .is_some_and(|sync| sync.upstream.is_empty())
+    {
+        return Err(StartError::SyncWithoutUpstream);
+    }
+    let generated_password = bootstrap(&store, options, settings).await?;
+    let secret = signing_key(settings, &store).await?;
+    // keygate's key may come from the store, which validation never sees.
+    if settings.platform.signing_key.as_deref() == Some(secret.as_slice()) {
+        return Err(StartError::PlatformKeyIsOwn);
+    }
+    Ok(Prepared {
+        store,
+        generated_password,
+        secret,
+    })
+}
+
+/// The limits that hold across replicas (through Redis, when `link` is
+/// given): WebSocket seats and request quotas.
+fn shared_limits(
+    settings: &Settings,
+    link: Option<Arc<RedisLink>>,
+    instance: uuid::Uuid,
+    metrics: &Arc<Metrics>,
+) -> SharedLimits {
+    SharedLimits {
+        seats: link.clone().and_then(|link| {
+            let limits = SeatLimits {
+                per_user: settings.websocket.max_per_user,
+                per_tenant: settings.websocket.max_per_tenant,
+            };
+            Seats::new(link, limits, instance, settings.quota.sync_interval).map(Arc::new)
+        }),
+        quotas: Arc::new(Quotas::new(
+            settings.quota.clone(),
+            link,
+            instance,
+            metrics.clone(),
+        )),
+    }
 }
 
 /// Creates the bootstrap administrator in an empty store; returns its
@@ -784,48 +825,10 @@ fn spawn_background(
     auth: &Arc<Authenticator>,
     shutdown_rx: &watch::Receiver<bool>,
 ) {
+    spawn_revocation(running, auth, shutdown_rx);
+    spawn_platform_sync(running, auth, shutdown_rx);
     let settings = running.app.settings();
     let metrics = &running.metrics;
-    if running.store.dialect() == crate::store::Dialect::Postgres {
-        running
-            .tasks
-            .push(tokio::spawn(crate::auth::revocation::listen(
-                settings.store_url.clone(),
-                running.instance,
-                auth.clone(),
-                metrics.clone(),
-                shutdown_rx.clone(),
-            )));
-    } else {
-        // No notification crosses processes on SQLite: a change the command
-        // line makes is found by polling.
-        running
-            .tasks
-            .push(tokio::spawn(crate::auth::revocation::poll(
-                running.store.clone(),
-                auth.clone(),
-                crate::auth::revocation::POLL_INTERVAL,
-                shutdown_rx.clone(),
-            )));
-    }
-    if let Some(sync) = &settings.platform.sync {
-        let sync = crate::import::sync::Sync::new(
-            running.store.clone(),
-            auth.clone(),
-            metrics.clone(),
-            sync.clone(),
-            running.app.two_factor_sealer(),
-            settings.mail.is_some(),
-            settings.login.max_bcrypt_cost,
-        )
-        .following_the_signing_key(
-            settings
-                .platform
-                .signing_key_imported
-                .then(|| settings.platform.issuer.clone()),
-        );
-        tokio::spawn(sync.run(shutdown_rx.clone()));
-    }
     if let Some(interval) = settings.retention.interval {
         let pruner = crate::store::retention::Pruner {
             store: running.store.clone(),
@@ -862,6 +865,64 @@ fn spawn_background(
             metrics.clone(),
             shutdown_rx.clone(),
         ));
+    }
+}
+
+/// Applies revocations made elsewhere: notified by the other replicas on
+/// PostgreSQL, polled from the audit events on SQLite.
+fn spawn_revocation(
+    running: &mut Running,
+    auth: &Arc<Authenticator>,
+    shutdown_rx: &watch::Receiver<bool>,
+) {
+    if running.store.dialect() == crate::store::Dialect::Postgres {
+        running
+            .tasks
+            .push(tokio::spawn(crate::auth::revocation::listen(
+                running.app.settings().store_url.clone(),
+                running.instance,
+                auth.clone(),
+                running.metrics.clone(),
+                shutdown_rx.clone(),
+            )));
+    } else {
+        // No notification crosses processes on SQLite: a change the command
+        // line makes is found by polling.
+        running
+            .tasks
+            .push(tokio::spawn(crate::auth::revocation::poll(
+                running.store.clone(),
+                auth.clone(),
+                crate::auth::revocation::POLL_INTERVAL,
+                shutdown_rx.clone(),
+            )));
+    }
+}
+
+/// The sync with the platform's database, where configured.
+fn spawn_platform_sync(
+    running: &Running,
+    auth: &Arc<Authenticator>,
+    shutdown_rx: &watch::Receiver<bool>,
+) {
+    let settings = running.app.settings();
+    if let Some(sync) = &settings.platform.sync {
+        let sync = crate::import::sync::Sync::new(
+            running.store.clone(),
+            auth.clone(),
+            running.metrics.clone(),
+            sync.clone(),
+            running.app.two_factor_sealer(),
+            settings.mail.is_some(),
+            settings.login.max_bcrypt_cost,
+        )
+        .following_the_signing_key(
+            settings
+                .platform
+                .signing_key_imported
+                .then(|| settings.platform.issuer.clone()),
+        );
+        tokio::spawn(sync.run(shutdown_rx.clone()));
     }
 }
 

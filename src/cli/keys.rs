@@ -22,76 +22,9 @@ pub(super) async fn apikey(cmd: ApiKeyCommand, settings: &Settings) -> anyhow::R
             read_only,
         } => {
             let scopes = scopes_of(&scopes, read_only)?;
-            let u = find_user(&store, &email).await?;
-            let expiration_time = match expires_in {
-                Some(text) => {
-                    let d = config::parse_duration(&text).map_err(anyhow::Error::msg)?;
-                    keygate::clock::now_ms() + d.as_millis() as i64
-                }
-                None => 0,
-            };
-            let request = accounts::KeyRequest {
-                prefix: &settings.api_key_prefix,
-                description: &description,
-                expiration_time,
-                enabled: true,
-                scopes: scopes.map(Arc::new),
-            };
-            let created =
-                accounts::create_api_key_within(&cli(&store, "api_key.create"), &u, request, None)
-                    .await?;
-            eprintln!(
-                "created API key {} for {} (shown once; store it now)",
-                created.record.id, u.email
-            );
-            println!("{}", created.value.expose());
+            create(&store, settings, &email, &description, expires_in, scopes).await?;
         }
-        ApiKeyCommand::List { email, json } => {
-            let u = find_user(&store, &email).await?;
-            let keys = store.list_api_keys(u.id).await?;
-            if json {
-                let rows: Vec<_> = keys
-                    .iter()
-                    .map(|k| {
-                        let mut row = serde_json::json!({
-                            "id": k.id,
-                            "description": k.description,
-                            "enabled": k.enabled,
-                            "createdTime": k.created_time,
-                            "expirationTime": k.expiration_time,
-                        });
-                        // Only a scoped key has them, as in its API record.
-                        if let Some(scopes) = &k.scopes {
-                            row["scopes"] = serde_json::to_value(scopes).unwrap_or_default();
-                        }
-                        row
-                    })
-                    .collect();
-                println!("{}", serde_json::Value::Array(rows));
-            } else {
-                let now = keygate::clock::now_ms();
-                println!(
-                    "{:<36}  {:<8}  {:<23}  {:<31}  DESCRIPTION  [SCOPES]",
-                    "ID", "STATE", "CREATED", "EXPIRES"
-                );
-                for k in keys {
-                    let state = if k.enabled { "enabled" } else { "disabled" };
-                    let scopes = match &k.scopes {
-                        Some(scopes) => scopes.to_string(),
-                        None => "unscoped".to_string(),
-                    };
-                    println!(
-                        "{}  {:<8}  {:<23}  {:<31}  {}  [{}]",
-                        k.id,
-                        state,
-                        time::readable(k.created_time),
-                        time::expiry(k.expiration_time, now),
-                        k.description,
-                        scopes
-                    );
-                }
-            }
-        }
+        ApiKeyCommand::List { email, json } => list(&store, &email, json).await?,
         ApiKeyCommand::Disable { id } => {
             let id = super::parse_key_id(&id)?;
             let store = cli(&store, "api_key.disable");
@@ -115,6 +48,90 @@ pub(super) async fn apikey(cmd: ApiKeyCommand, settings: &Settings) -> anyhow::R
             )?;
             println!("deleted API key {id}");
         }
+    }
+    Ok(())
+}
+
+/// `keygate apikey create`: the key's value is printed once, on standard
+/// output; what was created, on standard error.
+async fn create(
+    store: &keygate::store::Store,
+    settings: &Settings,
+    email: &str,
+    description: &str,
+    expires_in: Option<String>,
+    scopes: Option<Scopes>,
+) -> anyhow::Result<()> {
+    let u = find_user(store, email).await?;
+    let expiration_time = match expires_in {
+        Some(text) => {
+            let d = config::parse_duration(&text).map_err(anyhow::Error::msg)?;
+            keygate::clock::now_ms() + d.as_millis() as i64
+        }
+        None => 0,
+    };
+    let request = accounts::KeyRequest {
+        prefix: &settings.api_key_prefix,
+        description,
+        expiration_time,
+        enabled: true,
+        scopes: scopes.map(Arc::new),
+    };
+    let created =
+        accounts::create_api_key_within(&cli(store, "api_key.create"), &u, request, None).await?;
+    eprintln!(
+        "created API key {} for {} (shown once; store it now)",
+        created.record.id, u.email
+    );
+    println!("{}", created.value.expose());
+    Ok(())
+}
+
+/// `keygate apikey list`: a user's keys, as a table or a JSON array.
+async fn list(store: &keygate::store::Store, email: &str, json: bool) -> anyhow::Result<()> {
+    let u = find_user(store, email).await?;
+    let keys = store.list_api_keys(u.id).await?;
+    if json {
+        let rows: Vec<_> = keys
+            .iter()
+            .map(|k| {
+                let mut row = serde_json::json!({
+                    "id": k.id,
+                    "description": k.description,
+                    "enabled": k.enabled,
+                    "createdTime": k.created_time,
+                    "expirationTime": k.expiration_time,
+                });
+                // Only a scoped key has them, as in its API record.
+                if let Some(scopes) = &k.scopes {
+                    row["scopes"] = serde_json::to_value(scopes).unwrap_or_default();
+                }
+                row
+            })
+            .collect();
+        println!("{}", serde_json::Value::Array(rows));
+        return Ok(());
+    }
+    let now = keygate::clock::now_ms();
+    println!(
+        "{:<36}  {:<8}  {:<23}  {:<31}  DESCRIPTION  [SCOPES]",
+        "ID", "STATE", "CREATED", "EXPIRES"
+    );
+    for k in keys {
+        let state = if k.enabled { "enabled" } else { "disabled" };
+        let scopes = match &k.scopes {
+            Some(scopes) => scopes.to_string(),
+            None => "unscoped".to_string(),
+        };
+        println!(
+            "{}  {:<8}  {:<23}  {:<31}  {}  [{}]",
+            k.id,
+            state,
+            time::readable(k.created_time),
+            time::expiry(k.expiration_time, now),
+            k.description,
+            scopes
+        );
     }
     Ok(())
 }

@@ -22,8 +22,6 @@ pub(super) async fn user(cmd: UserCommand, settings: &Settings) -> anyhow::Resul
             first_name,
             last_name,
         } => {
-            check_ids(authority, tenant_id, customer_id)?;
-            let password = read_password(true).await?;
             let new = NewUser {
                 email,
                 authority,
@@ -32,78 +30,11 @@ pub(super) async fn user(cmd: UserCommand, settings: &Settings) -> anyhow::Resul
                 first_name,
                 last_name,
             };
-            let user = accounts::create_user(
-                &cli(&store, "user.create"),
-                new,
-                password,
-                &settings.password_policy,
-            )
-            .await?;
-            println!(
-                "created user {} ({}, {})",
-                user.email, user.authority, user.id
-            );
+            add(&store, new, settings).await?;
         }
-        UserCommand::List { json } => {
-            let users = store.list_users().await?;
-            if json {
-                let rows: Vec<_> = users
-                    .iter()
-                    .map(|u| {
-                        serde_json::json!({
-                            "id": u.id,
-                            "email": u.email,
-                            "authority": u.authority.as_str(),
-                            "enabled": u.credentials_enabled(),
-                            "activated": u.activated(),
-                            "tenantId": shown_id(u.tenant_id),
-                            "customerId": shown_id(u.customer_id),
-                            "createdTime": u.created_time,
-                        })
-                    })
-                    .collect();
-                println!("{}", serde_json::Value::Array(rows));
-            } else {
-                println!(
-                    "{:<36}  {:<13}  {:<8}  {:<36}  {:<23}  EMAIL",
-                    "ID", "AUTHORITY", "STATE", "TENANT", "CREATED"
-                );
-                for u in users {
-                    let state = state(&u);
-                    println!(
-                        "{}  {:<13}  {:<8}  {:<36}  {:<23}  {}",
-                        u.id,
-                        u.authority.as_str(),
-                        state,
-                        shown_id(u.tenant_id).unwrap_or_else(|| "-".into()),
-                        super::time::readable(u.created_time),
-                        u.email
-                    );
-                }
-            }
-        }
-        UserCommand::Disable { email } => {
-            let u = find_user(&store, &email).await?;
-            if !u.enabled {
-                println!("user {email} is already disabled; nothing changed");
-                return Ok(());
-            }
-            cli(&store, "user.disable")
-                .set_user_enabled(u.id, false, now)
-                .await?;
-            println!("disabled user {email}");
-        }
-        UserCommand::Enable { email } => {
-            let u = find_user(&store, &email).await?;
-            if u.enabled {
-                println!("user {email} is already enabled; nothing changed");
-                return Ok(());
-            }
-            cli(&store, "user.enable")
-                .set_user_enabled(u.id, true, now)
-                .await?;
-            println!("enabled user {email}");
-        }
+        UserCommand::List { json } => list(&store, json).await?,
+        UserCommand::Disable { email } => set_enabled(&store, &email, false, now).await?,
+        UserCommand::Enable { email } => set_enabled(&store, &email, true, now).await?,
         UserCommand::Delete { email } => {
             let u = find_user(&store, &email).await?;
             cli(&store, "user.delete").delete_user(u.id).await?;
@@ -117,6 +48,93 @@ pub(super) async fn user(cmd: UserCommand, settings: &Settings) -> anyhow::Resul
             println!("set the password of {email}; their earlier sessions and tokens ended");
         }
     }
+    Ok(())
+}
+
+/// `keygate user add`: the ids are checked before the password is asked for.
+async fn add(
+    store: &keygate::store::Store,
+    new: NewUser,
+    settings: &Settings,
+) -> anyhow::Result<()> {
+    check_ids(new.authority, new.tenant_id, new.customer_id)?;
+    let password = read_password(true).await?;
+    let user = accounts::create_user(
+        &cli(store, "user.create"),
+        new,
+        password,
+        &settings.password_policy,
+    )
+    .await?;
+    println!(
+        "created user {} ({}, {})",
+        user.email, user.authority, user.id
+    );
+    Ok(())
+}
+
+/// `keygate user list`: a table, or a JSON array.
+async fn list(store: &keygate::store::Store, json: bool) -> anyhow::Result<()> {
+    let users = store.list_users().await?;
+    if json {
+        let rows: Vec<_> = users
+            .iter()
+            .map(|u| {
+                serde_json::json!({
+                    "id": u.id,
+                    "email": u.email,
+                    "authority": u.authority.as_str(),
+                    "enabled": u.credentials_enabled(),
+                    "activated": u.activated(),
+                    "tenantId": shown_id(u.tenant_id),
+                    "customerId": shown_id(u.customer_id),
+                    "createdTime": u.created_time,
+                })
+            })
+            .collect();
+        println!("{}", serde_json::Value::Array(rows));
+        return Ok(());
+    }
+    println!(
+        "{:<36}  {:<13}  {:<8}  {:<36}  {:<23}  EMAIL",
+        "ID", "AUTHORITY", "STATE", "TENANT", "CREATED"
+    );
+    for u in users {
+        let state = state(&u);
+        println!(
+            "{}  {:<13}  {:<8}  {:<36}  {:<23}  {}",
+            u.id,
+            u.authority.as_str(),
+            state,
+            shown_id(u.tenant_id).unwrap_or_else(|| "-".into()),
+            super::time::readable(u.created_time),
+            u.email
+        );
+    }
+    Ok(())
+}
+
+/// `keygate user enable` and `disable`: a user already so is left as it is.
+async fn set_enabled(
+    store: &keygate::store::Store,
+    email: &str,
+    enabled: bool,
+    now: i64,
+) -> anyhow::Result<()> {
+    let (action, done) = if enabled {
+        ("user.enable", "enabled")
+    } else {
+        ("user.disable", "disabled")
+    };
+    let u = find_user(store, email).await?;
+    if u.enabled == enabled {
+        println!("user {email} is already {done}; nothing changed");
+        return Ok(());
+    }
+    cli(store, action)
+        .set_user_enabled(u.id, enabled, now)
+        .await?;
+    println!("{done} user {email}");
     Ok(())
 }
 

@@ -1380,57 +1380,15 @@ impl super::file::MailSection {
         if host.is_empty() {
             return None;
         }
-        let tls = match self.tls.trim().to_ascii_lowercase().as_str() {
-            "starttls" => MailTls::StartTls,
-            "tls" => MailTls::Tls,
-            "none" => {
-                if !is_loopback_host(host) {
-                    errors.push(format!(
-                        "mail.tls: \"none\" sends passwords and links in clear: only for a loopback host, not {host:?}"
-                    ));
-                }
-                MailTls::None
-            }
-            other => {
-                errors.push(format!(
-                    "mail.tls: \"starttls\", \"tls\" or \"none\", got {other:?}"
-                ));
-                MailTls::StartTls
-            }
-        };
-        let port = match self.port {
-            0 => match tls {
-                MailTls::StartTls => 587,
-                MailTls::Tls => 465,
-                MailTls::None => 25,
-            },
-            n => u16::try_from(n).ok().filter(|p| *p > 0).unwrap_or_else(|| {
-                errors.push(format!(
-                    "mail.port: from 1 to 65535 (0: the TLS mode's), got {n}"
-                ));
-                25
-            }),
-        };
+        let tls = self.tls_mode(host, errors);
+        let port = self.port_for(tls, errors);
         let from = self.from.trim();
         if from.parse::<lettre::message::Mailbox>().is_err() {
             errors.push(format!(
                 "mail.from: an address such as \"keygate <noreply@example.com>\", got {from:?}"
             ));
         }
-        let credentials = match (self.username.trim(), self.password.as_str()) {
-            ("", "") => None,
-            ("", _) => {
-                errors.push("mail.username: required when a mail password is set".into());
-                None
-            }
-            (_, "") => {
-                errors.push(
-                    "mail.password: required with mail.username (set KEYGATE_MAIL_PASSWORD)".into(),
-                );
-                None
-            }
-            (user, password) => Some((user.to_string(), password.to_string())),
-        };
+        let credentials = self.credentials(errors);
         if credentials.is_some() && tls == MailTls::None {
             errors.push("mail.username: a password is never sent without TLS".into());
         }
@@ -1481,5 +1439,62 @@ impl super::file::MailSection {
             ),
             code_template: mail_template("mail.code_template", &self.code_template, errors),
         })
+    }
+
+    /// The TLS mode `mail.tls` names; none only to a loopback `host`.
+    fn tls_mode(&self, host: &str, errors: &mut Vec<String>) -> MailTls {
+        match self.tls.trim().to_ascii_lowercase().as_str() {
+            "starttls" => MailTls::StartTls,
+            "tls" => MailTls::Tls,
+            "none" => {
+                if !is_loopback_host(host) {
+                    errors.push(format!(
+                        "mail.tls: \"none\" sends passwords and links in clear: only for a loopback host, not {host:?}"
+                    ));
+                }
+                MailTls::None
+            }
+            other => {
+                errors.push(format!(
+                    "mail.tls: \"starttls\", \"tls\" or \"none\", got {other:?}"
+                ));
+                MailTls::StartTls
+            }
+        }
+    }
+
+    /// `mail.port`, or the TLS mode's when it is 0.
+    fn port_for(&self, tls: MailTls, errors: &mut Vec<String>) -> u16 {
+        match self.port {
+            0 => match tls {
+                MailTls::StartTls => 587,
+                MailTls::Tls => 465,
+                MailTls::None => 25,
+            },
+            n => u16::try_from(n).ok().filter(|p| *p > 0).unwrap_or_else(|| {
+                errors.push(format!(
+                    "mail.port: from 1 to 65535 (0: the TLS mode's), got {n}"
+                ));
+                25
+            }),
+        }
+    }
+
+    /// The user name and password to log in with, both or neither.
+    fn credentials(&self, errors: &mut Vec<String>) -> Option<(String, String)> {
+        match (self.username.trim(), self.password.as_str()) {
+            ("", "") => None,
+            ("", _) => {
+                errors.push("mail.username: required when a mail password is set".into());
+                None
+            }
+            (_, "") => {
+                errors.push(
+                    "mail.password: required with mail.username (set KEYGATE_MAIL_PASSWORD)".into(),
+                );
+                None
+            }
+            (user, password) => Some((user.to_string(), password.to_string())),
+        }
     }
 }

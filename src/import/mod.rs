@@ -657,6 +657,20 @@ impl Run {
     }
 
     async fn users(&mut self, rows: Vec<UserRow>) -> Result<(), ImportError> {
+        let mapped = self.map_users(rows).await?;
+        // Who holds each address, in keygate and among the rows added here.
+        let emails: Vec<String> = mapped.iter().map(|u| u.email.clone()).collect();
+        let mut holders = self.store.user_ids_by_emails(&emails).await?;
+        let mapped = self.without_collisions(mapped, &holders);
+        let mapped = self.without_foreign_customers(mapped).await?;
+        let adds = self.plan_users(mapped, &mut holders).await?;
+        self.add_users(adds).await
+    }
+
+    /// The rows that map to users keygate can hold; the others are held
+    /// back, and those of them the platform disabled are disabled in keygate
+    /// ([`Run::disable_held_back`]).
+    async fn map_users(&mut self, rows: Vec<UserRow>) -> Result<Vec<PlatformUser>, ImportError> {
         let mut mapped = Vec::with_capacity(rows.len());
         let mut disabled_there = Vec::new();
         for row in rows {
@@ -678,12 +692,18 @@ impl Run {
             }
         }
         self.disable_held_back(&disabled_there).await?;
-        // Who holds each address, in keygate and among the rows added here.
-        let emails: Vec<String> = mapped.iter().map(|u| u.email.clone()).collect();
-        let mut holders = self.store.user_ids_by_emails(&emails).await?;
-        // Rows folding to one address are all held back, but for the one
-        // keygate already holds it for (imported before): it keeps the name,
-        // and the platform's changes to it (disabled, deleted) still apply.
+        Ok(mapped)
+    }
+
+    /// `mapped` without the users whose address another row folds to too.
+    /// Rows folding to one address are all held back, but for the one
+    /// keygate already holds it for (imported before): it keeps the name,
+    /// and the platform's changes to it (disabled, deleted) still apply.
+    fn without_collisions(
+        &mut self,
+        mapped: Vec<PlatformUser>,
+        holders: &HashMap<String, Uuid>,
+    ) -> Vec<PlatformUser> {
         let mut clear = Vec::with_capacity(mapped.len());
         for user in mapped {
             let holds = holders.get(&user.email) == Some(&user.id);
@@ -713,8 +733,15 @@ impl Run {
                 None => clear.push(user),
             }
         }
-        let mapped = clear;
-        // A customer keygate already binds to another tenant stays there.
+        clear
+    }
+
+    /// `mapped` without the users whose customer keygate already binds to
+    /// another tenant: that customer stays there.
+    async fn without_foreign_customers(
+        &mut self,
+        mapped: Vec<PlatformUser>,
+    ) -> Result<Vec<PlatformUser>, ImportError> {
         let mut owners: HashMap<Uuid, Option<Uuid>> = HashMap::new();
         let mut clear = Vec::with_capacity(mapped.len());
         for user in mapped {
@@ -739,7 +766,17 @@ impl Run {
             }
             clear.push(user);
         }
-        let mapped = clear;
+        Ok(clear)
+    }
+
+    /// Compares each user with keygate's and with the row imported last,
+    /// and applies what changed (not in a dry run); returns the users to
+    /// add. `holders`: who holds each address, the users to add included.
+    async fn plan_users(
+        &mut self,
+        mapped: Vec<PlatformUser>,
+        holders: &mut HashMap<String, Uuid>,
+    ) -> Result<Vec<PlatformUser>, ImportError> {
         let ids: Vec<Uuid> = mapped.iter().map(|u| u.id).collect();
         let keygate = self.store.users_by_ids(&ids).await?;
         let rehashed = self.store.rehashed_from_by_ids(&ids).await?;
@@ -794,11 +831,8 @@ impl Run {
                     self.report.users.updated += 1;
                 }
                 Plan::Keep { platform, remember } => {
-                    if remember && !self.dry_run {
-                        self.store
-                            .remember_imported(RowKind::User, id, &platform, self.now_ms)
-                            .await?;
-                    }
+                    self.remember_unchanged(RowKind::User, id, &platform, remember)
+                        .await?;
                     self.report.users.unchanged += 1;
                 }
                 Plan::Skip(reason) => {
@@ -810,6 +844,29 @@ impl Run {
                 }
             }
         }
+        Ok(adds)
+    }
+
+    /// Records the platform's row of an unchanged user or key when
+    /// `remember` asks for it (not in a dry run).
+    async fn remember_unchanged<T: Serialize>(
+        &self,
+        kind: RowKind,
+        id: Uuid,
+        platform: &T,
+        remember: bool,
+    ) -> Result<(), ImportError> {
+        if remember && !self.dry_run {
+            self.store
+                .remember_imported(kind, id, platform, self.now_ms)
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Adds the users planned (counts them only, in a dry run): in one
+    /// batch, else one by one, naming the row that fails.
+    async fn add_users(&mut self, adds: Vec<PlatformUser>) -> Result<(), ImportError> {
         self.added_users
             .extend(adds.iter().map(|u| (u.id, u.email.clone())));
         if self.dry_run || adds.is_empty() {
@@ -876,6 +933,13 @@ impl Run {
     }
 
     async fn keys(&mut self, rows: Vec<KeyRow>) -> Result<(), ImportError> {
+        let mapped = self.map_keys(rows);
+        let adds = self.plan_keys(mapped).await?;
+        self.add_keys(adds).await
+    }
+
+    /// The rows that map to keys keygate can hold; the others are skipped.
+    fn map_keys(&mut self, rows: Vec<KeyRow>) -> Vec<PlatformKey> {
         let mut mapped = Vec::with_capacity(rows.len());
         for row in rows {
             if let Ok(id) = Uuid::parse_str(&row.id) {
@@ -889,6 +953,17 @@ impl Run {
                 }
             }
         }
+        mapped
+    }
+
+    /// Compares each key with keygate's and with the row imported last, and
+    /// applies what changed (not in a dry run); returns the keys to add: of
+    /// an owner in keygate (or added by this run), and of a value no other
+    /// key has.
+    async fn plan_keys(
+        &mut self,
+        mapped: Vec<PlatformKey>,
+    ) -> Result<Vec<PlatformKey>, ImportError> {
         let ids: Vec<Uuid> = mapped.iter().map(|k| k.id).collect();
         let owner_ids: Vec<Uuid> = mapped.iter().map(|k| k.user_id).collect();
         let digests: Vec<String> = mapped.iter().map(|k| k.digest.clone()).collect();
@@ -932,11 +1007,8 @@ impl Run {
                     self.report.keys.updated += 1;
                 }
                 Plan::Keep { platform, remember } => {
-                    if remember && !self.dry_run {
-                        self.store
-                            .remember_imported(RowKind::Key, id, &platform, self.now_ms)
-                            .await?;
-                    }
+                    self.remember_unchanged(RowKind::Key, id, &platform, remember)
+                        .await?;
                     self.report.keys.unchanged += 1;
                 }
                 Plan::Skip(reason) => {
@@ -948,6 +1020,12 @@ impl Run {
                 }
             }
         }
+        Ok(adds)
+    }
+
+    /// Adds the keys planned (counts them only, in a dry run): in one batch,
+    /// else one by one, naming the row that fails.
+    async fn add_keys(&mut self, adds: Vec<PlatformKey>) -> Result<(), ImportError> {
         if self.dry_run || adds.is_empty() {
             self.report.keys.added += adds.len() as u64;
             return Ok(());

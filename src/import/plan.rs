@@ -76,29 +76,13 @@ pub const MAX_FIELD_CHARS: usize = 255;
 /// hash above `max_bcrypt_cost` is refused: one check of it would hold a
 /// hashing thread for seconds (cost 15) to days (cost 31).
 pub fn map_user(row: &UserRow, now_ms: i64, max_bcrypt_cost: u32) -> Result<PlatformUser, Refused> {
-    let invalid = |reason: String| Refused::new(code::INVALID_ROW, reason);
     let id = Uuid::parse_str(&row.id).map_err(|_| invalid(format!("bad id {:?}", row.id)))?;
     let text = row
         .email
         .as_deref()
         .filter(|e| !e.trim_ascii().is_empty())
         .ok_or_else(|| invalid("no e-mail address".into()))?;
-    for (field, value) in [
-        ("email", Some(text)),
-        ("first_name", row.first_name.as_deref()),
-        ("last_name", row.last_name.as_deref()),
-        ("phone", row.phone.as_deref()),
-    ] {
-        let chars = value.map_or(0, |v| v.chars().count());
-        if chars > MAX_FIELD_CHARS {
-            return Err(Refused::new(
-                code::TOO_LONG,
-                format!(
-                    "{field} is {chars} characters, longer than the platform's varchar({MAX_FIELD_CHARS})"
-                ),
-            ));
-        }
-    }
+    check_lengths(row, text)?;
     let email =
         crate::email::check(text).map_err(|reason| Refused::new(code::INVALID_EMAIL, reason))?;
     let authority_text = row.authority.as_deref().unwrap_or("");
@@ -106,64 +90,11 @@ pub fn map_user(row: &UserRow, now_ms: i64, max_bcrypt_cost: u32) -> Result<Plat
         .ok_or_else(|| invalid(format!("authority {authority_text:?} is not a user's")))?;
     let tenant_id = uuid_or_null(&row.tenant_id).map_err(invalid)?;
     let customer_id = uuid_or_null(&row.customer_id).map_err(invalid)?;
-    // A SYS_ADMIN belongs to no tenant and no customer, whatever the row
-    // says (the platform stores the null UUID for both).
-    let (tenant_id, customer_id) = match authority {
-        Authority::SysAdmin => (NULL_UUID, NULL_UUID),
-        Authority::TenantAdmin | Authority::CustomerUser if tenant_id == NULL_UUID => {
-            return Err(invalid(format!("a {authority} without a tenant")));
-        }
-        Authority::CustomerUser if customer_id == NULL_UUID => {
-            return Err(invalid("a CUSTOMER_USER without a customer".into()));
-        }
-        Authority::TenantAdmin if customer_id != NULL_UUID => {
-            return Err(invalid(format!(
-                "a TENANT_ADMIN assigned to customer {customer_id}"
-            )));
-        }
-        _ => (tenant_id, customer_id),
-    };
-    // A customer user's customer must be one of its tenant's, as the
-    // platform's `customer` table says: a row naming another tenant's
-    // customer would reach that customer's devices.
+    let (tenant_id, customer_id) = placement(authority, tenant_id, customer_id)?;
     if authority == Authority::CustomerUser {
-        let owner = row
-            .customer_tenant_id
-            .as_deref()
-            .and_then(|t| Uuid::parse_str(t).ok());
-        if !row.customer_found {
-            return Err(Refused::new(
-                code::FOREIGN_CUSTOMER,
-                format!("its customer {customer_id} is not in the platform's customer table"),
-            ));
-        }
-        if owner != Some(tenant_id) {
-            let owner = owner.map_or("no tenant".to_owned(), |t| format!("tenant {t}"));
-            return Err(Refused::new(
-                code::FOREIGN_CUSTOMER,
-                format!(
-                    "its customer {customer_id} belongs to {owner}, not to its tenant {tenant_id}"
-                ),
-            ));
-        }
+        check_customer(row, tenant_id, customer_id)?;
     }
-    if !row.has_credentials {
-        return Err(invalid("no credentials row".into()));
-    }
-    let password_hash = row.password.clone().unwrap_or_default();
-    if !password_hash.is_empty() && !is_bcrypt(&password_hash) {
-        return Err(invalid("the password hash is not bcrypt".into()));
-    }
-    if let Some(cost) = crate::auth::password::bcrypt_cost(&password_hash)
-        && cost > max_bcrypt_cost
-    {
-        return Err(Refused::new(
-            code::BCRYPT_COST,
-            format!(
-                "the bcrypt hash has cost {cost}, above login.max_bcrypt_cost {max_bcrypt_cost}"
-            ),
-        ));
-    }
+    let password_hash = password_of(row, max_bcrypt_cost)?;
     let pending = password_hash.is_empty();
     // The platform keeps a user who has not activated yet disabled until
     // they do; keygate keeps them enabled without a password, so the token
@@ -181,20 +112,6 @@ pub fn map_user(row: &UserRow, now_ms: i64, max_bcrypt_cost: u32) -> Result<Plat
             .unwrap_or(now_ms + ACTIVATION_TTL_MS);
         (KeyDigest::of(token).to_hex(), expires)
     });
-    // A reset link works only for an active account (a pending one
-    // activates through its invitation); an expired one is not imported.
-    let reset = row
-        .reset_token
-        .as_deref()
-        .filter(|t| !t.is_empty() && !pending && enabled)
-        .map(|token| {
-            let expires = row
-                .reset_token_exp_time
-                .filter(|t| *t > 0)
-                .unwrap_or(now_ms + RESET_TTL_MS);
-            (KeyDigest::of(token).to_hex(), expires)
-        })
-        .filter(|(_, expires)| *expires > now_ms);
     Ok(PlatformUser {
         id,
         created_time: row.created_time,
@@ -209,8 +126,123 @@ pub fn map_user(row: &UserRow, now_ms: i64, max_bcrypt_cost: u32) -> Result<Plat
         enabled,
         password_hash,
         activation,
-        reset,
+        reset: reset_of(row, !pending && enabled, now_ms),
     })
+}
+
+/// The row's reset link, when it still works. A reset link works only for
+/// an active account (a pending one activates through its invitation); an
+/// expired one is not imported.
+fn reset_of(row: &UserRow, active: bool, now_ms: i64) -> Option<(String, i64)> {
+    row.reset_token
+        .as_deref()
+        .filter(|t| !t.is_empty() && active)
+        .map(|token| {
+            let expires = row
+                .reset_token_exp_time
+                .filter(|t| *t > 0)
+                .unwrap_or(now_ms + RESET_TTL_MS);
+            (KeyDigest::of(token).to_hex(), expires)
+        })
+        .filter(|(_, expires)| *expires > now_ms)
+}
+
+/// A row refused as no user keygate can hold.
+fn invalid(reason: String) -> Refused {
+    Refused::new(code::INVALID_ROW, reason)
+}
+
+/// Refuses a field longer than the platform's own column allows (`email`:
+/// the address as the row has it).
+fn check_lengths(row: &UserRow, email: &str) -> Result<(), Refused> {
+    for (field, value) in [
+        ("email", Some(email)),
+        ("first_name", row.first_name.as_deref()),
+        ("last_name", row.last_name.as_deref()),
+        ("phone", row.phone.as_deref()),
+    ] {
+        let chars = value.map_or(0, |v| v.chars().count());
+        if chars > MAX_FIELD_CHARS {
+            return Err(Refused::new(
+                code::TOO_LONG,
+                format!(
+                    "{field} is {chars} characters, longer than the platform's varchar({MAX_FIELD_CHARS})"
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The tenant and customer of a user of `authority`, or why the row's
+/// cannot be theirs.
+fn placement(
+    authority: Authority,
+    tenant_id: Uuid,
+    customer_id: Uuid,
+) -> Result<(Uuid, Uuid), Refused> {
+    // A SYS_ADMIN belongs to no tenant and no customer, whatever the row
+    // says (the platform stores the null UUID for both).
+    match authority {
+        Authority::SysAdmin => Ok((NULL_UUID, NULL_UUID)),
+        Authority::TenantAdmin | Authority::CustomerUser if tenant_id == NULL_UUID => {
+            Err(invalid(format!("a {authority} without a tenant")))
+        }
+        Authority::CustomerUser if customer_id == NULL_UUID => {
+            Err(invalid("a CUSTOMER_USER without a customer".into()))
+        }
+        Authority::TenantAdmin if customer_id != NULL_UUID => Err(invalid(format!(
+            "a TENANT_ADMIN assigned to customer {customer_id}"
+        ))),
+        _ => Ok((tenant_id, customer_id)),
+    }
+}
+
+/// A customer user's customer must be one of its tenant's, as the
+/// platform's `customer` table says: a row naming another tenant's
+/// customer would reach that customer's devices.
+fn check_customer(row: &UserRow, tenant_id: Uuid, customer_id: Uuid) -> Result<(), Refused> {
+    let owner = row
+        .customer_tenant_id
+        .as_deref()
+        .and_then(|t| Uuid::parse_str(t).ok());
+    if !row.customer_found {
+        return Err(Refused::new(
+            code::FOREIGN_CUSTOMER,
+            format!("its customer {customer_id} is not in the platform's customer table"),
+        ));
+    }
+    if owner != Some(tenant_id) {
+        let owner = owner.map_or("no tenant".to_owned(), |t| format!("tenant {t}"));
+        return Err(Refused::new(
+            code::FOREIGN_CUSTOMER,
+            format!("its customer {customer_id} belongs to {owner}, not to its tenant {tenant_id}"),
+        ));
+    }
+    Ok(())
+}
+
+/// The row's password hash: none (an account not activated yet), or a
+/// bcrypt hash of a cost up to `max_bcrypt_cost`.
+fn password_of(row: &UserRow, max_bcrypt_cost: u32) -> Result<String, Refused> {
+    if !row.has_credentials {
+        return Err(invalid("no credentials row".into()));
+    }
+    let password_hash = row.password.clone().unwrap_or_default();
+    if !password_hash.is_empty() && !is_bcrypt(&password_hash) {
+        return Err(invalid("the password hash is not bcrypt".into()));
+    }
+    if let Some(cost) = crate::auth::password::bcrypt_cost(&password_hash)
+        && cost > max_bcrypt_cost
+    {
+        return Err(Refused::new(
+            code::BCRYPT_COST,
+            format!(
+                "the bcrypt hash has cost {cost}, above login.max_bcrypt_cost {max_bcrypt_cost}"
+            ),
+        ));
+    }
+    Ok(password_hash)
 }
 
 fn is_bcrypt(hash: &str) -> bool {
@@ -308,70 +340,8 @@ pub fn plan_user(
         }
         (Some(keygate), Some(imported)) => {
             let mut platform = platform;
-            // An invitation without an expiry on the platform gets one at its
-            // first import; the same invitation later keeps it.
-            if let (Some((digest, expires)), Some((was, expired))) =
-                (platform.activation.as_mut(), imported.activation.as_ref())
-                && digest == was
-            {
-                *expires = *expired;
-            }
-            if let (Some((digest, expires)), Some((was, expired))) =
-                (platform.reset.as_mut(), imported.reset.as_ref())
-                && digest == was
-            {
-                *expires = *expired;
-            }
-            let identity = (
-                &platform.email,
-                platform.authority,
-                platform.tenant_id,
-                platform.customer_id,
-            ) != (
-                &imported.email,
-                imported.authority,
-                imported.tenant_id,
-                imported.customer_id,
-            );
-            let mut update = UserUpdate {
-                profile: !platform.same_profile(imported),
-                identity,
-                ..UserUpdate::default()
-            };
-            if platform.enabled != imported.enabled && platform.enabled != keygate.enabled {
-                update.enabled = Some(platform.enabled);
-            }
-            let keygate_password = KeygatePassword {
-                hash: &keygate.password_hash,
-                rehashed_from,
-            };
-            if password_from_platform(
-                &platform.password_hash,
-                &imported.password_hash,
-                keygate_password,
-                owner,
-            ) {
-                update.password_hash = Some(platform.password_hash.clone());
-            }
-            let token = |a: &Option<(String, i64)>| a.as_ref().map(|(d, _)| d.clone());
-            if token(&platform.activation) != token(&imported.activation)
-                && keygate.password_hash.is_empty()
-            {
-                update.activation = Some(platform.activation.clone());
-            }
-            // A reset link new on the platform since the last import works
-            // in keygate; the same link once used in keygate is not brought
-            // back (the platform's token did not change since).
-            if token(&platform.reset) != token(&imported.reset) {
-                let gone = token(&imported.reset);
-                let new = platform
-                    .reset
-                    .clone()
-                    .filter(|_| keygate.enabled && !keygate.password_hash.is_empty());
-                if new.is_some() || gone.is_some() {
-                    update.reset = Some(ResetUpdate { gone, token: new });
-                }
-            }
+            keep_expiries(&mut platform, imported);
+            let update = user_update(&platform, keygate, imported, rehashed_from, owner);
             if update.is_empty() {
                 let remember = platform != *imported;
                 Plan::Keep { platform, remember }
@@ -380,6 +350,85 @@ pub fn plan_user(
             }
         }
     }
+}
+
+/// An invitation or reset link without an expiry on the platform gets one
+/// at its first import; the same one later keeps it.
+fn keep_expiries(platform: &mut PlatformUser, imported: &PlatformUser) {
+    if let (Some((digest, expires)), Some((was, expired))) =
+        (platform.activation.as_mut(), imported.activation.as_ref())
+        && digest == was
+    {
+        *expires = *expired;
+    }
+    if let (Some((digest, expires)), Some((was, expired))) =
+        (platform.reset.as_mut(), imported.reset.as_ref())
+        && digest == was
+    {
+        *expires = *expired;
+    }
+}
+
+/// What changes in keygate's user from the platform's row: what changed
+/// there since the last import (`imported`), and differs from keygate's.
+fn user_update(
+    platform: &PlatformUser,
+    keygate: &UserRecord,
+    imported: &PlatformUser,
+    rehashed_from: Option<&str>,
+    owner: PasswordOwner,
+) -> UserUpdate {
+    let identity = (
+        &platform.email,
+        platform.authority,
+        platform.tenant_id,
+        platform.customer_id,
+    ) != (
+        &imported.email,
+        imported.authority,
+        imported.tenant_id,
+        imported.customer_id,
+    );
+    let mut update = UserUpdate {
+        profile: !platform.same_profile(imported),
+        identity,
+        ..UserUpdate::default()
+    };
+    if platform.enabled != imported.enabled && platform.enabled != keygate.enabled {
+        update.enabled = Some(platform.enabled);
+    }
+    let keygate_password = KeygatePassword {
+        hash: &keygate.password_hash,
+        rehashed_from,
+    };
+    if password_from_platform(
+        &platform.password_hash,
+        &imported.password_hash,
+        keygate_password,
+        owner,
+    ) {
+        update.password_hash = Some(platform.password_hash.clone());
+    }
+    let token = |a: &Option<(String, i64)>| a.as_ref().map(|(d, _)| d.clone());
+    if token(&platform.activation) != token(&imported.activation)
+        && keygate.password_hash.is_empty()
+    {
+        update.activation = Some(platform.activation.clone());
+    }
+    // A reset link new on the platform since the last import works
+    // in keygate; the same link once used in keygate is not brought
+    // back (the platform's token did not change since).
+    if token(&platform.reset) != token(&imported.reset) {
+        let gone = token(&imported.reset);
+        let new = platform
+            .reset
+            .clone()
+            .filter(|_| keygate.enabled && !keygate.password_hash.is_empty());
+        if new.is_some() || gone.is_some() {
+            update.reset = Some(ResetUpdate { gone, token: new });
+        }
+    }
+    update
 }
 
 /// What to do with a platform key (as [`plan_user`]).
@@ -487,45 +536,7 @@ pub fn map_two_factors(
             .get("useByDefault")
             .and_then(|v| v.as_bool())
             .unwrap_or(false);
-        let secret = match name.as_str() {
-            "TOTP" => config
-                .get("authUrl")
-                .and_then(|v| v.as_str())
-                .and_then(crate::auth::totp::secret_of_url)
-                .and_then(|secret| crate::auth::totp::base32_decode(&secret.to_ascii_uppercase()))
-                .filter(|raw| !raw.is_empty())
-                .map(PlatformSecret::Totp)
-                .ok_or("authUrl holds no Base32 secret"),
-            "BACKUP_CODE" => {
-                let codes: Option<Vec<String>> =
-                    config.get("codes").and_then(|v| v.as_array()).map(|codes| {
-                        codes
-                            .iter()
-                            .filter_map(|c| c.as_str())
-                            .map(|c| c.trim().to_owned())
-                            .filter(|c| !c.is_empty())
-                            .collect()
-                    });
-                match codes {
-                    Some(mut codes) if !codes.is_empty() => {
-                        codes.sort();
-                        codes.dedup();
-                        Ok(PlatformSecret::Codes(codes))
-                    }
-                    _ => Err("no unused backup codes"),
-                }
-            }
-            "EMAIL" if !mail => Err("EMAIL needs [mail]"),
-            "EMAIL" => match config.get("email").and_then(|v| v.as_str()) {
-                Some(email) if crate::email::same(email, account_email) => {
-                    Ok(PlatformSecret::Email(crate::email::fold(account_email)))
-                }
-                Some(_) => Err("EMAIL names another address than the account's"),
-                None => Err("EMAIL names no address"),
-            },
-            "SMS" => Err("keygate does not offer this provider"),
-            _ => Err("an unknown provider"),
-        };
+        let secret = two_factor_secret(name, config, account_email, mail);
         match secret {
             Ok(secret) => mapped.push(PlatformTwoFactor {
                 provider: match name.as_str() {
@@ -548,6 +559,55 @@ pub fn map_two_factors(
         ));
     }
     (mapped, refused)
+}
+
+/// The secret of the platform's provider `name` configured as `config`,
+/// or why keygate cannot store it (as [`map_two_factors`]).
+fn two_factor_secret(
+    name: &str,
+    config: &serde_json::Value,
+    account_email: &str,
+    mail: bool,
+) -> Result<PlatformSecret, &'static str> {
+    match name {
+        "TOTP" => config
+            .get("authUrl")
+            .and_then(|v| v.as_str())
+            .and_then(crate::auth::totp::secret_of_url)
+            .and_then(|secret| crate::auth::totp::base32_decode(&secret.to_ascii_uppercase()))
+            .filter(|raw| !raw.is_empty())
+            .map(PlatformSecret::Totp)
+            .ok_or("authUrl holds no Base32 secret"),
+        "BACKUP_CODE" => {
+            let codes: Option<Vec<String>> =
+                config.get("codes").and_then(|v| v.as_array()).map(|codes| {
+                    codes
+                        .iter()
+                        .filter_map(|c| c.as_str())
+                        .map(|c| c.trim().to_owned())
+                        .filter(|c| !c.is_empty())
+                        .collect()
+                });
+            match codes {
+                Some(mut codes) if !codes.is_empty() => {
+                    codes.sort();
+                    codes.dedup();
+                    Ok(PlatformSecret::Codes(codes))
+                }
+                _ => Err("no unused backup codes"),
+            }
+        }
+        "EMAIL" if !mail => Err("EMAIL needs [mail]"),
+        "EMAIL" => match config.get("email").and_then(|v| v.as_str()) {
+            Some(email) if crate::email::same(email, account_email) => {
+                Ok(PlatformSecret::Email(crate::email::fold(account_email)))
+            }
+            Some(_) => Err("EMAIL names another address than the account's"),
+            None => Err("EMAIL names no address"),
+        },
+        "SMS" => Err("keygate does not offer this provider"),
+        _ => Err("an unknown provider"),
+    }
 }
 
 /// What was imported of one second factor: a keyed fingerprint of the

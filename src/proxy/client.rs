@@ -701,6 +701,20 @@ impl UpstreamClient {
             }
             Err(error) => return Err(error),
         };
+        Ok(self.respond(authority, conn, response, keep))
+    }
+
+    /// The response whose head [`UpstreamClient::send_whole`] read on
+    /// `conn`: a body that came whole with it, none, or one streamed from
+    /// the connection by its framing. `conn` goes back to the pool when
+    /// the exchange ends and the upstream keeps it open.
+    fn respond<K: Send + Unpin + 'static>(
+        self: &Arc<Self>,
+        authority: &Authority,
+        mut conn: WireConn,
+        response: wire::ResponseHead,
+        keep: &mut Option<K>,
+    ) -> Response<Body> {
         conn.buf.advance(response.len);
         let mut parts = Response::new(()).into_parts().0;
         parts.status = response.status;
@@ -716,7 +730,7 @@ impl UpstreamClient {
                     self.release(authority.clone(), conn);
                 }
                 drop(keep.take());
-                return Ok(Response::from_parts(parts, body::full(bytes)));
+                return Response::from_parts(parts, body::full(bytes));
             }
             Framing::Length(n) => Some(Remaining::Length(n)),
             Framing::Chunked => Some(Remaining::Chunked(Chunked::default())),
@@ -727,9 +741,9 @@ impl UpstreamClient {
                 self.release(authority.clone(), conn);
             }
             drop(keep.take());
-            return Ok(Response::from_parts(parts, body::empty()));
+            return Response::from_parts(parts, body::empty());
         };
-        Ok(Response::from_parts(
+        Response::from_parts(
             parts,
             body::boxed(WireBody {
                 conn: Some(conn),
@@ -739,7 +753,7 @@ impl UpstreamClient {
                 authority: authority.clone(),
                 _keep: keep.take(),
             }),
-        ))
+        )
     }
 }
 

@@ -520,38 +520,9 @@ impl Proxy {
         path: &str,
         in_flight: InFlight,
     ) -> Result<(Response<Body>, &'r str), ForwardError<'r>> {
-        let declared = incoming.declared();
-        if declared.is_some_and(|n| n > self.limits.max_body_bytes) {
-            // Answered first; over HTTP/2 the rest is read and thrown away.
-            if let RequestBody::Streamed(incoming) = incoming {
-                body::discard_rest_if_http2(parts.version, incoming, 0, &self.limits);
-            }
-            return Err(ApiError::body_too_large().into());
-        }
         // Only an empty body can be sent again to another upstream.
         let replayable = incoming.is_end_stream() && route.upstreams.len() > 1;
-        // A body read whole with its head goes with hyper's client's
-        // dispatch left out ([`wire`]).
-        let (whole, mut body) = match incoming {
-            RequestBody::Read(bytes) => (Some(bytes), None),
-            RequestBody::Streamed(incoming) => (
-                None,
-                Some(self.request_body(incoming, declared.is_some(), parts.version)),
-            ),
-            RequestBody::Begun(read, rest) => {
-                let already = read.len() as u64;
-                if already > self.limits.max_body_bytes {
-                    body::discard_rest_if_http2(parts.version, rest, already, &self.limits);
-                    return Err(ApiError::body_too_large().into());
-                }
-                let rest = self.paced_body(rest, already, false, parts.version);
-                let resumed = Resumed {
-                    read: Some(read),
-                    rest,
-                };
-                (None, Some(body::boxed(resumed)))
-            }
-        };
+        let (whole, mut body) = self.outgoing(incoming, parts.version)?;
         let mut keep = Some(in_flight);
         parts.version = Version::HTTP_11;
         let original = parts.uri.path_and_query().cloned();
@@ -560,13 +531,7 @@ impl Proxy {
             let index = self.pick(route, &tried).ok_or_else(ApiError::bad_gateway)?;
             tried.push(index);
             let upstream: &'r Upstream = &route.upstreams[index];
-            parts.uri = upstream
-                .target(path, original.as_ref())
-                .map_err(|_| ApiError::bad_request("Invalid request path"))?
-                .into();
-            parts
-                .headers
-                .insert(http::header::HOST, upstream.host_header.clone());
+            aim(&mut parts, upstream, path, original.as_ref())?;
             let head = if replayable {
                 parts.clone()
             } else {
@@ -577,43 +542,19 @@ impl Proxy {
             let gone = GoneGuard(Some(&route.series));
             // Pinned where it is made and lent to the timeout, not moved
             // into it: a move of this future was a copy of it.
-            let exchange = std::pin::pin!(async {
-                match &whole {
-                    Some(bytes) => {
-                        self.client
-                            .send_whole(&upstream.authority, head, added, bytes.clone(), &mut keep)
-                            .await
-                    }
-                    None => {
-                        let mut head = head;
-                        added.append_to(&mut head.headers);
-                        let request_body = body.take().unwrap_or_else(body::empty);
-                        let request = Request::from_parts(head, request_body);
-                        // Boxed: hyper's exchange is the largest part of
-                        // this future, which every request, lean ones
-                        // included, would otherwise carry and copy at each
-                        // move (`memmove` under `benches/run --perf`).
-                        Box::pin(self.client.send(&upstream.authority, request, &mut keep)).await
-                    }
-                }
-            });
+            let exchange = std::pin::pin!(self.exchange(
+                upstream,
+                head,
+                added,
+                whole.as_ref(),
+                &mut body,
+                &mut keep
+            ));
             let result = tokio::time::timeout(route.timeout, exchange).await;
             gone.disarm();
-            let failure = match result {
-                // Nothing here asked to switch protocols (upgrades go through
-                // `crate::websocket`): a 101 passed on would leave the client
-                // with a connection neither side can speak HTTP on.
-                Ok(Ok(response)) if response.status() == http::StatusCode::SWITCHING_PROTOCOLS => {
-                    tracing::warn!(upstream = %upstream.label, "upstream switched protocols on a request that asked for no upgrade");
-                    Failure::Other
-                }
-                Ok(Ok(response)) => {
-                    upstream.down_until.store(0, Ordering::Relaxed);
-                    upstream.series.answered(started.elapsed());
-                    return Ok((response, upstream.label.as_str()));
-                }
-                Ok(Err(error)) => classify(&error),
-                Err(_) => Failure::Timeout,
+            let failure = match answered(upstream, started, result) {
+                Ok(response) => return Ok((response, upstream.label.as_str())),
+                Err(failure) => failure,
             };
             match failure {
                 Failure::ClientBody => route.series.client_abort(ClientAbort::BodyBroken),
@@ -629,6 +570,121 @@ impl Proxy {
                 upstream: Some(upstream.label.as_str()),
             });
         }
+    }
+
+    /// The request's body as [`Proxy::forward`] sends it on: read whole, to
+    /// go with its head ([`wire`]), or as a body for hyper's client; refused
+    /// when it is over `limits.max_body_bytes`.
+    fn outgoing(
+        &self,
+        incoming: RequestBody,
+        version: Version,
+    ) -> Result<(Option<bytes::Bytes>, Option<Body>), ApiError> {
+        let declared = incoming.declared();
+        if declared.is_some_and(|n| n > self.limits.max_body_bytes) {
+            // Answered first; over HTTP/2 the rest is read and thrown away.
+            if let RequestBody::Streamed(incoming) = incoming {
+                body::discard_rest_if_http2(version, incoming, 0, &self.limits);
+            }
+            return Err(ApiError::body_too_large());
+        }
+        // A body read whole with its head goes with hyper's client's
+        // dispatch left out ([`wire`]).
+        Ok(match incoming {
+            RequestBody::Read(bytes) => (Some(bytes), None),
+            RequestBody::Streamed(incoming) => (
+                None,
+                Some(self.request_body(incoming, declared.is_some(), version)),
+            ),
+            RequestBody::Begun(read, rest) => {
+                let already = read.len() as u64;
+                if already > self.limits.max_body_bytes {
+                    body::discard_rest_if_http2(version, rest, already, &self.limits);
+                    return Err(ApiError::body_too_large());
+                }
+                let rest = self.paced_body(rest, already, false, version);
+                let resumed = Resumed {
+                    read: Some(read),
+                    rest,
+                };
+                (None, Some(body::boxed(resumed)))
+            }
+        })
+    }
+
+    /// One attempt at `upstream`: a body read whole goes with its head over
+    /// the wire; any other with hyper's client (taken from `body`: an
+    /// attempt after the first sends an empty one).
+    async fn exchange(
+        &self,
+        upstream: &Upstream,
+        head: http::request::Parts,
+        added: &headers::Added,
+        whole: Option<&bytes::Bytes>,
+        body: &mut Option<Body>,
+        keep: &mut Option<InFlight>,
+    ) -> Result<Response<Body>, SendError> {
+        match whole {
+            Some(bytes) => {
+                self.client
+                    .send_whole(&upstream.authority, head, added, bytes.clone(), keep)
+                    .await
+            }
+            None => {
+                let mut head = head;
+                added.append_to(&mut head.headers);
+                let request_body = body.take().unwrap_or_else(body::empty);
+                let request = Request::from_parts(head, request_body);
+                // Boxed: hyper's exchange is the largest part of
+                // this future, which every request, lean ones
+                // included, would otherwise carry and copy at each
+                // move (`memmove` under `benches/run --perf`).
+                Box::pin(self.client.send(&upstream.authority, request, keep)).await
+            }
+        }
+    }
+}
+
+/// Points the request's head at `upstream`: its target for `path` (and the
+/// client's query, from `original`) and its `Host`.
+fn aim(
+    parts: &mut http::request::Parts,
+    upstream: &Upstream,
+    path: &str,
+    original: Option<&PathAndQuery>,
+) -> Result<(), ApiError> {
+    parts.uri = upstream
+        .target(path, original)
+        .map_err(|_| ApiError::bad_request("Invalid request path"))?
+        .into();
+    parts
+        .headers
+        .insert(http::header::HOST, upstream.host_header.clone());
+    Ok(())
+}
+
+/// The response of an attempt that `upstream` answered (marking it up and
+/// counting its time), or how the attempt failed.
+fn answered(
+    upstream: &Upstream,
+    started: Instant,
+    result: Result<Result<Response<Body>, SendError>, tokio::time::error::Elapsed>,
+) -> Result<Response<Body>, Failure> {
+    match result {
+        // Nothing here asked to switch protocols (upgrades go through
+        // `crate::websocket`): a 101 passed on would leave the client
+        // with a connection neither side can speak HTTP on.
+        Ok(Ok(response)) if response.status() == http::StatusCode::SWITCHING_PROTOCOLS => {
+            tracing::warn!(upstream = %upstream.label, "upstream switched protocols on a request that asked for no upgrade");
+            Err(Failure::Other)
+        }
+        Ok(Ok(response)) => {
+            upstream.down_until.store(0, Ordering::Relaxed);
+            upstream.series.answered(started.elapsed());
+            Ok(response)
+        }
+        Ok(Err(error)) => Err(classify(&error)),
+        Err(_) => Err(Failure::Timeout),
     }
 }
 

@@ -149,31 +149,47 @@ impl Registrar<'_> {
         self.0.register(Box::new(c.clone())).expect("unique metric");
         c
     }
+
+    /// A gauge without labels.
+    fn single_gauge(&self, name: &str, help: &str) -> IntGauge {
+        let g = IntGauge::new(name, help).expect("valid metric");
+        self.0.register(Box::new(g.clone())).expect("unique metric");
+        g
+    }
 }
 
 /// The request path's metrics: requests, authentication, upstreams, caches,
 /// connections.
 struct Traffic {
-    requests: IntCounterVec,
-    request_duration: HistogramVec,
-    auth: IntCounterVec,
-    upstream_duration: HistogramVec,
-    upstream_errors: IntCounterVec,
-    cache: IntCounterVec,
-    cache_evictions: IntCounterVec,
-    cache_entries: IntGaugeVec,
-    open_connections: IntGaugeVec,
-    connections_closed: IntCounterVec,
-    client_aborts: IntCounterVec,
-    in_flight_refused: IntCounterVec,
-    fast_path_declined: IntCounterVec,
-    store_lookups: IntCounterVec,
-    passports: IntCounterVec,
+    http: HttpSeries,
+    credentials: CredentialSeries,
+    upstreams: UpstreamMetrics,
+    connections: ConnectionSeries,
 }
 
 impl Traffic {
     fn new(r: &Registrar<'_>) -> Traffic {
-        let traffic = Traffic {
+        Traffic {
+            http: HttpSeries::new(r),
+            credentials: CredentialSeries::new(r),
+            upstreams: UpstreamMetrics::new(r),
+            connections: ConnectionSeries::new(r),
+        }
+    }
+}
+
+/// Requests answered, and those that ended early or went another way.
+struct HttpSeries {
+    requests: IntCounterVec,
+    request_duration: HistogramVec,
+    client_aborts: IntCounterVec,
+    in_flight_refused: IntCounterVec,
+    fast_path_declined: IntCounterVec,
+}
+
+impl HttpSeries {
+    fn new(r: &Registrar<'_>) -> HttpSeries {
+        let http = HttpSeries {
             requests: r.counter(
                 "keygate_requests_total",
                 "Requests answered, by route, method class and status class.",
@@ -184,20 +200,52 @@ impl Traffic {
                 "Time from request head to response head, by route.",
                 &["route"],
             ),
+            client_aborts: r.counter(
+                "keygate_client_aborts_total",
+                "Proxied requests the client ended before they were done, by route and kind \
+                 (body_broken: its body broke off or was malformed; body_too_slow: its body did \
+                 not keep the required pace; gone: it went away before the response).",
+                &["route", "kind"],
+            ),
+            in_flight_refused: r.counter(
+                "keygate_in_flight_refused_total",
+                "Proxied requests refused (429) for the in-flight bound they would pass, by bound \
+                 (connection, address).",
+                &["bound"],
+            ),
+            fast_path_declined: r.counter(
+                "keygate_fast_path_declined_total",
+                "HTTP/1.1 requests the lean path left to hyper's, by reason (proxy.fast_path).",
+                &["reason"],
+            ),
+        };
+        for bound in ["connection", "address"] {
+            http.in_flight_refused.with_label_values(&[bound]);
+        }
+        for reason in crate::listener::h1fast::Decline::ALL {
+            http.fast_path_declined.with_label_values(&[reason.label()]);
+        }
+        http
+    }
+}
+
+/// Authentication outcomes, the credential caches and the lookups that
+/// reached the store.
+struct CredentialSeries {
+    auth: IntCounterVec,
+    cache: IntCounterVec,
+    cache_evictions: IntCounterVec,
+    cache_entries: IntGaugeVec,
+    store_lookups: IntCounterVec,
+}
+
+impl CredentialSeries {
+    fn new(r: &Registrar<'_>) -> CredentialSeries {
+        CredentialSeries {
             auth: r.counter(
                 "keygate_auth_total",
                 "Authentication outcomes, by credential method and result.",
                 &["method", "result"],
-            ),
-            upstream_duration: r.histogram(
-                "keygate_upstream_duration_seconds",
-                "Time for an upstream to answer with a response head, by upstream.",
-                &["upstream"],
-            ),
-            upstream_errors: r.counter(
-                "keygate_upstream_errors_total",
-                "Upstream requests that failed, by upstream and kind (connect, timeout, reset, saturated).",
-                &["upstream", "kind"],
             ),
             cache: r.counter(
                 "keygate_cache_requests_total",
@@ -214,6 +262,56 @@ impl Traffic {
                 "Entries held by each credential cache.",
                 &["cache"],
             ),
+            store_lookups: r.counter(
+                "keygate_auth_store_lookups_total",
+                "Credential lookups that reached the store (cache misses), by kind (api_key, user, session).",
+                &["kind"],
+            ),
+        }
+    }
+}
+
+/// Upstreams: their answer times and failures, and the identities carried
+/// to them.
+struct UpstreamMetrics {
+    upstream_duration: HistogramVec,
+    upstream_errors: IntCounterVec,
+    passports: IntCounterVec,
+}
+
+impl UpstreamMetrics {
+    fn new(r: &Registrar<'_>) -> UpstreamMetrics {
+        UpstreamMetrics {
+            upstream_duration: r.histogram(
+                "keygate_upstream_duration_seconds",
+                "Time for an upstream to answer with a response head, by upstream.",
+                &["upstream"],
+            ),
+            upstream_errors: r.counter(
+                "keygate_upstream_errors_total",
+                "Upstream requests that failed, by upstream and kind (connect, timeout, reset, saturated).",
+                &["upstream", "kind"],
+            ),
+            passports: r.counter(
+                "keygate_upstream_identity_total",
+                "Assertions and platform tokens carried to upstreams, by route, identity mode \
+                 and outcome (issued: signed for this request; reused: one signed earlier for \
+                 the same credential and route).",
+                &["route", "mode", "outcome"],
+            ),
+        }
+    }
+}
+
+/// Client connections: open, and closed for a limit.
+struct ConnectionSeries {
+    open_connections: IntGaugeVec,
+    connections_closed: IntCounterVec,
+}
+
+impl ConnectionSeries {
+    fn new(r: &Registrar<'_>) -> ConnectionSeries {
+        ConnectionSeries {
             open_connections: r.gauge(
                 "keygate_open_connections",
                 "Client connections currently open, by listener.",
@@ -225,199 +323,205 @@ impl Traffic {
                  (per_address_cap, tls_handshake_timeout, head_timeout, idle, keep_alive_timeout, body_timeout).",
                 &["listener", "reason"],
             ),
-            client_aborts: r.counter(
-                "keygate_client_aborts_total",
-                "Proxied requests the client ended before they were done, by route and kind \
-                 (body_broken: its body broke off or was malformed; body_too_slow: its body did \
-                 not keep the required pace; gone: it went away before the response).",
-                &["route", "kind"],
-            ),
-            passports: r.counter(
-                "keygate_upstream_identity_total",
-                "Assertions and platform tokens carried to upstreams, by route, identity mode \
-                 and outcome (issued: signed for this request; reused: one signed earlier for \
-                 the same credential and route).",
-                &["route", "mode", "outcome"],
-            ),
-            in_flight_refused: r.counter(
-                "keygate_in_flight_refused_total",
-                "Proxied requests refused (429) for the in-flight bound they would pass, by bound \
-                 (connection, address).",
-                &["bound"],
-            ),
-            fast_path_declined: r.counter(
-                "keygate_fast_path_declined_total",
-                "HTTP/1.1 requests the lean path left to hyper's, by reason (proxy.fast_path).",
-                &["reason"],
-            ),
-            store_lookups: r.counter(
-                "keygate_auth_store_lookups_total",
-                "Credential lookups that reached the store (cache misses), by kind (api_key, user, session).",
-                &["kind"],
-            ),
-        };
-        for bound in ["connection", "address"] {
-            traffic.in_flight_refused.with_label_values(&[bound]);
         }
-        for reason in crate::listener::h1fast::Decline::ALL {
-            traffic
-                .fast_path_declined
-                .with_label_values(&[reason.label()]);
-        }
-        traffic
     }
 }
 
-/// Accounts, reloads, revocations and store pruning.
+/// Accounts, reloads, revocations, store pruning and the sync with the
+/// platform.
 struct Operations {
+    accounts: AccountSeries,
+    revocations: RevocationSeries,
+    reloads: ReloadSeries,
+    pruning: PruneSeries,
+    sync: SyncSeries,
+}
+
+impl Operations {
+    fn new(r: &Registrar<'_>) -> Operations {
+        Operations {
+            accounts: AccountSeries::new(r),
+            revocations: RevocationSeries::new(r),
+            reloads: ReloadSeries::new(r),
+            pruning: PruneSeries::new(r),
+            sync: SyncSeries::new(r),
+        }
+    }
+}
+
+/// Logins, rate limits, password hashing, and credentials ended for misuse.
+struct AccountSeries {
     logins: IntCounterVec,
     rate_limited: IntCounterVec,
     password_hashes: IntCounterVec,
     password_hashes_refused: IntCounterVec,
     refresh_reuse: prometheus::IntCounter,
-    revocations: prometheus::IntCounter,
     keys_disabled_on_plaintext: prometheus::IntCounter,
+}
+
+impl AccountSeries {
+    fn new(r: &Registrar<'_>) -> AccountSeries {
+        let accounts = AccountSeries {
+            logins: r.counter(
+                "keygate_login_attempts_total",
+                "Login attempts, by outcome (success, bad_credentials, disabled, locked, rate_limited, bad_request, second_factor_required, second_factor_enforced, bad_second_factor).",
+                &["outcome"],
+            ),
+            rate_limited: r.counter(
+                "keygate_rate_limited_total",
+                "Requests refused by a rate limit, by limiter (account, address, management_writes, unknown_api_keys, email_code).",
+                &["limiter"],
+            ),
+            password_hashes: r.counter(
+                "keygate_password_hashes_total",
+                "Argon2id / bcrypt computations, by allowance (login, other).",
+                &["purpose"],
+            ),
+            password_hashes_refused: r.counter(
+                "keygate_password_hashes_refused_total",
+                "Requests answered 503 for finding no turn to hash within login.hash_wait, by allowance (login, other).",
+                &["purpose"],
+            ),
+            refresh_reuse: r.single_counter(
+                "keygate_refresh_token_reuse_total",
+                "Retired refresh tokens presented again; each ended its session.",
+            ),
+            keys_disabled_on_plaintext: r.single_counter(
+                "keygate_api_keys_disabled_on_plaintext_total",
+                "API keys disabled because they arrived over plain HTTP.",
+            ),
+        };
+        // Every known outcome exists with 0.
+        for outcome in LOGIN_OUTCOMES {
+            accounts.logins.with_label_values(&[outcome]);
+        }
+        for limiter in RATE_LIMITERS {
+            accounts.rate_limited.with_label_values(&[limiter]);
+        }
+        for purpose in HASH_PURPOSES {
+            accounts.password_hashes.with_label_values(&[purpose]);
+            accounts
+                .password_hashes_refused
+                .with_label_values(&[purpose]);
+        }
+        accounts
+    }
+}
+
+/// Revocations received from the shared store, and its listener's state.
+struct RevocationSeries {
+    revocations: prometheus::IntCounter,
     /// Registered only where a revocation listener runs (PostgreSQL store):
     /// elsewhere a constant 0 would read as an outage.
     revocation_listener_up: IntGauge,
+}
+
+impl RevocationSeries {
+    fn new(r: &Registrar<'_>) -> RevocationSeries {
+        RevocationSeries {
+            revocations: r.single_counter(
+                "keygate_revocation_notifications_total",
+                "Revocation notifications received from the shared store.",
+            ),
+            revocation_listener_up: IntGauge::new(
+                "keygate_revocation_listener_up",
+                "1 while the revocation listener is connected to PostgreSQL, else 0. \
+                 Exported only on a PostgreSQL store.",
+            )
+            .expect("valid metric"),
+        }
+    }
+}
+
+/// Reloads of routes and of the TLS certificate.
+struct ReloadSeries {
     reloads: IntCounterVec,
     last_reload: IntGauge,
+}
+
+impl ReloadSeries {
+    fn new(r: &Registrar<'_>) -> ReloadSeries {
+        let reloads = ReloadSeries {
+            reloads: r.counter(
+                "keygate_config_reloads_total",
+                "Reloads of routes or the TLS certificate, by what and outcome (success, failure).",
+                &["what", "outcome"],
+            ),
+            last_reload: r.single_gauge(
+                "keygate_config_last_reload_success_timestamp_seconds",
+                "When a reload last succeeded (Unix time; 0 before the first).",
+            ),
+        };
+        for what in RELOADED {
+            for outcome in OUTCOMES {
+                reloads.reloads.with_label_values(&[what, outcome]);
+            }
+        }
+        reloads
+    }
+}
+
+/// Store pruning: rows deleted and runs; created with 0 where pruning runs
+/// ([`Metrics::init_pruning`]).
+struct PruneSeries {
     pruned_rows: IntCounterVec,
     prune_runs: IntCounterVec,
+}
+
+impl PruneSeries {
+    fn new(r: &Registrar<'_>) -> PruneSeries {
+        PruneSeries {
+            pruned_rows: r.counter(
+                "keygate_store_pruned_rows_total",
+                "Dead rows deleted from the store, by kind (ended_sessions, expired_sessions, activation_tokens, audit_events).",
+                &["kind"],
+            ),
+            prune_runs: r.counter(
+                "keygate_store_prune_runs_total",
+                "Runs of the store pruning, by outcome (success, failure).",
+                &["outcome"],
+            ),
+        }
+    }
+}
+
+/// The sync with the platform's database.
+struct SyncSeries {
     sync_last_success: IntGauge,
     sync_rows: IntCounterVec,
     sync_errors: prometheus::IntCounter,
     sync_skipped: IntCounterVec,
 }
 
-impl Operations {
-    fn new(r: &Registrar<'_>) -> Operations {
-        let logins = r.counter(
-            "keygate_login_attempts_total",
-            "Login attempts, by outcome (success, bad_credentials, disabled, locked, rate_limited, bad_request, second_factor_required, second_factor_enforced, bad_second_factor).",
-            &["outcome"],
-        );
-        let rate_limited = r.counter(
-            "keygate_rate_limited_total",
-            "Requests refused by a rate limit, by limiter (account, address, management_writes, unknown_api_keys, email_code).",
-            &["limiter"],
-        );
-        let password_hashes = r.counter(
-            "keygate_password_hashes_total",
-            "Argon2id / bcrypt computations, by allowance (login, other).",
-            &["purpose"],
-        );
-        let password_hashes_refused = r.counter(
-            "keygate_password_hashes_refused_total",
-            "Requests answered 503 for finding no turn to hash within login.hash_wait, by allowance (login, other).",
-            &["purpose"],
-        );
-        let refresh_reuse = r.single_counter(
-            "keygate_refresh_token_reuse_total",
-            "Retired refresh tokens presented again; each ended its session.",
-        );
-        let revocations = r.single_counter(
-            "keygate_revocation_notifications_total",
-            "Revocation notifications received from the shared store.",
-        );
-        let keys_disabled_on_plaintext = r.single_counter(
-            "keygate_api_keys_disabled_on_plaintext_total",
-            "API keys disabled because they arrived over plain HTTP.",
-        );
-        let revocation_listener_up = IntGauge::new(
-            "keygate_revocation_listener_up",
-            "1 while the revocation listener is connected to PostgreSQL, else 0. \
-             Exported only on a PostgreSQL store.",
-        )
-        .expect("valid metric");
-        let reloads = r.counter(
-            "keygate_config_reloads_total",
-            "Reloads of routes or the TLS certificate, by what and outcome (success, failure).",
-            &["what", "outcome"],
-        );
-        let last_reload = IntGauge::new(
-            "keygate_config_last_reload_success_timestamp_seconds",
-            "When a reload last succeeded (Unix time; 0 before the first).",
-        )
-        .expect("valid metric");
-        r.0.register(Box::new(last_reload.clone()))
-            .expect("unique metric");
-        let pruned_rows = r.counter(
-            "keygate_store_pruned_rows_total",
-            "Dead rows deleted from the store, by kind (ended_sessions, expired_sessions, activation_tokens, audit_events).",
-            &["kind"],
-        );
-        let prune_runs = r.counter(
-            "keygate_store_prune_runs_total",
-            "Runs of the store pruning, by outcome (success, failure).",
-            &["outcome"],
-        );
-        let sync_last_success = IntGauge::new(
-            "keygate_platform_sync_last_success_timestamp_seconds",
-            "When the sync with the platform's database last succeeded (Unix time; 0 before the first, and without a sync).",
-        )
-        .expect("valid metric");
-        r.0.register(Box::new(sync_last_success.clone()))
-            .expect("unique metric");
-        let sync_rows = r.counter(
-            "keygate_platform_sync_rows_applied_total",
-            "Rows the sync with the platform's database changed in keygate, by kind (users_added, users_updated, users_removed, keys_added, keys_updated, keys_removed).",
-            &["kind"],
-        );
-        let sync_errors = r.single_counter(
-            "keygate_platform_sync_errors_total",
-            "Syncs with the platform's database that failed (unreachable, not the platform's, or a store error).",
-        );
-        let sync_skipped = r.counter(
-            "keygate_platform_sync_skipped_total",
-            "Platform rows the sync held back, counted once when first held back, by reason (invalid_row, invalid_email, too_long, bcrypt_cost, email_collision, email_taken, foreign_customer, other).",
-            &["reason"],
-        );
-        let operations = Operations {
-            logins,
-            rate_limited,
-            password_hashes,
-            password_hashes_refused,
-            refresh_reuse,
-            revocations,
-            keys_disabled_on_plaintext,
-            revocation_listener_up,
-            reloads,
-            last_reload,
-            pruned_rows,
-            prune_runs,
-            sync_last_success,
-            sync_rows,
-            sync_errors,
-            sync_skipped,
+impl SyncSeries {
+    fn new(r: &Registrar<'_>) -> SyncSeries {
+        let sync = SyncSeries {
+            sync_last_success: r.single_gauge(
+                "keygate_platform_sync_last_success_timestamp_seconds",
+                "When the sync with the platform's database last succeeded (Unix time; 0 before the first, and without a sync).",
+            ),
+            sync_rows: r.counter(
+                "keygate_platform_sync_rows_applied_total",
+                "Rows the sync with the platform's database changed in keygate, by kind (users_added, users_updated, users_removed, keys_added, keys_updated, keys_removed).",
+                &["kind"],
+            ),
+            sync_errors: r.single_counter(
+                "keygate_platform_sync_errors_total",
+                "Syncs with the platform's database that failed (unreachable, not the platform's, or a store error).",
+            ),
+            sync_skipped: r.counter(
+                "keygate_platform_sync_skipped_total",
+                "Platform rows the sync held back, counted once when first held back, by reason (invalid_row, invalid_email, too_long, bcrypt_cost, email_collision, email_taken, foreign_customer, other).",
+                &["reason"],
+            ),
         };
-        operations.zero_known_outcomes();
-        operations
-    }
-
-    /// Creates the series of every known outcome with 0.
-    fn zero_known_outcomes(&self) {
-        for outcome in LOGIN_OUTCOMES {
-            self.logins.with_label_values(&[outcome]);
-        }
-        for limiter in RATE_LIMITERS {
-            self.rate_limited.with_label_values(&[limiter]);
-        }
-        for purpose in HASH_PURPOSES {
-            self.password_hashes.with_label_values(&[purpose]);
-            self.password_hashes_refused.with_label_values(&[purpose]);
-        }
         for kind in SYNC_KINDS {
-            self.sync_rows.with_label_values(&[kind]);
+            sync.sync_rows.with_label_values(&[kind]);
         }
         for reason in skip_reason::ALL {
-            self.sync_skipped.with_label_values(&[reason]);
+            sync.sync_skipped.with_label_values(&[reason]);
         }
-        for what in RELOADED {
-            for outcome in OUTCOMES {
-                self.reloads.with_label_values(&[what, outcome]);
-            }
-        }
+        sync
     }
 }
 
@@ -506,9 +610,13 @@ impl Metrics {
     /// Creates a listener's connection series with 0: its open connections
     /// and each reason it may close one (`reasons`).
     pub(crate) fn init_connections(&self, listener: &str, reasons: &[&str]) {
-        self.traffic.open_connections.with_label_values(&[listener]);
+        self.traffic
+            .connections
+            .open_connections
+            .with_label_values(&[listener]);
         for reason in reasons {
             self.traffic
+                .connections
                 .connections_closed
                 .with_label_values(&[listener, reason]);
         }
@@ -516,11 +624,26 @@ impl Metrics {
 
     /// Creates a credential cache's series with 0, and returns its counters.
     pub(crate) fn init_cache(&self, cache: &str) -> CacheSeries {
-        self.traffic.cache_entries.with_label_values(&[cache]);
+        self.traffic
+            .credentials
+            .cache_entries
+            .with_label_values(&[cache]);
         CacheSeries {
-            hit: self.traffic.cache.with_label_values(&[cache, "hit"]),
-            miss: self.traffic.cache.with_label_values(&[cache, "miss"]),
-            eviction: self.traffic.cache_evictions.with_label_values(&[cache]),
+            hit: self
+                .traffic
+                .credentials
+                .cache
+                .with_label_values(&[cache, "hit"]),
+            miss: self
+                .traffic
+                .credentials
+                .cache
+                .with_label_values(&[cache, "miss"]),
+            eviction: self
+                .traffic
+                .credentials
+                .cache_evictions
+                .with_label_values(&[cache]),
         }
     }
 
@@ -528,12 +651,12 @@ impl Metrics {
     pub(crate) fn route_series(&self, label: &str) -> RouteSeries {
         RouteSeries {
             label: label.into(),
-            requests: self.traffic.requests.clone(),
-            durations: self.traffic.request_duration.clone(),
+            requests: self.traffic.http.requests.clone(),
+            durations: self.traffic.http.request_duration.clone(),
             counters: std::array::from_fn(|_| OnceLock::new()),
             duration: OnceLock::new(),
             aborts: std::array::from_fn(|_| OnceLock::new()),
-            client_aborts: self.traffic.client_aborts.clone(),
+            client_aborts: self.traffic.http.client_aborts.clone(),
         }
     }
 
@@ -541,6 +664,7 @@ impl Metrics {
     pub(crate) fn passport_series(&self, route: &str, mode: &str) -> [IntCounter; 2] {
         ["issued", "reused"].map(|outcome| {
             self.traffic
+                .upstreams
                 .passports
                 .with_label_values(&[route, mode, outcome])
         })
@@ -550,6 +674,7 @@ impl Metrics {
     /// pass ("connection" or "address").
     pub(crate) fn in_flight_refused(&self, bound: &str) {
         self.traffic
+            .http
             .in_flight_refused
             .with_label_values(&[bound])
             .inc();
@@ -558,6 +683,7 @@ impl Metrics {
     /// Counts an HTTP/1.1 request the lean path left to hyper's.
     pub(crate) fn fast_path_declined(&self, reason: &str) {
         self.traffic
+            .http
             .fast_path_declined
             .with_label_values(&[reason])
             .inc();
@@ -567,7 +693,7 @@ impl Metrics {
     /// ([`AuthSeries`]), over the given result labels.
     pub(crate) fn auth_series(&self, results: &'static [&'static str]) -> AuthSeries {
         AuthSeries {
-            auth: self.traffic.auth.clone(),
+            auth: self.traffic.credentials.auth.clone(),
             results,
             counters: (0..AUTH_METHODS.len() * results.len())
                 .map(|_| OnceLock::new())
@@ -578,20 +704,24 @@ impl Metrics {
     /// Creates an authentication outcome at 0, so it is exported before it
     /// first happens.
     pub(crate) fn init_auth(&self, method: &str, result: &str) {
-        self.traffic.auth.with_label_values(&[method, result]);
+        self.traffic
+            .credentials
+            .auth
+            .with_label_values(&[method, result]);
     }
 
     /// An upstream's series; its error series exist (at 0) from here on, one
     /// per kind (`kinds`).
     pub(crate) fn upstream_series(&self, upstream: &str, kinds: &[&str]) -> UpstreamSeries {
         UpstreamSeries {
-            durations: self.traffic.upstream_duration.clone(),
+            durations: self.traffic.upstreams.upstream_duration.clone(),
             label: upstream.into(),
             duration: OnceLock::new(),
             errors: kinds
                 .iter()
                 .map(|kind| {
                     self.traffic
+                        .upstreams
                         .upstream_errors
                         .with_label_values(&[upstream, kind])
                 })
@@ -603,10 +733,16 @@ impl Metrics {
     /// of each kind (`kinds`) and the runs by outcome.
     pub(crate) fn init_pruning(&self, kinds: &[&str]) {
         for kind in kinds {
-            self.operations.pruned_rows.with_label_values(&[kind]);
+            self.operations
+                .pruning
+                .pruned_rows
+                .with_label_values(&[kind]);
         }
         for outcome in OUTCOMES {
-            self.operations.prune_runs.with_label_values(&[outcome]);
+            self.operations
+                .pruning
+                .prune_runs
+                .with_label_values(&[outcome]);
         }
     }
 
@@ -615,9 +751,9 @@ impl Metrics {
     /// calling it again is harmless.
     pub(crate) fn init_revocation_listener(&self) {
         // Already registered is the only possible error, and the same metric.
-        let _ = self
-            .registry
-            .register(Box::new(self.operations.revocation_listener_up.clone()));
+        let _ = self.registry.register(Box::new(
+            self.operations.revocations.revocation_listener_up.clone(),
+        ));
     }
 
     pub fn request(
@@ -628,25 +764,36 @@ impl Metrics {
         elapsed: Duration,
     ) {
         self.traffic
+            .http
             .requests
             .with_label_values(&[route, method_class(method), status_class(status)])
             .inc();
         self.traffic
+            .http
             .request_duration
             .with_label_values(&[route])
             .observe(elapsed.as_secs_f64());
     }
 
     pub fn auth(&self, method: &str, result: &str) {
-        self.traffic.auth.with_label_values(&[method, result]).inc();
+        self.traffic
+            .credentials
+            .auth
+            .with_label_values(&[method, result])
+            .inc();
     }
 
     pub fn login(&self, outcome: &str) {
-        self.operations.logins.with_label_values(&[outcome]).inc();
+        self.operations
+            .accounts
+            .logins
+            .with_label_values(&[outcome])
+            .inc();
     }
 
     pub fn password_hash(&self, purpose: &str) {
         self.operations
+            .accounts
             .password_hashes
             .with_label_values(&[purpose])
             .inc();
@@ -654,6 +801,7 @@ impl Metrics {
 
     pub(crate) fn password_hash_refused(&self, purpose: &str) {
         self.operations
+            .accounts
             .password_hashes_refused
             .with_label_values(&[purpose])
             .inc();
@@ -661,31 +809,37 @@ impl Metrics {
 
     pub(crate) fn rate_limited(&self, limiter: &str) {
         self.operations
+            .accounts
             .rate_limited
             .with_label_values(&[limiter])
             .inc();
     }
 
     pub(crate) fn refresh_reuse(&self) {
-        self.operations.refresh_reuse.inc();
+        self.operations.accounts.refresh_reuse.inc();
     }
 
     pub(crate) fn key_disabled_on_plaintext(&self) {
-        self.operations.keys_disabled_on_plaintext.inc();
+        self.operations.accounts.keys_disabled_on_plaintext.inc();
     }
 
     pub fn reload(&self, what: &str, ok: bool) {
         self.operations
             .reloads
+            .reloads
             .with_label_values(&[what, outcome(ok)])
             .inc();
         if ok {
-            self.operations.last_reload.set(crate::clock::now_secs());
+            self.operations
+                .reloads
+                .last_reload
+                .set(crate::clock::now_secs());
         }
     }
 
     pub fn pruned(&self, kind: &str, rows: u64) {
         self.operations
+            .pruning
             .pruned_rows
             .with_label_values(&[kind])
             .inc_by(rows);
@@ -693,6 +847,7 @@ impl Metrics {
 
     pub(crate) fn prune_run(&self, ok: bool) {
         self.operations
+            .pruning
             .prune_runs
             .with_label_values(&[outcome(ok)])
             .inc();
@@ -700,12 +855,13 @@ impl Metrics {
 
     /// A sync with the platform's database succeeded at `now_secs`.
     pub(crate) fn sync_succeeded(&self, now_secs: i64) {
-        self.operations.sync_last_success.set(now_secs);
+        self.operations.sync.sync_last_success.set(now_secs);
     }
 
     /// Rows of `kind` ([`SYNC_KINDS`]) a sync changed.
     pub(crate) fn sync_applied(&self, kind: &str, rows: u64) {
         self.operations
+            .sync
             .sync_rows
             .with_label_values(&[kind])
             .inc_by(rows);
@@ -714,25 +870,30 @@ impl Metrics {
     /// A platform row the sync holds back, by [`skip_reason`].
     pub(crate) fn platform_row_skipped(&self, reason: &str) {
         self.operations
+            .sync
             .sync_skipped
             .with_label_values(&[reason])
             .inc();
     }
 
     pub(crate) fn sync_failed(&self) {
-        self.operations.sync_errors.inc();
+        self.operations.sync.sync_errors.inc();
     }
 
     pub(crate) fn revocation_received(&self) {
-        self.operations.revocations.inc();
+        self.operations.revocations.revocations.inc();
     }
 
     pub(crate) fn revocation_listener(&self, up: bool) {
-        self.operations.revocation_listener_up.set(i64::from(up));
+        self.operations
+            .revocations
+            .revocation_listener_up
+            .set(i64::from(up));
     }
 
     pub(crate) fn connection_opened(&self, listener: &str) {
         self.traffic
+            .connections
             .open_connections
             .with_label_values(&[listener])
             .inc();
@@ -740,6 +901,7 @@ impl Metrics {
 
     pub(crate) fn connection_closed(&self, listener: &str) {
         self.traffic
+            .connections
             .open_connections
             .with_label_values(&[listener])
             .dec();
@@ -748,6 +910,7 @@ impl Metrics {
     /// Counts a connection closed by a limit; `reason` is one fixed word.
     pub(crate) fn connection_closed_by(&self, listener: &str, reason: &str) {
         self.traffic
+            .connections
             .connections_closed
             .with_label_values(&[listener, reason])
             .inc();
@@ -756,6 +919,7 @@ impl Metrics {
     pub(crate) fn set_cache_entries(&self, sizes: &[(&str, u64)]) {
         for (name, size) in sizes {
             self.traffic
+                .credentials
                 .cache_entries
                 .with_label_values(&[name])
                 .set(*size as i64);
@@ -765,7 +929,7 @@ impl Metrics {
     /// `keygate_auth_store_lookups_total`: credential lookups that reached
     /// the store, by kind; its series belong to the authenticator.
     pub(crate) fn store_lookups(&self) -> IntCounterVec {
-        self.traffic.store_lookups.clone()
+        self.traffic.credentials.store_lookups.clone()
     }
 
     /// Registers a counter family whose series a stage owns (and bounds).
