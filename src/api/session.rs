@@ -3,6 +3,7 @@
 use uuid::Uuid;
 
 use super::records::User;
+use super::two_factor::PreVerificationToken;
 use super::wire::{
     BodyErrors, ChangePasswordRequest, CredentialErrors, JwtPair, LoginErrors, LoginRequest,
     PublicLoginRequest, RefreshErrors, RefreshTokenRequest, TokenErrors,
@@ -11,6 +12,7 @@ use super::{EndpointRequest, Endpoints, empty_response, json_response};
 use crate::auth::jwt::TokenError;
 use crate::auth::limiter::{Attempt, Limited};
 use crate::auth::password;
+use crate::auth::second_factor::{Cleared, Gate};
 use crate::body::Body;
 use crate::error::ApiError;
 use crate::identity::AuthMethod;
@@ -128,13 +130,19 @@ impl Endpoints {
             .map_err(|_| ApiError::internal())
     }
 
-    /// Opens a session and signs its first token pair.
-    pub(super) async fn issue_pair(&self, user: &UserRecord) -> Result<JwtPair, ApiError> {
+    /// Opens a session and signs its first token pair, for a user the
+    /// second-factor gate cleared ([`crate::auth::second_factor`]): no
+    /// other way opens one.
+    pub(super) async fn issue_pair(&self, cleared: Cleared) -> Result<JwtPair, ApiError> {
+        let user = cleared.user();
         let session =
             SessionRecord::open(user.id, crate::clock::now_ms(), Uuid::new_v4().to_string());
         self.store.insert_session(&session).await?;
         self.sign_pair(user, session.id, &session.refresh_jti)
     }
+
+    /// Signs a pair of an open session: its first ([`Self::issue_pair`]), or
+    /// a renewal (`refresh`), whose session passed the gate when it opened.
 
     fn sign_pair(
         &self,
@@ -248,13 +256,13 @@ pub async fn login(
     // window is cleared only by a completed login: here when no second
     // factor is due, else by the right code (`api::two_factor`). A right
     // password never clears the windows second-factor codes count in.
-    let due = api.second_factor_due(&user).await;
-    if matches!(due, Ok(None)) {
+    let gated = api.gate(&user).await;
+    if matches!(gated, Ok(Ok(_))) {
         api.limiter.succeeded(attempt).await;
     } else {
         api.limiter.released(attempt).await;
     }
-    let due = due?;
+    let gated = gated?;
     if api.store.is_locked(user.id).await? {
         api.metrics.login("locked");
         return Err(ApiError::locked());
@@ -280,20 +288,31 @@ pub async fn login(
     // opens nothing but the second-factor check; one whom a second factor is
     // enforced for, without one, an MFA configuration token, which opens
     // nothing but configuring one (`api::two_factor`).
-    if let Some(pending) = due {
-        if pending.scope == crate::auth::jwt::MFA_CONFIGURATION_SCOPE {
-            api.metrics.login("second_factor_enforced");
-            tracing::info!(target: "keygate::security", user_id = %user.id, client = %req.client_ip, "password accepted; a second factor must be configured first");
-        } else {
-            api.metrics.login("second_factor_required");
-            tracing::info!(target: "keygate::security", user_id = %user.id, client = %req.client_ip, "password accepted; second factor required");
-        }
-        return Ok(json_response(&pending));
-    }
-    let pair = api.issue_pair(&user).await?;
+    let cleared = match gated {
+        Ok(cleared) => cleared,
+        Err(pending) => return Ok(second_factor_due(api, &user, &req, &pending)),
+    };
+    let pair = api.issue_pair(cleared).await?;
     api.metrics.login("success");
     tracing::info!(target: "keygate::security", user_id = %user.id, client = %req.client_ip, "login succeeded");
     Ok(json_response(&pair))
+}
+
+/// A login's answer while a second factor is due: the token that waits for it.
+fn second_factor_due(
+    api: &Endpoints,
+    user: &UserRecord,
+    req: &EndpointRequest,
+    pending: &PreVerificationToken,
+) -> http::Response<Body> {
+    if pending.scope == crate::auth::jwt::MFA_CONFIGURATION_SCOPE {
+        api.metrics.login("second_factor_enforced");
+        tracing::info!(target: "keygate::security", user_id = %user.id, client = %req.client_ip, "password accepted; a second factor must be configured first");
+    } else {
+        api.metrics.login("second_factor_required");
+        tracing::info!(target: "keygate::security", user_id = %user.id, client = %req.client_ip, "password accepted; second factor required");
+    }
+    json_response(pending)
 }
 
 /// Counts a failed login (its limiter slot stays taken) and applies the
@@ -633,10 +652,12 @@ pub async fn change_password(
     // A session's pair comes from a login that passed its second factor; an
     // API key and the password are not that: the second factor due at login
     // is due here, as on activation.
-    if !identity.is_session()
-        && let Some(pending) = api.second_factor_due(&user).await?
-    {
-        return Ok(json_response(&pending));
+    let gated = match Gate::session(identity, &user) {
+        Some(cleared) => Ok(cleared),
+        None => api.gate(&user).await?,
+    };
+    match gated {
+        Ok(cleared) => Ok(json_response(&api.issue_pair(cleared).await?)),
+        Err(pending) => Ok(json_response(&pending)),
     }
-    Ok(json_response(&api.issue_pair(&user).await?))
 }

@@ -8,6 +8,10 @@
 //! has no provider logs in to an MFA configuration token, which opens the
 //! four configuring endpoints and `/api/auth/2fa/login`, and nothing else.
 //!
+//! When a second factor is due, which providers count, and the `Cleared` a
+//! token pair needs are decided by the gate, [`crate::auth::second_factor`];
+//! this module keeps the platform's settings, the wire, and the endpoints.
+//!
 //! Beyond the platform: a TOTP secret is sealed at rest and shown once, in
 //! the answer that generated it; only a secret keygate generated for the
 //! user moments before can be saved; a TOTP code is accepted once; backup
@@ -27,6 +31,7 @@ use super::wire::{BodyErrors, CredentialErrors, LoginErrors};
 use super::{EndpointRequest, Endpoints, empty_response, json_response};
 use crate::auth::at_rest::Sealer;
 use crate::auth::jwt::{AccessClaims, MFA_CONFIGURATION_SCOPE, PRE_VERIFICATION_SCOPE, TokenError};
+use crate::auth::second_factor::{self, Cleared, Gate, Policy, SentCode, Verified};
 use crate::auth::totp;
 use crate::body::Body;
 use crate::config::{EnforcedUsers, TwoFactorSettings};
@@ -34,9 +39,7 @@ use crate::error::{ApiError, code};
 use crate::identity::{Authority, Identity};
 use crate::store::{Audit, Store, TwoFactorRecord, UserRecord};
 
-pub const TOTP: &str = "TOTP";
-pub const BACKUP_CODE: &str = "BACKUP_CODE";
-pub const EMAIL: &str = "EMAIL";
+pub use crate::auth::second_factor::{BACKUP_CODE, EMAIL, TOTP};
 
 /// The `settings` row that holds what `POST /api/2fa/settings` saved.
 const PLATFORM_SETTINGS: &str = "two_factor_platform";
@@ -50,7 +53,7 @@ const BACKUP_CODE_ALPHABET: &[u8; 16] = b"0123456789abcdef";
 
 /// A generated secret or set of codes, kept until the user saves it.
 #[derive(Clone)]
-enum Pending {
+enum Generated {
     Totp(String),
     Codes(Vec<String>),
     /// The address codes go to: always the user's own.
@@ -64,15 +67,6 @@ enum CodeFor {
     Login,
 }
 
-/// An e-mail code that was sent: its keyed digest (never the code), when,
-/// and for how long it holds.
-#[derive(Clone)]
-struct SentCode {
-    digest: String,
-    sent: std::time::Instant,
-    lifetime: Duration,
-}
-
 /// State of the second factors: the sealer, what was generated and not yet
 /// saved (per user and provider), and the wrong codes of each login attempt.
 /// Both maps live in this replica's memory: generating and saving a config
@@ -81,7 +75,7 @@ struct SentCode {
 /// configured, still bound guessing across replicas).
 pub struct TwoFactor {
     sealer: std::sync::Arc<Sealer>,
-    pending: moka::sync::Cache<(Uuid, &'static str), Pending>,
+    pending: moka::sync::Cache<(Uuid, &'static str), Generated>,
     failures: moka::sync::Cache<Uuid, u32>,
     /// The last e-mail code sent to each user, per purpose (one at a time).
     codes: moka::sync::Cache<(Uuid, CodeFor), SentCode>,
@@ -166,6 +160,49 @@ pub struct PlatformTwoFaSettings {
     pub enforced_users_filter: Option<EnforcedUsers>,
 }
 
+impl ProviderConfig {
+    /// Refuses a provider keygate cannot honour, with the reason; EMAIL only
+    /// when mail is configured.
+    fn check(&self, mail: bool) -> Result<(), ApiError> {
+        match self.provider_type.as_str() {
+            TOTP => {
+                if self
+                    .issuer_name
+                    .as_deref()
+                    .is_none_or(|name| name.trim().is_empty())
+                {
+                    return Err(ApiError::bad_request("issuerName must not be blank"));
+                }
+            }
+            BACKUP_CODE => {
+                if !(1..=100).contains(&self.codes_quantity.unwrap_or(0)) {
+                    return Err(ApiError::bad_request("codesQuantity must be from 1 to 100"));
+                }
+            }
+            EMAIL if mail => {
+                if !(1..=MAX_VERIFICATION_TIME)
+                    .contains(&self.verification_code_lifetime.unwrap_or(120))
+                {
+                    return Err(ApiError::bad_request(format!(
+                        "verificationCodeLifetime must be from 1 to {MAX_VERIFICATION_TIME} seconds"
+                    )));
+                }
+            }
+            other => {
+                let offered = if mail {
+                    "TOTP, BACKUP_CODE and EMAIL"
+                } else {
+                    "TOTP and BACKUP_CODE (EMAIL needs [mail])"
+                };
+                return Err(ApiError::bad_request(format!(
+                    "2FA provider {other} is not available: keygate offers {offered}"
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
 impl PlatformTwoFaSettings {
     fn from_config(
         settings: &TwoFactorSettings,
@@ -235,41 +272,7 @@ impl PlatformTwoFaSettings {
     /// mail is configured.
     fn check(&self, mail: bool) -> Result<(), ApiError> {
         for provider in &self.providers {
-            match provider.provider_type.as_str() {
-                TOTP => {
-                    if provider
-                        .issuer_name
-                        .as_deref()
-                        .is_none_or(|name| name.trim().is_empty())
-                    {
-                        return Err(ApiError::bad_request("issuerName must not be blank"));
-                    }
-                }
-                BACKUP_CODE => {
-                    if !(1..=100).contains(&provider.codes_quantity.unwrap_or(0)) {
-                        return Err(ApiError::bad_request("codesQuantity must be from 1 to 100"));
-                    }
-                }
-                EMAIL if mail => {
-                    if !(1..=MAX_VERIFICATION_TIME)
-                        .contains(&provider.verification_code_lifetime.unwrap_or(120))
-                    {
-                        return Err(ApiError::bad_request(format!(
-                            "verificationCodeLifetime must be from 1 to {MAX_VERIFICATION_TIME} seconds"
-                        )));
-                    }
-                }
-                other => {
-                    let offered = if mail {
-                        "TOTP, BACKUP_CODE and EMAIL"
-                    } else {
-                        "TOTP and BACKUP_CODE (EMAIL needs [mail])"
-                    };
-                    return Err(ApiError::bad_request(format!(
-                        "2FA provider {other} is not available: keygate offers {offered}"
-                    )));
-                }
-            }
+            provider.check(mail)?;
         }
         if let Some(time) = self.total_allowed_time_for_verification
             && !(60..=MAX_VERIFICATION_TIME).contains(&time)
@@ -287,51 +290,47 @@ impl PlatformTwoFaSettings {
             ));
         }
         if self.enforce_two_fa {
-            if !self
-                .providers
-                .iter()
-                .any(|p| p.provider_type != BACKUP_CODE)
-            {
-                return Err(ApiError::bad_request(
-                    "At least one 2FA provider is required if enforcing is enabled",
-                ));
-            }
-            match &self.enforced_users_filter {
-                None => {
-                    return Err(ApiError::bad_request(
-                        "Users filter to enforce 2FA for is required",
-                    ));
-                }
-                Some(EnforcedUsers::TenantAdministrators {
-                    tenant_profiles_ids: Some(profiles),
-                    ..
-                }) if !profiles.is_empty() => {
-                    return Err(ApiError::bad_request(
-                        "tenantProfilesIds is not supported: keygate does not know tenant profiles; list tenantsIds",
-                    ));
-                }
-                Some(_) => {}
-            }
+            self.check_enforcement()?;
         }
         Ok(())
     }
 
-    /// Must `user` configure a second factor before a token pair?
-    fn enforced_for(&self, user: &UserRecord) -> bool {
-        if !self.enforce_two_fa {
-            return false;
+    /// Enforcing needs a provider that stands alone and whom to enforce it for.
+    fn check_enforcement(&self) -> Result<(), ApiError> {
+        if !self
+            .providers
+            .iter()
+            .any(|p| second_factor::stands_alone(&p.provider_type))
+        {
+            return Err(ApiError::bad_request(
+                "At least one 2FA provider is required if enforcing is enabled",
+            ));
         }
         match &self.enforced_users_filter {
-            None => false,
-            Some(EnforcedUsers::AllUsers) => true,
-            Some(EnforcedUsers::SystemAdministrators) => user.authority == Authority::SysAdmin,
-            Some(EnforcedUsers::TenantAdministrators { tenants_ids, .. }) => {
-                user.authority == Authority::TenantAdmin
-                    && tenants_ids
-                        .as_deref()
-                        .is_none_or(|ids| ids.is_empty() || ids.contains(&user.tenant_id))
-            }
+            None => Err(ApiError::bad_request(
+                "Users filter to enforce 2FA for is required",
+            )),
+            Some(EnforcedUsers::TenantAdministrators {
+                tenant_profiles_ids: Some(profiles),
+                ..
+            }) if !profiles.is_empty() => Err(ApiError::bad_request(
+                "tenantProfilesIds is not supported: keygate does not know tenant profiles; list tenantsIds",
+            )),
+            Some(_) => Ok(()),
         }
+    }
+
+    /// When a second factor is due under these settings (decided by
+    /// [`second_factor::Policy`]).
+    fn policy(&self) -> Policy {
+        let enforced = self
+            .enforce_two_fa
+            .then(|| self.enforced_users_filter.clone())
+            .flatten();
+        Policy::new(
+            self.providers.iter().map(|p| p.provider_type.clone()),
+            enforced,
+        )
     }
 }
 
@@ -442,68 +441,43 @@ impl Endpoints {
         Ok(())
     }
 
-    /// Whether `code` is the unexpired code last mailed to `user` for
-    /// `purpose`; a right code is used up.
-    fn take_code(&self, user: &UserRecord, code: &str, purpose: CodeFor) -> bool {
-        let key = (user.id, purpose);
-        let Some(sent) = self.two_factor.codes.get(&key) else {
-            return false;
-        };
-        if sent.sent.elapsed() > sent.lifetime {
-            self.two_factor.codes.invalidate(&key);
-            return false;
-        }
-        if !self
-            .two_factor
-            .sealer
-            .code_matches(user.id, code, &sent.digest)
-        {
-            return false;
-        }
-        // Used once: of two checks at once, one removes it.
-        self.two_factor.codes.remove(&key).is_some()
+    /// `code`, the unexpired code last mailed to `user` for `purpose`: a
+    /// right code is used up.
+    fn take_code(&self, user: &UserRecord, code: &str, purpose: CodeFor) -> Option<Verified> {
+        let sealer = &self.two_factor.sealer;
+        second_factor::check_mailed_code(
+            &self.two_factor.codes,
+            (user.id, purpose),
+            sealer,
+            user,
+            code,
+        )
     }
 
-    /// The user's providers that count: those the platform offers, backup
-    /// codes only beside another provider.
+    /// The user's providers that count ([`Policy::counting`]).
     async fn active_two_factors(
         &self,
         user_id: Uuid,
         platform: &PlatformTwoFaSettings,
     ) -> Result<Vec<TwoFactorRecord>, ApiError> {
-        let mut records = self.store.two_factors(user_id).await?;
-        records.retain(|r| platform.provider(&r.provider).is_some());
-        if records.iter().all(|r| r.provider == BACKUP_CODE) {
-            records.clear();
-        }
-        if !records.iter().any(|r| r.use_by_default)
-            && let Some(first) = records.iter_mut().find(|r| r.provider != BACKUP_CODE)
-        {
-            first.use_by_default = true;
-        }
-        Ok(records)
+        second_factor::active(&self.store, &platform.policy(), user_id).await
     }
 
-    /// The login answer when a second factor is due: a pre-verification
-    /// token for a user with a provider, an MFA configuration token for a
-    /// user without one whom the settings make configure one; `None` when
-    /// neither (the caller answers the token pair).
-    pub(super) async fn second_factor_due(
+    /// The second-factor gate for `user` under the settings in force
+    /// ([`Gate::check`]): cleared for a token pair, or the login's answer
+    /// while a second factor is due: a pre-verification token for a user
+    /// with a provider, an MFA configuration token for a user without one
+    /// whom the settings make configure one.
+    pub(super) async fn gate(
         &self,
         user: &UserRecord,
-    ) -> Result<Option<PreVerificationToken>, ApiError> {
+    ) -> Result<Result<Cleared, PreVerificationToken>, ApiError> {
         let platform = self.platform_two_fa().await?;
-        let scope = if !self
-            .active_two_factors(user.id, &platform)
-            .await?
-            .is_empty()
-        {
-            PRE_VERIFICATION_SCOPE
-        } else if platform.enforced_for(user) {
-            MFA_CONFIGURATION_SCOPE
-        } else {
-            return Ok(None);
+        let pending = match Gate::check(&self.store, &platform.policy(), user).await? {
+            Ok(cleared) => return Ok(Ok(cleared)),
+            Err(pending) => pending,
         };
+        let scope = pending.scope();
         let signed = self
             .auth
             .token_keys()
@@ -515,7 +489,7 @@ impl Endpoints {
                 platform.verification_time(),
             )
             .map_err(|_| ApiError::internal())?;
-        Ok(Some(PreVerificationToken {
+        Ok(Err(PreVerificationToken {
             token: signed.token,
             refresh_token: None,
             scope: scope.to_string(),
@@ -533,7 +507,7 @@ fn account_settings(records: &[TwoFactorRecord]) -> Value {
                 "useByDefault": record.use_by_default,
             });
             if record.provider == BACKUP_CODE {
-                config["codesLeft"] = json!(code_digests(&record.secret).len());
+                config["codesLeft"] = json!(second_factor::code_digests(&record.secret).len());
             }
             (record.provider.clone(), config)
         })
@@ -552,10 +526,6 @@ fn email_code() -> Result<String, ApiError> {
             return Ok(format!("{:06}", n % 1_000_000));
         }
     }
-}
-
-fn code_digests(stored: &str) -> Vec<String> {
-    serde_json::from_str(stored).unwrap_or_default()
 }
 
 /// `providerType` from the query: a known provider, else a 400.
@@ -721,7 +691,7 @@ pub async fn generate(
             let url = totp::auth_url(&issuer, configurer.email(), &secret);
             api.two_factor
                 .pending
-                .insert((user_id, TOTP), Pending::Totp(secret));
+                .insert((user_id, TOTP), Generated::Totp(secret));
             json!({"providerType": TOTP, "useByDefault": false, "authUrl": url})
         }
         EMAIL => {
@@ -729,7 +699,7 @@ pub async fn generate(
             let email = configurer.email().to_owned();
             api.two_factor
                 .pending
-                .insert((user_id, EMAIL), Pending::Email(email.clone()));
+                .insert((user_id, EMAIL), Generated::Email(email.clone()));
             json!({"providerType": EMAIL, "useByDefault": false, "email": email})
         }
         _ => {
@@ -743,7 +713,7 @@ pub async fn generate(
             }
             api.two_factor
                 .pending
-                .insert((user_id, BACKUP_CODE), Pending::Codes(codes.clone()));
+                .insert((user_id, BACKUP_CODE), Generated::Codes(codes.clone()));
             json!({"providerType": BACKUP_CODE, "useByDefault": false, "codes": codes})
         }
     };
@@ -785,83 +755,13 @@ pub async fn save(api: &Endpoints, req: EndpointRequest) -> Result<http::Respons
     {
         return Err(ApiError::bad_request("2FA provider is already configured"));
     }
-    let pending = api.two_factor.pending.get(&(user.id, provider));
-    let record = match (provider, pending) {
-        (TOTP, Some(Pending::Totp(secret))) => {
-            let submitted = body
-                .auth_url
-                .as_deref()
-                .and_then(totp::secret_of_url)
-                .unwrap_or_default();
-            if !same(submitted, &secret) {
-                return Err(not_generated(user.id, provider));
-            }
-            let pairs = query_pairs(req.query.as_deref());
-            let code = param(&pairs, "verificationCode").unwrap_or_default();
-            let attempt = api.code_attempt(&user.email, &req).await?;
-            let raw = totp::base32_decode(&secret).ok_or_else(ApiError::internal)?;
-            let Some(step) = totp::matching_step(&raw, code, crate::clock::now_secs()) else {
-                tracing::info!(target: "keygate::security", user_id = %user.id, client = %req.client_ip, "second factor not saved: wrong verification code");
-                return Err(ApiError::bad_request("Verification code is incorrect"));
-            };
-            api.limiter.released(attempt).await;
-            TwoFactorRecord {
-                provider: TOTP.into(),
-                use_by_default: body.use_by_default,
-                secret: api
-                    .two_factor
-                    .sealer
-                    .seal(user.id, TOTP, &raw)
-                    .map_err(|_| ApiError::internal())?,
-                // The code that proved the secret cannot log in too.
-                last_step: step,
-            }
-        }
-        (EMAIL, Some(Pending::Email(email))) => {
-            if !same_address(body.email.as_deref(), &email) {
-                return Err(not_generated(user.id, provider));
-            }
-            let pairs = query_pairs(req.query.as_deref());
-            let code = param(&pairs, "verificationCode").unwrap_or_default();
-            let attempt = api.code_attempt(&user.email, &req).await?;
-            if !api.take_code(&user, code.trim(), CodeFor::Config) {
-                tracing::info!(target: "keygate::security", user_id = %user.id, client = %req.client_ip, "second factor not saved: wrong verification code");
-                return Err(ApiError::bad_request("Verification code is incorrect"));
-            }
-            api.limiter.released(attempt).await;
-            TwoFactorRecord {
-                provider: EMAIL.into(),
-                use_by_default: body.use_by_default,
-                secret: email,
-                last_step: 0,
-            }
-        }
-        (BACKUP_CODE, Some(Pending::Codes(codes))) => {
-            if active.is_empty() {
-                return Err(ApiError::bad_request(
-                    "To use 2FA backup codes you first need to configure at least one provider",
-                ));
-            }
-            let mut submitted = body.codes.clone().unwrap_or_default();
-            submitted.sort();
-            let mut generated = codes.clone();
-            generated.sort();
-            if submitted != generated {
-                return Err(not_generated(user.id, provider));
-            }
-            let digests: Vec<String> = codes
-                .iter()
-                .map(|code| api.two_factor.sealer.code_digest(user.id, code))
-                .collect();
-            TwoFactorRecord {
-                provider: BACKUP_CODE.into(),
-                use_by_default: body.use_by_default,
-                secret: serde_json::to_string(&digests).map_err(|_| ApiError::internal())?,
-                last_step: 0,
-            }
-        }
-        _ => return Err(not_generated(user.id, provider)),
+    let submitted = Submitted {
+        api,
+        req: &req,
+        body: &body,
+        user: &user,
     };
+    let record = submitted.checked_record(provider, &active).await?;
     // Every other session of the user ends: one from before the change
     // cannot go on refreshing as though nothing happened.
     let added = configurer
@@ -880,6 +780,126 @@ pub async fn save(api: &Endpoints, req: EndpointRequest) -> Result<http::Respons
     tracing::info!(target: "keygate::security", user_id = %user.id, provider, "second factor configured; the user's other sessions ended");
     let records = api.active_two_factors(user.id, &platform).await?;
     Ok(json_response(&account_settings(&records)))
+}
+
+/// A config a user submitted to save, with what it is checked against.
+struct Submitted<'a> {
+    api: &'a Endpoints,
+    req: &'a EndpointRequest,
+    body: &'a AccountConfigRequest,
+    user: &'a UserRecord,
+}
+
+impl Submitted<'_> {
+    /// The record to save: the config keygate generated for this user
+    /// moments before, proved by a current code where the provider has one.
+    async fn checked_record(
+        &self,
+        provider: &'static str,
+        active: &[TwoFactorRecord],
+    ) -> Result<TwoFactorRecord, ApiError> {
+        let generated = self.api.two_factor.pending.get(&(self.user.id, provider));
+        match (provider, generated) {
+            (TOTP, Some(Generated::Totp(secret))) => self.totp_record(&secret).await,
+            (EMAIL, Some(Generated::Email(email))) => self.email_record(email).await,
+            (BACKUP_CODE, Some(Generated::Codes(codes))) => self.codes_record(&codes, active),
+            _ => Err(not_generated(self.user.id, provider)),
+        }
+    }
+
+    /// The `verificationCode` of the query, or an empty one.
+    fn code(&self) -> String {
+        let pairs = query_pairs(self.req.query.as_deref());
+        param(&pairs, "verificationCode")
+            .unwrap_or_default()
+            .to_string()
+    }
+
+    fn wrong_code(&self) -> ApiError {
+        tracing::info!(target: "keygate::security", user_id = %self.user.id, client = %self.req.client_ip, "second factor not saved: wrong verification code");
+        ApiError::bad_request("Verification code is incorrect")
+    }
+
+    async fn totp_record(&self, secret: &str) -> Result<TwoFactorRecord, ApiError> {
+        let (api, user) = (self.api, self.user);
+        let submitted = self
+            .body
+            .auth_url
+            .as_deref()
+            .and_then(totp::secret_of_url)
+            .unwrap_or_default();
+        if !same(submitted, secret) {
+            return Err(not_generated(user.id, TOTP));
+        }
+        let code = self.code();
+        let attempt = api.code_attempt(&user.email, self.req).await?;
+        let raw = totp::base32_decode(secret).ok_or_else(ApiError::internal)?;
+        let Some(step) = totp::matching_step(&raw, &code, crate::clock::now_secs()) else {
+            return Err(self.wrong_code());
+        };
+        api.limiter.released(attempt).await;
+        Ok(TwoFactorRecord {
+            provider: TOTP.into(),
+            use_by_default: self.body.use_by_default,
+            secret: api
+                .two_factor
+                .sealer
+                .seal(user.id, TOTP, &raw)
+                .map_err(|_| ApiError::internal())?,
+            // The code that proved the secret cannot log in too.
+            last_step: step,
+        })
+    }
+
+    async fn email_record(&self, email: String) -> Result<TwoFactorRecord, ApiError> {
+        let (api, user) = (self.api, self.user);
+        if !same_address(self.body.email.as_deref(), &email) {
+            return Err(not_generated(user.id, EMAIL));
+        }
+        let code = self.code();
+        let attempt = api.code_attempt(&user.email, self.req).await?;
+        if api.take_code(user, code.trim(), CodeFor::Config).is_none() {
+            return Err(self.wrong_code());
+        }
+        api.limiter.released(attempt).await;
+        Ok(TwoFactorRecord {
+            provider: EMAIL.into(),
+            use_by_default: self.body.use_by_default,
+            secret: email,
+            last_step: 0,
+        })
+    }
+
+    /// Backup codes: only beside a provider that counts on its own.
+    fn codes_record(
+        &self,
+        codes: &[String],
+        active: &[TwoFactorRecord],
+    ) -> Result<TwoFactorRecord, ApiError> {
+        if active.is_empty() {
+            return Err(ApiError::bad_request(
+                "To use 2FA backup codes you first need to configure at least one provider",
+            ));
+        }
+        let mut submitted = self.body.codes.clone().unwrap_or_default();
+        submitted.sort();
+        let mut generated = codes.to_vec();
+        generated.sort();
+        if submitted != generated {
+            return Err(not_generated(self.user.id, BACKUP_CODE));
+        }
+        let sealer = &self.api.two_factor.sealer;
+        let digests: Vec<String> = codes
+            .iter()
+            .map(|code| sealer.code_digest(self.user.id, code))
+            .collect();
+        Ok(TwoFactorRecord {
+            provider: BACKUP_CODE.into(),
+            use_by_default: self.body.use_by_default,
+            secret: serde_json::to_string(&digests).map_err(|_| ApiError::internal())?,
+            last_step: 0,
+        })
+    }
 }
 
 /// Whether a submitted address is the generated one (any case).
@@ -917,7 +937,7 @@ pub async fn submit(
         .user_by_id(configurer.user_id())
         .await?
         .ok_or_else(ApiError::not_active)?;
-    let Some(Pending::Email(email)) = api.two_factor.pending.get(&(user.id, EMAIL)) else {
+    let Some(Generated::Email(email)) = api.two_factor.pending.get(&(user.id, EMAIL)) else {
         return Err(not_generated(user.id, provider));
     };
     if !same_address(body.email.as_deref(), &email) {
@@ -1017,13 +1037,15 @@ pub async fn delete(
     let provider = provider_param(&req)?;
     let user_id = identity.principal.user_id;
     let platform = api.platform_two_fa().await?;
+    let policy = platform.policy();
+    // The providers are looked up only when a second factor is enforced.
     if let Some(user) = api.store.user_by_id(user_id).await?
-        && platform.enforced_for(&user)
-        && !api
-            .active_two_factors(user_id, &platform)
-            .await?
-            .iter()
-            .any(|r| r.provider != provider && r.provider != BACKUP_CODE)
+        && policy.enforced_for(&user)
+        && !policy.may_remove(
+            &user,
+            &api.active_two_factors(user_id, &platform).await?,
+            provider,
+        )
     {
         return Err(ApiError::bad_request(
             "At least one 2FA provider is required",
@@ -1287,21 +1309,7 @@ pub async fn check_code(
     // overrun the limit. Codes count in windows of their own, which a right
     // password never clears: logging in again buys no fresh guesses.
     let attempt = api.code_attempt(&user.email, &req).await?;
-    let checked = match provider {
-        TOTP => check_totp(api, &user, &record, &code).await?,
-        EMAIL => {
-            if api.take_code(&user, &code, CodeFor::Login) {
-                audited_by_user(&api.store, &user, "two_factor.use")
-                    .record_user_event(user.id)
-                    .await?;
-                Some(None)
-            } else {
-                None
-            }
-        }
-        _ => check_backup_code(api, &user, &record, &code).await?,
-    };
-    let Some(codes_left) = checked else {
+    let Some(verified) = verified_code(api, &user, &record, &code).await? else {
         return Err(wrong_code(api, &claims, &user, provider, &platform, &req));
     };
     // The login is complete: the only thing that clears the code windows
@@ -1309,7 +1317,8 @@ pub async fn check_code(
     api.limiter.completed_with_second_factor(attempt).await;
     // The attempt is over: this token opens nothing more.
     api.two_factor.failures.insert(claims.session_id, u32::MAX);
-    let pair = api.issue_pair(&user).await?;
+    let codes_left = verified.codes_left();
+    let pair = api.issue_pair(Gate::passed(verified)).await?;
     api.metrics.login("success");
     tracing::info!(target: "keygate::security", user_id = %user.id, client = %req.client_ip, provider, "login succeeded with a second factor");
     let mut answer = json!({"token": pair.token, "refreshToken": pair.refresh_token});
@@ -1317,6 +1326,30 @@ pub async fn check_code(
         answer["codesLeft"] = json!(left);
     }
     Ok(json_response(&answer))
+}
+
+/// `code` checked against the provider of `record`: `None` when wrong (or
+/// used before).
+async fn verified_code(
+    api: &Endpoints,
+    user: &UserRecord,
+    record: &TwoFactorRecord,
+    code: &str,
+) -> Result<Option<Verified>, ApiError> {
+    let (store, sealer) = (&api.store, &api.two_factor.sealer);
+    match record.provider.as_str() {
+        TOTP => second_factor::check_totp(store, sealer, user, record, code).await,
+        EMAIL => {
+            let Some(verified) = api.take_code(user, code, CodeFor::Login) else {
+                return Ok(None);
+            };
+            audited_by_user(store, user, "two_factor.use")
+                .record_user_event(user.id)
+                .await?;
+            Ok(Some(verified))
+        }
+        _ => second_factor::check_backup_code(store, sealer, user, record, code).await,
+    }
 }
 
 #[utoipa::path(
@@ -1338,13 +1371,13 @@ pub async fn configured_login(
     api.require_confidential(&req)?;
     let (claims, user) = waiting_login(api, &req, MFA_CONFIGURATION_SCOPE).await?;
     let platform = api.platform_two_fa().await?;
-    if api.active_two_factors(user.id, &platform).await?.is_empty() {
+    let Some(cleared) = Gate::configured(&api.store, &platform.policy(), &user).await? else {
         tracing::info!(target: "keygate::security", user_id = %user.id, client = %req.client_ip, "no token pair: the enforced second factor is not configured yet");
         return Err(ApiError::bad_request("2FA is not configured"));
-    }
+    };
     // The attempt is over: this token opens nothing more.
     api.two_factor.failures.insert(claims.session_id, u32::MAX);
-    let pair = api.issue_pair(&user).await?;
+    let pair = api.issue_pair(cleared).await?;
     api.metrics.login("success");
     tracing::info!(target: "keygate::security", user_id = %user.id, client = %req.client_ip, "login succeeded after configuring an enforced second factor");
     Ok(json_response(&pair))
@@ -1374,70 +1407,4 @@ fn wrong_code(
     }
     tracing::info!(target: "keygate::security", user_id = %user.id, client = %req.client_ip, provider, failures, "wrong second-factor code");
     ApiError::bad_request("Verification code is incorrect")
-}
-
-/// `Some(None)` when the TOTP code is right and was not used before.
-async fn check_totp(
-    api: &Endpoints,
-    user: &UserRecord,
-    record: &TwoFactorRecord,
-    code: &str,
-) -> Result<Option<Option<usize>>, ApiError> {
-    let sealer = &api.two_factor.sealer;
-    let raw = sealer.open(user.id, TOTP, &record.secret).map_err(|error| {
-        tracing::error!(user_id = %user.id, %error, "a TOTP secret does not open: is the encryption secret that sealed it still configured?");
-        ApiError::internal()
-    })?;
-    let Some(step) = totp::matching_step(&raw, code, crate::clock::now_secs()) else {
-        return Ok(None);
-    };
-    let resealed = if sealer.is_stale(&record.secret) {
-        Some(
-            sealer
-                .seal(user.id, TOTP, &raw)
-                .map_err(|_| ApiError::internal())?,
-        )
-    } else {
-        None
-    };
-    let used = audited_by_user(&api.store, user, "two_factor.use")
-        .use_totp_step(user.id, step, resealed.as_deref())
-        .await?;
-    if !used {
-        tracing::warn!(target: "keygate::security", user_id = %user.id, "refused a TOTP code used before");
-        return Ok(None);
-    }
-    Ok(Some(None))
-}
-
-/// `Some(Some(codes left))` when the backup code is one of the unused ones.
-async fn check_backup_code(
-    api: &Endpoints,
-    user: &UserRecord,
-    record: &TwoFactorRecord,
-    code: &str,
-) -> Result<Option<Option<usize>>, ApiError> {
-    let sealer = &api.two_factor.sealer;
-    let digests = code_digests(&record.secret);
-    let mut matched = None;
-    for (index, digest) in digests.iter().enumerate() {
-        if sealer.code_matches(user.id, code, digest) && matched.is_none() {
-            matched = Some(index);
-        }
-    }
-    let Some(index) = matched else {
-        return Ok(None);
-    };
-    let mut left = digests.clone();
-    left.remove(index);
-    let after = serde_json::to_string(&left).map_err(|_| ApiError::internal())?;
-    let used = audited_by_user(&api.store, user, "two_factor.backup_code_used")
-        .use_backup_code(user.id, &record.secret, &after)
-        .await?;
-    if !used {
-        // Another request used a code at the same moment: check again.
-        return Ok(None);
-    }
-    tracing::info!(target: "keygate::security", user_id = %user.id, codes_left = left.len(), "backup code used");
-    Ok(Some(Some(left.len())))
 }

@@ -60,43 +60,66 @@ struct UserBody {
 )]
 pub async fn save(api: &Endpoints, req: EndpointRequest) -> Result<http::Response<Body>, ApiError> {
     let identity = req.identity()?;
-    let actor = &identity.principal;
     let body: UserBody = req.json()?;
-    // The platform's default is to send; without mail, only an explicit
-    // request for it is refused (before anything is created).
+    let send_mail = mail_asked(api, &req)?;
+    if let Some(id) = &body.id {
+        let id = id.id;
+        return update_profile(api, identity, id, body).await;
+    }
+    api.charge_write(identity)?;
+    let (new, profile) = new_user(&identity.principal, body)?;
+    let store = audited(&api.store, identity, "user.create");
+    let user = accounts::create_pending_user(&store, new, profile).await?;
+    if send_mail && let Some(mailer) = &api.mail {
+        mail_activation(api, mailer, identity, &user, &req).await?;
+    }
+    Ok(json_response(&User::from(&user)))
+}
+
+/// `sendActivationMail`: the platform's default is to send; without mail,
+/// only an explicit request for it is refused (before anything is created).
+fn mail_asked(api: &Endpoints, req: &EndpointRequest) -> Result<bool, ApiError> {
     let pairs = query_pairs(req.query.as_deref());
-    let send_mail = match param(&pairs, "sendActivationMail") {
-        None => api.mail.is_some(),
+    match param(&pairs, "sendActivationMail") {
+        None => Ok(api.mail.is_some()),
         Some("true") => {
             if api.mail.is_none() {
                 return Err(mail_not_configured());
             }
-            true
+            Ok(true)
         }
-        Some("false") => false,
-        Some(_) => {
-            return Err(ApiError::bad_request(
-                "sendActivationMail must be true or false",
-            ));
-        }
-    };
-    if let Some(id) = &body.id {
-        let existing = api.store.user_by_id(id.id).await?;
-        check_manage(actor, existing.as_ref())?;
-        let mut user = existing.ok_or_else(ApiError::not_found)?;
-        user.first_name = body.first_name.unwrap_or(user.first_name);
-        user.last_name = body.last_name.unwrap_or(user.last_name);
-        user.phone = body.phone.unwrap_or(user.phone);
-        if let Some(info) = body.additional_info {
-            user.additional_info = (!info.is_null()).then(|| info.to_string());
-        }
-        audited(&api.store, identity, "user.update")
-            .update_user_profile(&user)
-            .await?;
-        user.version += 1;
-        return Ok(json_response(&User::from(&user)));
+        Some("false") => Ok(false),
+        Some(_) => Err(ApiError::bad_request(
+            "sendActivationMail must be true or false",
+        )),
     }
-    api.charge_write(identity)?;
+}
+
+/// Updates the profile of the existing user `id` from `body`.
+async fn update_profile(
+    api: &Endpoints,
+    identity: &crate::identity::Identity,
+    id: Uuid,
+    body: UserBody,
+) -> Result<http::Response<Body>, ApiError> {
+    let existing = api.store.user_by_id(id).await?;
+    check_manage(&identity.principal, existing.as_ref())?;
+    let mut user = existing.ok_or_else(ApiError::not_found)?;
+    user.first_name = body.first_name.unwrap_or(user.first_name);
+    user.last_name = body.last_name.unwrap_or(user.last_name);
+    user.phone = body.phone.unwrap_or(user.phone);
+    if let Some(info) = body.additional_info {
+        user.additional_info = (!info.is_null()).then(|| info.to_string());
+    }
+    audited(&api.store, identity, "user.update")
+        .update_user_profile(&user)
+        .await?;
+    user.version += 1;
+    Ok(json_response(&User::from(&user)))
+}
+
+/// The user `actor` asks to create, within what `actor` may create.
+fn new_user(actor: &Principal, body: UserBody) -> Result<(NewUser, NewProfile), ApiError> {
     let authority_text = body
         .authority
         .as_deref()
@@ -136,12 +159,7 @@ pub async fn save(api: &Endpoints, req: EndpointRequest) -> Result<http::Respons
             .filter(|i| !i.is_null())
             .map(|i| i.to_string()),
     };
-    let store = audited(&api.store, identity, "user.create");
-    let user = accounts::create_pending_user(&store, new, profile).await?;
-    if send_mail && let Some(mailer) = &api.mail {
-        mail_activation(api, mailer, identity, &user, &req).await?;
-    }
-    Ok(json_response(&User::from(&user)))
+    Ok((new, profile))
 }
 
 #[utoipa::path(
@@ -741,10 +759,10 @@ pub async fn activate(
         return Err(ApiError::not_active());
     }
     // Activation logs the user in: a second factor due at login is due here.
-    if let Some(pending) = api.second_factor_due(&user).await? {
-        return Ok(json_response(&pending));
+    match api.gate(&user).await? {
+        Ok(cleared) => Ok(json_response(&api.issue_pair(cleared).await?)),
+        Err(pending) => Ok(json_response(&pending)),
     }
-    Ok(json_response(&api.issue_pair(&user).await?))
 }
 
 /// With the sync on, a token keygate does not know may be an invitation

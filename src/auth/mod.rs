@@ -12,6 +12,7 @@ pub(crate) mod outcomes;
 pub mod password;
 pub mod revocation;
 pub mod scope;
+pub mod second_factor;
 pub mod totp;
 
 use std::sync::Arc;
