@@ -8,7 +8,9 @@
 //! through [`auth::cache`] and [`store`]) → [`identity`] and
 //! [`proxy::headers`] (strip and inject, one function per direction) →
 //! [`proxy`] (forwarding). Errors leave through [`error`]. A WebSocket
-//! upgrade leaves the request path at dispatch for [`websocket`].
+//! upgrade leaves the request path at dispatch for [`websocket`]. HTTP/1.1
+//! outside hyper (the listener's lean path, the proxy's upstream wire, the
+//! scan for ambiguous framing) is read and written by one codec, [`http1`].
 #![forbid(unsafe_code)]
 
 pub mod accounts;
@@ -24,6 +26,7 @@ pub mod dev;
 pub mod email;
 pub(crate) mod error;
 mod fnv;
+pub mod http1;
 pub mod identity;
 pub mod import;
 pub mod listener;

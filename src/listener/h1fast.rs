@@ -1,7 +1,8 @@
 //! The lean HTTP/1.1 path: proxied requests served without hyper's server.
 //!
 //! A connection that starts with an HTTP/1.1 request head is read here
-//! first. The head is parsed once with `httparse`; when the request is of
+//! first. The head is parsed once, by the HTTP/1.1 codec
+//! ([`crate::http1::request`]); when the request is of
 //! the common proxied kind (HTTP/1.1, a proxied route, no upgrade, no body or
 //! a `Content-Length` body that arrived with its head, nothing ambiguous) it
 //! goes through the same phases as every other request: admission and
@@ -14,7 +15,9 @@
 //! bytes already read ([`Replay`]), and answers it as it always did. Declines
 //! are counted by `keygate_fast_path_declined_total{reason}`.
 //!
-//! Message framing (RFC 9112 section 6) as enforced here:
+//! Message framing (RFC 9112 section 6) as enforced here (each rule is the
+//! codec's, [`crate::http1`]; a head it finds not plain is declined with
+//! the reason it gives):
 //!
 //! - 6.1: a request carrying `Transfer-Encoding` is not taken at all
 //!   ([`Decline::TransferEncoding`]): chunked bodies, and the smuggling a
@@ -50,18 +53,17 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::{Buf, Bytes, BytesMut};
-use http::{HeaderName, HeaderValue, Method, Request, Response, StatusCode, Uri, Version, header};
+use http::{HeaderValue, Request, Response, StatusCode, header};
 use http_body_util::BodyExt as _;
 use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _, ReadBuf};
-use tokio::time::Instant;
+use tokio::time::{Instant, Sleep};
 
 use super::Handler;
+use super::deadlines::{Deadlines, Reason};
 use super::peer::Peer;
-use super::serve::{Deadlines, Reason};
 use crate::body::Body;
-
-/// As many header lines as hyper's server accepts; more is hyper's to refuse.
-const MAX_HEADERS: usize = 100;
+use crate::http1::request::{self, NotPlain, Parsed, RequestHead};
+use crate::http1::write::{self, BodyFraming};
 
 /// Why the lean path left a request to hyper; the label of
 /// `keygate_fast_path_declined_total`.
@@ -132,128 +134,20 @@ impl Decline {
     }
 }
 
-/// A request head the lean path may take: the head as `http` types, how many
-/// bytes it took, and the length of its body.
-#[derive(Debug)]
-pub struct Head {
-    pub request: Request<()>,
-    pub head_len: usize,
-    pub body_len: usize,
-    /// The client asked to close the connection after this request.
-    pub close: bool,
-}
-
-/// What the bytes read so far hold. Returned once per head and matched at
-/// once: boxing the head would cost an allocation per request.
-#[derive(Debug)]
-#[allow(clippy::large_enum_variant)]
-pub enum Parsed {
-    /// Not a whole head yet.
-    Partial,
-    /// A whole head the lean path may take (the handler still decides).
-    Head(Head),
-    /// A head (or bytes) the lean path leaves to hyper.
-    Declined(Decline),
-}
-
-/// Parses the request head at the start of `buf`. `max_head`: the size
-/// past which an unfinished head is hyper's to refuse (431).
-pub fn parse(buf: &[u8], max_head: usize) -> Parsed {
-    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
-    let mut req = httparse::Request::new(&mut headers);
-    let head_len = match req.parse(buf) {
-        Ok(httparse::Status::Complete(n)) => n,
-        Ok(httparse::Status::Partial) if buf.len() > max_head => {
-            return Parsed::Declined(Decline::Malformed);
+impl From<NotPlain> for Decline {
+    fn from(reason: NotPlain) -> Decline {
+        match reason {
+            NotPlain::Version => Decline::Version,
+            NotPlain::Method => Decline::Method,
+            NotPlain::Upgrade => Decline::Upgrade,
+            NotPlain::Expect => Decline::Expect,
+            NotPlain::TransferEncoding => Decline::TransferEncoding,
+            NotPlain::Length => Decline::Length,
+            NotPlain::Connection => Decline::Connection,
+            NotPlain::Name => Decline::FoldedName,
+            NotPlain::Malformed => Decline::Malformed,
         }
-        Ok(httparse::Status::Partial) => return Parsed::Partial,
-        Err(_) => return Parsed::Declined(Decline::Malformed),
-    };
-    match build(&req) {
-        Ok((request, body_len, close)) => Parsed::Head(Head {
-            request,
-            head_len,
-            body_len,
-            close,
-        }),
-        Err(decline) => Parsed::Declined(decline),
     }
-}
-
-/// The `http` request of a parsed head, its body length and whether it asks
-/// to close the connection; or why the lean path leaves it.
-fn build(req: &httparse::Request<'_, '_>) -> Result<(Request<()>, usize, bool), Decline> {
-    if req.version != Some(1) {
-        return Err(Decline::Version);
-    }
-    let method = Method::from_bytes(req.method.unwrap_or_default().as_bytes())
-        .map_err(|_| Decline::Malformed)?;
-    if method == Method::HEAD || method == Method::CONNECT {
-        return Err(Decline::Method);
-    }
-    let uri = Uri::try_from(req.path.unwrap_or_default()).map_err(|_| Decline::Malformed)?;
-    let mut request = Request::new(());
-    *request.method_mut() = method;
-    *request.uri_mut() = uri;
-    *request.version_mut() = Version::HTTP_11;
-    let headers = request.headers_mut();
-    headers.reserve(req.headers.len());
-    let mut length: Option<usize> = None;
-    let mut close = false;
-    for h in req.headers.iter() {
-        let name = HeaderName::from_bytes(h.name.as_bytes()).map_err(|_| Decline::Malformed)?;
-        let value = HeaderValue::from_bytes(h.value).map_err(|_| Decline::Malformed)?;
-        if name == header::TRANSFER_ENCODING {
-            return Err(Decline::TransferEncoding);
-        }
-        if name == header::UPGRADE {
-            return Err(Decline::Upgrade);
-        }
-        if name == header::EXPECT {
-            return Err(Decline::Expect);
-        }
-        if crate::identity::folds_to_framing(&name) {
-            return Err(Decline::FoldedName);
-        }
-        if name == header::CONTENT_LENGTH {
-            if length.is_some() {
-                return Err(Decline::Length);
-            }
-            length = Some(content_length(h.value).ok_or(Decline::Length)?);
-        }
-        if name == header::CONNECTION {
-            // The names it lists are removed on the way upstream
-            // (`proxy::headers::to_upstream`), as on hyper's path.
-            match connection_options(h.value) {
-                Some(asks_close) => close |= asks_close,
-                None => return Err(Decline::Connection),
-            }
-        }
-        headers.append(name, value);
-    }
-    Ok((request, length.unwrap_or(0), close))
-}
-
-/// One plain decimal number (RFC 9110 section 8.6: `1*DIGIT`), with the
-/// optional whitespace around a field value httparse leaves trimmed.
-fn content_length(value: &[u8]) -> Option<usize> {
-    if value.is_empty() || value.len() > 15 || !value.iter().all(u8::is_ascii_digit) {
-        return None;
-    }
-    std::str::from_utf8(value).ok()?.parse().ok()
-}
-
-/// Whether a `Connection` header asks to close the connection (a `close`
-/// option, any case); `None` for one that names `upgrade` (hyper's).
-fn connection_options(value: &[u8]) -> Option<bool> {
-    let mut close = false;
-    for token in value.split(|b| *b == b',').map(<[u8]>::trim_ascii) {
-        if token.eq_ignore_ascii_case(b"upgrade") {
-            return None;
-        }
-        close |= token.eq_ignore_ascii_case(b"close");
-    }
-    Some(close)
 }
 
 /// How a connection left the lean path.
@@ -285,61 +179,28 @@ where
 {
     let mut buf = BytesMut::with_capacity(8 * 1024);
     let mut out = Vec::with_capacity(8 * 1024);
-    let mut served = 0u64;
-    let mut since = opened;
     // One wait for the drain and one timer for the whole connection, not a
     // new one per request: each new `changed()` put a waiter in the watch's
     // list and took it out again under its lock, and each new timer was
     // registered and cleared (0.6% and 0.5% of samples under
     // `benches/run --perf`).
     let drained_before = *drain.borrow();
-    let mut draining = std::pin::pin!(drain.changed());
-    let mut deadline_timer = std::pin::pin!(tokio::time::sleep_until(opened + deadlines.head));
+    let draining = std::pin::pin!(drain.changed());
+    let deadline_timer = std::pin::pin!(tokio::time::sleep_until(opened + deadlines.head));
+    let mut between = Between {
+        draining,
+        deadline_timer,
+        drained_before,
+        deadlines,
+        max_head,
+        served: 0,
+        since: opened,
+    };
     loop {
-        let head = loop {
-            if served == 0 && buf.len() >= 3 && buf.starts_with(b"PRI") {
-                // The HTTP/2 preface: hyper's.
-                return Outcome::Hyper(Replay::new(buf, io));
-            }
-            if !buf.is_empty() {
-                match parse(&buf, max_head) {
-                    Parsed::Partial => {}
-                    Parsed::Head(head) => break head,
-                    Parsed::Declined(reason) => {
-                        handler.fast_declined(reason);
-                        return Outcome::Hyper(Replay::new(buf, io));
-                    }
-                }
-            } else if served > 0 && drained_before {
-                return Outcome::Closed(None);
-            }
-            let deadline = if served == 0 {
-                since + deadlines.head
-            } else {
-                since + deadlines.head.min(deadlines.idle)
-            };
-            if deadline_timer.deadline() != deadline {
-                deadline_timer.as_mut().reset(deadline);
-            }
-            tokio::select! {
-                read = io.read_buf(&mut buf) => match read {
-                    Ok(0) | Err(_) => return Outcome::Closed(None),
-                    Ok(_) => {}
-                },
-                () = &mut deadline_timer => {
-                    let reason = if served > 0 && buf.is_empty() {
-                        Reason::Idle
-                    } else {
-                        Reason::HeadTimeout
-                    };
-                    return Outcome::Closed(Some(reason));
-                }
-                // A drain that began while a request was answered has
-                // notified this wait already: it ends here at once.
-                _ = &mut draining, if buf.is_empty() && served > 0 => {
-                    return Outcome::Closed(None);
-                }
-            }
+        let head = match next_head(&mut io, &mut buf, &**handler, &mut between).await {
+            Next::Head(head) => head,
+            Next::Hyper => return Outcome::Hyper(Replay::new(buf, io)),
+            Next::Closed(reason) => return Outcome::Closed(reason),
         };
         let decided = match handler.fast_decide(&head.request, conn) {
             Ok(decided) => decided,
@@ -359,34 +220,153 @@ where
         // `benches/instructions`).
         let handling =
             std::pin::pin!(handler.fast_handle(head.request, decided, body, conn.clone()));
-        let Some(mut response) = unless_hung_up(&mut io, &mut buf, max_head, handling).await else {
+        let Some(response) = unless_hung_up(&mut io, &mut buf, max_head, handling).await else {
             // Dropping the handling cancels the upstream request, and counts
             // it (`keygate_client_aborts_total{reason="gone"}`), as on
             // hyper's path.
             return Outcome::Closed(None);
         };
-        let close = head.close
-            || response
-                .headers()
-                .get(header::CONNECTION)
-                .is_some_and(|v| v == "close");
-        if close {
-            // RFC 9112 section 9.6: the last response on the connection says so.
-            response
-                .headers_mut()
-                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        if let Err(reason) = answer(&mut io, response, head.close, &mut out).await {
+            return Outcome::Closed(reason);
         }
-        let timed_out = response.status() == StatusCode::REQUEST_TIMEOUT;
-        if write_response(&mut io, response, &mut out).await.is_err() {
-            return Outcome::Closed(None);
-        }
-        served += 1;
-        since = Instant::now();
-        if close {
-            let _ = io.shutdown().await;
-            return Outcome::Closed(timed_out.then_some(Reason::BodyTimeout));
+        between.served += 1;
+        between.since = Instant::now();
+    }
+}
+
+/// Where a connection on the lean path stands between two requests: what
+/// ends the wait for the next head, and since when it is waited for.
+struct Between<'a, D> {
+    /// The listener's drain began (made once per connection).
+    draining: Pin<&'a mut D>,
+    /// The head (or idle) deadline (made once per connection).
+    deadline_timer: Pin<&'a mut Sleep>,
+    /// The drain had begun before the connection was served.
+    drained_before: bool,
+    deadlines: Deadlines,
+    max_head: usize,
+    /// Requests answered so far.
+    served: u64,
+    /// When the wait for the next head began: the connection opened, or the
+    /// last response was written.
+    since: Instant,
+}
+
+impl<D> Between<'_, D> {
+    /// Sets the timer to the deadline of the next head.
+    fn arm(&mut self) {
+        let deadline = if self.served == 0 {
+            self.since + self.deadlines.head
+        } else {
+            self.since + self.deadlines.head.min(self.deadlines.idle)
+        };
+        if self.deadline_timer.deadline() != deadline {
+            self.deadline_timer.as_mut().reset(deadline);
         }
     }
+
+    /// Why the connection ends when the timer fires: idle when nothing of a
+    /// next request came.
+    fn timed_out(&self, buf: &BytesMut) -> Reason {
+        if self.served > 0 && buf.is_empty() {
+            Reason::Idle
+        } else {
+            Reason::HeadTimeout
+        }
+    }
+}
+
+/// What the wait for a request head ended with. Returned once per head and
+/// matched at once: boxing the head would cost an allocation per request.
+#[allow(clippy::large_enum_variant)]
+enum Next {
+    /// A plain head, the lean path's to decide on.
+    Head(RequestHead),
+    /// Declined (and counted): hyper's from here.
+    Hyper,
+    /// The connection ended (and why keygate ended it, when it did).
+    Closed(Option<Reason>),
+}
+
+/// Reads until `buf` starts with a whole request head, the client goes, a
+/// deadline passes or the listener drains.
+async fn next_head<I, H, D>(
+    io: &mut I,
+    buf: &mut BytesMut,
+    handler: &H,
+    at: &mut Between<'_, D>,
+) -> Next
+where
+    I: AsyncRead + Unpin,
+    H: Handler,
+    D: Future,
+{
+    loop {
+        if at.served == 0 && buf.len() >= 3 && buf.starts_with(b"PRI") {
+            // The HTTP/2 preface: hyper's.
+            return Next::Hyper;
+        }
+        if !buf.is_empty() {
+            match request::parse(buf, at.max_head, crate::identity::folds_to_framing) {
+                Parsed::Partial => {}
+                Parsed::Plain(head) => return Next::Head(head),
+                Parsed::NotPlain(reason) => {
+                    handler.fast_declined(reason.into());
+                    return Next::Hyper;
+                }
+            }
+        } else if at.served > 0 && at.drained_before {
+            return Next::Closed(None);
+        }
+        at.arm();
+        tokio::select! {
+            read = io.read_buf(&mut *buf) => match read {
+                Ok(0) | Err(_) => return Next::Closed(None),
+                Ok(_) => {}
+            },
+            () = at.deadline_timer.as_mut() => return Next::Closed(Some(at.timed_out(buf))),
+            // A drain that began while a request was answered has
+            // notified this wait already: it ends here at once.
+            _ = at.draining.as_mut(), if buf.is_empty() && at.served > 0 => {
+                return Next::Closed(None);
+            }
+        }
+    }
+}
+
+/// Writes the response to a request; `Err` with why keygate ended the
+/// connection (when it did) once it is closed. After a request or a response
+/// saying `Connection: close` the response says it too and the connection
+/// is closed.
+async fn answer<I>(
+    io: &mut I,
+    mut response: Response<Body>,
+    asked_close: bool,
+    out: &mut Vec<u8>,
+) -> Result<(), Option<Reason>>
+where
+    I: AsyncWrite + Unpin,
+{
+    let close = asked_close
+        || response
+            .headers()
+            .get(header::CONNECTION)
+            .is_some_and(|v| v == "close");
+    if close {
+        // RFC 9112 section 9.6: the last response on the connection says so.
+        response
+            .headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
+    let timed_out = response.status() == StatusCode::REQUEST_TIMEOUT;
+    if write_response(io, response, out).await.is_err() {
+        return Err(None);
+    }
+    if close {
+        let _ = io.shutdown().await;
+        return Err(timed_out.then_some(Reason::BodyTimeout));
+    }
+    Ok(())
 }
 
 /// Waits for `handling` while watching the client: `None` when the client
@@ -422,7 +402,8 @@ where
 }
 
 /// Writes a response: its head in one buffer with its first body bytes, then
-/// each further frame as it comes. Framing as in the module's notes.
+/// each further frame as it comes. Framing as in the module's notes
+/// ([`crate::http1::write::response_head`]).
 async fn write_response<I>(
     io: &mut I,
     response: Response<Body>,
@@ -433,80 +414,9 @@ where
 {
     let (parts, mut body) = response.into_parts();
     out.clear();
-    let status = parts.status;
-    out.extend_from_slice(b"HTTP/1.1 ");
-    out.extend_from_slice(status.as_str().as_bytes());
-    out.push(b' ');
-    out.extend_from_slice(status.canonical_reason().unwrap_or("").as_bytes());
-    out.extend_from_slice(b"\r\n");
-    let bodiless = status.is_informational()
-        || status == StatusCode::NO_CONTENT
-        || status == StatusCode::NOT_MODIFIED;
-    let mut has_length = false;
-    for (name, value) in &parts.headers {
-        if name == header::TRANSFER_ENCODING {
-            // Hop-by-hop; the framing is this writer's.
-            continue;
-        }
-        if name == header::CONTENT_LENGTH {
-            // Repeated with one value (the only repetition an upstream
-            // response gets through with), it is written once.
-            if bodiless || has_length {
-                continue;
-            }
-            has_length = true;
-        }
-        out.extend_from_slice(name.as_str().as_bytes());
-        out.extend_from_slice(b": ");
-        out.extend_from_slice(value.as_bytes());
-        out.extend_from_slice(b"\r\n");
-    }
-    if !parts.headers.contains_key(header::DATE) {
-        out.extend_from_slice(b"date: ");
-        date(out);
-        out.extend_from_slice(b"\r\n");
-    }
-    let mut chunked = false;
-    if !bodiless && !has_length {
-        match http_body::Body::size_hint(&body).exact() {
-            Some(n) => {
-                out.extend_from_slice(b"content-length: ");
-                out.extend_from_slice(itoa(n, &mut [0u8; 20]));
-                out.extend_from_slice(b"\r\n");
-            }
-            None => {
-                out.extend_from_slice(b"transfer-encoding: chunked\r\n");
-                chunked = true;
-            }
-        }
-    }
-    out.extend_from_slice(b"\r\n");
-    if !bodiless {
-        while let Some(frame) = body.frame().await {
-            let frame = frame.map_err(std::io::Error::other)?;
-            let Ok(data) = frame.into_data() else {
-                // Trailers are not passed on (nor are they by hyper's path
-                // to a client that did not ask for them).
-                continue;
-            };
-            if data.is_empty() {
-                continue;
-            }
-            if chunked {
-                out.extend_from_slice(format!("{:X}\r\n", data.len()).as_bytes());
-                out.extend_from_slice(&data);
-                out.extend_from_slice(b"\r\n");
-            } else {
-                out.extend_from_slice(&data);
-            }
-            if !http_body::Body::is_end_stream(&body) {
-                io.write_all(out).await?;
-                out.clear();
-            }
-        }
-        if chunked {
-            out.extend_from_slice(b"0\r\n\r\n");
-        }
+    let framing = write::response_head(&parts, || http_body::Body::size_hint(&body).exact(), out);
+    if framing != BodyFraming::None {
+        write_body(io, &mut body, framing == BodyFraming::Chunked, out).await?;
     }
     if !out.is_empty() {
         io.write_all(out).await?;
@@ -515,36 +425,41 @@ where
     io.flush().await
 }
 
-/// `n` in decimal, in `buf`.
-fn itoa(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
-    let mut i = buf.len();
-    loop {
-        i -= 1;
-        buf[i] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
+/// Appends the body to `out` (after the head in it), frame by frame, each
+/// written as it comes but the last, which is left in `out`.
+async fn write_body<I>(
+    io: &mut I,
+    body: &mut Body,
+    chunked: bool,
+    out: &mut Vec<u8>,
+) -> std::io::Result<()>
+where
+    I: AsyncWrite + Unpin,
+{
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(std::io::Error::other)?;
+        let Ok(data) = frame.into_data() else {
+            // Trailers are not passed on (nor are they by hyper's path
+            // to a client that did not ask for them).
+            continue;
+        };
+        if data.is_empty() {
+            continue;
+        }
+        if chunked {
+            crate::http1::write_chunk(&data, out);
+        } else {
+            out.extend_from_slice(&data);
+        }
+        if !http_body::Body::is_end_stream(&*body) {
+            io.write_all(out).await?;
+            out.clear();
         }
     }
-    &buf[i..]
-}
-
-/// Appends the HTTP date of now, formatted once a second per thread.
-fn date(out: &mut Vec<u8>) {
-    use std::cell::RefCell;
-    use std::time::{SystemTime, UNIX_EPOCH};
-    thread_local! {
-        static CACHED: RefCell<(u64, String)> = const { RefCell::new((u64::MAX, String::new())) };
+    if chunked {
+        crate::http1::write_last_chunk(out);
     }
-    let now = SystemTime::now();
-    let second = now.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
-    CACHED.with(|cached| {
-        let mut cached = cached.borrow_mut();
-        if cached.0 != second {
-            *cached = (second, httpdate::fmt_http_date(now));
-        }
-        out.extend_from_slice(cached.1.as_bytes());
-    });
+    Ok(())
 }
 
 /// A transport that first gives back the bytes the lean path read and did not
@@ -646,140 +561,45 @@ pub trait FastPath {
 mod tests {
     use super::*;
 
-    fn head(text: &str) -> Parsed {
-        parse(text.as_bytes(), 16 * 1024)
+    #[test]
+    fn every_reason_a_head_is_not_plain_is_a_decline_of_its_own() {
+        let reasons = [
+            NotPlain::Version,
+            NotPlain::Method,
+            NotPlain::Upgrade,
+            NotPlain::Expect,
+            NotPlain::TransferEncoding,
+            NotPlain::Length,
+            NotPlain::Connection,
+            NotPlain::Name,
+            NotPlain::Malformed,
+        ];
+        let labels: Vec<_> = reasons.map(|r| Decline::from(r).label()).to_vec();
+        assert_eq!(
+            labels,
+            [
+                "version",
+                "method",
+                "upgrade",
+                "expect",
+                "transfer_encoding",
+                "content_length",
+                "connection",
+                "folded_name",
+                "malformed"
+            ]
+        );
     }
 
     #[test]
-    fn a_plain_get_is_taken_with_its_headers_in_order() {
-        let Parsed::Head(head) = head(
-            "GET /api/x?a=1 HTTP/1.1\r\nHost: gw\r\nX-Authorization: ApiKey k\r\nAccept: */*\r\nAccept: a\r\n\r\n",
-        ) else {
-            panic!("not taken")
+    fn a_folded_framing_name_is_declined_as_such() {
+        let text = b"POST /api/x HTTP/1.1\r\nContent_Length: 3\r\n\r\n";
+        let Parsed::NotPlain(reason) =
+            request::parse(text, 16 * 1024, crate::identity::folds_to_framing)
+        else {
+            panic!("taken")
         };
-        assert_eq!(head.request.method(), Method::GET);
-        assert_eq!(head.request.uri(), "/api/x?a=1");
-        assert_eq!(head.body_len, 0);
-        let names: Vec<_> = head
-            .request
-            .headers()
-            .iter()
-            .map(|(n, _)| n.as_str())
-            .collect();
-        assert_eq!(names, ["host", "x-authorization", "accept", "accept"]);
-    }
-
-    #[test]
-    fn an_unfinished_head_waits_and_an_oversized_one_is_declined() {
-        assert!(matches!(
-            head("GET /api/x HTTP/1.1\r\nHost: gw\r\n"),
-            Parsed::Partial
-        ));
-        let long = format!("GET /api/x HTTP/1.1\r\nX: {}", "a".repeat(20_000));
-        assert!(matches!(head(&long), Parsed::Declined(Decline::Malformed)));
-    }
-
-    #[test]
-    fn smuggling_shapes_are_left_to_hyper() {
-        for (text, reason) in [
-            (
-                "POST /api/x HTTP/1.1\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n",
-                Decline::TransferEncoding,
-            ),
-            (
-                "POST /api/x HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n",
-                Decline::TransferEncoding,
-            ),
-            (
-                "POST /api/x HTTP/1.1\r\nContent-Length: 3\r\nContent-Length: 3\r\n\r\n",
-                Decline::Length,
-            ),
-            (
-                "POST /api/x HTTP/1.1\r\nContent-Length: 3, 3\r\n\r\n",
-                Decline::Length,
-            ),
-            (
-                "POST /api/x HTTP/1.1\r\nContent-Length: +3\r\n\r\n",
-                Decline::Length,
-            ),
-            (
-                "POST /api/x HTTP/1.1\r\nContent-Length: 0x3\r\n\r\n",
-                Decline::Length,
-            ),
-            ("GET /api/x HTTP/1.0\r\n\r\n", Decline::Version),
-            ("HEAD /api/x HTTP/1.1\r\n\r\n", Decline::Method),
-            (
-                "GET /api/ws HTTP/1.1\r\nUpgrade: websocket\r\n\r\n",
-                Decline::Upgrade,
-            ),
-            (
-                "POST /api/x HTTP/1.1\r\nExpect: 100-continue\r\n\r\n",
-                Decline::Expect,
-            ),
-            (
-                "GET /api/x HTTP/1.1\r\nConnection: Upgrade\r\n\r\n",
-                Decline::Connection,
-            ),
-            (
-                "GET /api/x HTTP/1.1\r\nBad Name: x\r\n\r\n",
-                Decline::Malformed,
-            ),
-            (
-                "POST /api/x HTTP/1.1\r\nContent-Length: 3\r\nTransfer_Encoding: chunked\r\n\r\n",
-                Decline::FoldedName,
-            ),
-            (
-                "POST /api/x HTTP/1.1\r\nContent_Length: 3\r\n\r\n",
-                Decline::FoldedName,
-            ),
-            (
-                "GET /api/x HTTP/1.1\r\nX: a\r\n b\r\n\r\n",
-                Decline::Malformed,
-            ),
-        ] {
-            match head(text) {
-                Parsed::Declined(got) => assert_eq!(got, reason, "{text:?}"),
-                other => panic!("{text:?} was {other:?}"),
-            }
-        }
-    }
-
-    #[test]
-    fn connection_close_is_taken_and_remembered() {
-        for (text, close) in [
-            (
-                "GET /api/x HTTP/1.1\r\nConnection: Close, X-Auth-User-Id\r\n\r\n",
-                true,
-            ),
-            (
-                "GET /api/x HTTP/1.1\r\nConnection: keep-alive\r\n\r\n",
-                false,
-            ),
-        ] {
-            let Parsed::Head(taken) = head(text) else {
-                panic!("not taken: {text:?}")
-            };
-            assert_eq!(taken.close, close, "{text:?}");
-        }
-    }
-
-    #[test]
-    fn a_content_length_body_is_measured() {
-        let Parsed::Head(head) = head("POST /api/x HTTP/1.1\r\nContent-Length: 12\r\n\r\n") else {
-            panic!("not taken")
-        };
-        assert_eq!(head.body_len, 12);
-        assert_eq!(content_length(b"00012"), Some(12));
-        assert_eq!(content_length(b""), None);
-        assert_eq!(content_length(b"1 2"), None);
-        assert_eq!(content_length(b"99999999999999999999"), None);
-    }
-
-    #[test]
-    fn numbers_are_written_in_decimal() {
-        for n in [0u64, 7, 10, 1234567890, u64::MAX] {
-            assert_eq!(itoa(n, &mut [0; 20]), n.to_string().as_bytes());
-        }
+        assert_eq!(Decline::from(reason), Decline::FoldedName);
     }
 
     #[tokio::test]
@@ -790,57 +610,5 @@ mod tests {
         let mut got = vec![0u8; 11];
         replay.read_exact(&mut got).await.unwrap();
         assert_eq!(got, b"hello world");
-    }
-
-    mod properties {
-        use super::super::*;
-        use proptest::prelude::*;
-
-        proptest! {
-            /// Any bytes: the parser answers (never panics), and a head it
-            /// takes is a whole HTTP/1.1 head with one plain length.
-            #[test]
-            fn the_head_parser_never_panics_and_takes_only_plain_heads(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
-                if let Parsed::Head(head) = parse(&bytes, 16 * 1024) {
-                    prop_assert!(head.head_len <= bytes.len());
-                    prop_assert!(bytes[..head.head_len].ends_with(b"\n"));
-                    prop_assert!(!head.request.headers().contains_key(header::TRANSFER_ENCODING));
-                    prop_assert!(head.request.headers().get_all(header::CONTENT_LENGTH).iter().count() <= 1);
-                }
-            }
-
-            /// Generated heads of header lines: taken exactly when nothing
-            /// in them is a reason to decline, with the length they state.
-            #[test]
-            fn generated_heads_are_taken_or_declined_by_their_framing(
-                names in proptest::collection::vec(prop_oneof![
-                    Just("accept"), Just("content-length"), Just("transfer-encoding"),
-                    Just("x-custom"), Just("connection"), Just("upgrade"), Just("Content-Length"),
-                ], 0..6),
-                values in proptest::collection::vec(prop_oneof![
-                    Just("5"), Just("chunked"), Just("keep-alive"), Just("close"), Just("x"), Just("5, 5"),
-                ], 6),
-            ) {
-                let mut text = String::from("POST /api/x HTTP/1.1\r\n");
-                for (name, value) in names.iter().zip(&values) {
-                    text.push_str(&format!("{name}: {value}\r\n"));
-                }
-                text.push_str("\r\n");
-                let lengths: Vec<&str> = names.iter().zip(&values)
-                    .filter(|(n, _)| n.eq_ignore_ascii_case("content-length")).map(|(_, v)| *v).collect();
-                let expected_ok = !names.iter().any(|n| *n == "transfer-encoding" || *n == "upgrade")
-                    && lengths.len() <= 1
-                    && lengths.iter().all(|v| *v == "5");
-                match parse(text.as_bytes(), 16 * 1024) {
-                    Parsed::Head(head) => {
-                        prop_assert!(expected_ok, "{text:?}");
-                        prop_assert_eq!(head.body_len, if lengths.is_empty() { 0 } else { 5 });
-                        prop_assert_eq!(head.head_len, text.len());
-                    }
-                    Parsed::Declined(_) => prop_assert!(!expected_ok, "{text:?}"),
-                    Parsed::Partial => prop_assert!(false, "partial: {text:?}"),
-                }
-            }
-        }
     }
 }

@@ -19,7 +19,6 @@ use std::pin::{Pin, pin};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
-use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderValue, Request, Response, StatusCode, Version, header};
@@ -33,60 +32,12 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::Handler;
-use super::framing::{AmbiguousFraming, FramingScanner};
+use super::deadlines::{Deadlines, Reason};
+use super::framing::AmbiguousFraming;
 use super::h1fast;
 use super::peer::Peer;
 use crate::body::{Body, BoxError};
-
-/// Why keygate closed a connection; the label of
-/// `keygate_connections_closed_total`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Reason {
-    /// The client address already holds its cap of connections.
-    PerAddressCap,
-    TlsHandshakeTimeout,
-    /// No complete request head (or not even a protocol) in time.
-    HeadTimeout,
-    /// No request in flight for the idle time.
-    Idle,
-    /// An HTTP/2 keep-alive ping was not answered in time.
-    KeepAliveTimeout,
-    /// An owned endpoint's request body did not arrive in time (408).
-    BodyTimeout,
-}
-
-impl Reason {
-    pub const ALL: [Reason; 6] = [
-        Reason::PerAddressCap,
-        Reason::TlsHandshakeTimeout,
-        Reason::HeadTimeout,
-        Reason::Idle,
-        Reason::KeepAliveTimeout,
-        Reason::BodyTimeout,
-    ];
-
-    pub fn label(self) -> &'static str {
-        match self {
-            Reason::PerAddressCap => "per_address_cap",
-            Reason::TlsHandshakeTimeout => "tls_handshake_timeout",
-            Reason::HeadTimeout => "head_timeout",
-            Reason::Idle => "idle",
-            Reason::KeepAliveTimeout => "keep_alive_timeout",
-            Reason::BodyTimeout => "body_timeout",
-        }
-    }
-}
-
-/// The connection deadlines, from `[limits]`.
-#[derive(Debug, Clone, Copy)]
-pub struct Deadlines {
-    /// First complete request head (`header_read_timeout`).
-    pub head: Duration,
-    /// No request in flight (`idle_timeout`).
-    pub idle: Duration,
-    /// Finishing a graceful close (`http2_keep_alive_timeout`).
-    pub close: Duration,
-}
+use crate::http1::FramingScanner;
 
 /// What the driver learns from the requests of its connection.
 #[derive(Debug)]
@@ -488,6 +439,8 @@ fn asks_to_close<B>(response: &Response<B>) -> bool {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     const DEADLINES: Deadlines = Deadlines {
@@ -536,21 +489,5 @@ mod tests {
         assert_eq!(activity.due(later, opened, DEADLINES), None);
         drop(second);
         assert_eq!(activity.due(later, opened, DEADLINES), Some(Reason::Idle));
-    }
-
-    #[test]
-    fn close_reasons_have_fixed_labels() {
-        let labels: Vec<_> = Reason::ALL.iter().map(|r| r.label()).collect();
-        assert_eq!(
-            labels,
-            [
-                "per_address_cap",
-                "tls_handshake_timeout",
-                "head_timeout",
-                "idle",
-                "keep_alive_timeout",
-                "body_timeout"
-            ]
-        );
     }
 }

@@ -60,8 +60,9 @@ use tokio::net::TcpStream;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
 use crate::body::{self, Body};
+use crate::http1::{Chunked, Framing, ResponseHead};
 use crate::proxy::headers::Added;
-use crate::proxy::wire::{self, Chunked, Framing, WireError};
+use crate::proxy::wire::{self, WireError};
 
 type Driver = http1::Connection<TokioIo<TcpStream>, Body>;
 
@@ -797,10 +798,12 @@ impl WireConn {
 
     /// Reads up to the final response head, skipping 1xx answers other
     /// than 101 (RFC 9110 15.2: a client that did not ask may see them).
-    async fn read_head(&mut self) -> Result<wire::ResponseHead, SendError> {
+    async fn read_head(&mut self) -> Result<ResponseHead, SendError> {
         loop {
             if !self.buf.is_empty() {
-                match wire::parse_response(&self.buf).map_err(SendError::Wire)? {
+                match crate::http1::response::parse(&self.buf, wire::MAX_HEAD)
+                    .map_err(|error| SendError::Wire(error.into()))?
+                {
                     Some(head)
                         if head.status.is_informational()
                             && head.status != http::StatusCode::SWITCHING_PROTOCOLS =>

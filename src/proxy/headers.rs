@@ -6,6 +6,7 @@ use http::header::{CONNECTION, HOST, TE, TRAILER, TRANSFER_ENCODING, UPGRADE};
 use http::{HeaderMap, HeaderName, HeaderValue};
 use smallvec::SmallVec;
 
+use crate::http1::connection;
 use crate::identity::{self, Identity, Passport};
 use crate::listener::peer::Client;
 
@@ -108,8 +109,11 @@ fn remove_where(headers: &mut HeaderMap, doomed: impl Fn(&HeaderName) -> bool) {
         }
     }
     for value in &listed {
-        for name in value.to_str().unwrap_or_default().split(',') {
-            let name = name.trim();
+        // A value that is not visible ASCII names nothing.
+        let Ok(text) = value.to_str() else { continue };
+        for name in connection::tokens(text.as_bytes()) {
+            // A piece of visible ASCII cut at a comma: UTF-8.
+            let name = std::str::from_utf8(name).unwrap_or_default();
             if !listed_is_hop_by_hop(name) {
                 headers.remove(name);
             }

@@ -10,6 +10,7 @@ use crate::auth::AuthFailure;
 use crate::auth::credential::{self, Credential};
 use crate::body::{self, Body};
 use crate::error::ApiError;
+use crate::http1::connection;
 use crate::identity::platform;
 
 /// How a socket presented its credential, as counted and logged.
@@ -41,9 +42,9 @@ pub fn is_upgrade<B>(req: &Request<B>) -> bool {
         req.headers()
             .get_all(name)
             .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(','))
-            .any(|t| t.trim().eq_ignore_ascii_case(token))
+            .filter(|v| v.to_str().is_ok())
+            .flat_map(|v| connection::tokens(v.as_bytes()))
+            .any(|t| t.eq_ignore_ascii_case(token.as_bytes()))
     };
     req.method() == Method::GET
         && req.version() == Version::HTTP_11
