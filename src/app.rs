@@ -1,17 +1,19 @@
 //! The request path as named phases, in this order:
 //!
-//! 1. [`App::admit`]: limits, framing, path normalisation, secrets sent in clear;
-//! 2. [`App::dispatch`]: one [`Target`], the API browser, an endpoint keygate
-//!    answers itself, or a proxied route;
-//! 3. [`App::authenticate`]: the credential, where the target asks for one;
-//! 4. [`App::admit_quota`]: the request quotas of the identity, for a proxied
+//! 1. [`App::decide`]: the one decision ([`crate::decision`]): limits,
+//!    framing, path normalisation, secrets sent in clear, then one
+//!    [`Target`]: the API browser, an endpoint keygate answers itself, or a
+//!    proxied route;
+//! 2. [`App::authenticate`]: the credential, where the target asks for one,
+//!    through the decision's [`Gate`];
+//! 3. [`App::admit_quota`]: the request quotas of the identity, for a proxied
 //!    route, WebSocket upgrades included (decided from local counters, never
 //!    waiting on Redis; a platform WebSocket route authenticates after the
 //!    upgrade, so its socket counts there, [`crate::websocket`]);
-//! 5. for a proxied route: a small body read whole ([`Proxy::buffer`]), then
+//! 4. for a proxied route: a small body read whole ([`Proxy::buffer`]), then
 //!    [`App::admit_in_flight`], [`App::headers_to_upstream`], [`App::forward`],
 //!    [`App::headers_to_client`];
-//! 6. [`App::log`]: metrics and the access log.
+//! 5. [`App::log`]: metrics and the access log.
 //!
 //! What the phases learn about a request travels in its [`Exchange`].
 
@@ -25,24 +27,27 @@ use http::{HeaderValue, Method, Request, Response, Uri};
 use hyper::body::Incoming;
 
 use crate::address::AddressKey;
-use crate::api::{self, Access, Endpoint, EndpointRequest, Endpoints, Matched};
+use crate::api::{self, Access, EndpointRequest, Endpoints, Matched};
 use crate::api_browser::ApiBrowser;
-use crate::auth::credential::{self, Credential, CredentialError};
-use crate::auth::in_clear::InClear;
-use crate::auth::outcomes::{self, NO_CREDENTIAL, Outcomes};
-use crate::auth::{AuthFailure, AuthRefusal, Authenticator};
+use crate::auth::credential::{self, Credential};
+use crate::auth::in_clear::Exposure;
+use crate::auth::outcomes::Outcomes;
+use crate::auth::{AuthRefusal, Authenticator};
 use crate::body::Body;
 use crate::config::Settings;
+use crate::decision::{
+    Admitted, Asked, Channel, Decision, Gate, Input, Parsed, Refusal, Requirement, Rules, Target,
+    presented,
+};
 use crate::error::ApiError;
 use crate::identity::{Identity, IdentityMode, Passport, Passports, platform};
 use crate::listener::framing::AmbiguousFraming;
 use crate::listener::h1fast::{Decline, FastPath};
 use crate::listener::peer::{Client, Crowded, InFlight, Peer};
-use crate::path;
 use crate::proxy::headers::{self, Added, X_REQUEST_ID};
 use crate::proxy::{Proxy, RequestBody, Route, RouteTable, Routes};
 use crate::shared_limits::SharedLimits;
-use crate::shared_limits::quota::{Grant, Quotas, Refusal};
+use crate::shared_limits::quota::{self, Grant, Quotas};
 use crate::shared_limits::seats::Seats;
 use crate::telemetry::access::AccessLine;
 use crate::telemetry::{Metrics, RouteSeries};
@@ -58,6 +63,9 @@ pub struct App {
     routes: Arc<Routes>,
     proxy: Proxy,
     websockets: Arc<WebSockets>,
+    /// The one decision over a request, with its effects; shared with the
+    /// WebSocket sessions.
+    gate: Arc<Gate>,
     quotas: Arc<Quotas>,
     metrics: Arc<Metrics>,
     series: Series,
@@ -74,7 +82,6 @@ struct Series {
     endpoints: Vec<RouteSeries>,
     browser: RouteSeries,
     unmatched: RouteSeries,
-    auth: Outcomes,
 }
 
 /// One request on its way through the phases: what they all read, and what
@@ -94,10 +101,9 @@ struct Exchange<'t> {
     refusal: Option<AuthRefusal>,
     /// The request's credential, parsed once.
     credential: Parsed,
+    /// A WebSocket upgrade.
+    upgrade: bool,
 }
-
-/// A request's credential as read from its head.
-type Parsed = Result<Credential, CredentialError>;
 
 /// What only the access log needs; a `Uri` or `HeaderValue` clone shares its
 /// bytes, and nothing is kept when the log is off.
@@ -106,34 +112,23 @@ struct Logged {
     traceparent: Option<HeaderValue>,
 }
 
-/// What a request is for, decided once by [`App::dispatch`].
-enum Target<'t> {
-    /// The API browser (Swagger UI and its documents).
-    ApiBrowser(&'t ApiBrowser),
-    /// An endpoint keygate answers itself.
-    Endpoint(Matched),
-    /// A route forwarded to an upstream.
-    Proxied(&'t Route),
-    /// A WebSocket upgrade on a platform WebSocket route (its label), to
-    /// the upstream of the route it falls under.
-    WebSocket(&'t Route, &'t str),
-}
-
 /// What [`App::fast_decide`] found for a request the lean path takes: the
 /// routes it decided on (a reload meanwhile does not change the request's),
-/// its route's place there, and its normalised path when normalising
-/// changed it.
+/// its route's place there, its normalised path when normalising changed
+/// it, and its credential, parsed once.
 pub struct FastRoute {
     routes: Arc<RouteTable>,
     route: usize,
     path: Option<String>,
+    credential: Parsed,
 }
 
-/// What [`App::admit`] lets through: the normalised path, or the answer when
-/// the request is refused before anything else is read.
-enum Admission<'p> {
-    Path(Cow<'p, str>),
-    Answered(Response<Body>),
+/// What the request path shares with the rest of the server besides its
+/// settings: the limits counted with other replicas, and the rules added to
+/// the decision ([`crate::decision::Rule`]).
+pub struct Shared {
+    pub limits: SharedLimits,
+    pub rules: Rules,
 }
 
 impl App {
@@ -144,16 +139,23 @@ impl App {
         auth: Arc<Authenticator>,
         metrics: Arc<Metrics>,
         listener_base_url: String,
-        limits: SharedLimits,
+        shared: Shared,
     ) -> App {
+        let Shared { limits, rules } = shared;
         let passports = auth.caches().passports.clone();
         let proxy = Proxy::new(&settings.proxy, &settings.limits, settings.worker_count());
+        let gate = Arc::new(Gate::new(
+            Decision::new(&settings, rules),
+            auth.clone(),
+            Outcomes::new(&metrics),
+            limits.quotas.clone(),
+        ));
         let websockets = Arc::new(WebSockets::new(
             &settings,
             auth.clone(),
             &metrics,
             limits.seats,
-            limits.quotas.clone(),
+            gate.clone(),
             passports.clone(),
         ));
         let browser = settings
@@ -167,7 +169,6 @@ impl App {
                 .collect(),
             browser: metrics.route_series("api_browser"),
             unmatched: metrics.route_series("unmatched"),
-            auth: Outcomes::new(&metrics),
         };
         App {
             series,
@@ -178,6 +179,7 @@ impl App {
             routes,
             proxy,
             websockets,
+            gate,
             quotas: limits.quotas,
             metrics,
             listener_base_url,
@@ -248,7 +250,9 @@ impl App {
     /// Handles one request; every error becomes a contract response here.
     pub async fn handle(&self, req: Request<Incoming>, conn: Arc<Peer>) -> Response<Body> {
         let routes = self.routes.load();
-        let mut ex = self.exchange(&req, &conn);
+        let credential = credential::parse(req.headers());
+        let mut ex = self.exchange(&req, &conn, credential);
+        ex.upgrade = websocket::is_upgrade(&req);
         let mut response = match self.process(&routes, req, &mut ex).await {
             Ok(response) => response,
             Err(error) => error.into_response(),
@@ -261,7 +265,12 @@ impl App {
     }
 
     /// The request's context, worked out once from its connection and head.
-    fn exchange<'t, B>(&self, req: &Request<B>, conn: &'t Peer) -> Exchange<'t> {
+    fn exchange<'t, B>(
+        &self,
+        req: &Request<B>,
+        conn: &'t Peer,
+        credential: Parsed,
+    ) -> Exchange<'t> {
         let logged = self.settings.log.access_log.then(|| Logged {
             uri: req.uri().clone(),
             traceparent: req.headers().get(TRACEPARENT).cloned(),
@@ -276,7 +285,8 @@ impl App {
             upstream: None,
             identity: None,
             refusal: None,
-            credential: credential::parse(req.headers()),
+            credential,
+            upgrade: false,
         }
     }
 
@@ -290,27 +300,27 @@ impl App {
         // Normalise from a shared copy of the Uri, so the (usually borrowed)
         // path outlives moving the request on.
         let uri = req.uri().clone();
-        let path = match self.admit(&req, &uri, ex).await? {
-            Admission::Path(path) => path,
-            Admission::Answered(response) => return Ok(response),
+        let Admitted { path, target } = match self.decide(routes, &req, &uri, ex) {
+            Ok(admitted) => admitted,
+            Err(Refusal::InClear(exposure)) => {
+                return Err(self.refuse_in_clear(&req, ex, exposure).await);
+            }
+            Err(refusal) => return Ok(refusal.into_response()),
         };
-        let upgrade = websocket::is_upgrade(&req);
-        let target = self.dispatch(routes, req.method(), &path, upgrade)?;
         ex.route = Some(match &target {
-            Target::ApiBrowser(_) => &self.series.browser,
+            Target::ApiBrowser => &self.series.browser,
             Target::Endpoint(matched) => self.endpoint_series(matched),
             Target::Proxied(route) | Target::WebSocket(route, _) => &route.series,
         });
         match target {
-            Target::ApiBrowser(browser) => serve_browser(browser, &req, &path),
+            Target::ApiBrowser => serve_browser(self.browser.as_deref(), &req, &path),
             Target::Endpoint(matched) => self.answer(matched, req, &path, ex).await,
             Target::WebSocket(route, label) => {
                 self.upgrade(route, label, req, &path, ex, Start::Platform)
             }
-            Target::Proxied(route) if upgrade => {
-                ex.identity = self
-                    .authenticate(&req, !route.public, ScopeCheck::Proxied(&path), ex)
-                    .await?;
+            Target::Proxied(route) if ex.upgrade => {
+                let requirement = Requirement::proxied(route, &path);
+                ex.identity = self.authenticate(&req, requirement, &path, ex).await?;
                 // An upgrade is a request like any other to the quotas,
                 // counted before anything reaches the upstream.
                 let grant = match self.admit_quota(route, ex) {
@@ -341,9 +351,8 @@ impl App {
         path: &str,
         ex: &mut Exchange<'t>,
     ) -> Result<Response<Body>, ApiError> {
-        ex.identity = self
-            .authenticate(&req, !route.public, ScopeCheck::Proxied(path), ex)
-            .await?;
+        let requirement = Requirement::proxied(route, path);
+        ex.identity = self.authenticate(&req, requirement, path, ex).await?;
         let grant = match self.admit_quota(route, ex) {
             Ok(grant) => grant,
             Err(refusal) => return Ok(refusal.into_response()),
@@ -365,29 +374,59 @@ impl App {
         Ok(response)
     }
 
+    /// The one decision ([`Decision::evaluate`]) over a request hyper's
+    /// driver read: its normalised path and target, or why it goes no
+    /// further.
+    fn decide<'t, 'u, B>(
+        &'t self,
+        routes: &'t RouteTable,
+        req: &Request<B>,
+        uri: &'u Uri,
+        ex: &Exchange<'_>,
+    ) -> Result<Admitted<'t, 'u>, Refusal> {
+        let input = Input {
+            method: req.method(),
+            uri,
+            headers: req.headers(),
+            sender: ex.client.sender(),
+            upgrade: ex.upgrade,
+            ambiguous_framing: req.extensions().get::<AmbiguousFraming>().is_some(),
+            credential: &ex.credential,
+        };
+        self.gate.decision().evaluate(&input, routes)
+    }
+
     /// Whether the lean HTTP/1.1 path takes a request
-    /// ([`crate::listener::h1fast`]): a proxied route (not an upgrade: those
-    /// were declined), its path normalised, no secret sent in clear, its head
-    /// within the limit. Decides as [`App::admit`] and [`App::dispatch`]
-    /// would, without their side effects: whatever those would refuse or
-    /// answer otherwise is left to hyper's path, which does. What it found
-    /// goes to [`App::handle_fast`], which neither admits nor dispatches
-    /// again (the path normalised, the routes looked up and the head measured
-    /// twice were 1,500 instructions of a request under callgrind).
+    /// ([`crate::listener::h1fast`]), by the one decision
+    /// ([`Decision::evaluate`]), as [`App::decide`] asks it for hyper's
+    /// driver: the lean path takes a request admitted to a proxied route (not
+    /// an upgrade: those were declined), and leaves every refusal and every
+    /// other target to hyper's driver, which renders it (and a secret sent
+    /// in clear, whose refusal has effects). No side effect here. What it
+    /// found, the parsed credential included, goes to [`App::handle_fast`],
+    /// which neither decides nor parses again (the path normalised, the
+    /// routes looked up and the head measured twice were 1,500 instructions
+    /// of a request under callgrind).
     fn fast_decide(&self, req: &Request<()>, conn: &Peer) -> Result<FastRoute, Decline> {
-        if header_block_size(req) > self.settings.limits.max_header_bytes {
-            return Err(Decline::Malformed);
-        }
-        let path = path::normalize(req.uri().path()).map_err(|_| Decline::Path)?;
-        if !conn.client(req.headers()).secure && credential::parse(req.headers()).is_ok() {
-            return Err(Decline::InClear);
-        }
+        let credential = credential::parse(req.headers());
+        let input = Input {
+            method: req.method(),
+            uri: req.uri(),
+            headers: req.headers(),
+            sender: conn.client(req.headers()).sender(),
+            upgrade: false,
+            ambiguous_framing: false,
+            credential: &credential,
+        };
         let routes = self.routes.load();
-        let route = match self.dispatch(&routes, req.method(), &path, false) {
-            Ok(Target::Proxied(route)) => routes.index_of(route),
-            _ => None,
-        }
-        .ok_or(Decline::NotProxied)?;
+        let (route, path) = match self.gate.decision().evaluate(&input, &routes) {
+            Ok(Admitted {
+                path,
+                target: Target::Proxied(route),
+            }) => (routes.index_of(route).ok_or(Decline::NotProxied)?, path),
+            Ok(_) | Err(Refusal::NoTarget(_)) => return Err(Decline::NotProxied),
+            Err(refusal) => return Err(declined(&refusal)),
+        };
         let path = match path {
             Cow::Owned(path) => Some(path),
             Cow::Borrowed(_) => None,
@@ -396,14 +435,13 @@ impl App {
             routes,
             route,
             path,
+            credential,
         })
     }
 
     /// Answers a request the lean path took: the phases of [`App::handle`]
-    /// for a proxied route, on the head and body it read, with the route and
-    /// path [`App::fast_decide`] found. What [`App::admit`] refuses was
-    /// declined there: an oversized head, a path that does not normalise, a
-    /// secret in clear; and ambiguous framing never reaches the lean path.
+    /// for a proxied route, on the head and body it read, with the route,
+    /// path and credential [`App::fast_decide`] found.
     pub async fn handle_fast(
         &self,
         req: Request<()>,
@@ -415,8 +453,9 @@ impl App {
             routes,
             route,
             path,
+            credential,
         } = decided;
-        let mut ex = self.exchange(&req, &conn);
+        let mut ex = self.exchange(&req, &conn, credential);
         let uri = req.uri().clone();
         let path = path.as_deref().unwrap_or(uri.path());
         let req = req.map(|()| RequestBody::Read(body));
@@ -433,63 +472,6 @@ impl App {
             .insert(X_REQUEST_ID.clone(), ex.request_id.clone());
         self.log(&ex, &response);
         response
-    }
-
-    /// Refuses what must not go further: an oversized head, ambiguous
-    /// framing, a header name that folds to a framing one, a path that does
-    /// not normalise, secrets sent in clear.
-    async fn admit<'p, B>(
-        &self,
-        req: &Request<B>,
-        uri: &'p Uri,
-        ex: &Exchange<'_>,
-    ) -> Result<Admission<'p>, ApiError> {
-        if header_block_size(req) > self.settings.limits.max_header_bytes {
-            return Err(ApiError::headers_too_large());
-        }
-        if req.extensions().get::<AmbiguousFraming>().is_some() {
-            return Ok(Admission::Answered(ambiguous_framing()));
-        }
-        headers::refuse_folded_framing(req.headers())?;
-        let path = path::normalize(uri.path())
-            .map_err(|e| ApiError::bad_request(format!("Invalid request path: {e}")))?;
-        self.refuse_secrets_in_clear(&ex.client, req, &ex.credential)
-            .await?;
-        Ok(Admission::Path(path))
-    }
-
-    /// The one target of a normalised path, in this order: the API browser,
-    /// with the sync on the platform's user endpoints (to its route),
-    /// keygate's own endpoints (a 405 for one asked with another method), the
-    /// proxied routes (a 404 when none matches), where a WebSocket upgrade
-    /// on a platform WebSocket route is a target of its own.
-    fn dispatch<'t>(
-        &'t self,
-        routes: &'t RouteTable,
-        method: &Method,
-        path: &str,
-        upgrade: bool,
-    ) -> Result<Target<'t>, ApiError> {
-        if let Some(browser) = self.browser.as_deref().filter(|_| ApiBrowser::owns(path)) {
-            return Ok(Target::ApiBrowser(browser));
-        }
-        if let Some(sync) = self.settings.platform.sync.as_ref()
-            && api::platform_owns(path)
-        {
-            // The platform owns user records: its route, its token.
-            let route = routes
-                .named(&sync.upstream)
-                .ok_or_else(ApiError::unavailable)?;
-            return Ok(Target::Proxied(route));
-        }
-        if let Some(matched) = api::find(method, path)? {
-            return Ok(Target::Endpoint(matched));
-        }
-        let route = routes.find(path).ok_or_else(ApiError::not_found)?;
-        match self.websockets.route_of(path) {
-            Some(label) if upgrade => Ok(Target::WebSocket(route, label)),
-            _ => Ok(Target::Proxied(route)),
-        }
     }
 
     /// Answers a WebSocket upgrade; the socket runs on ([`crate::websocket`]).
@@ -540,17 +522,8 @@ impl App {
                 .is_ok(),
             _ => false,
         };
-        let required = match matched.route.access {
-            Access::Authenticated => true,
-            Access::Configuring => !mfa_token,
-            Access::Public | Access::PreVerification | Access::MfaConfiguration => false,
-        };
-        let scope = match matched.route.endpoint {
-            // Clients call it to check a key: any key may.
-            Endpoint::CurrentUser => ScopeCheck::Exempt,
-            _ => ScopeCheck::Endpoint(path, matched.route.effect),
-        };
-        let identity = self.authenticate(&req, required, scope, ex).await?;
+        let requirement = Requirement::endpoint(&matched, path, mfa_token);
+        let identity = self.authenticate(&req, requirement, path, ex).await?;
         let client = &ex.client;
         let client_ip = client.address(req.headers(), &self.settings.proxy.trusted_proxies);
         let request = EndpointRequest {
@@ -592,12 +565,9 @@ impl App {
     /// Counts the request against the quotas of its identity on the route;
     /// over one, the 429 to send instead. Public routes have no identity and
     /// no quota.
-    fn admit_quota(&self, route: &Route, ex: &Exchange<'_>) -> Result<Grant, Refusal> {
-        let Some(identity) = &ex.identity else {
-            return Ok(Grant::default());
-        };
-        self.quotas
-            .admit(&route.quota_scope, &route.quota, identity)
+    fn admit_quota(&self, route: &Route, ex: &Exchange<'_>) -> Result<Grant, quota::Refusal> {
+        self.gate
+            .admit_quota(&route.quota_scope, &route.quota, ex.identity.as_ref())
     }
 
     /// Counts the request in flight on its connection and from its address,
@@ -725,36 +695,22 @@ impl App {
         .emit();
     }
 
-    /// Secrets sent in clear, on any route, public ones included
-    /// ([`crate::auth::in_clear`]), counted when refused.
-    async fn refuse_secrets_in_clear<B>(
+    /// What follows a secret the decision refused as sent in clear, on any
+    /// route, public ones included ([`Gate::refuse_in_clear`]).
+    async fn refuse_in_clear<B>(
         &self,
-        client: &Client<'_>,
         req: &Request<B>,
-        credential: &Parsed,
-    ) -> Result<(), ApiError> {
-        let Ok(credential) = credential else {
-            return Ok(());
+        ex: &Exchange<'_>,
+        exposure: Exposure,
+    ) -> ApiError {
+        let Ok(credential) = &ex.credential else {
+            return ApiError::api_key_over_plain_http();
         };
-        if client.secure {
-            return Ok(());
-        }
-        let rule = InClear {
-            disable_keys: self.settings.disable_key_on_plaintext,
-            allow_plaintext: self.settings.listen.allow_plaintext_credentials,
-        };
-        let from = self.address_key(client, req);
-        let refused = self
-            .auth
-            .refuse_in_clear(credential, client, rule, Some(from), "HTTP")
-            .await;
-        if refused.is_err() {
-            let method = outcomes::method_of(Some(credential));
-            self.series
-                .auth
-                .count(method, Err(AuthFailure::PlaintextRefused));
-        }
-        refused
+        let from = self.address_key(&ex.client, req);
+        let peer = ex.client.conn.peer;
+        self.gate
+            .refuse_in_clear(credential, exposure, peer, Some(from), "HTTP")
+            .await
     }
 
     /// The key the request's client address counts under in per-address
@@ -765,80 +721,32 @@ impl App {
     }
 
     /// Verifies the request's credential when the target asks for one, and
-    /// that a scoped key's grants hold the request, counting the outcome.
-    /// Secrets sent in clear were refused on admission.
+    /// authorises the request, through the decision's [`Gate`], which counts
+    /// and logs every refusal; the access log learns why one was refused.
+    /// Secrets sent in clear were refused by the decision already.
     async fn authenticate<B>(
         &self,
         req: &Request<B>,
-        required: bool,
-        scope: ScopeCheck<'_>,
+        requirement: Requirement<'_>,
+        path: &str,
         ex: &mut Exchange<'_>,
     ) -> Result<Option<Identity>, ApiError> {
-        if !required {
-            return Ok(None);
-        }
-        let credential = match &ex.credential {
-            Ok(credential) => credential,
-            Err(error) => {
-                let failure = AuthFailure::from(*error);
-                self.series.auth.count(NO_CREDENTIAL, Err(failure));
-                ex.refusal = Some(failure.into());
-                return Err(self.auth.to_api_error(failure));
-            }
+        let asked = Asked {
+            method: &ex.method,
+            path,
+            upgrade: ex.upgrade,
         };
-        let method = outcomes::method_of(Some(credential));
-        let from = self.address_key(&ex.client, req);
-        match self.auth.verify_explained(credential, from).await {
-            Ok(identity) if !scope.allows(&identity, &ex.method) => {
-                self.series.auth.count(method, Err(AuthFailure::OutOfScope));
-                ex.refusal = Some(AuthFailure::OutOfScope.into());
-                tracing::warn!(
-                    target: "keygate::security",
-                    key_id = %identity.credential_id(),
-                    user_id = %identity.principal.user_id,
-                    method = %ex.method,
-                    "request outside its API key's scopes refused"
-                );
-                Err(AuthFailure::OutOfScope.to_api_error())
-            }
-            Ok(identity) => {
-                self.series.auth.count(method, Ok(()));
-                Ok(Some(identity))
-            }
-            Err(refusal) => {
-                self.series.auth.count(method, Err(refusal.failure));
-                ex.refusal = Some(refusal);
-                Err(self.auth.to_api_error(refusal.failure))
-            }
-        }
-    }
-}
-
-/// What a scoped API key must hold for a request: its class first (a
-/// credential is never a scoped key's), then a grant of its method and path
-/// ([`crate::auth::scope::Scopes::permit`], the check WebSockets make too).
-#[derive(Clone, Copy)]
-enum ScopeCheck<'p> {
-    /// An endpoint keygate answers, with its class from the route table, on
-    /// this normalised path.
-    Endpoint(&'p str, api::Effect),
-    /// A forwarded request (an upgrade included) on this normalised path:
-    /// the one that decided the route, classed by [`api::proxied_effect`].
-    Proxied(&'p str),
-    /// Nothing: any valid key may.
-    Exempt,
-}
-
-impl ScopeCheck<'_> {
-    /// Always true for a credential without scopes.
-    fn allows(self, identity: &Identity, method: &Method) -> bool {
-        match self {
-            ScopeCheck::Endpoint(path, effect) => identity.permits(method, path, || effect),
-            ScopeCheck::Proxied(path) => {
-                identity.permits(method, path, || api::proxied_effect(path))
-            }
-            ScopeCheck::Exempt => true,
-        }
+        let client = &ex.client;
+        let from = || self.address_key(client, req);
+        let credential = presented(&ex.credential);
+        let outcome = self
+            .gate
+            .authenticate(&asked, credential, requirement, from, Channel::Request)
+            .await;
+        outcome.map_err(|refusal: AuthRefusal| {
+            ex.refusal = Some(refusal);
+            self.gate.to_api_error(refusal.failure)
+        })
     }
 }
 
@@ -876,10 +784,13 @@ impl crate::listener::Handler for App {
 
 /// The API browser answers reads only.
 fn serve_browser(
-    browser: &ApiBrowser,
+    browser: Option<&ApiBrowser>,
     req: &Request<Incoming>,
     path: &str,
 ) -> Result<Response<Body>, ApiError> {
+    let Some(browser) = browser else {
+        return Err(ApiError::not_found());
+    };
     if !matches!(*req.method(), Method::GET | Method::HEAD) {
         return Err(ApiError::with_message(
             http::StatusCode::METHOD_NOT_ALLOWED,
@@ -888,20 +799,6 @@ fn serve_browser(
         ));
     }
     Ok(browser.handle(path))
-}
-
-/// A request that stated its body length two ways (`Content-Length` and
-/// `Transfer-Encoding`) is refused, not repaired: a server behind keygate might
-/// read it the other way (request smuggling). The connection is closed, as what
-/// follows on it cannot be trusted to start a new request.
-fn ambiguous_framing() -> Response<Body> {
-    let mut response =
-        ApiError::bad_request("Request has both Content-Length and Transfer-Encoding")
-            .into_response();
-    response
-        .headers_mut()
-        .insert(http::header::CONNECTION, HeaderValue::from_static("close"));
-    response
 }
 
 const TRACEPARENT: &str = "traceparent";
@@ -914,13 +811,16 @@ fn trace_id(header: &HeaderValue) -> Option<&str> {
         .then_some(id)
 }
 
-/// Approximate size of the request head as sent: names, values and separators.
-fn header_block_size<B>(req: &Request<B>) -> usize {
-    req.headers()
-        .iter()
-        .map(|(name, value)| name.as_str().len() + value.len() + 4)
-        .sum::<usize>()
-        + req.uri().path_and_query().map_or(0, |p| p.as_str().len())
+/// Why the lean path leaves a request the decision refused to hyper's
+/// driver, which renders the refusal.
+fn declined(refusal: &Refusal) -> Decline {
+    match refusal {
+        Refusal::HeadTooLarge | Refusal::AmbiguousFraming => Decline::Malformed,
+        Refusal::FoldedName(_) => Decline::FoldedName,
+        Refusal::Path(_) => Decline::Path,
+        Refusal::InClear(_) => Decline::InClear,
+        Refusal::NoTarget(_) => Decline::NotProxied,
+    }
 }
 
 #[cfg(test)]

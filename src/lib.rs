@@ -22,6 +22,7 @@ pub mod auth;
 pub(crate) mod body;
 pub mod clock;
 pub mod config;
+pub mod decision;
 pub mod dev;
 pub mod email;
 pub(crate) mod error;

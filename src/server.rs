@@ -12,7 +12,7 @@ use tokio_rustls::TlsAcceptor;
 
 use crate::accounts;
 use crate::api::Endpoints;
-use crate::app::App;
+use crate::app::{App, Shared};
 use crate::auth::Authenticator;
 use crate::auth::cache::Caches;
 use crate::auth::jwt::TokenKeys;
@@ -86,6 +86,10 @@ pub enum StartError {
 pub struct StartOptions {
     /// Password for the bootstrap SYS_ADMIN; generated and logged once if unset.
     pub bootstrap_password: Option<String>,
+    /// Refusals added to the one decision every driver asks
+    /// ([`crate::decision::Rule`]); none in a configured server.
+    #[doc(hidden)]
+    pub rules: crate::decision::Rules,
 }
 
 /// A started server.
@@ -306,6 +310,7 @@ pub async fn start(mut settings: Settings, options: StartOptions) -> Result<Runn
     let metrics = Arc::new(Metrics::new());
     listener::descriptors::fit(&mut settings);
 
+    let rules = options.rules.clone();
     let Prepared {
         store,
         generated_password,
@@ -346,7 +351,7 @@ pub async fn start(mut settings: Settings, options: StartOptions) -> Result<Runn
         auth.clone(),
         metrics.clone(),
         listener_base_url(bound.https_addr, bound.http_addr),
-        limits,
+        Shared { limits, rules },
     ));
     let running = Running {
         https: bound.https_addr,

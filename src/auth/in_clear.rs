@@ -2,12 +2,16 @@
 //!
 //! An API key that did not arrive over HTTPS is refused always, on every
 //! route, and when configured disabled as well: it crossed the wire in clear,
-//! whatever it was sent to. A token is refused unless the peer may send
-//! secrets in clear ([`Client::may_send_secrets`]).
+//! whatever it was sent to. A token is refused unless the sender may send
+//! secrets in clear ([`Sender::may_send_secrets`]).
+//!
+//! The rule itself is pure ([`exposure`]); what follows a refusal (the
+//! security log line, disabling the key) is [`Authenticator::refuse_in_clear`].
+
+use std::net::SocketAddr;
 
 use crate::address::AddressKey;
 use crate::error::ApiError;
-use crate::listener::peer::Client;
 
 use super::Authenticator;
 use super::credential::Credential;
@@ -21,37 +25,128 @@ pub struct InClear {
     pub allow_plaintext: bool,
 }
 
+/// What the rule knows of who sent a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sender {
+    /// The request reached keygate over HTTPS: TLS here, or a trusted
+    /// proxy that reports `X-Forwarded-Proto: https`.
+    pub secure: bool,
+    /// The peer is a trusted proxy.
+    pub trusted: bool,
+    /// The peer's address is a loopback one.
+    pub loopback: bool,
+}
+
+impl Sender {
+    /// May this request carry a password or a token? Over HTTPS always; in
+    /// clear only from a loopback peer that is not a proxy (a sidecar's
+    /// neighbour: the secret never left the machine), or when allowed. A
+    /// trusted proxy that reports plain HTTP saw the secret cross the network
+    /// in clear, wherever the proxy itself runs.
+    pub fn may_send_secrets(self, allow_plaintext: bool) -> bool {
+        self.secure || (!self.trusted && self.loopback) || allow_plaintext
+    }
+}
+
+/// A credential that must not be taken as it was sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exposure {
+    /// An API key sent in clear: refused, and disabled when configured.
+    ApiKey,
+    /// A token sent in clear by a sender that may not.
+    Token,
+}
+
+/// The rule: which credential sent by `sender` is refused, if any.
+pub fn exposure(credential: &Credential, sender: Sender, rule: InClear) -> Option<Exposure> {
+    if sender.secure {
+        return None;
+    }
+    match credential {
+        Credential::ApiKey(_) => Some(Exposure::ApiKey),
+        Credential::Bearer(_) if !sender.may_send_secrets(rule.allow_plaintext) => {
+            Some(Exposure::Token)
+        }
+        Credential::Bearer(_) => None,
+    }
+}
+
 impl Authenticator {
-    /// `Ok` when `credential` may travel as `client` sent it. Otherwise logs
-    /// the refusal (`channel` says how it came: "HTTP", "ws://"), disables an
-    /// API key when configured (a key that turns out unknown is paid from
-    /// `from`'s budget), and returns the refusal the client gets. The caller
-    /// counts it.
+    /// What follows a refusal by [`exposure`]: logs it (`channel` says how
+    /// it came: "HTTP", "ws://"), disables an API key when configured (a key
+    /// that turns out unknown is paid from `from`'s budget), and returns the
+    /// refusal the client gets. The caller counts it.
     pub async fn refuse_in_clear(
         &self,
         credential: &Credential,
-        client: &Client<'_>,
+        exposure: Exposure,
+        peer: SocketAddr,
         rule: InClear,
         from: Option<AddressKey>,
         channel: &str,
-    ) -> Result<(), ApiError> {
-        if client.secure {
-            return Ok(());
-        }
-        let peer = client.conn.peer;
-        match credential {
-            Credential::ApiKey(key) => {
+    ) -> ApiError {
+        match (exposure, credential) {
+            (Exposure::ApiKey, Credential::ApiKey(key)) => {
                 tracing::warn!(target: "keygate::security", %peer, channel, "refused an API key sent in clear");
                 if rule.disable_keys {
                     self.disable_exposed_key(key, from).await;
                 }
-                Err(ApiError::api_key_over_plain_http())
+                ApiError::api_key_over_plain_http()
             }
-            Credential::Bearer(_) if !client.may_send_secrets(rule.allow_plaintext) => {
+            (Exposure::ApiKey, _) => ApiError::api_key_over_plain_http(),
+            (Exposure::Token, _) => {
                 tracing::warn!(target: "keygate::security", %peer, channel, "refused a token sent in clear");
-                Err(ApiError::credentials_over_plain_http())
+                ApiError::credentials_over_plain_http()
             }
-            Credential::Bearer(_) => Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::auth::credential::Secret;
+
+    #[test]
+    fn keys_in_clear_are_refused_always_and_tokens_unless_the_sender_may() {
+        let key = Credential::ApiKey(Secret::new("k"));
+        let token = Credential::Bearer(Secret::new("t"));
+        let strict = InClear {
+            disable_keys: false,
+            allow_plaintext: false,
+        };
+        let allowing = InClear {
+            allow_plaintext: true,
+            ..strict
+        };
+        let remote = Sender {
+            secure: false,
+            trusted: false,
+            loopback: false,
+        };
+        let neighbour = Sender {
+            loopback: true,
+            ..remote
+        };
+        let proxy_on_loopback = Sender {
+            trusted: true,
+            ..neighbour
+        };
+        let tls = Sender {
+            secure: true,
+            ..remote
+        };
+        for (credential, sender, rule, expected) in [
+            (&key, tls, strict, None),
+            (&token, tls, strict, None),
+            (&key, remote, strict, Some(Exposure::ApiKey)),
+            (&key, neighbour, allowing, Some(Exposure::ApiKey)),
+            (&token, remote, strict, Some(Exposure::Token)),
+            (&token, remote, allowing, None),
+            (&token, neighbour, strict, None),
+            (&token, proxy_on_loopback, strict, Some(Exposure::Token)),
+        ] {
+            assert_eq!(exposure(credential, sender, rule), expected, "{sender:?}");
         }
     }
 }

@@ -285,8 +285,8 @@ impl Authenticator {
         verified.map_err(|refusal| refusal.failure)
     }
 
-    /// [`Authenticator::verify`] for a request from `client`, whose unknown
-    /// API keys are paid from its budget.
+    /// [`Authenticator::verify_explained`] without the explanation.
+    #[cfg(test)]
     pub(crate) async fn verify_from(
         &self,
         credential: &Credential,
@@ -297,7 +297,8 @@ impl Authenticator {
             .map_err(|refusal| refusal.failure)
     }
 
-    /// [`Authenticator::verify_from`], saying whose credential a refused
+    /// [`Authenticator::verify`] for a request from `client`, whose unknown
+    /// API keys are paid from its budget, saying whose credential a refused
     /// one is when that is known (for the access log).
     pub(crate) async fn verify_explained(
         &self,

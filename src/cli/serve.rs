@@ -14,6 +14,7 @@ pub(super) async fn serve(
         bootstrap_password: std::env::var("KEYGATE_BOOTSTRAP_PASSWORD")
             .ok()
             .filter(|p| !p.is_empty()),
+        ..StartOptions::default()
     };
     // Caught from before the server starts: a SIGHUP or SIGTERM in the
     // moment between "serving" and waiting for signals must not end the

@@ -191,13 +191,19 @@ impl Client<'_> {
         self.conn.trusted
     }
 
-    /// May this request carry a password or a token? Over HTTPS always; in
-    /// clear only from a loopback peer that is not a proxy (a sidecar's
-    /// neighbour: the secret never left the machine), or when allowed. A
-    /// trusted proxy that reports plain HTTP saw the secret cross the network
-    /// in clear, wherever the proxy itself runs.
+    /// What the in-clear rule knows of this request's sender.
+    pub fn sender(&self) -> crate::auth::in_clear::Sender {
+        crate::auth::in_clear::Sender {
+            secure: self.secure,
+            trusted: self.conn.trusted,
+            loopback: self.conn.peer.ip().is_loopback(),
+        }
+    }
+
+    /// May this request carry a password or a token?
+    /// ([`crate::auth::in_clear::Sender::may_send_secrets`]).
     pub(crate) fn may_send_secrets(&self, allow_plaintext: bool) -> bool {
-        self.secure || (!self.conn.trusted && self.conn.peer.ip().is_loopback()) || allow_plaintext
+        self.sender().may_send_secrets(allow_plaintext)
     }
 
     /// The real client address: the peer, or, behind trusted proxies, the

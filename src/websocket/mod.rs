@@ -39,14 +39,14 @@ use hyper::body::Incoming;
 use crate::address::AddressKey;
 use crate::auth::Authenticator;
 use crate::auth::credential::Credential;
-use crate::auth::outcomes::Outcomes;
 use crate::body::Body;
 use crate::config::{Settings, WebSocketSettings};
+use crate::decision::Gate;
 use crate::error::ApiError;
 use crate::identity::{Identity, Passports};
 use crate::listener::peer::Client;
 use crate::proxy::{Proxy, Route};
-use crate::shared_limits::quota::{Quotas, RouteQuota};
+use crate::shared_limits::quota::RouteQuota;
 use crate::shared_limits::seats::Seats;
 use crate::telemetry::Metrics;
 
@@ -60,16 +60,13 @@ pub struct WebSockets {
     settings: WebSocketSettings,
     auth: Arc<Authenticator>,
     metrics: SocketMetrics,
-    /// `keygate_auth_total`, counted by credential method as for requests.
-    outcomes: Outcomes,
-    /// Disable an API key that arrived over plain `ws://`.
-    disable_key_on_plaintext: bool,
-    allow_plaintext_credentials: bool,
+    /// The one decision over requests, with its effects: a socket's
+    /// credential is refused in clear, verified, authorised, counted and
+    /// its quotas admitted there, as a request's.
+    gate: Arc<Gate>,
     access_log: bool,
     /// The per-user and per-tenant counts shared with other replicas.
     seats: Option<Arc<Seats>>,
-    /// The request quotas a socket on a WebSocket route counts against.
-    quotas: Arc<Quotas>,
     /// How often at least an open socket verifies its credential again
     /// unprompted: `cache.ttl`, how stale a cached state may be.
     recheck_every: std::time::Duration,
@@ -113,21 +110,18 @@ impl WebSockets {
         auth: Arc<Authenticator>,
         metrics: &Metrics,
         seats: Option<Arc<Seats>>,
-        quotas: Arc<Quotas>,
+        gate: Arc<Gate>,
         passports: Arc<Passports>,
     ) -> WebSockets {
         let websocket = settings.websocket.clone();
         let labels: Vec<&str> = websocket.routes.iter().map(String::as_str).collect();
         WebSockets {
             metrics: SocketMetrics::new(metrics, &labels),
-            outcomes: Outcomes::new(metrics),
+            gate,
             settings: websocket,
             auth,
-            disable_key_on_plaintext: settings.disable_key_on_plaintext,
-            allow_plaintext_credentials: settings.listen.allow_plaintext_credentials,
             access_log: settings.log.access_log,
             seats,
-            quotas,
             recheck_every: settings.cache.ttl,
             passports,
         }
@@ -136,19 +130,6 @@ impl WebSockets {
     /// The counts shared with other replicas, if any.
     pub fn seats(&self) -> Option<&Arc<Seats>> {
         self.seats.as_ref()
-    }
-
-    /// The configured WebSocket route a normalised path falls under: an
-    /// entry ending in `/` is a prefix, any other an exact path.
-    pub fn route_of(&self, path: &str) -> Option<&str> {
-        self.settings
-            .routes
-            .iter()
-            .find(|route| match route.strip_suffix('/') {
-                Some(_) => path.starts_with(route.as_str()),
-                None => path == route.as_str(),
-            })
-            .map(String::as_str)
     }
 
     /// Answers the upgrade (101) and serves the socket on its own task.

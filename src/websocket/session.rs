@@ -24,9 +24,8 @@ use super::splice::{self, Traffic};
 use crate::address::AddressKey;
 use crate::auth::AuthFailure;
 use crate::auth::credential::Credential;
-use crate::auth::in_clear::InClear;
 use crate::auth::live::{HoldLimits, OverLimit};
-use crate::auth::outcomes::{NO_CREDENTIAL, method_of};
+use crate::decision::{Asked, Channel, Presented, Requirement};
 use crate::identity::Identity;
 use crate::identity::IdentityMode;
 use crate::identity::passport::Destination;
@@ -172,7 +171,8 @@ impl Session {
     }
 
     /// The credential from the upgrade, else from the first frame; refused
-    /// in clear as over HTTP; verified through the same checks and caches.
+    /// in clear as over HTTP; verified and authorised by the one decision
+    /// ([`crate::decision::Gate`]), through the same checks and caches.
     async fn authenticate(
         &self,
         client: &mut ClientSocket,
@@ -187,9 +187,9 @@ impl Session {
                     first: None,
                 });
             }
-            Opening::Platform(Some((form, parsed))) => {
-                let credential = parsed.map_err(|failure| self.refused(form, None, failure))?;
-                (form, credential, None)
+            Opening::Platform(Some((form, Ok(credential)))) => (form, credential, None),
+            Opening::Platform(Some((form, Err(failure)))) => {
+                return Err(self.unread(form, failure).await);
             }
             Opening::Platform(None) => {
                 let frame = self.first_frame(client).await?;
@@ -197,56 +197,63 @@ impl Session {
             }
         };
         self.refuse_in_clear(form, &credential).await?;
-        match self.sockets.auth.verify_from(&credential, self.from).await {
-            // The check every request makes ([`crate::auth::scope::Scopes::permit`]).
-            Ok(identity)
-                if !identity.permits(&http::Method::GET, &self.path, || {
-                    crate::api::proxied_effect(&self.path)
-                }) =>
-            {
-                tracing::warn!(
-                    target: "keygate::security",
-                    key_id = %identity.credential_id(),
-                    user_id = %identity.principal.user_id,
-                    route = %self.label,
-                    "WebSocket outside its API key's scopes refused"
-                );
-                Err(self.refused(form, Some(&credential), AuthFailure::OutOfScope))
-            }
+        let identity = self.decide(form, Ok(&credential)).await?;
+        Ok(Authenticated {
+            identity,
+            credential: Some(credential),
+            first,
+        })
+    }
+
+    /// The gate's answer for the socket's credential, as a `GET` of its
+    /// path: the identity, or how the socket closes. Counted by form here;
+    /// everything else the gate counts and logs.
+    async fn decide(
+        &self,
+        form: Form,
+        credential: Presented<'_>,
+    ) -> Result<Option<Identity>, Ending> {
+        let get = http::Method::GET;
+        let asked = Asked {
+            method: &get,
+            path: &self.path,
+            upgrade: true,
+        };
+        let requirement = Requirement::socket(&self.path);
+        let channel = Channel::Socket(&self.label);
+        let outcome = self
+            .sockets
+            .gate
+            .authenticate(&asked, credential, requirement, || self.from, channel)
+            .await;
+        match outcome {
             Ok(identity) => {
-                self.count(form, Some(&credential), Ok(()));
-                Ok(Authenticated {
-                    identity: Some(identity),
-                    credential: Some(credential),
-                    first,
-                })
+                self.sockets.metrics.auth(form, ACCEPTED);
+                Ok(identity)
             }
-            Err(failure) => Err(self.refused(form, Some(&credential), failure)),
+            Err(refusal) => Err(self.refused(form, refusal.failure)),
         }
     }
 
-    /// Counts an outcome by form, and by credential method (`none` when no
-    /// credential could be read) as requests count theirs.
-    fn count(&self, form: Form, credential: Option<&Credential>, outcome: Result<(), AuthFailure>) {
-        let label = match outcome {
-            Ok(()) => ACCEPTED,
-            Err(failure) => failure.label(),
-        };
-        self.sockets.metrics.auth(form, label);
-        self.sockets.outcomes.count(method_of(credential), outcome);
+    /// A credential that could not be read, refused by the gate as any.
+    async fn unread(&self, form: Form, failure: AuthFailure) -> Ending {
+        match self.decide(form, Err(failure)).await {
+            Err(ending) => ending,
+            // A socket always needs a credential: never reached.
+            Ok(_) => Ending::BadCredential(failure),
+        }
     }
 
     /// Counts a first frame that never brought a credential: by its form's
     /// `result`, and as a missing credential.
     fn unauthenticated(&self, result: &str) {
         self.sockets.metrics.auth(Form::AuthCmd, result);
-        let missing = Err(AuthFailure::Missing);
-        self.sockets.outcomes.count(NO_CREDENTIAL, missing);
+        self.sockets.gate.unread(AuthFailure::Missing);
     }
 
-    /// Counts a refused credential and says how the socket closes.
-    fn refused(&self, form: Form, credential: Option<&Credential>, failure: AuthFailure) -> Ending {
-        self.count(form, credential, Err(failure));
+    /// Counts a refused credential by form and says how the socket closes.
+    fn refused(&self, form: Form, failure: AuthFailure) -> Ending {
+        self.sockets.metrics.auth(form, failure.label());
         match (form, failure) {
             (Form::QueryToken, AuthFailure::TokenExpired) => Ending::QueryTokenExpired,
             // The address spent its budget of unknown-key lookups.
@@ -276,7 +283,7 @@ impl Session {
         match text.as_deref().map(first_frame::parse) {
             Some(Ok(frame)) => Ok(frame),
             Some(Err(FrameError::BadCredential)) => {
-                Err(self.refused(Form::AuthCmd, None, AuthFailure::Malformed))
+                Err(self.unread(Form::AuthCmd, AuthFailure::Malformed).await)
             }
             Some(Err(FrameError::MissingAuthCmd)) | None => {
                 self.unauthenticated(NO_AUTH_CMD);
@@ -285,26 +292,24 @@ impl Session {
         }
     }
 
-    /// Secrets over plain `ws://`: the rules of plain HTTP
-    /// ([`crate::auth::in_clear`]), counted when refused.
+    /// Secrets over plain `ws://`: the decision's rule for plain HTTP
+    /// ([`crate::auth::in_clear`]); what follows a refusal is the gate's.
     async fn refuse_in_clear(&self, form: Form, credential: &Credential) -> Result<(), Ending> {
-        let sockets = &self.sockets;
+        let gate = &self.sockets.gate;
         let client = Client {
             conn: &self.conn,
             secure: self.secure,
         };
-        let rule = InClear {
-            disable_keys: sockets.disable_key_on_plaintext,
-            allow_plaintext: sockets.allow_plaintext_credentials,
-        };
-        let Err(reason) = sockets
-            .auth
-            .refuse_in_clear(credential, &client, rule, Some(self.from), "ws://")
-            .await
-        else {
+        let Some(exposure) = gate.decision().exposure(credential, client.sender()) else {
             return Ok(());
         };
-        self.count(form, Some(credential), Err(AuthFailure::PlaintextRefused));
+        let peer = self.conn.peer;
+        let reason = gate
+            .refuse_in_clear(credential, exposure, peer, Some(self.from), "ws://")
+            .await;
+        self.sockets
+            .metrics
+            .auth(form, AuthFailure::PlaintextRefused.label());
         Err(Ending::PlaintextRefused(match reason.message {
             std::borrow::Cow::Borrowed(text) => text,
             std::borrow::Cow::Owned(_) => "Credentials are accepted only over HTTPS",
@@ -315,13 +320,13 @@ impl Session {
     /// route, as the request its upgrade was; over one, it closes before
     /// its upstream is contacted.
     fn admit_quota(&self, identity: Option<&Identity>) -> Result<(), Ending> {
-        let (Some(quota), Some(identity)) = (&self.quota, identity) else {
+        let Some(quota) = &self.quota else {
             return Ok(());
         };
         match self
             .sockets
-            .quotas
-            .admit(&quota.scope, &quota.quota, identity)
+            .gate
+            .admit_quota(&quota.scope, &quota.quota, identity)
         {
             Ok(_) => Ok(()),
             Err(_) => Err(Ending::RateLimited),

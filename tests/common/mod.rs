@@ -20,6 +20,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use keygate::accounts::{self, NewUser};
 use keygate::config::{self, Source};
+use keygate::decision::Rules;
 use keygate::identity::Authority;
 use keygate::server::{self, Running, StartOptions};
 use keygate::store::{SessionRecord, UserRecord};
@@ -306,6 +307,21 @@ impl Gateway {
     /// Like [`Gateway::start`], on the given store URL (default: SQLite in the
     /// gateway's own directory).
     pub async fn start_on(upstream: &str, extra: &str, store_url: Option<&str>) -> Gateway {
+        Gateway::start_deciding(upstream, extra, store_url, Rules::default()).await
+    }
+
+    /// Like [`Gateway::start`], with `rules` added to the one decision
+    /// every driver asks.
+    pub async fn start_with_rules(upstream: &str, extra: &str, rules: Rules) -> Gateway {
+        Gateway::start_deciding(upstream, extra, None, rules).await
+    }
+
+    async fn start_deciding(
+        upstream: &str,
+        extra: &str,
+        store_url: Option<&str>,
+        rules: Rules,
+    ) -> Gateway {
         let routes = format!(
             r#"
 [[route]]
@@ -324,16 +340,16 @@ upstreams = ["{upstream}"]
 request_timeout = "300ms"
 "#
         );
-        Gateway::launch(&routes, extra, store_url).await
+        Gateway::launch(&routes, extra, store_url, rules).await
     }
 
     /// Starts keygate with only the routes `config` has (and the rest of
     /// [`Gateway::start`]'s settings): a documented route table, as given.
     pub async fn start_with_routes(config: &str) -> Gateway {
-        Gateway::launch("", config, None).await
+        Gateway::launch("", config, None, Rules::default()).await
     }
 
-    async fn launch(routes: &str, extra: &str, store_url: Option<&str>) -> Gateway {
+    async fn launch(routes: &str, extra: &str, store_url: Option<&str>, rules: Rules) -> Gateway {
         let dir = tempfile::tempdir().unwrap();
         let data = dir.path().display().to_string();
         let store_url = store_url
@@ -369,6 +385,7 @@ max_header_bytes = 8192
             settings,
             StartOptions {
                 bootstrap_password: Some(PASSWORD.into()),
+                rules,
             },
         )
         .await
