@@ -4,6 +4,7 @@
 //! on shutdown. What a listener serves is its [`Handler`].
 
 pub(crate) mod address_cap;
+pub(crate) mod deadlines;
 pub(crate) mod descriptors;
 pub(crate) mod framing;
 pub mod h1fast;
@@ -28,8 +29,8 @@ use crate::body::Body;
 use crate::config::HttpLimits;
 use crate::telemetry::Metrics;
 use address_cap::{AddressCap, Slot};
+use deadlines::{Deadlines, Reason};
 use peer::Peer;
-use serve::{Deadlines, Reason};
 use workers::Workers;
 
 /// What a listener serves: every request of its connections.
