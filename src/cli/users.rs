@@ -88,7 +88,8 @@ pub(super) async fn user(cmd: UserCommand, settings: &Settings) -> anyhow::Resul
                 println!("user {email} is already disabled; nothing changed");
                 return Ok(());
             }
-            cli(&store, "user.disable")
+            // This process caches nothing; servers hear of it by notification or the audit poll.
+            let _ = cli(&store, "user.disable")
                 .set_user_enabled(u.id, false, now)
                 .await?;
             println!("disabled user {email}");
@@ -99,14 +100,16 @@ pub(super) async fn user(cmd: UserCommand, settings: &Settings) -> anyhow::Resul
                 println!("user {email} is already enabled; nothing changed");
                 return Ok(());
             }
-            cli(&store, "user.enable")
+            // This process caches nothing; servers hear of it by notification or the audit poll.
+            let _ = cli(&store, "user.enable")
                 .set_user_enabled(u.id, true, now)
                 .await?;
             println!("enabled user {email}");
         }
         UserCommand::Delete { email } => {
             let u = find_user(&store, &email).await?;
-            cli(&store, "user.delete").delete_user(u.id).await?;
+            // This process caches nothing; servers hear of it by notification or the audit poll.
+            let _ = cli(&store, "user.delete").delete_user(u.id).await?;
             println!("deleted user {email}");
         }
         UserCommand::SetPassword { email } => {
