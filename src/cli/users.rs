@@ -88,10 +88,9 @@ pub(super) async fn user(cmd: UserCommand, settings: &Settings) -> anyhow::Resul
                 println!("user {email} is already disabled; nothing changed");
                 return Ok(());
             }
-            // This process caches nothing; servers hear of it by notification or the audit poll.
             let _ = cli(&store, "user.disable")
                 .set_user_enabled(u.id, false, now)
-                .await?;
+                .await?; // servers hear of it by notification or the audit poll
             println!("disabled user {email}");
         }
         UserCommand::Enable { email } => {
@@ -100,16 +99,14 @@ pub(super) async fn user(cmd: UserCommand, settings: &Settings) -> anyhow::Resul
                 println!("user {email} is already enabled; nothing changed");
                 return Ok(());
             }
-            // This process caches nothing; servers hear of it by notification or the audit poll.
             let _ = cli(&store, "user.enable")
                 .set_user_enabled(u.id, true, now)
-                .await?;
+                .await?; // servers hear of it by notification or the audit poll
             println!("enabled user {email}");
         }
         UserCommand::Delete { email } => {
             let u = find_user(&store, &email).await?;
-            // This process caches nothing; servers hear of it by notification or the audit poll.
-            let _ = cli(&store, "user.delete").delete_user(u.id).await?;
+            let _ = cli(&store, "user.delete").delete_user(u.id).await?; // as above
             println!("deleted user {email}");
         }
         UserCommand::SetPassword { email } => {

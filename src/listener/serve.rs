@@ -19,7 +19,6 @@ use std::pin::{Pin, pin};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
-use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderValue, Request, Response, StatusCode, Version, header};
@@ -439,6 +438,8 @@ fn asks_to_close<B>(response: &Response<B>) -> bool {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     const DEADLINES: Deadlines = Deadlines {
