@@ -1,43 +1,107 @@
 //! keygate: a TLS-terminating authentication gateway for a device-platform REST API.
 //!
-//! A request meets the modules in this order: [`listener`] (TCP, TLS, limits,
-//! deadlines, and [`listener::peer`]: the connection context, worked out once at accept)
-//! → [`app`] (the request path as named phases: admit, dispatch, authenticate,
-//! headers to upstream, forward, headers to client, log) → [`path`]
-//! (normalisation) → [`auth::credential`] (parsing) → [`auth`] (verification
-//! through [`auth::cache`] and [`store`]) → [`identity`] and
-//! [`proxy::headers`] (strip and inject, one function per direction) →
-//! [`proxy`] (forwarding). Errors leave through [`error`]. A WebSocket
-//! upgrade leaves the request path at dispatch for [`websocket`]. HTTP/1.1
-//! outside hyper (the listener's lean path, the proxy's upstream wire, the
-//! scan for ambiguous framing) is read and written by one codec, [`http1`].
+//! The modules in the order a request meets them (the `mod` lines below
+//! follow it):
+//!
+//! 1. [`server`] starts everything from the settings and stops it; [`tls`]
+//!    serves the certificate.
+//! 2. [`listener`]: TCP, TLS, limits, deadlines, and [`listener::peer`]: the
+//!    connection context, worked out once at accept. A plain proxied
+//!    HTTP/1.1 request may take the lean path, [`listener::h1fast`]; the
+//!    admin listener's requests go to [`probes`].
+//! 3. [`app`]: the request path as named phases on hyper's driver and the
+//!    lean one, asking [`decision`] (admission, dispatch, what the target
+//!    requires, the scope check and the rules added to it: one decision
+//!    that every driver, WebSocket sessions included, asks) and its gate
+//!    (verification, quotas, refusals counted and logged), then headers to
+//!    upstream, forward, headers to client, log.
+//! 4. [`path`]: normalisation.
+//! 5. [`auth`]: parsing ([`auth::credential`]) and verification through
+//!    [`auth::cache`] and [`store`]; then [`shared_limits`]: the limits
+//!    shared with the other replicas through Redis.
+//! 6. keygate's own endpoints: [`api`] (through [`accounts`], mailing with
+//!    [`mail`]) and [`api_browser`].
+//! 7. [`identity`] and [`proxy::headers`] (strip and inject, one function
+//!    per direction) → [`proxy`] (forwarding). A WebSocket upgrade leaves
+//!    the request path at dispatch for [`websocket`].
+//! 8. Errors leave through [`error`]; every step counts and logs through
+//!    [`telemetry`].
+//!
+//! Beside the request path: [`import`] (the platform's users, once and in
+//! sync) and [`dev`] (`serve --dev`); the binary adds its command line
+//! (`cli`).
+//!
+//! Beneath them all: [`config`] (the settings), [`table`] (the bounded cache
+//! tables), [`body`] (the one body type), and the leaves, which import
+//! nothing of keygate's but each other: [`vocab`] (the values every floor
+//! shares), [`http1`] (the one HTTP/1.1 codec outside hyper: the lean path,
+//! the upstream wire and the scan for ambiguous framing read and write
+//! with it), [`address`], [`clock`], [`email`] and [`fnv`].
+//!
+//! Dependencies point down: a module imports only modules on lower floors
+//! (docs/inside.md, "Layers").
 #![forbid(unsafe_code)]
 
-pub mod accounts;
-pub(crate) mod address;
-pub mod api;
-pub(crate) mod api_browser;
-pub(crate) mod app;
-pub mod auth;
-pub(crate) mod body;
-pub mod clock;
-pub mod config;
-pub mod decision;
-pub mod dev;
-pub mod email;
-pub(crate) mod error;
-mod fnv;
-pub mod http1;
-pub mod identity;
-pub mod import;
-pub mod listener;
-pub mod mail;
-pub(crate) mod path;
-pub(crate) mod probes;
-pub mod proxy;
+// The request path, in order.
 pub mod server;
-pub(crate) mod shared_limits;
-pub mod store;
-pub mod telemetry;
+// Certificates.
 pub mod tls;
+// Connections; the lean path (`listener::h1fast`).
+pub mod listener;
+// The admin listener's requests.
+pub(crate) mod probes;
+// The request path's phases.
+pub(crate) mod app;
+// The one decision every driver asks.
+pub mod decision;
+// Path normalisation.
+pub(crate) mod path;
+// Credentials and their verification.
+pub mod auth;
+// The database.
+pub mod store;
+// Limits shared with the other replicas.
+pub(crate) mod shared_limits;
+// keygate's own endpoints.
+pub mod api;
+// Creating users and keys.
+pub mod accounts;
+// Outgoing mail.
+pub mod mail;
+// The API browser.
+pub(crate) mod api_browser;
+// What goes upstream about the caller.
+pub mod identity;
+// Forwarding.
+pub mod proxy;
+// WebSockets.
 pub(crate) mod websocket;
+// Refusals and errors.
+pub(crate) mod error;
+// Metrics and the access log.
+pub mod telemetry;
+
+// Beside the request path.
+pub mod import;
+// `serve --dev`.
+pub mod dev;
+
+// Beneath them all.
+pub mod config;
+// Bounded cache tables.
+pub(crate) mod table;
+// The one body type.
+pub(crate) mod body;
+
+// The leaves.
+pub mod vocab;
+// The HTTP/1.1 codec.
+pub mod http1;
+// Client address keys.
+pub(crate) mod address;
+// Time.
+pub mod clock;
+// E-mail addresses.
+pub mod email;
+// A hasher.
+mod fnv;

@@ -11,6 +11,12 @@ use rustls::sign::CertifiedKey;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 
+/// Installs the crypto backend once per process; jsonwebtoken panics at first
+/// use without one. Safe to call repeatedly.
+pub(crate) fn install_crypto_provider() {
+    let _ = jsonwebtoken::crypto::aws_lc::DEFAULT_PROVIDER.install_default();
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
     #[error("reading {path}: {message}")]

@@ -245,7 +245,7 @@ async fn api_key_authority_matrix_own_same_tenant_other_tenant_sys_admin() {
     .await;
     let mut customer = gw.user("cust-a@example.com", Authority::CustomerUser).await;
     // Put the customer into tenant A.
-    gw.running.store.delete_user(customer.id).await.unwrap();
+    let _ = gw.running.store.delete_user(customer.id).await.unwrap(); // uncached; inserted again
     customer.tenant_id = admin_a.user.tenant_id;
     // A customer id of tenant A's own: the first one stays with its tenant.
     customer.customer_id = Uuid::new_v4();
@@ -600,7 +600,7 @@ async fn disabling_or_deleting_a_user_ends_their_keys_and_tokens_at_once() {
     )
     .await;
     let mut worker = gw.user("worker@example.com", Authority::CustomerUser).await;
-    gw.running.store.delete_user(worker.id).await.unwrap();
+    let _ = gw.running.store.delete_user(worker.id).await.unwrap(); // uncached; inserted again
     worker.tenant_id = admin.user.tenant_id;
     worker.customer_id = Uuid::new_v4();
     worker.id = Uuid::new_v4();

@@ -129,7 +129,9 @@ async fn disabled_user_cannot_log_in_or_refresh() {
     let (_up, gw) = common::gateway("").await;
     let user = gw.user("off@example.com", Authority::TenantAdmin).await;
     let (_, refresh_token) = login_pair(&gw, "off@example.com", PASSWORD).await;
-    gw.running
+    // Login and refresh read the user from the store, not from a cache.
+    let _ = gw
+        .running
         .store
         .set_user_enabled(user.id, false, keygate::clock::now_secs())
         .await
@@ -432,7 +434,9 @@ async fn consecutive_failures_lock_the_account_when_lockout_is_on() {
         json["message"], "User account is not active",
         "a locked account's keys stop at once"
     );
-    gw.running
+    // Enabling ends no credential: nothing cached to drop.
+    let _ = gw
+        .running
         .store
         .set_user_enabled(user.id, true, keygate::clock::now_secs())
         .await

@@ -484,11 +484,12 @@ async fn a_pending_invitation_is_never_listed_as_enabled() {
         "Di",
     )
     .await;
-    gw.running
+    let _ = gw
+        .running
         .store
         .set_user_enabled(disabled.id, false, keygate::clock::now_secs())
         .await
-        .unwrap();
+        .unwrap(); // a listing reads the store, no cache
     // Invited: no password until the link is used (credentials disabled,
     // an activation token pending, on the platform).
     let invited = gw

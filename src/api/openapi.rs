@@ -5,12 +5,12 @@ use serde_json::Value;
 use utoipa::OpenApi;
 
 use super::records::{
-    ApiKey, EntityId, PageDataApiKey, PageDataUser, PageDataUserInfo, User, UserInfo,
+    ApiKey, EntityId, PageDataApiKey, PageDataUser, PageDataUserInfo, ScopeGrant, User, UserInfo,
 };
 use super::users::UserPasswordPolicy;
 use super::wire::{
     ActivateUserRequest, ApiKeyCreateRequest, ChangePasswordRequest, JwtPair, LoginRequest,
-    PublicLoginRequest, RefreshTokenRequest, ScopeGrant,
+    PublicLoginRequest, RefreshTokenRequest,
 };
 use super::{jwks, keys, reset, session, two_factor, users};
 use crate::error::ErrorResponse;

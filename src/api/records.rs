@@ -46,6 +46,21 @@ impl EntityId {
     }
 }
 
+/// One grant of a scoped API key: a request is allowed when its method is
+/// listed (`HEAD` comes with `GET`) and its normalised path is `path` or lies
+/// below it at a segment boundary (`/api/device` holds `/api/device/x`, never
+/// `/api/devices`; a path ending in `/` holds only what is below it; `/`
+/// holds every path).
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub struct ScopeGrant {
+    #[schema(example = "/api/device/")]
+    pub path: String,
+    /// GET, HEAD, POST, PUT, PATCH, DELETE or OPTIONS.
+    #[schema(example = json!(["GET", "POST"]))]
+    pub methods: Vec<String>,
+}
+
 // The user record as `GET /api/auth/user` returns it (a doc comment would
 // show in the document).
 #[derive(Debug, Serialize, ToSchema)]
@@ -174,7 +189,7 @@ pub struct ApiKey {
     /// The grants a scoped key is limited to; absent for a key with its
     /// owner's full rights.
     #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<Vec<super::wire::ScopeGrant>>, example = json!([
+    #[schema(value_type = Option<Vec<ScopeGrant>>, example = json!([
         {"path": "/api/device/", "methods": ["GET", "POST"]}
     ]))]
     pub scopes: Option<std::sync::Arc<crate::auth::scope::Scopes>>,

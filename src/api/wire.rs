@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::openapi::{ContentBuilder, Ref, RefOr, ResponseBuilder, response::Response};
 use utoipa::{IntoResponses, ToSchema};
 
-use super::records::EntityId;
+use super::records::{EntityId, ScopeGrant};
 use crate::error::{ApiError, ErrorResponse};
 
 #[derive(Deserialize, ToSchema)]
@@ -73,21 +73,6 @@ pub struct ApiKeyCreateRequest {
         {"path": "/api/auth/user", "methods": ["GET"]}
     ]))]
     pub scopes: Option<serde_json::Value>,
-}
-
-/// One grant of a scoped API key: a request is allowed when its method is
-/// listed (`HEAD` comes with `GET`) and its normalised path is `path` or lies
-/// below it at a segment boundary (`/api/device` holds `/api/device/x`, never
-/// `/api/devices`; a path ending in `/` holds only what is below it; `/`
-/// holds every path).
-#[derive(ToSchema)]
-#[allow(dead_code)]
-pub struct ScopeGrant {
-    #[schema(example = "/api/device/")]
-    pub path: String,
-    /// GET, HEAD, POST, PUT, PATCH, DELETE or OPTIONS.
-    #[schema(example = json!(["GET", "POST"]))]
-    pub methods: Vec<String>,
 }
 
 /// One documented error answer: its status, what it means, and an example

@@ -9,7 +9,7 @@
 use http::HeaderMap;
 use http::header::{AUTHORIZATION, HeaderName};
 
-pub static X_AUTHORIZATION: HeaderName = HeaderName::from_static("x-authorization");
+pub use crate::identity::X_AUTHORIZATION;
 
 /// Longest credential value accepted; real keys and tokens are far shorter.
 const MAX_VALUE_LEN: usize = 8 * 1024;

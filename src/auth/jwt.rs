@@ -18,6 +18,7 @@ use uuid::Uuid;
 
 use crate::identity::{Authority, NULL_UUID, PUBLIC_NAME};
 use crate::store::UserRecord;
+pub(crate) use crate::tls::install_crypto_provider;
 
 pub const REFRESH_SCOPE: &str = "REFRESH_TOKEN";
 /// The only scope of the token a password login answers when the user has
@@ -27,12 +28,6 @@ pub const PRE_VERIFICATION_SCOPE: &str = "PRE_VERIFICATION_TOKEN";
 /// factor is enforced for a user who has none: it opens configuring one
 /// and nothing else.
 pub const MFA_CONFIGURATION_SCOPE: &str = "MFA_CONFIGURATION_TOKEN";
-
-/// Installs the crypto backend once per process; jsonwebtoken panics at first
-/// use without one. Safe to call repeatedly.
-pub(crate) fn install_crypto_provider() {
-    let _ = jsonwebtoken::crypto::aws_lc::DEFAULT_PROVIDER.install_default();
-}
 
 /// Claims of an access token, named as the platform's clients decode them.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -2,7 +2,7 @@
 //! them, how many each user and tenant holds, and the wake-up that makes a
 //! holder check its credential again when a revocation may have ended it.
 //!
-//! A revocation passes [`super::revocation::apply`], which drops the cache
+//! A revocation passes the revocation path (`auth::revocation`), which drops the cache
 //! entries first and then calls [`LiveCredentials::revoked`]: a woken holder
 //! verifies again through the caches and so reads the store's new state.
 

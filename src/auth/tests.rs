@@ -5,7 +5,6 @@ use std::time::Duration;
 use http::StatusCode;
 
 use super::*;
-use crate::accounts::{self, NewUser};
 use crate::config::CacheSettings;
 use crate::identity::Authority;
 use crate::store::SessionRecord;
@@ -64,26 +63,42 @@ impl Fixture {
     }
 
     async fn user(&self, email: &str) -> UserRecord {
-        let new = NewUser {
-            email: email.into(),
-            authority: Authority::TenantAdmin,
-            tenant_id: Some(Uuid::new_v4()),
-            customer_id: None,
+        let user = UserRecord {
             first_name: "Test".into(),
-            last_name: String::new(),
+            created_time: crate::clock::now_ms(),
+            password_hash: password::hash("password123".into()).await.unwrap(),
+            ..UserRecord::test_user(email)
         };
-        accounts::create_user(&self.store, new, "password123".into(), &Default::default())
-            .await
-            .unwrap()
+        self.store.insert_user(&user).await.unwrap();
+        user
     }
 
     /// A new key of `user`: its id and the credential presenting it.
     async fn key(&self, user: &UserRecord, expiration_time: i64) -> (Uuid, Credential) {
-        let created =
-            accounts::create_api_key(&self.store, user, "tb_", "test", expiration_time, true)
-                .await
-                .unwrap();
-        (created.record.id, Credential::ApiKey(created.value))
+        self.scoped_key(user, expiration_time, None).await
+    }
+
+    /// A new key of `user` limited to `scopes` (none: the user's rights).
+    async fn scoped_key(
+        &self,
+        user: &UserRecord,
+        expiration_time: i64,
+        scopes: Option<Arc<crate::vocab::scope::Scopes>>,
+    ) -> (Uuid, Credential) {
+        let generated = api_key::generate("tb_").unwrap();
+        let record = crate::store::ApiKeyRecord {
+            id: Uuid::new_v4(),
+            created_time: crate::clock::now_ms(),
+            tenant_id: user.tenant_id,
+            user_id: user.id,
+            digest: generated.digest.to_hex(),
+            description: "test".into(),
+            enabled: true,
+            expiration_time,
+            scopes,
+        };
+        self.store.insert_api_key(&record).await.unwrap();
+        (record.id, Credential::ApiKey(generated.value))
     }
 
     /// A stored session of `user` and an access token of it issued at `iat`.
@@ -233,17 +248,7 @@ async fn a_scoped_keys_grants_come_from_the_cache_without_a_store_lookup() {
         {"path": "/api/device/", "methods": ["GET"]}
     ]))
     .unwrap();
-    let request = accounts::KeyRequest {
-        prefix: "tb_",
-        description: "scoped",
-        expiration_time: 0,
-        enabled: true,
-        scopes: Some(Arc::new(scopes.clone())),
-    };
-    let created = accounts::create_api_key_within(&f.store, &user, request, None)
-        .await
-        .unwrap();
-    let credential = Credential::ApiKey(created.value);
+    let (_, credential) = f.scoped_key(&user, 0, Some(Arc::new(scopes.clone()))).await;
     let first = f.accepted(&credential).await;
     assert_eq!(first.scopes(), Some(&scopes));
     let before = f.auth.lookups[0].get();

@@ -37,7 +37,7 @@ pub(super) async fn user(cmd: UserCommand, settings: &Settings) -> anyhow::Resul
         UserCommand::Enable { email } => set_enabled(&store, &email, true, now).await?,
         UserCommand::Delete { email } => {
             let u = find_user(&store, &email).await?;
-            cli(&store, "user.delete").delete_user(u.id).await?;
+            let _ = cli(&store, "user.delete").delete_user(u.id).await?; // as above
             println!("deleted user {email}");
         }
         UserCommand::SetPassword { email } => {
@@ -131,9 +131,9 @@ async fn set_enabled(
         println!("user {email} is already {done}; nothing changed");
         return Ok(());
     }
-    cli(store, action)
+    let _ = cli(store, action)
         .set_user_enabled(u.id, enabled, now)
-        .await?;
+        .await?; // servers hear of it by notification or the audit poll
     println!("{done} user {email}");
     Ok(())
 }

@@ -31,6 +31,8 @@ use toml::Value;
 use file::FileConfig;
 pub use url::{UpstreamUrl, redacted_url};
 
+pub use crate::vocab::settings::RetentionSettings;
+
 /// All problems found in a configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConfigErrors(pub Vec<String>);
@@ -115,7 +117,7 @@ pub struct Settings {
     /// Outgoing mail; `None` when `[mail] host` is empty.
     pub mail: Option<MailSettings>,
     /// The routes as loaded. A started server moves them into its route
-    /// table ([`crate::proxy::Routes`]), the one copy that reload swaps and
+    /// table (the proxy's `Routes`), the one copy that reload swaps and
     /// everything reads; its settings then hold none.
     pub routes: Vec<RouteSpec>,
 }
@@ -131,24 +133,6 @@ impl Settings {
             std::thread::available_parallelism().map_or(1, |n| n.get())
         }
     }
-}
-
-/// How dead store rows are pruned.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RetentionSettings {
-    /// Time between runs; `None` turns pruning off.
-    pub interval: Option<Duration>,
-    /// How long a session is kept once it is dead (ended, or its refresh
-    /// token expired).
-    pub sessions: Duration,
-    /// How long an activation token is kept once it expired.
-    pub activation_tokens: Duration,
-    /// How long an audit event is kept.
-    pub audit_events: Duration,
-    /// Rows deleted by one statement.
-    pub batch_size: u32,
-    /// Rows of one kind deleted by one run.
-    pub max_rows_per_run: u64,
 }
 
 #[derive(Clone)]
@@ -329,7 +313,7 @@ impl std::fmt::Debug for JwtSettings {
 }
 
 /// How keygate mints the platform's own access tokens
-/// ([`crate::identity::platform`]).
+/// (`identity::platform`).
 #[derive(Clone)]
 pub struct PlatformSettings {
     /// The decoded `tokenSigningKey` of the platform; `None` when not set
@@ -341,7 +325,7 @@ pub struct PlatformSettings {
     pub token_lifetime: Duration,
     /// `platform.public_customers`: customers whose id opens a public
     /// login, besides those the import stored.
-    pub public_customers: Vec<crate::store::PublicCustomer>,
+    pub public_customers: Vec<crate::vocab::settings::PublicCustomer>,
     /// Keeping keygate in sync with the platform's database; `None`: off.
     pub sync: Option<SyncSettings>,
     /// Whether `signing_key` came from the store (the import), not from the
@@ -351,7 +335,7 @@ pub struct PlatformSettings {
 }
 
 /// The sync with the platform's database (`[platform] database_url`,
-/// [`crate::import::sync`]).
+/// `import::sync`).
 #[derive(Clone)]
 pub struct SyncSettings {
     /// The platform's PostgreSQL database (only read).
@@ -407,7 +391,7 @@ pub struct ProxySettings {
     pub max_connections_per_upstream: usize,
     /// Connections open to all upstreams together; 0 until the server
     /// starts: what the descriptor limit leaves after client connections
-    /// ([`crate::listener::descriptors`]).
+    /// (`listener::descriptors`).
     pub max_upstream_connections: usize,
     /// Requests waiting at once for a connection to an upstream at its ceiling.
     pub upstream_queue: usize,
@@ -417,7 +401,7 @@ pub struct ProxySettings {
     /// (it names the upstream's software and version).
     pub pass_server_header: bool,
     /// Serve proxied HTTP/1.1 requests on the lean path
-    /// ([`crate::listener::h1fast`]); off, hyper serves every request.
+    /// (`listener::h1fast`); off, hyper serves every request.
     pub fast_path: bool,
 }
 
@@ -584,7 +568,7 @@ impl std::fmt::Debug for MailSettings {
     }
 }
 
-/// The platform's WebSocket routes ([`crate::websocket`]) and their limits.
+/// The platform's WebSocket routes (`websocket`) and their limits.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WebSocketSettings {
     /// Paths where keygate answers the upgrade and authenticates the socket
@@ -629,7 +613,7 @@ pub struct RouteSpec {
     /// The route's own quotas, per dimension.
     pub quota: RouteQuota,
     /// How the verified identity travels to the upstream.
-    pub identity: crate::identity::IdentityMode,
+    pub identity: crate::vocab::identity::IdentityMode,
     /// The `aud` of the route's assertions: its `audience`, or its name.
     pub audience: String,
 }

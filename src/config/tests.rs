@@ -853,7 +853,7 @@ fn public_customers_are_read_with_their_tenants_and_checked() {
     let settings = load_text(&text, &[]).unwrap();
     assert_eq!(
         settings.platform.public_customers,
-        [crate::store::PublicCustomer {
+        [crate::vocab::settings::PublicCustomer {
             customer_id: customer,
             tenant_id: tenant
         }]
@@ -865,7 +865,7 @@ fn public_customers_are_read_with_their_tenants_and_checked() {
             .public_customers
             .is_empty()
     );
-    let null = crate::identity::NULL_UUID;
+    let null = crate::vocab::identity::NULL_UUID;
     let bad = format!(
         "[platform]\npublic_customers = [\n  {{ customer_id = \"nope\", tenant_id = \"{tenant}\" }},\n  {{ customer_id = \"{customer}\", tenant_id = \"{null}\" }},\n  {{ customer_id = \"{customer}\", tenant_id = \"{tenant}\" }},\n  {{ customer_id = \"{customer}\", tenant_id = \"{tenant}\" }},\n  {{ customer_id = \"{customer}\" }},\n]\n"
     );

@@ -425,7 +425,7 @@ impl PlatformSection {
             let id = |name: &str, text: &str, errors: &mut Vec<String>| match uuid::Uuid::parse_str(
                 text.trim(),
             ) {
-                Ok(id) if id != crate::identity::NULL_UUID => Some(id),
+                Ok(id) if id != crate::vocab::identity::NULL_UUID => Some(id),
                 _ => {
                     errors.push(format!(
                         "{here}.{name}: must be a UUID other than the null id, got {text:?}"
@@ -438,11 +438,11 @@ impl PlatformSection {
             if let (Some(customer_id), Some(tenant_id)) = (customer_id, tenant_id) {
                 if public_customers
                     .iter()
-                    .any(|c: &crate::store::PublicCustomer| c.customer_id == customer_id)
+                    .any(|c: &crate::vocab::settings::PublicCustomer| c.customer_id == customer_id)
                 {
                     errors.push(format!("{here}.customer_id: {customer_id} is listed twice"));
                 }
-                public_customers.push(crate::store::PublicCustomer {
+                public_customers.push(crate::vocab::settings::PublicCustomer {
                     customer_id,
                     tenant_id,
                 });
@@ -475,7 +475,7 @@ impl PlatformSection {
                 None => errors.push(format!(
                     "platform.upstream: no [[route]] is named {upstream:?}"
                 )),
-                Some(route) if route.identity != crate::identity::IdentityMode::Platform => {
+                Some(route) if route.identity != crate::vocab::identity::IdentityMode::Platform => {
                     errors.push(format!(
                         "platform.upstream: the route {upstream:?} must have identity = \"platform\": the platform accepts only its own tokens"
                     ))
@@ -1181,7 +1181,8 @@ fn validate_routes(
 /// routes to the same upstreams (one service behind two prefixes, its REST
 /// API and its sockets) is one recipient, and allowed. Both routes are named.
 fn refuse_shared_assertion_audiences(specs: &[RouteSpec], errors: &mut Vec<String>) {
-    let assertion = |spec: &RouteSpec| spec.identity == crate::identity::IdentityMode::Assertion;
+    let assertion =
+        |spec: &RouteSpec| spec.identity == crate::vocab::identity::IdentityMode::Assertion;
     let upstreams = |spec: &RouteSpec| {
         let mut urls: Vec<String> = spec.upstreams.iter().map(|u| u.to_string()).collect();
         urls.sort_unstable();
@@ -1257,14 +1258,14 @@ impl RouteSection {
         } else {
             self.name.clone()
         };
-        let identity = match crate::identity::IdentityMode::parse(&self.identity) {
+        let identity = match crate::vocab::identity::IdentityMode::parse(&self.identity) {
             Some(mode) => mode,
             None => {
                 errors.push(format!(
                     "{here}.identity: must be \"headers\", \"assertion\" or \"platform\", got {:?}",
                     self.identity
                 ));
-                crate::identity::IdentityMode::Headers
+                crate::vocab::identity::IdentityMode::Headers
             }
         };
         let audience = if self.audience.trim().is_empty() {

@@ -11,50 +11,16 @@ use http::{HeaderName, HeaderValue};
 use prometheus::IntCounter;
 use uuid::Uuid;
 
-use super::Identity;
-use crate::auth::cache::Table;
-use crate::auth::credential::X_AUTHORIZATION;
+use super::{Identity, X_AUTHORIZATION};
 use crate::error::ApiError;
+use crate::table::Table;
 use crate::telemetry::Metrics;
-
-/// A route's choice of how the identity reaches its upstream.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum IdentityMode {
-    /// The `X-Auth-*` headers, for services that trust keygate's network.
-    #[default]
-    Headers,
-    /// The headers, and `X-Auth-Assertion`: a JWT signed with keygate's
-    /// asymmetric key, verifiable against its JWKS.
-    Assertion,
-    /// `X-Authorization: Bearer <token>` in the platform's own access-token
-    /// format, signed with the platform's key.
-    Platform,
-}
-
-impl IdentityMode {
-    /// The mode a route's `identity` setting names; "" is `headers`.
-    pub fn parse(text: &str) -> Option<IdentityMode> {
-        match text.trim() {
-            "" | "headers" => Some(IdentityMode::Headers),
-            "assertion" => Some(IdentityMode::Assertion),
-            "platform" => Some(IdentityMode::Platform),
-            _ => None,
-        }
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            IdentityMode::Headers => "headers",
-            IdentityMode::Assertion => "assertion",
-            IdentityMode::Platform => "platform",
-        }
-    }
-}
+pub use crate::vocab::identity::IdentityMode;
 
 pub static X_AUTH_ASSERTION: HeaderName = HeaderName::from_static("x-auth-assertion");
 
 /// The one header a route's mode adds beyond the `X-Auth-*` headers. It is
-/// set by [`crate::proxy::headers::to_upstream`] after every header a client
+/// set by the proxy's header step (`to_upstream`) after every header a client
 /// could have used to claim an identity is removed.
 #[derive(Debug, Clone)]
 pub struct Passport {
@@ -126,7 +92,7 @@ const REUSE_SHARE: f64 = 0.9;
 
 /// Issues the passports of every route, reusing each until most of its
 /// lifetime is spent, in a bounded cache that revocation clears like the
-/// credential caches ([`crate::auth::cache::Caches`]).
+/// credential caches (which hold it, and forget what they forget here).
 pub struct Passports {
     assertion: Option<Box<dyn Minter>>,
     platform: Option<Box<dyn Minter>>,

@@ -76,7 +76,7 @@ pub struct PlatformTokens {
 impl PlatformTokens {
     /// `key` is the decoded `tokenSigningKey`; `lifetime` whole seconds.
     pub fn new(key: &[u8], issuer: &str, lifetime: Duration) -> PlatformTokens {
-        crate::auth::jwt::install_crypto_provider();
+        crate::tls::install_crypto_provider();
         // The platform's tokens name their algorithm and nothing else.
         let mut header = Header::new(Algorithm::HS512);
         header.typ = None;

@@ -75,7 +75,7 @@ pub struct Options {
     /// Remove from keygate what was imported and is gone from the platform.
     pub prune: bool,
     /// Seals TOTP secrets and digests backup codes as the server on this
-    /// store does ([`crate::server::two_factor_sealer`]).
+    /// store does (the server's `two_factor_sealer`).
     pub sealer: Arc<Sealer>,
     /// Who the audit events name.
     pub origin: Origin,

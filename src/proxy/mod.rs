@@ -672,7 +672,7 @@ fn answered(
 ) -> Result<Response<Body>, Failure> {
     match result {
         // Nothing here asked to switch protocols (upgrades go through
-        // `crate::websocket`): a 101 passed on would leave the client
+        // the WebSocket module): a 101 passed on would leave the client
         // with a connection neither side can speak HTTP on.
         Ok(Ok(response)) if response.status() == http::StatusCode::SWITCHING_PROTOCOLS => {
             tracing::warn!(upstream = %upstream.label, "upstream switched protocols on a request that asked for no upgrade");

@@ -2,7 +2,7 @@
 
 use uuid::Uuid;
 
-use crate::identity::{Identity, NULL_UUID};
+use crate::vocab::identity::{Identity, NULL_UUID};
 
 /// What a quota counts by.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -5,7 +5,7 @@
 //! - [`rate`]: quota rates as configured (`"100/s"`).
 //! - [`link`]: the Redis connection, its timeouts, state and fallbacks.
 //! - [`login`]: password-attempt windows in Redis, checked and counted in one
-//!   script; [`crate::auth::limiter`] asks it after its local windows and
+//!   script; `auth::limiter` asks it after its local windows and
 //!   decides from those alone when Redis does not answer (never fails open).
 //! - [`counter`]: one quota budget's local arithmetic and its accuracy bound.
 //! - [`quota`]: quotas per API key, user and tenant, decided from local

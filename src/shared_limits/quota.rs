@@ -2,7 +2,7 @@
 //! authentication on proxied routes.
 //!
 //! A request is decided from this replica's counters alone (see
-//! [`super::counter`]); [`Quotas::sync`] ([`super::sync`]) reconciles them with Redis every
+//! [`super::counter`]); [`Quotas::sync`] (the `sync` task) reconciles them with Redis every
 //! `quota.sync_interval`, in the background. When Redis is unreachable the
 //! counters keep deciding: each replica keeps to its share of what was last
 //! known to remain.
@@ -19,8 +19,8 @@ use super::headers::Item;
 pub use super::headers::{Grant, Refusal};
 use super::link::RedisLink;
 use super::rate::{Rate, RouteRate};
-use crate::identity::Identity;
 use crate::telemetry::Metrics;
+use crate::vocab::identity::Identity;
 
 pub use crate::config::{QuotaSettings, RouteQuota};
 
@@ -225,8 +225,8 @@ impl Quotas {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::identity::{AuthMethod, Authority, NULL_UUID, Principal, id_header_value};
     use crate::shared_limits::headers::{RATELIMIT, RATELIMIT_POLICY, write_headers};
+    use crate::vocab::identity::{AuthMethod, Authority, NULL_UUID, Principal, id_header_value};
     use http::{HeaderMap, HeaderName};
 
     fn quotas(rates: [Option<&str>; 3]) -> Quotas {

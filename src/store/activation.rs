@@ -4,9 +4,11 @@
 use sqlx::Row;
 use uuid::Uuid;
 
-use super::audit::Target;
 use super::revocation::Change;
-use super::{Published, Revocation, Store, StoreError};
+use super::rows::Target;
+use super::sessions::outdate_user;
+use super::{Store, StoreError};
+use crate::vocab::revocation::{Published, Revocation};
 
 /// How long an activation link stays valid.
 pub const ACTIVATION_TTL_MS: i64 = 24 * 3600 * 1000;
@@ -134,18 +136,17 @@ impl Store {
                 .execute(&mut *tx)
                 .await?;
             let updated = sqlx::query(
-                "UPDATE users SET password_hash = $1, password_rehashed_from = NULL, tokens_valid_after = $2, \
-                 version = version + 1 WHERE id = $3 AND password_hash = ''",
+                "UPDATE users SET password_hash = $1, password_rehashed_from = NULL, \
+                 version = version + 1 WHERE id = $2 AND password_hash = ''",
             )
             .bind(password_hash)
-            .bind(now_secs)
             .bind(&user_id)
             .execute(&mut *tx)
             .await?;
             let user_id = parse_uuid(user_id)?;
             let activated = updated.rows_affected() == 1;
             if activated {
-                super::sessions::end_sessions_of_user(&mut tx, user_id, now_secs.saturating_mul(1000), None).await?;
+                outdate_user(&mut tx, user_id, now_secs).await?;
             }
             // Consumed either way: a token of an account that has a password is void.
             let revocation = activated.then_some(Revocation::User(user_id));

@@ -13,8 +13,9 @@ use sqlx::Row;
 use sqlx::any::AnyRow;
 use uuid::Uuid;
 
+use super::rows::{Target, values};
 use super::{Store, StoreError, uuid_col};
-use crate::identity::{NULL_UUID, Principal};
+use crate::vocab::identity::{NULL_UUID, Principal};
 
 /// Who makes a change.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -81,15 +82,6 @@ impl Audit {
             action,
         }
     }
-}
-
-/// What is affected, as stored in `target_type`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Target {
-    User(Uuid),
-    ApiKey(Uuid),
-    /// An assertion signing key made current.
-    SigningKey(Uuid),
 }
 
 /// One stored audit event.
@@ -286,7 +278,7 @@ impl Store {
             .collect();
         let sql = format!(
             "INSERT INTO audit_events ({AUDIT_COLUMNS}) VALUES {}",
-            super::platform::values(events.len(), 9)
+            values(events.len(), 9)
         );
         let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
         for event in &events {

@@ -1,40 +1,15 @@
 //! The `api_keys` table: the key record (a digest, never the value), its
 //! reads, writes and listing, and the per-user cap on creation.
 
-use std::sync::Arc;
-
-use sqlx::any::AnyRow;
-use sqlx::{AssertSqlSafe, Row};
+use sqlx::AssertSqlSafe;
 use uuid::Uuid;
 
-use super::audit::Target;
 use super::paging::{Listing, like_pattern};
 use super::revocation::Change;
-use super::{
-    Dialect, Page, PageRequest, Published, Revocation, Store, StoreError, conflict_on, flag,
-    uuid_col,
-};
-use crate::auth::scope::Scopes;
-
-/// An API key as stored: never the value, only its digest.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ApiKeyRecord {
-    pub id: Uuid,
-    pub created_time: i64,
-    pub tenant_id: Uuid,
-    pub user_id: Uuid,
-    pub digest: String,
-    pub description: String,
-    pub enabled: bool,
-    /// Epoch ms; 0 means never.
-    pub expiration_time: i64,
-    /// The grants the key is limited to, fixed at creation; `None`: its
-    /// owner's full rights.
-    pub scopes: Option<Arc<Scopes>>,
-}
-
-pub(super) const KEY_COLUMNS: &str =
-    "id, created_time, tenant_id, user_id, digest, description, enabled, expiration_time, scopes";
+use super::rows::{ApiKeyRecord, KEY_COLUMNS, Target, key_from_row};
+use super::{Dialect, Page, PageRequest, Store, StoreError, conflict_on};
+use crate::vocab::revocation::{Published, Revocation};
+use crate::vocab::scope::Scopes;
 
 impl Store {
     /// Inserts `key` with no cap on its user's keys (tests set up with it).
@@ -191,30 +166,4 @@ impl Store {
         event.commit(tx).await?;
         Ok(changed)
     }
-}
-
-pub(super) fn key_from_row(row: &AnyRow) -> Result<ApiKeyRecord, StoreError> {
-    Ok(ApiKeyRecord {
-        id: uuid_col(row, 0)?,
-        created_time: row.try_get(1)?,
-        tenant_id: uuid_col(row, 2)?,
-        user_id: uuid_col(row, 3)?,
-        digest: row.try_get(4)?,
-        description: row.try_get(5)?,
-        enabled: flag(row, 6)?,
-        expiration_time: row.try_get(7)?,
-        scopes: scopes_col(row, 8)?,
-    })
-}
-
-/// A stored `scopes` column: NULL is unscoped. Text that does not read as
-/// scopes is a corrupt row, never an unscoped key.
-fn scopes_col(row: &AnyRow, index: usize) -> Result<Option<Arc<Scopes>>, StoreError> {
-    let text: Option<String> = row.try_get(index)?;
-    text.map(|text| {
-        Scopes::from_stored(&text)
-            .map(Arc::new)
-            .map_err(|e| StoreError::Corrupt(format!("bad api key scopes: {e}")))
-    })
-    .transpose()
 }

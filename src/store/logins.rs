@@ -4,10 +4,11 @@
 use sqlx::Row;
 use uuid::Uuid;
 
-use super::audit::Target;
 use super::revocation::Change;
-use super::sessions::end_sessions_of_user;
-use super::{Published, Revocation, Store, StoreError};
+use super::rows::Target;
+use super::sessions::outdate_user;
+use super::{Store, StoreError};
+use crate::vocab::revocation::{Published, Revocation};
 
 /// Sets a user's password as a password change does: every older token of
 /// the user is outdated and their sessions end, in the caller's transaction
@@ -20,22 +21,21 @@ pub(super) async fn set_password_ending_sessions(
     now_secs: i64,
 ) -> Result<bool, StoreError> {
     let updated = sqlx::query(
-        "UPDATE users SET password_hash = $1, password_rehashed_from = NULL, tokens_valid_after = $2, \
-         version = version + 1 WHERE id = $3",
+        "UPDATE users SET password_hash = $1, password_rehashed_from = NULL, \
+         version = version + 1 WHERE id = $2",
     )
     .bind(hash)
-    .bind(now_secs)
     .bind(user_id.to_string())
     .execute(&mut *conn)
     .await?;
-    end_sessions_of_user(&mut *conn, user_id, now_secs.saturating_mul(1000), None).await?;
+    outdate_user(&mut *conn, user_id, now_secs).await?;
     Ok(updated.rows_affected() > 0)
 }
 
 /// A re-hash: the same password, so no token ends. The user remembers the
 /// first hash of a chain of re-hashes (`password_rehashed_from`), which an
 /// import compares with the platform's hash it imported last
-/// ([`crate::import::plan::password_from_platform`]): a re-hash of the
+/// (the import's `password_from_platform`): a re-hash of the
 /// platform's password is still the platform's.
 async fn rehash(
     conn: &mut sqlx::AnyConnection,
@@ -128,14 +128,12 @@ impl Store {
         now_secs: i64,
     ) -> Result<Published<bool>, StoreError> {
         self.revoking_write(|mut tx| async move {
-            let updated = sqlx::query(
-                "UPDATE users SET enabled = 0, tokens_valid_after = $1, version = version + 1 WHERE id = $2",
-            )
-            .bind(now_secs)
-            .bind(user_id.to_string())
-            .execute(&mut *tx)
-            .await?;
-            end_sessions_of_user(&mut tx, user_id, now_secs.saturating_mul(1000), None).await?;
+            let updated =
+                sqlx::query("UPDATE users SET enabled = 0, version = version + 1 WHERE id = $1")
+                    .bind(user_id.to_string())
+                    .execute(&mut *tx)
+                    .await?;
+            outdate_user(&mut tx, user_id, now_secs).await?;
             sqlx::query(
                 "INSERT INTO login_lockouts (user_id, failures, locked) VALUES ($1, 0, 1) \
                  ON CONFLICT (user_id) DO UPDATE SET locked = 1",

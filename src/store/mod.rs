@@ -37,14 +37,15 @@ mod public_customers;
 mod reset;
 pub mod retention;
 mod revocation;
+mod rows;
 mod sessions;
 mod signing_keys;
 mod two_factor;
 mod users;
 
+pub use crate::vocab::revocation::{Published, REVOCATION_CHANNEL, Revocation};
 pub use activation::{ACTIVATION_RENEW_MS, ACTIVATION_TTL_MS, ActivationToken};
 pub use audit::{Actor, Audit, AuditEvent, AuditFilter};
-pub use keys::ApiKeyRecord;
 pub use paging::{Page, PageRequest, Sort};
 pub use platform::{
     KeyUpdate, PlatformKey, PlatformUser, ResetUpdate, RowKind, SyncLock, UserUpdate,
@@ -52,11 +53,11 @@ pub use platform::{
 pub use prune::PruneKind;
 pub use public_customers::PublicCustomer;
 pub use reset::{MailedToken, ResetToken};
-pub use revocation::{Published, REVOCATION_CHANNEL, Revocation};
+pub use rows::{ApiKeyRecord, UserRecord};
 pub use sessions::SessionRecord;
 pub use signing_keys::SigningKeyRecord;
 pub use two_factor::TwoFactorRecord;
-pub use users::{USER_SORT_PROPERTIES, UserRecord, UserScope};
+pub use users::{USER_SORT_PROPERTIES, UserScope};
 
 use std::path::Path;
 use std::time::Duration;

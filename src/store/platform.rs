@@ -13,13 +13,13 @@ use serde::{Deserialize, Serialize};
 use sqlx::{AssertSqlSafe, Row};
 use uuid::Uuid;
 
-use super::audit::{Pending, Target};
-use super::keys::key_from_row;
+use super::audit::Pending;
 use super::revocation::Change;
-use super::sessions::end_sessions_of_user;
-use super::users::{USER_COLUMNS, user_from_row};
-use super::{ApiKeyRecord, Published, Revocation, Store, StoreError, UserRecord};
-use crate::identity::{Authority, NULL_UUID};
+use super::rows::{KEY_COLUMNS, Target, USER_COLUMNS, key_from_row, user_from_row, values};
+use super::sessions::outdate_user;
+use super::{ApiKeyRecord, Store, StoreError, UserRecord};
+use crate::vocab::identity::{Authority, NULL_UUID};
+use crate::vocab::revocation::{Published, Revocation};
 
 /// A platform user as keygate imports it: the platform's values, mapped.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -192,27 +192,6 @@ impl Drop for SyncLock {
 const SIGNING_KEY: &str = "platform.signing_key";
 const ISSUER: &str = "platform.issuer";
 
-/// `($1, ..., $columns), (...), ...` for `rows` rows: the values of a
-/// multi-row insert.
-pub(super) fn values(rows: usize, columns: usize) -> String {
-    let mut out = String::with_capacity(rows * columns * 5);
-    for row in 0..rows {
-        if row > 0 {
-            out.push_str(", ");
-        }
-        out.push('(');
-        for column in 0..columns {
-            if column > 0 {
-                out.push_str(", ");
-            }
-            out.push('$');
-            out.push_str(&(row * columns + column + 1).to_string());
-        }
-        out.push(')');
-    }
-    out
-}
-
 /// `($1, $2, ...)` from `first` on, for `n` values.
 fn placeholders(first: usize, n: usize) -> String {
     let list: Vec<String> = (first..first + n).map(|i| format!("${i}")).collect();
@@ -307,9 +286,7 @@ impl Store {
         ids: &[Uuid],
     ) -> Result<HashMap<Uuid, ApiKeyRecord>, StoreError> {
         let ids = ids.iter().map(Uuid::to_string);
-        let rows = self
-            .rows_in(super::keys::KEY_COLUMNS, "api_keys", "id", ids)
-            .await?;
+        let rows = self.rows_in(KEY_COLUMNS, "api_keys", "id", ids).await?;
         rows.iter()
             .map(|row| key_from_row(row).map(|k| (k.id, k)))
             .collect()
@@ -509,84 +486,21 @@ impl Store {
         let platform = platform.clone();
         let update = update.clone();
         self.revoking_write(|mut tx| async move {
-            let id = platform.id.to_string();
-            if update.profile {
-                sqlx::query(
-                    "UPDATE users SET email = $1, authority = $2, tenant_id = $3, customer_id = $4, \
-                     first_name = $5, last_name = $6, phone = $7, additional_info = $8, \
-                     version = version + 1 WHERE id = $9",
-                )
-                .bind(&platform.email)
-                .bind(platform.authority.as_str())
-                .bind(platform.tenant_id.to_string())
-                .bind(platform.customer_id.to_string())
-                .bind(&platform.first_name)
-                .bind(&platform.last_name)
-                .bind(&platform.phone)
-                .bind(platform.additional_info.clone())
-                .bind(&id)
-                .execute(&mut *tx)
-                .await?;
-            }
-            if let Some(hash) = &update.password_hash {
-                sqlx::query(
-                    "UPDATE users SET password_hash = $1, password_rehashed_from = NULL, \
-                     version = version + 1 WHERE id = $2",
-                )
-                    .bind(hash)
-                    .bind(&id)
-                    .execute(&mut *tx)
-                    .await?;
-            }
-            if let Some(enabled) = update.enabled {
-                sqlx::query("UPDATE users SET enabled = $1, version = version + 1 WHERE id = $2")
-                    .bind(i64::from(enabled))
-                    .bind(&id)
-                    .execute(&mut *tx)
-                    .await?;
-                if enabled {
-                    sqlx::query("DELETE FROM login_lockouts WHERE user_id = $1")
-                        .bind(&id)
-                        .execute(&mut *tx)
-                        .await?;
-                }
-            }
-            if let Some(activation) = &update.activation {
-                sqlx::query("DELETE FROM activation_tokens WHERE user_id = $1")
-                    .bind(&id)
-                    .execute(&mut *tx)
-                    .await?;
-                if let Some((digest, expires_at)) = activation {
-                    upsert_token(&mut tx, TokenKind::Activation, platform.id, digest, *expires_at).await?;
-                }
-            }
-            if let Some(reset) = &update.reset {
-                if let Some((digest, expires_at)) = &reset.token {
-                    sqlx::query("DELETE FROM reset_tokens WHERE user_id = $1")
-                        .bind(&id)
-                        .execute(&mut *tx)
-                        .await?;
-                    upsert_token(&mut tx, TokenKind::Reset, platform.id, digest, *expires_at).await?;
-                } else if let Some(gone) = &reset.gone {
-                    sqlx::query("DELETE FROM reset_tokens WHERE user_id = $1 AND digest = $2")
-                        .bind(&id)
-                        .bind(gone)
-                        .execute(&mut *tx)
-                        .await?;
-                }
-            }
-            let revoking = update.identity
-                || update.password_hash.is_some()
-                || update.enabled == Some(false);
+            write_imported_user(&mut tx, &platform, &update).await?;
+            write_imported_user_tokens(&mut tx, platform.id, &update).await?;
+            let revoking =
+                update.identity || update.password_hash.is_some() || update.enabled == Some(false);
             if revoking {
-                sqlx::query("UPDATE users SET tokens_valid_after = $1 WHERE id = $2")
-                    .bind(now_secs)
-                    .bind(&id)
-                    .execute(&mut *tx)
-                    .await?;
-                end_sessions_of_user(&mut tx, platform.id, now_secs.saturating_mul(1000), None).await?;
+                outdate_user(&mut tx, platform.id, now_secs).await?;
             }
-            remember(&mut tx, RowKind::User, platform.id, &platform, now_secs * 1000).await?;
+            remember(
+                &mut tx,
+                RowKind::User,
+                platform.id,
+                &platform,
+                now_secs * 1000,
+            )
+            .await?;
             let changed = !update.is_empty();
             let revocation = revoking.then_some(Revocation::User(platform.id));
             let audit = changed.then_some(Target::User(platform.id));
@@ -712,6 +626,98 @@ impl Store {
         }
         Ok(key.zip(issuer))
     }
+}
+/// Writes the columns of a user an import changed: the profile, the
+/// password, the enabled flag (enabling lifts a lockout).
+async fn write_imported_user(
+    conn: &mut sqlx::AnyConnection,
+    platform: &PlatformUser,
+    update: &UserUpdate,
+) -> Result<(), StoreError> {
+    let id = platform.id.to_string();
+    if update.profile {
+        sqlx::query(
+            "UPDATE users SET email = $1, authority = $2, tenant_id = $3, customer_id = $4, \
+             first_name = $5, last_name = $6, phone = $7, additional_info = $8, \
+             version = version + 1 WHERE id = $9",
+        )
+        .bind(&platform.email)
+        .bind(platform.authority.as_str())
+        .bind(platform.tenant_id.to_string())
+        .bind(platform.customer_id.to_string())
+        .bind(&platform.first_name)
+        .bind(&platform.last_name)
+        .bind(&platform.phone)
+        .bind(platform.additional_info.clone())
+        .bind(&id)
+        .execute(&mut *conn)
+        .await?;
+    }
+    if let Some(hash) = &update.password_hash {
+        sqlx::query(
+            "UPDATE users SET password_hash = $1, password_rehashed_from = NULL, \
+             version = version + 1 WHERE id = $2",
+        )
+        .bind(hash)
+        .bind(&id)
+        .execute(&mut *conn)
+        .await?;
+    }
+    if let Some(enabled) = update.enabled {
+        sqlx::query("UPDATE users SET enabled = $1, version = version + 1 WHERE id = $2")
+            .bind(i64::from(enabled))
+            .bind(&id)
+            .execute(&mut *conn)
+            .await?;
+        if enabled {
+            sqlx::query("DELETE FROM login_lockouts WHERE user_id = $1")
+                .bind(&id)
+                .execute(&mut *conn)
+                .await?;
+        }
+    }
+    Ok(())
+}
+
+/// Writes the activation and reset tokens of a user an import changed.
+async fn write_imported_user_tokens(
+    conn: &mut sqlx::AnyConnection,
+    user_id: Uuid,
+    update: &UserUpdate,
+) -> Result<(), StoreError> {
+    let id = user_id.to_string();
+    if let Some(activation) = &update.activation {
+        sqlx::query("DELETE FROM activation_tokens WHERE user_id = $1")
+            .bind(&id)
+            .execute(&mut *conn)
+            .await?;
+        if let Some((digest, expires_at)) = activation {
+            upsert_token(
+                &mut *conn,
+                TokenKind::Activation,
+                user_id,
+                digest,
+                *expires_at,
+            )
+            .await?;
+        }
+    }
+    if let Some(reset) = &update.reset {
+        if let Some((digest, expires_at)) = &reset.token {
+            sqlx::query("DELETE FROM reset_tokens WHERE user_id = $1")
+                .bind(&id)
+                .execute(&mut *conn)
+                .await?;
+            upsert_token(&mut *conn, TokenKind::Reset, user_id, digest, *expires_at).await?;
+        } else if let Some(gone) = &reset.gone {
+            sqlx::query("DELETE FROM reset_tokens WHERE user_id = $1 AND digest = $2")
+                .bind(&id)
+                .bind(gone)
+                .execute(&mut *conn)
+                .await?;
+        }
+    }
+    Ok(())
 }
 
 /// Which one-time token a platform row carried: an invitation or a reset.

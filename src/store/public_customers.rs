@@ -4,13 +4,7 @@
 use uuid::Uuid;
 
 use super::{Store, StoreError, uuid_col};
-
-/// A customer whose id opens a public login, and its tenant.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PublicCustomer {
-    pub customer_id: Uuid,
-    pub tenant_id: Uuid,
-}
+pub use crate::vocab::settings::PublicCustomer;
 
 impl Store {
     /// The public customer `customer_id`, if it is one.

@@ -4,10 +4,11 @@
 use sqlx::Row;
 use uuid::Uuid;
 
-use super::audit::Target;
 use super::logins::set_password_ending_sessions;
 use super::revocation::Change;
-use super::{Published, Revocation, Store, StoreError};
+use super::rows::Target;
+use super::{Store, StoreError};
+use crate::vocab::revocation::{Published, Revocation};
 
 /// What the lookup of a token mailed in a link found: a reset token, or an
 /// activation token ([`super::ActivationToken`]).

@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
 use super::{PruneKind, Store, StoreError};
-use crate::config::RetentionSettings;
 use crate::telemetry::Metrics;
+use crate::vocab::settings::RetentionSettings;
 
 /// Added to the refresh lifetime before a live session counts as expired:
 /// covers replicas whose clocks disagree and the moment between recording a

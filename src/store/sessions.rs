@@ -5,7 +5,8 @@ use sqlx::{AssertSqlSafe, Row};
 use uuid::Uuid;
 
 use super::revocation::Change;
-use super::{Published, Revocation, Store, StoreError, flag, uuid_col};
+use super::{Store, StoreError, flag, uuid_col};
+use crate::vocab::revocation::{Published, Revocation};
 
 /// A login session. Times are epoch ms.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -61,6 +62,25 @@ pub(super) async fn end_sessions_of_user(
     .execute(conn)
     .await?;
     Ok(())
+}
+
+/// Outdates what `user_id` holds but their API keys, in the caller's
+/// transaction: every token issued before `now_secs` is outdated and every
+/// session ends then. The one way a change to a user (a password set, a
+/// lockout, disabling, an activation, a change the platform made) ends
+/// their tokens; the caller publishes [`Revocation::User`] so that every
+/// replica drops what it cached of them.
+pub(super) async fn outdate_user(
+    conn: &mut sqlx::AnyConnection,
+    user_id: Uuid,
+    now_secs: i64,
+) -> Result<(), StoreError> {
+    sqlx::query("UPDATE users SET tokens_valid_after = $1 WHERE id = $2")
+        .bind(now_secs)
+        .bind(user_id.to_string())
+        .execute(&mut *conn)
+        .await?;
+    end_sessions_of_user(conn, user_id, now_secs.saturating_mul(1000), None).await
 }
 
 impl Store {

@@ -6,7 +6,7 @@ use sqlx::any::AnyRow;
 use sqlx::{AssertSqlSafe, Row};
 use uuid::Uuid;
 
-use super::audit::Target;
+use super::rows::Target;
 use super::{Store, StoreError, conflict_on, uuid_col};
 
 /// A signing key as stored.

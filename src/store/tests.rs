@@ -13,10 +13,10 @@ use sqlx::{AssertSqlSafe, Connection};
 use uuid::Uuid;
 
 use super::*;
-use crate::config::RetentionSettings;
-use crate::identity::{Authority, NULL_UUID};
 use crate::store::retention::{CLOCK_SLACK, Pruned, Pruner};
 use crate::telemetry::Metrics;
+use crate::vocab::identity::{Authority, NULL_UUID};
+use crate::vocab::settings::RetentionSettings;
 
 const PG_ENV: &str = "KEYGATE_TEST_DATABASE_URL";
 
@@ -359,7 +359,8 @@ async fn check_two_factor_configs_are_added_once_defaulted_and_removed(store: &S
 async fn check_a_totp_step_is_used_once_when_raced(store: &Store) {
     let u = user("steps@example.com", 1);
     store.insert_user(&u).await.unwrap();
-    store
+    // A store alone: no caches or sockets to apply the revocation to.
+    let _ = store
         .add_two_factor(u.id, &factor("TOTP", true, "sealed"), 1, None)
         .await
         .unwrap();
@@ -388,7 +389,8 @@ async fn check_a_totp_step_is_used_once_when_raced(store: &Store) {
 async fn check_a_backup_code_is_used_once_when_raced(store: &Store) {
     let u = user("codes@example.com", 1);
     store.insert_user(&u).await.unwrap();
-    store
+    // A store alone: no caches or sockets to apply the revocation to.
+    let _ = store
         .add_two_factor(u.id, &factor("BACKUP_CODE", false, r#"["a","b"]"#), 1, None)
         .await
         .unwrap();
@@ -462,7 +464,8 @@ async fn check_a_second_factor_change_ends_every_session_but_the_one_making_it(s
         .unwrap();
     assert_eq!((again.outcome, again.revocation), (false, None));
     assert!(!ended(mine.id).await, "a refused change ends nothing");
-    store
+    // A store alone: no caches or sockets to apply the revocation to.
+    let _ = store
         .add_two_factor(u.id, &factor("BACKUP_CODE", false, "[]"), 40, Some(mine.id))
         .await
         .unwrap();
@@ -492,11 +495,13 @@ async fn check_a_second_factor_change_ends_every_session_but_the_one_making_it(s
 async fn check_two_factor_rows_go_with_their_user(store: &Store) {
     let u = user("gone@example.com", 1);
     store.insert_user(&u).await.unwrap();
-    store
+    // A store alone: no caches or sockets to apply the revocation to.
+    let _ = store
         .add_two_factor(u.id, &factor("TOTP", true, "sealed"), 1, None)
         .await
         .unwrap();
-    store.delete_user(u.id).await.unwrap();
+    // A store alone: no caches or sockets to apply the revocation to.
+    let _ = store.delete_user(u.id).await.unwrap();
     assert!(store.two_factors(u.id).await.unwrap().is_empty());
 }
 
@@ -506,7 +511,7 @@ async fn check_api_key_scopes_are_stored_as_given_and_absent_when_unscoped(store
     let u = user("scoped@example.com", 1);
     store.insert_user(&u).await.unwrap();
     let whole = key(&u, "whole", 1);
-    let scopes = crate::auth::scope::Scopes::from_json(&serde_json::json!([
+    let scopes = crate::vocab::scope::Scopes::from_json(&serde_json::json!([
         {"path": "/api/device/", "methods": ["GET", "POST"]},
         {"path": "/api/auth/user", "methods": ["GET"]},
     ]))
@@ -535,7 +540,7 @@ async fn check_api_key_scopes_are_stored_as_given_and_absent_when_unscoped(store
     assert_eq!(events[1].target_id, recorded.id);
     let stored = events[1].scopes.as_deref().unwrap();
     assert_eq!(
-        crate::auth::scope::Scopes::from_stored(stored).unwrap(),
+        crate::vocab::scope::Scopes::from_stored(stored).unwrap(),
         scopes
     );
 }
@@ -577,7 +582,8 @@ async fn check_revocations_after_name_each_changed_user_and_key_once(store: &Sto
         .insert_api_key(&k)
         .await
         .unwrap();
-    store
+    // A store alone: no caches or sockets to apply the revocation to.
+    let _ = store
         .audited(Audit::command_line("api_key.disable"))
         .set_api_key_enabled(k.id, false)
         .await
@@ -607,7 +613,7 @@ async fn check_an_audited_change_stores_its_event_and_a_failed_one_none(store: &
         by_cli.insert_user(&user("AUDITED@example.com", 3)).await,
         Err(StoreError::Conflict("email"))
     ));
-    let principal = crate::identity::Principal::new(
+    let principal = crate::vocab::identity::Principal::new(
         admin.id,
         admin.tenant_id,
         NULL_UUID,
@@ -627,7 +633,8 @@ async fn check_an_audited_change_stores_its_event_and_a_failed_one_none(store: &
         .await
         .unwrap();
     assert!(!missing.outcome);
-    by_admin("user.delete")
+    // A store alone: no caches or sockets to apply the revocation to.
+    let _ = by_admin("user.delete")
         .delete_user(created.id)
         .await
         .unwrap();
@@ -968,7 +975,8 @@ async fn check_a_customer_id_stays_with_the_tenant_that_used_it_first(store: &St
     );
     assert!(store.user_by_id(intruder.id).await.unwrap().is_none());
     // Still the first tenant's after its users are gone.
-    store.delete_user(first.id).await.unwrap();
+    // A store alone: no caches or sockets to apply the revocation to.
+    let _ = store.delete_user(first.id).await.unwrap();
     let again = customer_user("c4@example.com", b, customer, 4);
     let again = store.insert_user(&again).await;
     assert!(matches!(again, Err(StoreError::ForeignCustomer)));
@@ -1133,7 +1141,8 @@ async fn check_refresh_rotation_accepts_only_the_current_token(store: &Store) {
             .refresh_jti,
         "jti-2"
     );
-    store.end_session(s.id, t).await.unwrap();
+    // A store alone: no caches or sockets to apply the revocation to.
+    let _ = store.end_session(s.id, t).await.unwrap();
     assert!(
         !store
             .rotate_refresh(s.id, "jti-2", "jti-4", t)
@@ -1236,7 +1245,8 @@ async fn check_a_rehash_remembers_the_hash_it_replaced_until_a_password_is_set(s
     assert_eq!(after.password_hash, "argon-2");
     assert_eq!(rehashed_from().await.as_deref(), Some("bcrypt"));
     // A password set is nobody's re-hash.
-    store
+    // A store alone: no caches or sockets to apply the revocation to.
+    let _ = store
         .update_password(u.id, "changed", Some(2))
         .await
         .unwrap();
@@ -1261,7 +1271,8 @@ async fn check_lockout_counts_locks_and_is_lifted_by_enabling(store: &Store) {
         store.is_locked(u.id).await.unwrap(),
         "a success cannot clear a lock"
     );
-    store
+    // A store alone: no caches or sockets to apply the revocation to.
+    let _ = store
         .set_user_enabled(u.id, true, 1_800_000_001)
         .await
         .unwrap();
@@ -1506,14 +1517,15 @@ async fn check_sessions_record_rotation_and_first_end_times(store: &Store) {
     // The first end is the one kept: a later logout, reuse detection, lock
     // or password change does not push the session's death forward.
     let first_end = rotated_at + 1;
-    store.end_session(s.id, first_end).await.unwrap();
-    store.end_session(s.id, first_end + 5).await.unwrap();
-    store.lock_user(u.id, 1_900_000_000).await.unwrap();
-    store
+    // A store alone: no caches or sockets to apply these revocations to.
+    let _ = store.end_session(s.id, first_end).await.unwrap();
+    let _ = store.end_session(s.id, first_end + 5).await.unwrap();
+    let _ = store.lock_user(u.id, 1_900_000_000).await.unwrap();
+    let _ = store
         .update_password(u.id, "new", Some(1_900_000_001))
         .await
         .unwrap();
-    store
+    let _ = store
         .set_user_enabled(u.id, false, 1_900_000_002)
         .await
         .unwrap();
@@ -1587,7 +1599,8 @@ async fn check_pruning_deletes_dead_sessions_past_retention_only(store: &Store) 
     );
     // Ended through the store's own paths, long enough ago.
     let logged_out = session_at(store, &u, NOW - 3 * HOUR_MS, None).await;
-    store
+    // A store alone: no caches or sockets to apply the revocation to.
+    let _ = store
         .end_session(logged_out, NOW - 2 * HOUR_MS)
         .await
         .unwrap();

@@ -5,10 +5,11 @@
 use sqlx::Row;
 use uuid::Uuid;
 
-use super::audit::Target;
 use super::revocation::Change;
+use super::rows::Target;
 use super::sessions::end_sessions_of_user;
-use super::{Published, Store, StoreError, flag};
+use super::{Store, StoreError, flag};
+use crate::vocab::revocation::Published;
 
 /// One configured provider of one user.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,90 +1,16 @@
 //! The `users` table: the user record, its reads, writes and listing, and
 //! the binding of a customer id to the tenant that first used it.
 
-use sqlx::any::AnyRow;
 use sqlx::{AssertSqlSafe, Row};
 use uuid::Uuid;
 
-use super::audit::Target;
 use super::paging::{Listing, Sort, like_pattern};
 use super::revocation::Change;
-use super::sessions::end_sessions_of_user;
-use super::{
-    Page, PageRequest, Published, Revocation, Store, StoreError, conflict_on, flag, uuid_col,
-};
-use crate::identity::Authority;
-
-/// A user as stored.
-#[derive(Clone, PartialEq, Eq)]
-pub struct UserRecord {
-    pub id: Uuid,
-    pub created_time: i64,
-    pub tenant_id: Uuid,
-    pub customer_id: Uuid,
-    pub email: String,
-    pub authority: Authority,
-    pub first_name: String,
-    pub last_name: String,
-    pub phone: String,
-    pub additional_info: Option<String>,
-    pub version: i64,
-    pub enabled: bool,
-    pub password_hash: String,
-    /// Tokens issued (in whole seconds) before this are outdated.
-    pub tokens_valid_after: i64,
-}
-
-impl UserRecord {
-    /// Whether the user has set a first password: a user invited (by
-    /// `POST /api/user` or the import of a platform invitation) has none
-    /// until they activate. The platform's `userActivated` (no activation
-    /// token pending).
-    pub fn activated(&self) -> bool {
-        !self.password_hash.is_empty()
-    }
-
-    /// Whether the user can log in: enabled and activated. The platform's
-    /// `UserCredentials.enabled`, which is false while an invitation is
-    /// pending and for a disabled (or locked) user.
-    pub fn credentials_enabled(&self) -> bool {
-        self.enabled && self.activated()
-    }
-}
-
-#[cfg(test)]
-impl UserRecord {
-    /// A TENANT_ADMIN of a tenant of its own, enabled, without a password:
-    /// tests change what they need with `..UserRecord::test_user(email)`.
-    pub(crate) fn test_user(email: &str) -> UserRecord {
-        UserRecord {
-            id: Uuid::new_v4(),
-            created_time: 0,
-            tenant_id: Uuid::new_v4(),
-            customer_id: crate::identity::NULL_UUID,
-            email: email.into(),
-            authority: Authority::TenantAdmin,
-            first_name: String::new(),
-            last_name: String::new(),
-            phone: String::new(),
-            additional_info: None,
-            version: 1,
-            enabled: true,
-            password_hash: String::new(),
-            tokens_valid_after: 0,
-        }
-    }
-}
-
-impl std::fmt::Debug for UserRecord {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("UserRecord")
-            .field("id", &self.id)
-            .field("email", &self.email)
-            .field("authority", &self.authority)
-            .field("enabled", &self.enabled)
-            .finish_non_exhaustive()
-    }
-}
+use super::rows::{Target, USER_COLUMNS, UserRecord, user_from_row};
+use super::sessions::outdate_user;
+use super::{Page, PageRequest, Store, StoreError, conflict_on, uuid_col};
+use crate::vocab::identity::{Authority, NULL_UUID};
+use crate::vocab::revocation::{Published, Revocation};
 
 /// Which users a listing holds: each `Some` narrows it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -125,9 +51,6 @@ fn user_order(sort: Option<&Sort>) -> String {
     }
 }
 
-pub(super) const USER_COLUMNS: &str = "id, created_time, tenant_id, customer_id, email, authority, first_name, \
-     last_name, phone, additional_info, version, enabled, password_hash, tokens_valid_after";
-
 impl Store {
     pub(crate) async fn user_count(&self) -> Result<i64, StoreError> {
         let row = sqlx::query("SELECT COUNT(*) FROM users")
@@ -159,7 +82,7 @@ impl Store {
             .execute(&mut *tx)
             .await;
         result.map_err(conflict_on("email"))?;
-        if user.customer_id != crate::identity::NULL_UUID {
+        if user.customer_id != NULL_UUID {
             claim_customer(&mut tx, user).await?;
         }
         let event = self.record(&mut tx, Target::User(user.id)).await?;
@@ -210,14 +133,11 @@ impl Store {
                     .execute(&mut *tx)
                     .await?
             } else {
-                sqlx::query(
-                    "UPDATE users SET enabled = $1, version = version + 1, tokens_valid_after = $2 WHERE id = $3",
-                )
-                .bind(0_i64)
-                .bind(now_secs)
-                .bind(id.to_string())
-                .execute(&mut *tx)
-                .await?
+                sqlx::query("UPDATE users SET enabled = $1, version = version + 1 WHERE id = $2")
+                    .bind(0_i64)
+                    .bind(id.to_string())
+                    .execute(&mut *tx)
+                    .await?
             };
             if enabled {
                 // An administrator enabling an account also lifts a lockout.
@@ -226,7 +146,7 @@ impl Store {
                     .execute(&mut *tx)
                     .await?;
             } else {
-                end_sessions_of_user(&mut tx, id, now_secs.saturating_mul(1000), None).await?;
+                outdate_user(&mut tx, id, now_secs).await?;
             }
             let changed = updated.rows_affected() > 0;
             Change::audited(tx, changed, Revocation::User(id), Target::User(id))
@@ -364,25 +284,4 @@ async fn claim_customer(
         return Err(StoreError::ForeignCustomer);
     }
     Ok(())
-}
-
-pub(super) fn user_from_row(row: &AnyRow) -> Result<UserRecord, StoreError> {
-    let authority: String = row.try_get(5)?;
-    Ok(UserRecord {
-        id: uuid_col(row, 0)?,
-        created_time: row.try_get(1)?,
-        tenant_id: uuid_col(row, 2)?,
-        customer_id: uuid_col(row, 3)?,
-        email: row.try_get(4)?,
-        authority: Authority::parse(&authority)
-            .ok_or_else(|| StoreError::Corrupt(format!("bad authority {authority:?}")))?,
-        first_name: row.try_get(6)?,
-        last_name: row.try_get(7)?,
-        phone: row.try_get(8)?,
-        additional_info: row.try_get(9)?,
-        version: row.try_get(10)?,
-        enabled: flag(row, 11)?,
-        password_hash: row.try_get(12)?,
-        tokens_valid_after: row.try_get(13)?,
-    })
 }

@@ -6,8 +6,8 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use crate::auth::AuthRefusal;
-use crate::identity::Identity;
+use crate::vocab::identity::Identity;
+use crate::vocab::refusal::AuthRefusal;
 
 /// What one access line says.
 pub struct AccessLine<'a> {

@@ -32,7 +32,7 @@ use prometheus::{
 
 /// Why the platform import or its sync holds a row back: the `reason`
 /// label of `keygate_platform_sync_skipped_total`, and the code in the
-/// import report (`crate::import::plan::code`).
+/// import report (`import::plan::code`).
 pub mod skip_reason {
     /// Not a user keygate can hold (no id, authority, tenant, credentials).
     pub const INVALID_ROW: &str = "invalid_row";
@@ -222,7 +222,7 @@ impl HttpSeries {
         for bound in ["connection", "address"] {
             http.in_flight_refused.with_label_values(&[bound]);
         }
-        for reason in crate::listener::h1fast::Decline::ALL {
+        for reason in crate::vocab::decline::Decline::ALL {
             http.fast_path_declined.with_label_values(&[reason.label()]);
         }
         http

@@ -7,8 +7,6 @@
 //! made elsewhere (another process, a missed notification) can go unseen;
 //! changes made through this process invalidate at once.
 
-pub mod table;
-
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,8 +17,8 @@ use super::jwt::AccessClaims;
 use super::scope::Scopes;
 use crate::config::CacheSettings;
 use crate::identity::{Passports, Principal};
+pub use crate::table::Table;
 use crate::telemetry::Metrics;
-pub use table::Table;
 
 /// An API key's verifiable state, held inline: a million cached keys cost
 /// their table entries and nothing more. An unscoped key holds no scopes

@@ -20,8 +20,8 @@ use uuid::Uuid;
 
 use super::passport::Minter;
 use super::{AuthMethod, Identity};
-use crate::auth::scope::Scopes;
 use crate::error::ApiError;
+use crate::vocab::scope::Scopes;
 pub use ring::KeyRing;
 
 /// The claims of an assertion, in the order they are written.
@@ -176,7 +176,7 @@ mod tests {
     /// Verifies `token` as an upstream would: against the JWKS, by kid,
     /// with the algorithm pinned.
     fn verify(ring: &KeyRing, token: &str, alg: Algorithm, audience: &str) -> serde_json::Value {
-        crate::auth::jwt::install_crypto_provider();
+        crate::tls::install_crypto_provider();
         let jwks: JwkSet = serde_json::from_slice(&ring.load().jwks).unwrap();
         let header = jsonwebtoken::decode_header(token).unwrap();
         assert_eq!(header.alg, alg);
@@ -293,7 +293,7 @@ mod tests {
                 }),
             )
             .unwrap();
-        crate::auth::jwt::install_crypto_provider();
+        crate::tls::install_crypto_provider();
         let jwks: JwkSet = serde_json::from_slice(&ring.load().jwks).unwrap();
         let mut validation = Validation::new(Algorithm::ES256);
         validation.set_audience(&["devices"]);

@@ -1,5 +1,5 @@
 //! A bounded, sharded, concurrent table with a lifetime per entry: what each
-//! credential cache is built on.
+//! credential cache (`auth::cache`) and the passport cache are built on.
 //!
 //! Written for the credential checks' hit path, which runs on every request:
 //! one keyed hash, one read lock on one shard, one probe, a clock read, a
