@@ -289,6 +289,50 @@ impl Wire {
     }
 }
 
+/// What the lean path has left to hyper's so far, by reason: the series of
+/// `keygate_fast_path_declined_total`. A proxied HTTP/1.1 request that
+/// arrives over HTTP/1.1 and adds nothing here was taken by the lean path
+/// (which is on by default); HTTP/2 never reaches it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Declines(std::collections::BTreeMap<String, u64>);
+
+impl Declines {
+    /// Reads the series from a metrics exposition.
+    pub fn of(metrics: &str) -> Declines {
+        let prefix = "keygate_fast_path_declined_total{reason=\"";
+        Declines(
+            metrics
+                .lines()
+                .filter_map(|line| line.strip_prefix(prefix))
+                .filter_map(|rest| {
+                    let (reason, value) = rest.split_once("\"} ")?;
+                    Some((reason.to_owned(), value.parse::<f64>().ok()? as u64))
+                })
+                .collect(),
+        )
+    }
+
+    /// The declines since `earlier`, by reason, leaving out reasons that did
+    /// not grow.
+    pub fn since(&self, earlier: &Declines) -> Declines {
+        Declines(
+            self.0
+                .iter()
+                .map(|(reason, n)| {
+                    let before = earlier.0.get(reason).copied().unwrap_or(0);
+                    (reason.clone(), n.saturating_sub(before))
+                })
+                .filter(|(_, n)| *n > 0)
+                .collect(),
+        )
+    }
+
+    /// How many were declined for `reason`.
+    pub fn of_reason(&self, reason: &str) -> u64 {
+        self.0.get(reason).copied().unwrap_or(0)
+    }
+}
+
 /// A running gateway with its data in a temporary directory.
 pub struct Gateway {
     pub running: Running,
@@ -494,6 +538,34 @@ max_header_bytes = 8192
             .sign_access(user, session.id, keygate::clock::now_secs())
             .unwrap();
         (session.id, signed.token)
+    }
+
+    /// What the lean path has declined so far ([`Declines`]).
+    pub async fn declines(&self) -> Declines {
+        Declines::of(&self.metrics().await)
+    }
+
+    /// Asserts that since `before` the lean path declined nothing but
+    /// requests for `allowed` reasons (`not_proxied`: keygate's own
+    /// endpoints, which hyper's path answers): every proxied HTTP/1.1
+    /// request in between was the lean path's. The series must exist, so a
+    /// renamed metric cannot make this pass.
+    pub async fn assert_lean_path_took(&self, before: &Declines, allowed: &[&str], what: &str) {
+        let now = self.declines().await;
+        assert!(
+            !now.0.is_empty(),
+            "{what}: no keygate_fast_path_declined_total series in the metrics"
+        );
+        let unexpected: Vec<(String, u64)> = now
+            .since(before)
+            .0
+            .into_iter()
+            .filter(|(reason, _)| !allowed.contains(&reason.as_str()))
+            .collect();
+        assert!(
+            unexpected.is_empty(),
+            "{what}: the lean path left requests to hyper's: {unexpected:?}"
+        );
     }
 
     pub async fn metrics(&self) -> String {
@@ -714,6 +786,18 @@ impl Relay {
     pub fn restore(&self) {
         self.open.store(true, std::sync::atomic::Ordering::SeqCst);
     }
+}
+
+/// A client for the plain-HTTP listener speaking `wire`: HTTP/1.1, or
+/// HTTP/2 with prior knowledge (h2c).
+pub fn plain_client_over(wire: Wire) -> reqwest::Client {
+    let builder = reqwest::Client::builder().timeout(Duration::from_secs(10));
+    match wire {
+        Wire::Http1 => builder.http1_only(),
+        Wire::Http2 => builder.http2_prior_knowledge(),
+    }
+    .build()
+    .unwrap()
 }
 
 /// A client that trusts the CA `ca` (PEM) and nothing else.
