@@ -548,19 +548,29 @@ max_header_bytes = 8192
     /// Asserts that since `before` the lean path declined nothing but
     /// requests for `allowed` reasons (`not_proxied`: keygate's own
     /// endpoints, which hyper's path answers): every proxied HTTP/1.1
-    /// request in between was the lean path's. The series must exist, so a
-    /// renamed metric cannot make this pass.
+    /// request in between was the lean path's. First a probe shows that the
+    /// lean path reads this gateway's HTTP/1.1 requests at all: a `HEAD`
+    /// (which it leaves to hyper's) must be counted, so a lean path that is
+    /// off or a renamed metric cannot make this pass.
     pub async fn assert_lean_path_took(&self, before: &Declines, allowed: &[&str], what: &str) {
-        let now = self.declines().await;
+        let probe = self
+            .client_over(Wire::Http1)
+            .head(self.https("/lean-path-probe"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(probe.version(), http::Version::HTTP_11);
+        let mut declined = self.declines().await.since(before);
+        let probes = declined.0.entry("method".to_owned()).or_default();
         assert!(
-            !now.0.is_empty(),
-            "{what}: no keygate_fast_path_declined_total series in the metrics"
+            *probes >= 1,
+            "{what}: the lean path did not count the probe's HEAD: is it on?"
         );
-        let unexpected: Vec<(String, u64)> = now
-            .since(before)
+        *probes -= 1;
+        let unexpected: Vec<(String, u64)> = declined
             .0
             .into_iter()
-            .filter(|(reason, _)| !allowed.contains(&reason.as_str()))
+            .filter(|(reason, n)| *n > 0 && !allowed.contains(&reason.as_str()))
             .collect();
         assert!(
             unexpected.is_empty(),
@@ -733,6 +743,26 @@ pub async fn raw_http(addr: SocketAddr, request: &str) -> String {
     stream.write_all(request.as_bytes()).await.unwrap();
     let mut out = Vec::new();
     let _ = tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut out)).await;
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Sends raw bytes over TLS to the gateway's HTTPS listener (an HTTP/1.1
+/// request exactly as written) and returns the raw answer: what arrived
+/// before the connection closed, or within 10 s.
+pub async fn raw_https(gw: &Gateway, request: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let port = gw.running.https.unwrap().port();
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    let server_name = rustls_pki_types::ServerName::try_from("localhost").unwrap();
+    let mut tls = tls_connector(&gw.ca_pem)
+        .connect(server_name, tcp)
+        .await
+        .unwrap();
+    tls.write_all(request.as_bytes()).await.unwrap();
+    let mut out = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(10), tls.read_to_end(&mut out)).await;
     String::from_utf8_lossy(&out).into_owned()
 }
 
