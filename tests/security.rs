@@ -792,6 +792,7 @@ async fn customer_user_cannot_learn_that_another_user_exists() {
     }
 }
 
+/// HTTP/1.1 only: sent byte for byte, as HTTP/1.1 frames it.
 #[tokio::test]
 async fn malformed_chunked_body_is_the_clients_400_not_the_upstreams_502() {
     let (_upstream, gw) = common::gateway("").await;
@@ -813,9 +814,9 @@ async fn activation_link_ignores_a_spoofed_host_header() {
     let (_upstream, gw) = common::gateway("").await;
     let (id, _) = pending_user_with_token(&gw).await;
     let token = sys_admin_token(&gw).await;
-    let link_for = |gw: &Gateway, host: Option<&'static str>| {
+    let link_for = |gw: &Gateway, wire: Wire, host: Option<&'static str>| {
         let mut request = gw
-            .client()
+            .client_over(wire)
             .get(gw.https(&format!("/api/user/{id}/activationLink")))
             .header("X-Authorization", format!("Bearer {token}"));
         if let Some(host) = host {
@@ -825,17 +826,16 @@ async fn activation_link_ignores_a_spoofed_host_header() {
         }
         request.send()
     };
-    let link = link_for(&gw, Some("evil.example"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    assert!(!link.contains("evil.example"), "{link}");
-    assert!(
-        link.starts_with(&format!("https://{}/", gw.running.https.unwrap())),
-        "{link}"
-    );
+    for wire in WIRES {
+        let response = link_for(&gw, wire, Some("evil.example")).await.unwrap();
+        assert_eq!(response.version(), wire.version());
+        let link = response.text().await.unwrap();
+        assert!(!link.contains("evil.example"), "{wire:?}: {link}");
+        assert!(
+            link.starts_with(&format!("https://{}/", gw.running.https.unwrap())),
+            "{wire:?}: {link}"
+        );
+    }
 }
 
 #[tokio::test]
@@ -848,21 +848,18 @@ async fn activation_links_use_the_configured_public_base_url() {
     .await;
     let (id, _) = pending_user_with_token(&gw).await;
     let token = sys_admin_token(&gw).await;
-    let link = get(
-        &gw,
-        &format!("/api/user/{id}/activationLink"),
-        &format!("Bearer {token}"),
-    )
-    .await
-    .text()
-    .await
-    .unwrap();
-    assert!(
-        link.starts_with("https://gw.example.com/api/noauth/activate?activateToken="),
-        "{link}"
-    );
+    for wire in WIRES {
+        let path = format!("/api/user/{id}/activationLink");
+        let response = get_over(&gw, wire, &path, &format!("Bearer {token}")).await;
+        let link = response.text().await.unwrap();
+        assert!(
+            link.starts_with("https://gw.example.com/api/noauth/activate?activateToken="),
+            "{wire:?}: {link}"
+        );
+    }
 }
 
+/// HTTP/1.1 only: sent byte for byte, as HTTP/1.1 frames it.
 #[tokio::test]
 async fn content_length_with_transfer_encoding_is_refused_and_the_connection_closed() {
     let (upstream, gw) = common::gateway("").await;
@@ -882,6 +879,7 @@ async fn content_length_with_transfer_encoding_is_refused_and_the_connection_clo
     assert!(upstream.requests().is_empty());
 }
 
+/// HTTP/1.1 only: sent byte for byte, as HTTP/1.1 frames it.
 #[tokio::test]
 async fn a_plain_chunked_request_still_passes_the_framing_check() {
     let (upstream, gw) = common::gateway("").await;
@@ -945,6 +943,7 @@ async fn switching_upstream() -> (
     (addr, seen)
 }
 
+/// HTTP/1.1 only: sent byte for byte, as HTTP/1.1 frames it.
 #[tokio::test]
 async fn upstream_101_on_a_plain_request_is_a_502_and_the_pipelined_request_after_it_is_answered() {
     let (upstream, seen) = switching_upstream().await;
