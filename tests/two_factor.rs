@@ -194,7 +194,20 @@ async fn check_over(
 }
 
 async fn current_user(gw: &Gateway, token: &str) -> reqwest::Response {
-    send(gw, reqwest::Method::GET, "/api/auth/user", token, None).await
+    current_user_over(Wire::Http2, gw, token).await
+}
+
+/// [`current_user`] over `wire`.
+async fn current_user_over(wire: Wire, gw: &Gateway, token: &str) -> reqwest::Response {
+    send_over(
+        wire,
+        gw,
+        reqwest::Method::GET,
+        "/api/auth/user",
+        token,
+        None,
+    )
+    .await
 }
 
 // --- the flow --------------------------------------------------------------------
@@ -202,10 +215,19 @@ async fn current_user(gw: &Gateway, token: &str) -> reqwest::Response {
 #[tokio::test]
 async fn totp_login_answers_a_pre_verification_token_then_the_pair_for_a_current_code() {
     let (_up, gw) = common::gateway("").await;
-    gw.user("totp@example.com", Authority::TenantAdmin).await;
-    let token = token_of(&gw, "totp@example.com").await;
-    let providers: Value = send(
-        &gw,
+    for wire in WIRES {
+        let email = format!("totp-{wire:?}@example.com").to_lowercase();
+        gw.user(&email, Authority::TenantAdmin).await;
+        totp_login_over(wire, &gw, &email).await;
+    }
+}
+
+/// `email` configures TOTP and logs in with it, every step over `wire`.
+async fn totp_login_over(wire: Wire, gw: &Gateway, email: &str) {
+    let token = token_of(gw, email).await;
+    let providers: Value = send_over(
+        wire,
+        gw,
         reqwest::Method::GET,
         "/api/2fa/providers",
         &token,
@@ -216,11 +238,12 @@ async fn totp_login_answers_a_pre_verification_token_then_the_pair_for_a_current
     .await
     .unwrap();
     assert_eq!(providers, json!(["TOTP", "BACKUP_CODE"]));
-    let (secret, saved_step) = configure_totp(&gw, &token).await;
+    let (secret, saved_step) = configure_totp(gw, &token).await;
 
     // The secret is shown once: the settings say TOTP is there, and no more.
-    let settings = send(
-        &gw,
+    let settings = send_over(
+        wire,
+        gw,
         reqwest::Method::GET,
         "/api/2fa/account/settings",
         &token,
@@ -234,7 +257,7 @@ async fn totp_login_answers_a_pre_verification_token_then_the_pair_for_a_current
     assert!(!settings.contains("authUrl"), "{settings}");
     assert!(settings.contains("\"TOTP\""), "{settings}");
 
-    let pre = pre_token(&gw, "totp@example.com").await;
+    let pre = pre_token(gw, email).await;
     let pre_claims = claims(&pre);
     assert_eq!(pre_claims["scopes"], json!(["PRE_VERIFICATION_TOKEN"]));
     assert_eq!(
@@ -242,8 +265,9 @@ async fn totp_login_answers_a_pre_verification_token_then_the_pair_for_a_current
         300,
         "five minutes by default"
     );
-    let infos: Value = send(
-        &gw,
+    let infos: Value = send_over(
+        wire,
+        gw,
         reqwest::Method::GET,
         "/api/auth/2fa/providers",
         &pre,
@@ -255,8 +279,9 @@ async fn totp_login_answers_a_pre_verification_token_then_the_pair_for_a_current
     .unwrap();
     assert_eq!(infos[0]["type"], "TOTP");
     assert_eq!(infos[0]["default"], true);
-    let sent = send(
-        &gw,
+    let sent = send_over(
+        wire,
+        gw,
         reqwest::Method::POST,
         "/api/auth/2fa/verification/send?providerType=TOTP",
         &pre,
@@ -266,16 +291,16 @@ async fn totp_login_answers_a_pre_verification_token_then_the_pair_for_a_current
     assert_eq!(sent.status(), 200);
 
     // The code that saved the secret was used; the next step's is fresh.
-    let response = check(&gw, &pre, "TOTP", &totp_at(&secret, saved_step + 1)).await;
+    let response = check_over(wire, gw, &pre, "TOTP", &totp_at(&secret, saved_step + 1)).await;
     assert_eq!(response.status(), 200);
     let pair: Value = response.json().await.unwrap();
     let access = pair["token"].as_str().unwrap();
     assert!(pair["refreshToken"].is_string());
     assert_eq!(claims(access)["scopes"], json!(["TENANT_ADMIN"]));
-    assert_eq!(current_user(&gw, access).await.status(), 200);
+    assert_eq!(current_user_over(wire, gw, access).await.status(), 200);
 
     // The attempt is over: its token gets nothing more.
-    let again = check(&gw, &pre, "TOTP", &totp_at(&secret, saved_step + 2)).await;
+    let again = check_over(wire, gw, &pre, "TOTP", &totp_at(&secret, saved_step + 2)).await;
     assert_eq!(again.status(), 401);
 }
 
@@ -442,17 +467,21 @@ async fn guessing_codes_ends_the_pre_verification_token() {
     } else {
         "000000"
     };
-    for _ in 0..2 {
-        let (status, _) = error_body(check(&gw, &pre, "TOTP", wrong).await).await;
-        assert_eq!(status, 400);
+    // The wires take turns: one token, one count of guesses.
+    for wire in WIRES {
+        let (status, _) = error_body(check_over(wire, &gw, &pre, "TOTP", wrong).await).await;
+        assert_eq!(status, 400, "{wire:?}");
     }
-    let (status, body) = error_body(check(&gw, &pre, "TOTP", wrong).await).await;
+    let (status, body) = error_body(check_over(Wire::Http1, &gw, &pre, "TOTP", wrong).await).await;
     assert_eq!(status, 401, "{body}");
-    let (status, _) = error_body(check(&gw, &pre, "TOTP", &right).await).await;
-    assert_eq!(status, 401, "the right code comes too late");
+    for wire in WIRES {
+        let (status, _) = error_body(check_over(wire, &gw, &pre, "TOTP", &right).await).await;
+        assert_eq!(status, 401, "{wire:?}: the right code comes too late");
+    }
     // The owner logs in again and gets in.
     let fresh = pre_token(&gw, "guess@example.com").await;
-    assert_eq!(check(&gw, &fresh, "TOTP", &right).await.status(), 200);
+    let response = check_over(Wire::Http1, &gw, &fresh, "TOTP", &right).await;
+    assert_eq!(response.status(), 200);
 }
 
 #[tokio::test]
@@ -471,12 +500,19 @@ async fn code_guesses_are_limited_per_account_and_address() {
     } else {
         "000000"
     };
-    for _ in 0..3 {
-        assert_eq!(check(&gw, &pre, "TOTP", wrong).await.status(), 400);
+    // The wires take turns: one account and address, one window.
+    for n in 0..3 {
+        let response = check_over(WIRES[n % 2], &gw, &pre, "TOTP", wrong).await;
+        assert_eq!(response.status(), 400, "{:?}", WIRES[n % 2]);
     }
-    let response = check(&gw, &pre, "TOTP", &right).await;
-    let (status, _) = error_body(response).await;
-    assert_eq!(status, 429, "even the right code waits for the window");
+    for wire in WIRES {
+        let response = check_over(wire, &gw, &pre, "TOTP", &right).await;
+        let (status, _) = error_body(response).await;
+        assert_eq!(
+            status, 429,
+            "{wire:?}: even the right code waits for the window"
+        );
+    }
 }
 
 #[tokio::test]
@@ -508,8 +544,9 @@ async fn backup_code_is_single_use_and_reports_codes_left() {
     configure_totp(&gw, &token).await;
     let codes = configure_backup_codes(&gw, &token).await;
 
+    // Used over HTTP/1.1, gone over either wire.
     let pre = pre_token(&gw, "backup@example.com").await;
-    let response = check(&gw, &pre, "BACKUP_CODE", &codes[3]).await;
+    let response = check_over(Wire::Http1, &gw, &pre, "BACKUP_CODE", &codes[3]).await;
     assert_eq!(response.status(), 200);
     let pair: Value = response.json().await.unwrap();
     assert_eq!(pair["codesLeft"], 9);
@@ -520,11 +557,15 @@ async fn backup_code_is_single_use_and_reports_codes_left() {
         200
     );
     let pre = pre_token(&gw, "backup@example.com").await;
-    assert_eq!(
-        check(&gw, &pre, "BACKUP_CODE", &codes[3]).await.status(),
-        400,
-        "a used code is gone"
-    );
+    for wire in WIRES {
+        assert_eq!(
+            check_over(wire, &gw, &pre, "BACKUP_CODE", &codes[3])
+                .await
+                .status(),
+            400,
+            "{wire:?}: a used code is gone"
+        );
+    }
     let settings: Value = send(
         &gw,
         reqwest::Method::GET,
