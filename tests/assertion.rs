@@ -1,7 +1,8 @@
 //! The `assertion` identity mode end to end: the real server on port 0, the
 //! reference entity service verifying every assertion against keygate's own
 //! JWKS (or a recording upstream, where a test must see exactly what
-//! arrived).
+//! arrived). A behaviour of requests runs its one body over both wires
+//! ([`common::WIRES`]): HTTP/1.1 through the lean path, and HTTP/2.
 
 mod common;
 
@@ -18,7 +19,9 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 
-use common::{Gateway, PASSWORD, Upstream, api_key_header, wait_until};
+use common::{
+    Gateway, PASSWORD, Upstream, WIRES, Wire, api_key_header, plain_client_over, wait_until,
+};
 
 /// The assertion settings of every test: the JWKS cached 2 s, so a
 /// rotation reaches a replica within a second; the `checked` route (the
@@ -115,14 +118,20 @@ async fn verify(gw: &Gateway, token: &str) -> Value {
 /// `GET /api/echo` through keygate with `credential`; the reference's
 /// description of what it received (it answered only after verifying).
 async fn echo(gw: &Gateway, credential: &str) -> Value {
+    echo_over(gw, Wire::Http2, credential).await
+}
+
+/// [`echo`] over `wire`.
+async fn echo_over(gw: &Gateway, wire: Wire, credential: &str) -> Value {
     let response = gw
-        .client()
+        .client_over(wire)
         .get(gw.https("/api/echo"))
         .header("X-Authorization", credential)
         .send()
         .await
         .unwrap();
-    assert_eq!(response.status(), 200);
+    assert_eq!(response.version(), wire.version());
+    assert_eq!(response.status(), 200, "{wire:?}");
     response.json().await.unwrap()
 }
 
@@ -144,8 +153,39 @@ async fn an_assertion_route_sends_a_signed_assertion_that_verifies_against_the_j
         .user("asserted@example.com", Authority::TenantAdmin)
         .await;
     let (key_id, key) = gw.api_key(&user, 0).await;
-    let described = echo(&gw, &api_key_header(&key)).await;
-    let claims = verify(&gw, &assertion_of(&described)).await;
+    for wire in WIRES {
+        let declines = gw.declines().await;
+        let (session_id, token) = gw.access_token(&user).await;
+        signed_for_each_credential(&gw, wire, &user, (key_id, &key), (session_id, &token)).await;
+        // The JWKS fetches are keygate's own endpoint, hyper's.
+        gw.assert_lean_path_took(&declines, &["not_proxied"], &format!("{wire:?}"))
+            .await;
+    }
+
+    // The upstream itself refuses a request that did not come through keygate.
+    let around = reqwest::Client::new()
+        .get(format!("{upstream}/api/echo"))
+        .header("X-Auth-User-Id", user.id.to_string())
+        .header("X-Auth-Tenant-Id", user.tenant_id.to_string())
+        .header("X-Auth-Authority", "TENANT_ADMIN")
+        .header("X-Auth-Assertion", "eyJhbGciOiJub25lIn0.e30.")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(around.status(), 401);
+}
+
+/// Over `wire`, a request with the key and one with the session's token
+/// each carry an assertion of `user` that verifies.
+async fn signed_for_each_credential(
+    gw: &Gateway,
+    wire: Wire,
+    user: &keygate::store::UserRecord,
+    (key_id, key): (uuid::Uuid, &str),
+    (session_id, token): (uuid::Uuid, &str),
+) {
+    let described = echo_over(gw, wire, &api_key_header(key)).await;
+    let claims = verify(gw, &assertion_of(&described)).await;
     assert_eq!(claims["iss"], "https://gw.example");
     assert_eq!(claims["aud"], "checked");
     assert_eq!(claims["sub"], user.id.to_string());
@@ -164,24 +204,11 @@ async fn an_assertion_route_sends_a_signed_assertion_that_verifies_against_the_j
     // The headers still travel beside it.
     assert_eq!(described["headers"]["x-auth-user-id"], user.id.to_string());
 
-    let (session_id, token) = gw.access_token(&user).await;
-    let described = echo(&gw, &format!("Bearer {token}")).await;
-    let claims = verify(&gw, &assertion_of(&described)).await;
-    assert_eq!(claims["auth_method"], "jwt");
+    let described = echo_over(gw, wire, &format!("Bearer {token}")).await;
+    let claims = verify(gw, &assertion_of(&described)).await;
+    assert_eq!(claims["auth_method"], "jwt", "{wire:?}");
     assert_eq!(claims["session_id"], session_id.to_string());
     assert!(claims.get("key_id").is_none());
-
-    // The upstream itself refuses a request that did not come through keygate.
-    let around = reqwest::Client::new()
-        .get(format!("{upstream}/api/echo"))
-        .header("X-Auth-User-Id", user.id.to_string())
-        .header("X-Auth-Tenant-Id", user.tenant_id.to_string())
-        .header("X-Auth-Authority", "TENANT_ADMIN")
-        .header("X-Auth-Assertion", "eyJhbGciOiJub25lIn0.e30.")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(around.status(), 401);
 }
 
 #[tokio::test]
@@ -209,18 +236,17 @@ async fn a_scoped_keys_assertion_carries_its_grants_and_an_unscoped_one_none() {
     let created: Value = response.json().await.unwrap();
     let scoped = created["value"].as_str().unwrap().to_owned();
 
-    let claims = verify(
-        &gw,
-        &assertion_of(&echo(&gw, &api_key_header(&scoped)).await),
-    )
-    .await;
-    assert_eq!(claims["scopes"], grants, "the upstream can narrow further");
-    let claims = verify(
-        &gw,
-        &assertion_of(&echo(&gw, &api_key_header(&whole)).await),
-    )
-    .await;
-    assert!(claims.get("scopes").is_none(), "{claims}");
+    for wire in WIRES {
+        let described = echo_over(&gw, wire, &api_key_header(&scoped)).await;
+        let claims = verify(&gw, &assertion_of(&described)).await;
+        assert_eq!(
+            claims["scopes"], grants,
+            "{wire:?}: the upstream can narrow further"
+        );
+        let described = echo_over(&gw, wire, &api_key_header(&whole)).await;
+        let claims = verify(&gw, &assertion_of(&described)).await;
+        assert!(claims.get("scopes").is_none(), "{wire:?}: {claims}");
+    }
 }
 
 #[tokio::test]
@@ -229,17 +255,22 @@ async fn a_client_sent_x_auth_assertion_never_reaches_an_upstream() {
     let gw = Gateway::start(&upstream.url(), &checked_route(&upstream.url())).await;
     let user = gw.user("forger@example.com", Authority::TenantAdmin).await;
     let (_, key) = gw.api_key(&user, 0).await;
-    for path in ["/api/plain/x", "/api/checked/x", "/api/noauth/x"] {
+    let paths = ["/api/plain/x", "/api/checked/x", "/api/noauth/x"];
+    for (wire, path) in WIRES
+        .into_iter()
+        .flat_map(|wire| paths.map(|path| (wire, path)))
+    {
         for spelling in ["X-Auth-Assertion", "x_auth_assertion", "X.Auth.Assertion"] {
             let response = gw
-                .client()
+                .client_over(wire)
                 .get(gw.https(path))
                 .header("X-Authorization", api_key_header(&key))
                 .header(spelling, "forged.assertion.value")
                 .send()
                 .await
                 .unwrap();
-            assert_eq!(response.status(), 200, "{path} {spelling}");
+            assert_eq!(response.version(), wire.version());
+            assert_eq!(response.status(), 200, "{wire:?} {path} {spelling}");
             let seen = upstream.last_to(path);
             let folded: Vec<(String, String)> = seen
                 .headers
@@ -252,12 +283,12 @@ async fn a_client_sent_x_auth_assertion_never_reaches_an_upstream() {
                 .map(|(name, value)| (name.to_string(), value.to_str().unwrap().to_owned()))
                 .collect();
             if path == "/api/checked/x" {
-                assert_eq!(folded.len(), 1, "{path} {spelling}: {folded:?}");
+                assert_eq!(folded.len(), 1, "{wire:?} {path} {spelling}: {folded:?}");
                 assert_eq!(folded[0].0, "x-auth-assertion");
                 assert_ne!(folded[0].1, "forged.assertion.value");
                 assert_eq!(folded[0].1.split('.').count(), 3);
             } else {
-                assert!(folded.is_empty(), "{path} {spelling}: {folded:?}");
+                assert!(folded.is_empty(), "{wire:?} {path} {spelling}: {folded:?}");
             }
         }
     }
@@ -266,12 +297,17 @@ async fn a_client_sent_x_auth_assertion_never_reaches_an_upstream() {
 #[tokio::test]
 async fn the_jwks_never_contains_private_key_material() {
     let (_up, gw) = common::gateway("[assertion]\njwks_max_age = \"90s\"\n").await;
-    for url in [
-        gw.http("/.well-known/jwks.json"),
-        gw.https("/.well-known/jwks.json"),
-    ] {
-        let response = gw.client().get(&url).send().await.unwrap();
-        assert_eq!(response.status(), 200, "{url}");
+    let over = |wire: Wire| {
+        [
+            (plain_client_over(wire), gw.http("/.well-known/jwks.json")),
+            (gw.client_over(wire), gw.https("/.well-known/jwks.json")),
+        ]
+        .map(move |(client, url)| (wire, client, url))
+    };
+    for (wire, client, url) in WIRES.into_iter().flat_map(over) {
+        let response = client.get(&url).send().await.unwrap();
+        assert_eq!(response.version(), wire.version());
+        assert_eq!(response.status(), 200, "{wire:?} {url}");
         let headers = response.headers();
         assert_eq!(headers["content-type"], "application/json");
         assert_eq!(headers["cache-control"], "public, max-age=90");
@@ -333,8 +369,9 @@ async fn the_assertion_is_reused_until_most_of_its_lifetime_is_spent() {
     let gw = verified("").await;
     let user = gw.user("reused@example.com", Authority::TenantAdmin).await;
     let (_, key) = gw.api_key(&user, 0).await;
-    let first = assertion_of(&echo(&gw, &api_key_header(&key)).await);
-    let second = assertion_of(&echo(&gw, &api_key_header(&key)).await);
+    // Issued over one wire, reused over the other: one cache behind both.
+    let first = assertion_of(&echo_over(&gw, Wire::Http1, &api_key_header(&key)).await);
+    let second = assertion_of(&echo_over(&gw, Wire::Http2, &api_key_header(&key)).await);
     assert_eq!(first, second);
     let metrics = gw.metrics().await;
     assert_eq!(
@@ -404,84 +441,77 @@ async fn a_disabled_key_a_logout_and_a_password_change_stop_the_next_request_on_
     );
     let gw = Gateway::start(&upstream.url(), &extra).await;
     let user = gw.user("revoked@example.com", Authority::TenantAdmin).await;
-    let get = |credential: String| {
-        gw.client()
-            .get(gw.https("/api/checked/x"))
-            .header("X-Authorization", credential)
-            .send()
-    };
     let login = || async {
         let response = gw.login("revoked@example.com", PASSWORD).await;
         assert_eq!(response.status(), 200);
         let body: Value = response.json().await.unwrap();
         body["token"].as_str().unwrap().to_owned()
     };
-    // Each credential's assertion is issued, then reused, then the
-    // credential dies: the next request is refused before the upstream.
+    let bearer = |token: &str| format!("Bearer {token}");
     let (key_id, key) = gw.api_key(&user, 0).await;
     let admin_token = login().await;
-    for _ in 0..2 {
-        assert_eq!(get(api_key_header(&key)).await.unwrap().status(), 200);
-    }
-    let disabled = gw
+    let disable = gw
         .client()
         .put(gw.https(&format!("/api/apiKey/{key_id}/enabled/false")))
-        .header("X-Authorization", format!("Bearer {admin_token}"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(disabled.status(), 200);
-    let arrived = upstream.arrived();
-    let (status, _) = common::error_body(get(api_key_header(&key)).await.unwrap()).await;
-    assert_eq!(status, 401);
-    assert_eq!(
-        upstream.arrived(),
-        arrived,
-        "a disabled key reached the upstream"
-    );
+        .header("X-Authorization", bearer(&admin_token));
+    let credential = api_key_header(&key);
+    serves_then_refuses(&gw, &upstream, &credential, disable, "a disabled key").await;
 
     let token = login().await;
-    for _ in 0..2 {
-        assert_eq!(get(format!("Bearer {token}")).await.unwrap().status(), 200);
-    }
     let logout = gw
         .client()
         .post(gw.https("/api/auth/logout"))
-        .header("X-Authorization", format!("Bearer {token}"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(logout.status(), 200);
-    let arrived = upstream.arrived();
-    let (status, _) = common::error_body(get(format!("Bearer {token}")).await.unwrap()).await;
-    assert_eq!(status, 401);
-    assert_eq!(
-        upstream.arrived(),
-        arrived,
-        "a logged-out token reached the upstream"
-    );
+        .header("X-Authorization", bearer(&token));
+    serves_then_refuses(
+        &gw,
+        &upstream,
+        &bearer(&token),
+        logout,
+        "a logged-out token",
+    )
+    .await;
 
     let token = login().await;
-    for _ in 0..2 {
-        assert_eq!(get(format!("Bearer {token}")).await.unwrap().status(), 200);
-    }
-    let changed = gw
+    let change = gw
         .client()
         .post(gw.https("/api/auth/changePassword"))
-        .header("X-Authorization", format!("Bearer {token}"))
-        .json(&json!({ "currentPassword": PASSWORD, "newPassword": "a-brand-new-password" }))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(changed.status(), 200);
+        .header("X-Authorization", bearer(&token))
+        .json(&json!({ "currentPassword": PASSWORD, "newPassword": "a-brand-new-password" }));
+    serves_then_refuses(&gw, &upstream, &bearer(&token), change, "an outdated token").await;
+}
+
+/// `credential`'s assertion on the `checked` route is issued (over
+/// HTTP/1.1), then reused (over HTTP/2); then `kill` ends the credential,
+/// and the next request over either wire is refused before the upstream.
+async fn serves_then_refuses(
+    gw: &Gateway,
+    upstream: &Upstream,
+    credential: &str,
+    kill: reqwest::RequestBuilder,
+    what: &str,
+) {
+    let get = |wire: Wire| {
+        gw.client_over(wire)
+            .get(gw.https("/api/checked/x"))
+            .header("X-Authorization", credential)
+            .send()
+    };
+    for wire in WIRES {
+        let response = get(wire).await.unwrap();
+        assert_eq!(response.version(), wire.version());
+        assert_eq!(response.status(), 200, "{wire:?}: {what} while alive");
+    }
+    assert_eq!(kill.send().await.unwrap().status(), 200, "{what}");
     let arrived = upstream.arrived();
-    let (status, _) = common::error_body(get(format!("Bearer {token}")).await.unwrap()).await;
-    assert_eq!(status, 401);
-    assert_eq!(
-        upstream.arrived(),
-        arrived,
-        "an outdated token reached the upstream"
-    );
+    for wire in WIRES {
+        let response = get(wire).await.unwrap();
+        assert_eq!(
+            common::error_body(response).await.0,
+            401,
+            "{wire:?}: {what}"
+        );
+    }
+    assert_eq!(upstream.arrived(), arrived, "{what} reached the upstream");
 }
 
 #[tokio::test]

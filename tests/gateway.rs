@@ -1,8 +1,11 @@
 //! End to end: the real server on port 0 in front of a recording upstream.
+//! Each behaviour's one body runs over both wires ([`common::WIRES`]):
+//! HTTP/1.1, which the lean path serves, and HTTP/2; a test that is about one
+//! wire says so.
 
 mod common;
 
-use common::{Gateway, Upstream, error_body, raw_http};
+use common::{Gateway, Upstream, WIRES, Wire, error_body, plain_client_over, raw_http};
 use keygate::identity::Authority;
 
 #[tokio::test]
@@ -10,15 +13,33 @@ async fn api_key_over_https_reaches_upstream_with_verified_identity_and_without_
     let (upstream, gw) = common::gateway("").await;
     let user = gw.user("tenant@example.com", Authority::TenantAdmin).await;
     let (key_id, key) = gw.api_key(&user, 0).await;
-    let response = gw
-        .client()
-        .get(gw.https("/api/tenant/devices?pageSize=10&page=0"))
-        .header("X-Authorization", common::api_key_header(&key))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), 200);
-    assert!(response.headers().contains_key("x-request-id"));
+    for wire in WIRES {
+        let declines = gw.declines().await;
+        let response = gw
+            .client_over(wire)
+            .get(gw.https("/api/tenant/devices?pageSize=10&page=0"))
+            .header("X-Authorization", common::api_key_header(&key))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.version(), wire.version());
+        assert_eq!(response.status(), 200, "{wire:?}");
+        gw.assert_lean_path_took(&declines, &[], &format!("{wire:?}"))
+            .await;
+        forwarded_with_verified_identity(&upstream, &user, key_id, &key, response, wire);
+    }
+}
+
+/// What a request with `key` over `wire` brought to `upstream` and back.
+fn forwarded_with_verified_identity(
+    upstream: &Upstream,
+    user: &keygate::store::UserRecord,
+    key_id: uuid::Uuid,
+    key: &str,
+    response: reqwest::Response,
+    wire: Wire,
+) {
+    assert!(response.headers().contains_key("x-request-id"), "{wire:?}");
     assert!(
         !response.headers().contains_key("x-upstream-private"),
         "hop-by-hop removed on the way back"
@@ -55,8 +76,8 @@ async fn api_key_over_https_reaches_upstream_with_verified_identity_and_without_
     assert_eq!(hosts, [upstream.addr.to_string().as_str()]);
     for (name, value) in h {
         assert!(
-            !value.to_str().unwrap_or("").contains(&key),
-            "key leaked in {name}"
+            !value.to_str().unwrap_or("").contains(key),
+            "{wire:?}: key leaked in {name}"
         );
     }
 }
@@ -66,28 +87,35 @@ async fn api_key_over_plain_http_is_refused_and_not_forwarded() {
     let (upstream, gw) = common::gateway("").await;
     let user = gw.user("plain@example.com", Authority::TenantAdmin).await;
     let (_, key) = gw.api_key(&user, 0).await;
-    let response = reqwest::Client::new()
-        .get(gw.http("/api/tenant/devices"))
-        .header("X-Authorization", common::api_key_header(&key))
-        .send()
-        .await
-        .unwrap();
-    let (status, json) = error_body(response).await;
-    assert_eq!(status, 403);
-    assert_eq!(json["errorCode"], 20);
-    assert_eq!(json["message"], "API keys are accepted only over HTTPS");
-    assert!(upstream.requests().is_empty(), "nothing was forwarded");
-    // Even an unknown key is refused the same way: no lookup happens first.
-    let response = reqwest::Client::new()
-        .get(gw.http("/api/x"))
-        .header("X-Authorization", "ApiKey tb_unknown")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), 403);
+    for wire in WIRES {
+        let client = plain_client_over(wire);
+        let response = client
+            .get(gw.http("/api/tenant/devices"))
+            .header("X-Authorization", common::api_key_header(&key))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.version(), wire.version());
+        let (status, json) = error_body(response).await;
+        assert_eq!(status, 403, "{wire:?}");
+        assert_eq!(json["errorCode"], 20);
+        assert_eq!(json["message"], "API keys are accepted only over HTTPS");
+        assert!(
+            upstream.requests().is_empty(),
+            "{wire:?}: nothing was forwarded"
+        );
+        // Even an unknown key is refused the same way: no lookup happens first.
+        let response = client
+            .get(gw.http("/api/x"))
+            .header("X-Authorization", "ApiKey tb_unknown")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 403, "{wire:?}");
+    }
     let metrics = gw.metrics().await;
     assert!(
-        metrics.contains(r#"keygate_auth_total{method="api-key",result="plaintext_refused"} 2"#),
+        metrics.contains(r#"keygate_auth_total{method="api-key",result="plaintext_refused"} 4"#),
         "{metrics}"
     );
 }
@@ -97,9 +125,13 @@ async fn spoofed_identity_headers_never_reach_upstream() {
     let (upstream, gw) = common::gateway("").await;
     let user = gw.user("spoof@example.com", Authority::CustomerUser).await;
     let (_, key) = gw.api_key(&user, 0).await;
-    let client = gw.client();
-    for path in ["/api/devices", "/api/noauth/echo"] {
-        let response = client
+    for (wire, path) in WIRES
+        .into_iter()
+        .flat_map(|wire| [(wire, "/api/devices"), (wire, "/api/noauth/echo")])
+    {
+        let declines = gw.declines().await;
+        let response = gw
+            .client_over(wire)
             .get(gw.https(path))
             .header("X-Authorization", common::api_key_header(&key))
             .header("X-Auth-User-Id", "00000000-0000-0000-0000-000000000001")
@@ -110,7 +142,10 @@ async fn spoofed_identity_headers_never_reach_upstream() {
             .send()
             .await
             .unwrap();
-        assert_eq!(response.status(), 200, "{path}");
+        assert_eq!(response.status(), 200, "{wire:?} {path}");
+        assert_eq!(response.version(), wire.version());
+        gw.assert_lean_path_took(&declines, &[], &format!("{wire:?} {path}"))
+            .await;
         let h = upstream.last().headers;
         let reserved: Vec<_> = h
             .iter()
@@ -118,7 +153,10 @@ async fn spoofed_identity_headers_never_reach_upstream() {
             .map(|(n, v)| format!("{n}: {v:?}"))
             .collect();
         if path.starts_with("/api/noauth/") {
-            assert!(reserved.is_empty(), "public route kept {reserved:?}");
+            assert!(
+                reserved.is_empty(),
+                "{wire:?}: public route kept {reserved:?}"
+            );
             assert!(!h.contains_key("x-authorization"));
         } else {
             assert_eq!(h["x-auth-user-id"], user.id.to_string());
@@ -130,6 +168,8 @@ async fn spoofed_identity_headers_never_reach_upstream() {
     }
 }
 
+/// HTTP/1.1 only: HTTP/2 has no `Connection` header (a request carrying one
+/// is malformed there).
 #[tokio::test]
 async fn connection_header_cannot_drop_the_injected_identity() {
     let (upstream, gw) = common::gateway("").await;
@@ -160,25 +200,31 @@ async fn disabled_deleted_and_expired_keys_are_refused() {
     let (deleted_id, deleted) = gw.api_key(&user, 0).await;
     let _ = store.delete_api_key(deleted_id).await.unwrap();
     let (_, expired) = gw.api_key(&user, keygate::clock::now_ms() - 1000).await;
-    let client = gw.client();
-    for (key, message) in [
-        (disabled, "User account is not active"),
-        (deleted, "Invalid username or password"),
-        (expired, "API key is expired"),
-    ] {
-        let response = client
-            .get(gw.https("/api/devices"))
-            .header("X-Authorization", common::api_key_header(&key))
-            .send()
-            .await
-            .unwrap();
-        let (status, json) = error_body(response).await;
-        assert_eq!(
-            (status, json["errorCode"].as_u64()),
-            (401, Some(10)),
-            "{json}"
-        );
-        assert_eq!(json["message"], message);
+    for wire in WIRES {
+        let client = gw.client_over(wire);
+        let declines = gw.declines().await;
+        for (key, message) in [
+            (&disabled, "User account is not active"),
+            (&deleted, "Invalid username or password"),
+            (&expired, "API key is expired"),
+        ] {
+            let response = client
+                .get(gw.https("/api/devices"))
+                .header("X-Authorization", common::api_key_header(key))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(response.version(), wire.version());
+            let (status, json) = error_body(response).await;
+            assert_eq!(
+                (status, json["errorCode"].as_u64()),
+                (401, Some(10)),
+                "{wire:?}: {json}"
+            );
+            assert_eq!(json["message"], message, "{wire:?}");
+        }
+        gw.assert_lean_path_took(&declines, &[], &format!("{wire:?}"))
+            .await;
     }
     assert!(upstream.requests().is_empty());
 }
@@ -186,31 +232,43 @@ async fn disabled_deleted_and_expired_keys_are_refused() {
 #[tokio::test]
 async fn key_of_a_disabled_user_is_refused_at_once_on_this_replica() {
     let (_upstream, gw) = common::gateway("").await;
-    let user = gw.user("gone@example.com", Authority::TenantAdmin).await;
-    let (_, key) = gw.api_key(&user, 0).await;
-    let client = gw.client();
-    let send = || {
-        client
-            .get(gw.https("/api/devices"))
-            .header("X-Authorization", common::api_key_header(&key))
-            .send()
-    };
-    assert_eq!(send().await.unwrap().status(), 200);
-    // Applied below by hand, as the revocation path would.
-    let _ = gw
-        .running
-        .store
-        .set_user_enabled(user.id, false, keygate::clock::now_secs())
-        .await
-        .unwrap();
-    gw.running
-        .app
-        .authenticator()
-        .caches()
-        .invalidate_user(user.id);
-    let (status, json) = error_body(send().await.unwrap()).await;
-    assert_eq!(status, 401);
-    assert_eq!(json["message"], "User account is not active");
+    for wire in WIRES {
+        let user = gw
+            .user(
+                &format!("gone-{wire:?}@example.com"),
+                Authority::TenantAdmin,
+            )
+            .await;
+        let (_, key) = gw.api_key(&user, 0).await;
+        let client = gw.client_over(wire);
+        let send = || {
+            client
+                .get(gw.https("/api/devices"))
+                .header("X-Authorization", common::api_key_header(&key))
+                .send()
+        };
+        let declines = gw.declines().await;
+        assert_eq!(send().await.unwrap().status(), 200, "{wire:?}");
+        // Applied below by hand, as the revocation path would.
+        let _ = gw
+            .running
+            .store
+            .set_user_enabled(user.id, false, keygate::clock::now_secs())
+            .await
+            .unwrap();
+        gw.running
+            .app
+            .authenticator()
+            .caches()
+            .invalidate_user(user.id);
+        let response = send().await.unwrap();
+        assert_eq!(response.version(), wire.version());
+        let (status, json) = error_body(response).await;
+        assert_eq!(status, 401, "{wire:?}");
+        assert_eq!(json["message"], "User account is not active");
+        gw.assert_lean_path_took(&declines, &[], &format!("{wire:?}"))
+            .await;
+    }
 }
 
 #[tokio::test]
@@ -239,91 +297,119 @@ async fn forged_expired_and_refresh_tokens_are_refused_with_contract_codes() {
         .token;
     let payload = good.split('.').nth(1).unwrap();
     let alg_none = format!("{}.{payload}.", b64.encode(br#"{"alg":"none"}"#));
-    let client = gw.client();
-    for (token, code, message) in [
-        (wrong_key, 11, "Token has expired"),
-        (expired, 11, "Token has expired"),
-        (alg_none, 10, "Invalid username or password"),
-        (refresh, 10, "Invalid username or password"),
-    ] {
-        let response = client
+    for wire in WIRES {
+        let client = gw.client_over(wire);
+        let declines = gw.declines().await;
+        for (token, code, message) in [
+            (&wrong_key, 11, "Token has expired"),
+            (&expired, 11, "Token has expired"),
+            (&alg_none, 10, "Invalid username or password"),
+            (&refresh, 10, "Invalid username or password"),
+        ] {
+            let response = client
+                .get(gw.https("/api/devices"))
+                .header("X-Authorization", format!("Bearer {token}"))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(response.version(), wire.version());
+            let (status, json) = error_body(response).await;
+            assert_eq!(
+                (status, json["errorCode"].as_u64()),
+                (401, Some(code)),
+                "{wire:?}: {json}"
+            );
+            assert_eq!(json["message"], message, "{wire:?}");
+        }
+        assert!(upstream.requests().is_empty(), "{wire:?}");
+        let ok = client
             .get(gw.https("/api/devices"))
-            .header("X-Authorization", format!("Bearer {token}"))
+            .header("Authorization", format!("Bearer {good}"))
             .send()
             .await
             .unwrap();
-        let (status, json) = error_body(response).await;
-        assert_eq!(
-            (status, json["errorCode"].as_u64()),
-            (401, Some(code)),
-            "{json}"
-        );
-        assert_eq!(json["message"], message);
+        assert_eq!(ok.status(), 200, "{wire:?}");
+        upstream.last_to("/api/devices");
+        upstream.seen.lock().unwrap().clear();
+        gw.assert_lean_path_took(&declines, &[], &format!("{wire:?}"))
+            .await;
     }
-    assert!(upstream.requests().is_empty());
-    let ok = client
-        .get(gw.https("/api/devices"))
-        .header("Authorization", format!("Bearer {good}"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(ok.status(), 200);
 }
 
 #[tokio::test]
 async fn logged_out_session_token_is_refused() {
     let (_upstream, gw) = common::gateway("").await;
     let user = gw.user("logout@example.com", Authority::TenantAdmin).await;
-    let (session_id, token) = gw.access_token(&user).await;
-    let client = gw.client();
-    let send = || {
-        client
-            .get(gw.https("/api/devices"))
-            .header("X-Authorization", format!("Bearer {token}"))
-            .send()
-    };
-    assert_eq!(send().await.unwrap().status(), 200);
-    // Applied below by hand, as the revocation path would.
-    let _ = gw
-        .running
-        .store
-        .end_session(session_id, keygate::clock::now_ms())
-        .await
-        .unwrap();
-    gw.running
-        .app
-        .authenticator()
-        .caches()
-        .invalidate_session(session_id);
-    let (status, json) = error_body(send().await.unwrap()).await;
-    assert_eq!((status, json["errorCode"].as_u64()), (401, Some(11)));
+    for wire in WIRES {
+        let (session_id, token) = gw.access_token(&user).await;
+        let client = gw.client_over(wire);
+        let send = || {
+            client
+                .get(gw.https("/api/devices"))
+                .header("X-Authorization", format!("Bearer {token}"))
+                .send()
+        };
+        let declines = gw.declines().await;
+        assert_eq!(send().await.unwrap().status(), 200, "{wire:?}");
+        // Applied below by hand, as the revocation path would.
+        let _ = gw
+            .running
+            .store
+            .end_session(session_id, keygate::clock::now_ms())
+            .await
+            .unwrap();
+        gw.running
+            .app
+            .authenticator()
+            .caches()
+            .invalidate_session(session_id);
+        let response = send().await.unwrap();
+        assert_eq!(response.version(), wire.version());
+        let (status, json) = error_body(response).await;
+        assert_eq!(
+            (status, json["errorCode"].as_u64()),
+            (401, Some(11)),
+            "{wire:?}"
+        );
+        gw.assert_lean_path_took(&declines, &[], &format!("{wire:?}"))
+            .await;
+    }
 }
 
 #[tokio::test]
 async fn missing_and_malformed_credentials_are_authentication_failures() {
     let (upstream, gw) = common::gateway("").await;
-    let client = gw.client();
-    for header in [
-        None,
-        Some("Basic dXNlcjpwYXNz"),
-        Some("ApiKey a,ApiKey b"),
-        Some("Bearer  x"),
-    ] {
-        let mut request = client.get(gw.https("/api/devices"));
-        if let Some(value) = header {
-            request = request.header("X-Authorization", value);
+    for wire in WIRES {
+        let client = gw.client_over(wire);
+        let declines = gw.declines().await;
+        for header in [
+            None,
+            Some("Basic dXNlcjpwYXNz"),
+            Some("ApiKey a,ApiKey b"),
+            Some("Bearer  x"),
+        ] {
+            let mut request = client.get(gw.https("/api/devices"));
+            if let Some(value) = header {
+                request = request.header("X-Authorization", value);
+            }
+            let response = request.send().await.unwrap();
+            assert_eq!(response.version(), wire.version());
+            let (status, json) = error_body(response).await;
+            assert_eq!(
+                (status, json["errorCode"].as_u64()),
+                (401, Some(10)),
+                "{wire:?} {header:?}"
+            );
+            assert_eq!(json["message"], "Authentication failed");
         }
-        let (status, json) = error_body(request.send().await.unwrap()).await;
-        assert_eq!(
-            (status, json["errorCode"].as_u64()),
-            (401, Some(10)),
-            "{header:?}"
-        );
-        assert_eq!(json["message"], "Authentication failed");
+        gw.assert_lean_path_took(&declines, &[], &format!("{wire:?}"))
+            .await;
     }
     assert!(upstream.requests().is_empty());
 }
 
+/// HTTP/1.1 only: the raw request line keeps its dot-segments, which an
+/// HTTP client would resolve before sending.
 #[tokio::test]
 async fn dot_segments_cannot_reach_an_authenticated_route_through_a_public_prefix() {
     let (upstream, gw) = common::gateway("").await;
@@ -341,15 +427,21 @@ async fn dot_segments_cannot_reach_an_authenticated_route_through_a_public_prefi
 #[tokio::test]
 async fn unmatched_path_is_a_404_in_the_contract_shape() {
     let (_upstream, gw) = common::gateway("").await;
-    let (status, json) = error_body(
-        gw.client()
+    for wire in WIRES {
+        let response = gw
+            .client_over(wire)
             .get(gw.https("/nothing/here"))
             .send()
             .await
-            .unwrap(),
-    )
-    .await;
-    assert_eq!((status, json["errorCode"].as_u64()), (404, Some(32)));
+            .unwrap();
+        assert_eq!(response.version(), wire.version());
+        let (status, json) = error_body(response).await;
+        assert_eq!(
+            (status, json["errorCode"].as_u64()),
+            (404, Some(32)),
+            "{wire:?}"
+        );
+    }
 }
 
 #[tokio::test]
@@ -358,14 +450,24 @@ async fn upstream_down_is_a_502_json() {
     let url = format!("http://{}", dead.local_addr().unwrap());
     drop(dead);
     let gw = Gateway::start(&url, "").await;
-    let response = gw
-        .client()
-        .get(gw.https("/api/noauth/x"))
-        .send()
-        .await
-        .unwrap();
-    let (status, json) = error_body(response).await;
-    assert_eq!((status, json["errorCode"].as_u64()), (502, Some(2)));
+    for wire in WIRES {
+        let declines = gw.declines().await;
+        let response = gw
+            .client_over(wire)
+            .get(gw.https("/api/noauth/x"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.version(), wire.version());
+        let (status, json) = error_body(response).await;
+        assert_eq!(
+            (status, json["errorCode"].as_u64()),
+            (502, Some(2)),
+            "{wire:?}"
+        );
+        gw.assert_lean_path_took(&declines, &[], &format!("{wire:?}"))
+            .await;
+    }
     assert!(gw.metrics().await.contains(r#"kind="connect""#));
 }
 
@@ -380,20 +482,26 @@ async fn round_robin_skips_an_upstream_that_refuses_connections() {
         upstream.url()
     );
     let gw = Gateway::start(&upstream.url(), &extra).await;
-    let client = gw.client();
-    for _ in 0..6 {
-        let response = client
-            .get(gw.https("/api/noauth/pool/x"))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(
-            response.status(),
-            200,
-            "a bodyless request retries on the healthy upstream"
-        );
+    for wire in WIRES {
+        let client = gw.client_over(wire);
+        let declines = gw.declines().await;
+        for _ in 0..6 {
+            let response = client
+                .get(gw.https("/api/noauth/pool/x"))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(response.version(), wire.version());
+            assert_eq!(
+                response.status(),
+                200,
+                "{wire:?}: a bodyless request retries on the healthy upstream"
+            );
+        }
+        gw.assert_lean_path_took(&declines, &[], &format!("{wire:?}"))
+            .await;
     }
-    assert_eq!(upstream.requests().len(), 6);
+    assert_eq!(upstream.requests().len(), 12);
 }
 
 #[tokio::test]
@@ -401,15 +509,25 @@ async fn slow_upstream_is_a_504_json() {
     let (_upstream, gw) = common::gateway("").await;
     let user = gw.user("slow@example.com", Authority::TenantAdmin).await;
     let (_, key) = gw.api_key(&user, 0).await;
-    let response = gw
-        .client()
-        .get(gw.https("/api/slow"))
-        .header("X-Authorization", common::api_key_header(&key))
-        .send()
-        .await
-        .unwrap();
-    let (status, json) = error_body(response).await;
-    assert_eq!((status, json["errorCode"].as_u64()), (504, Some(2)));
+    for wire in WIRES {
+        let declines = gw.declines().await;
+        let response = gw
+            .client_over(wire)
+            .get(gw.https("/api/slow"))
+            .header("X-Authorization", common::api_key_header(&key))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.version(), wire.version());
+        let (status, json) = error_body(response).await;
+        assert_eq!(
+            (status, json["errorCode"].as_u64()),
+            (504, Some(2)),
+            "{wire:?}"
+        );
+        gw.assert_lean_path_took(&declines, &[], &format!("{wire:?}"))
+            .await;
+    }
 }
 
 #[tokio::test]
@@ -417,20 +535,29 @@ async fn one_mebibyte_body_streams_through() {
     let (upstream, gw) = common::gateway("").await;
     let user = gw.user("big@example.com", Authority::TenantAdmin).await;
     let (_, key) = gw.api_key(&user, 0).await;
-    let chunks: Vec<Result<Vec<u8>, std::io::Error>> =
-        (0..16).map(|_| Ok(vec![b'x'; 64 * 1024])).collect();
-    let response = gw
-        .client()
-        .post(gw.https("/api/device"))
-        .header("X-Authorization", common::api_key_header(&key))
-        .body(reqwest::Body::wrap_stream(futures_stream(chunks)))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), 200);
-    let json: serde_json::Value = response.json().await.unwrap();
-    assert_eq!(json["bodyLength"], 1024 * 1024);
-    assert_eq!(upstream.last().body_len, 1024 * 1024);
+    for wire in WIRES {
+        let declines = gw.declines().await;
+        let chunks: Vec<Result<Vec<u8>, std::io::Error>> =
+            (0..16).map(|_| Ok(vec![b'x'; 64 * 1024])).collect();
+        let response = gw
+            .client_over(wire)
+            .post(gw.https("/api/device"))
+            .header("X-Authorization", common::api_key_header(&key))
+            .body(reqwest::Body::wrap_stream(futures_stream(chunks)))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.version(), wire.version());
+        assert_eq!(response.status(), 200, "{wire:?}");
+        let json: serde_json::Value = response.json().await.unwrap();
+        assert_eq!(json["bodyLength"], 1024 * 1024, "{wire:?}");
+        assert_eq!(upstream.last().body_len, 1024 * 1024, "{wire:?}");
+        // Over HTTP/1.1 a streamed body is chunked: hyper's path, which
+        // streams it, takes it from the lean path.
+        let declined = gw.declines().await.since(&declines);
+        let chunked = u64::from(wire == Wire::Http1);
+        assert_eq!(declined.of_reason("transfer_encoding"), chunked, "{wire:?}");
+    }
 }
 
 fn futures_stream(
@@ -442,42 +569,77 @@ fn futures_stream(
 #[tokio::test]
 async fn oversized_body_and_headers_are_refused_with_413_and_431() {
     let (upstream, gw) = common::gateway("").await;
-    let client = gw.client();
-    let response = client
-        .post(gw.https("/api/noauth/upload"))
-        .body(vec![0u8; 3 * 1024 * 1024])
-        .send()
-        .await
-        .unwrap();
-    let (status, _) = error_body(response).await;
-    assert_eq!(status, 413);
-    let chunks: Vec<Result<Vec<u8>, std::io::Error>> =
-        (0..48).map(|_| Ok(vec![b'x'; 64 * 1024])).collect();
-    let response = client
-        .post(gw.https("/api/noauth/upload"))
-        .body(reqwest::Body::wrap_stream(futures_stream(chunks)))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(
-        response.status(),
-        413,
-        "a chunked body over the limit is cut off"
-    );
-    let response = client
-        .get(gw.https("/api/noauth/x"))
-        .header("x-big", "y".repeat(9000))
-        .send()
-        .await
-        .unwrap();
-    let (status, _) = error_body(response).await;
-    assert_eq!(status, 431);
+    for wire in WIRES {
+        // A client of its own per request: over HTTP/1.1 a refused body
+        // ends its connection.
+        let client = || gw.client_over(wire);
+        declared_oversize_is_413(&gw, wire).await;
+        let chunks: Vec<Result<Vec<u8>, std::io::Error>> =
+            (0..48).map(|_| Ok(vec![b'x'; 64 * 1024])).collect();
+        let response = client()
+            .post(gw.https("/api/noauth/upload"))
+            .body(reqwest::Body::wrap_stream(futures_stream(chunks)))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.version(), wire.version());
+        assert_eq!(
+            response.status(),
+            413,
+            "{wire:?}: a chunked body over the limit is cut off"
+        );
+        let response = client()
+            .get(gw.https("/api/noauth/x"))
+            .header("x-big", "y".repeat(9000))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.version(), wire.version());
+        let (status, _) = error_body(response).await;
+        assert_eq!(status, 431, "{wire:?}");
+    }
     assert!(
         upstream
             .requests()
             .iter()
             .all(|r| r.body_len < 3 * 1024 * 1024)
     );
+}
+
+/// A body declared over the limit is refused with 413 before it is sent:
+/// over HTTP/1.1 the head alone goes (a client writing on would meet the
+/// connection's close before reading the answer); over HTTP/2 the whole
+/// body, which the stream may finish.
+async fn declared_oversize_is_413(gw: &Gateway, wire: Wire) {
+    let length = 3 * 1024 * 1024;
+    let status = match wire {
+        Wire::Http1 => {
+            let head = format!(
+                "POST /api/noauth/upload HTTP/1.1\r\nHost: localhost\r\n\
+                 Content-Length: {length}\r\n\r\n"
+            );
+            let answer = common::raw_https(gw, &head).await;
+            assert!(answer.contains(r#""status":413"#), "{answer}");
+            answer
+                .split(' ')
+                .nth(1)
+                .unwrap_or_default()
+                .parse()
+                .unwrap_or(0)
+        }
+        Wire::Http2 => {
+            let response = gw
+                .client_over(wire)
+                .post(gw.https("/api/noauth/upload"))
+                .body(vec![0u8; length])
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(response.version(), wire.version());
+            error_body(response).await.0
+        }
+    };
+    assert_eq!(status, 413, "{wire:?}");
 }
 
 #[tokio::test]
@@ -532,41 +694,50 @@ async fn admin_listener_serves_health_readiness_and_metrics() {
 #[tokio::test]
 async fn api_browser_loads_without_credentials_and_can_be_turned_off() {
     let (upstream, gw) = common::gateway("").await;
-    let client = gw.client();
-    let page = client
-        .get(gw.https("/swagger-ui.html"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(page.status(), 200);
-    assert!(
-        page.text()
+    for wire in WIRES {
+        let client = gw.client_over(wire);
+        let page = client
+            .get(gw.https("/swagger-ui.html"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(page.version(), wire.version());
+        assert_eq!(page.status(), 200, "{wire:?}");
+        assert!(
+            page.text()
+                .await
+                .unwrap()
+                .contains("/swagger-ui/keygate-api-browser.js")
+        );
+        let doc: serde_json::Value = client
+            .get(gw.https("/v3/api-docs"))
+            .send()
             .await
             .unwrap()
-            .contains("/swagger-ui/keygate-api-browser.js")
-    );
-    let doc: serde_json::Value = client
-        .get(gw.https("/v3/api-docs"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    assert!(doc["paths"]["/api/auth/login"]["post"].is_object());
-    assert!(doc["components"]["securitySchemes"]["HttpLoginForm"].is_object());
-    let asset = client
-        .get(gw.https("/swagger-ui/swagger-ui-bundle.js"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(asset.headers()["content-type"], "application/javascript");
+            .json()
+            .await
+            .unwrap();
+        assert!(
+            doc["paths"]["/api/auth/login"]["post"].is_object(),
+            "{wire:?}"
+        );
+        assert!(doc["components"]["securitySchemes"]["HttpLoginForm"].is_object());
+        let asset = client
+            .get(gw.https("/swagger-ui/swagger-ui-bundle.js"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(asset.headers()["content-type"], "application/javascript");
+    }
     assert!(upstream.requests().is_empty());
 
     let off = Gateway::start(&upstream.url(), "[api_browser]\nenabled = false\n").await;
-    for path in ["/swagger-ui.html", "/v3/api-docs"] {
-        let (status, _) = error_body(off.client().get(off.https(path)).send().await.unwrap()).await;
-        assert_eq!(status, 404, "{path}");
+    for wire in WIRES {
+        for path in ["/swagger-ui.html", "/v3/api-docs"] {
+            let response = off.client_over(wire).get(off.https(path)).send().await;
+            let (status, _) = error_body(response.unwrap()).await;
+            assert_eq!(status, 404, "{wire:?} {path}");
+        }
     }
 }
 
@@ -581,23 +752,38 @@ async fn sidecar_behind_a_trusted_proxy_accepts_keys_only_from_that_proxy() {
     .await;
     let user = gw.user("sidecar@example.com", Authority::TenantAdmin).await;
     let (_, key) = gw.api_key(&user, 0).await;
+    for wire in WIRES {
+        behind_the_proxy(&upstream, &gw, &key, wire).await;
+    }
+}
+
+/// The sidecar's rule over `wire` (HTTP/1.1, or h2c as an ingress may speak).
+async fn behind_the_proxy(upstream: &Upstream, gw: &Gateway, key: &str, wire: Wire) {
+    upstream.seen.lock().unwrap().clear();
     let from = |ip: [u8; 4]| {
-        reqwest::Client::builder()
-            .local_address(std::net::IpAddr::from(ip))
-            .build()
-            .unwrap()
+        let builder = reqwest::Client::builder().local_address(std::net::IpAddr::from(ip));
+        match wire {
+            Wire::Http1 => builder.http1_only(),
+            Wire::Http2 => builder.http2_prior_knowledge(),
+        }
+        .build()
+        .unwrap()
     };
     let send = |client: reqwest::Client| {
         client
             .get(gw.http("/api/devices"))
-            .header("X-Authorization", common::api_key_header(&key))
+            .header("X-Authorization", common::api_key_header(key))
             .header("X-Forwarded-Proto", "https")
             .header("X-Forwarded-For", "203.0.113.7")
             .header("X-Request-Id", "ingress-req-1")
             .send()
     };
+    let declines = gw.declines().await;
     let trusted = send(from([127, 0, 0, 1])).await.unwrap();
-    assert_eq!(trusted.status(), 200);
+    assert_eq!(trusted.version(), wire.version());
+    assert_eq!(trusted.status(), 200, "{wire:?}");
+    gw.assert_lean_path_took(&declines, &[], &format!("{wire:?} from the proxy"))
+        .await;
     let seen = upstream.last().headers;
     assert_eq!(seen["x-forwarded-proto"], "https");
     assert_eq!(seen["x-forwarded-for"], "203.0.113.7, 127.0.0.1");
@@ -605,11 +791,15 @@ async fn sidecar_behind_a_trusted_proxy_accepts_keys_only_from_that_proxy() {
 
     let untrusted = send(from([127, 0, 0, 2])).await.unwrap();
     let (status, json) = error_body(untrusted).await;
-    assert_eq!((status, json["errorCode"].as_u64()), (403, Some(20)));
+    assert_eq!(
+        (status, json["errorCode"].as_u64()),
+        (403, Some(20)),
+        "{wire:?}"
+    );
     assert_eq!(
         upstream.requests().len(),
         1,
-        "the untrusted request was not forwarded"
+        "{wire:?}: the untrusted request was not forwarded"
     );
 }
 
@@ -617,18 +807,24 @@ async fn sidecar_behind_a_trusted_proxy_accepts_keys_only_from_that_proxy() {
 async fn trace_context_passes_through_unchanged() {
     let (upstream, gw) = common::gateway("").await;
     let traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
-    let response = gw
-        .client()
-        .get(gw.https("/api/noauth/trace"))
-        .header("traceparent", traceparent)
-        .header("tracestate", "vendor=opaque")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), 200);
-    let seen = upstream.last().headers;
-    assert_eq!(seen["traceparent"], traceparent);
-    assert_eq!(seen["tracestate"], "vendor=opaque");
+    for wire in WIRES {
+        let declines = gw.declines().await;
+        let response = gw
+            .client_over(wire)
+            .get(gw.https("/api/noauth/trace"))
+            .header("traceparent", traceparent)
+            .header("tracestate", "vendor=opaque")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.version(), wire.version());
+        assert_eq!(response.status(), 200, "{wire:?}");
+        let seen = upstream.last_to("/api/noauth/trace").headers;
+        assert_eq!(seen["traceparent"], traceparent, "{wire:?}");
+        assert_eq!(seen["tracestate"], "vendor=opaque", "{wire:?}");
+        gw.assert_lean_path_took(&declines, &[], &format!("{wire:?}"))
+            .await;
+    }
 }
 
 /// `promtool check metrics` finds nothing to complain about. CI installs
@@ -638,18 +834,20 @@ async fn metrics_pass_promtool_check() {
     let (_upstream, gw) = common::gateway("").await;
     let user = gw.user("metrics@example.com", Authority::TenantAdmin).await;
     let (_, key) = gw.api_key(&user, 0).await;
-    let client = gw.client();
-    for header in [
-        common::api_key_header(&key),
-        "ApiKey tb_unknown".into(),
-        "Bogus x".into(),
-    ] {
-        client
-            .get(gw.https("/api/devices"))
-            .header("X-Authorization", header)
-            .send()
-            .await
-            .unwrap();
+    for wire in WIRES {
+        let client = gw.client_over(wire);
+        for header in [
+            common::api_key_header(&key),
+            "ApiKey tb_unknown".into(),
+            "Bogus x".into(),
+        ] {
+            client
+                .get(gw.https("/api/devices"))
+                .header("X-Authorization", header)
+                .send()
+                .await
+                .unwrap();
+        }
     }
     let text = gw.metrics().await;
     let Ok(mut child) = std::process::Command::new("promtool")
@@ -702,18 +900,21 @@ async fn an_upstream_with_a_broken_openapi_document_never_breaks_the_page() {
         );
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
-    let response = gw
-        .client()
-        .get(gw.https("/v3/api-docs"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), 200);
-    let doc: serde_json::Value = response.json().await.unwrap();
-    assert!(
-        doc["paths"]["/api/auth/user"]["get"].is_object(),
-        "keygate's own paths stay"
-    );
+    for wire in WIRES {
+        let response = gw
+            .client_over(wire)
+            .get(gw.https("/v3/api-docs"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.version(), wire.version());
+        assert_eq!(response.status(), 200, "{wire:?}");
+        let doc: serde_json::Value = response.json().await.unwrap();
+        assert!(
+            doc["paths"]["/api/auth/user"]["get"].is_object(),
+            "{wire:?}: keygate's own paths stay"
+        );
+    }
 }
 
 /// Over HTTP/2 a body refused for its size gets the 413 JSON answer, and the

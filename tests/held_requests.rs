@@ -3,7 +3,8 @@
 //! must not hold more upstream connections than its in-flight bounds, nor
 //! hold them for longer than the body's pace allows; an upstream has a
 //! ceiling of open connections with a short queue, then 503; and a polite
-//! client from another address is served promptly throughout.
+//! client from another address is served promptly throughout. What is not
+//! about HTTP/2's streams runs over both wires ([`common::WIRES`]).
 
 mod common;
 
@@ -14,7 +15,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use common::Gateway;
+use common::{Gateway, WIRES, Wire};
 use http::{Request, Response};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
@@ -140,6 +141,7 @@ fn metric(text: &str, line_start: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
+/// HTTP/2 only: many streams on one connection are what it is about.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn trickled_http2_bodies_from_one_address_hold_no_more_upstream_connections_than_its_bound() {
     let upstream = CountingUpstream::start().await;
@@ -245,8 +247,16 @@ fn attack_keepalive(connection: h2::client::SendRequest<Bytes>) {
     });
 }
 
+/// Over each wire, on a gateway and upstream of its own (the ceiling counts
+/// the upstream's connections, which the first wire's would still hold).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upstream_at_its_connection_ceiling_queues_briefly_then_answers_503() {
+    for wire in WIRES {
+        at_the_ceiling(wire).await;
+    }
+}
+
+async fn at_the_ceiling(wire: Wire) {
     let upstream = CountingUpstream::start().await;
     let gateway = Gateway::start(
         &upstream.url(),
@@ -254,7 +264,8 @@ async fn an_upstream_at_its_connection_ceiling_queues_briefly_then_answers_503()
          upstream_queue_timeout = \"200ms\"\n",
     )
     .await;
-    let client = gateway.client();
+    let declines = gateway.declines().await;
+    let client = gateway.client_over(wire);
     let asks = (0..8).map(|_| {
         let client = client.clone();
         let url = gateway.https("/api/noauth/wait");
@@ -264,6 +275,7 @@ async fn an_upstream_at_its_connection_ceiling_queues_briefly_then_answers_503()
     let mut busy = 0;
     for ask in futures_util::future::join_all(asks).await {
         let response = ask.unwrap();
+        assert_eq!(response.version(), wire.version());
         match response.status().as_u16() {
             200 => answered += 1,
             503 => {
@@ -272,36 +284,101 @@ async fn an_upstream_at_its_connection_ceiling_queues_briefly_then_answers_503()
                 assert_eq!(json["message"], "Upstream service is busy");
                 busy += 1;
             }
-            other => panic!("unexpected status {other}"),
+            other => panic!("{wire:?}: unexpected status {other}"),
         }
     }
     println!(
-        "8 slow requests, ceiling 3: {answered} answered, {busy} refused, upstream peak {}",
+        "{wire:?}: 8 slow requests, ceiling 3: {answered} answered, {busy} refused, upstream peak {}",
         upstream.peak()
     );
-    assert_eq!(upstream.peak(), 3, "never more than the ceiling open");
-    assert_eq!(answered, 3, "the ceiling's worth are served");
-    assert_eq!(busy, 5, "the rest wait briefly, then 503");
+    assert_eq!(
+        upstream.peak(),
+        3,
+        "{wire:?}: never more than the ceiling open"
+    );
+    assert_eq!(answered, 3, "{wire:?}: the ceiling's worth are served");
+    assert_eq!(busy, 5, "{wire:?}: the rest wait briefly, then 503");
     let metrics = gateway.metrics().await;
     assert_eq!(
         metric(
             &metrics,
             r#"keygate_upstream_errors_total{kind="saturated""#
         ),
-        5.0
+        5.0,
+        "{wire:?}"
     );
+    gateway
+        .assert_lean_path_took(&declines, &[], &format!("{wire:?}"))
+        .await;
 }
 
+/// Opens `streams` HTTP/1.1 connections, each sending a POST head that
+/// declares a body of a megabyte and one byte of it; returns them open.
+async fn trickle_http1(http: SocketAddr, streams: usize) -> Vec<tokio::net::TcpStream> {
+    use tokio::io::AsyncWriteExt;
+    let mut held = Vec::new();
+    for _ in 0..streams {
+        let mut tcp = tokio::net::TcpStream::connect(http).await.unwrap();
+        tcp.write_all(
+            b"POST /api/noauth/upload HTTP/1.1\r\nHost: gw\r\nContent-Length: 1000000\r\n\r\nx",
+        )
+        .await
+        .unwrap();
+        held.push(tcp);
+    }
+    held
+}
+
+/// Over HTTP/1.1 a body that has not arrived with its head is hyper's
+/// path's to pace (the lean path declines it as `body_pending`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clients_that_hang_up_mid_body_are_counted_as_aborts_not_upstream_resets() {
     let upstream = CountingUpstream::start().await;
     let gateway = Gateway::start(&upstream.url(), "").await;
     let http = gateway.running.http.unwrap();
-    // Four streams each start a large body, reach the upstream, and then the
-    // client drops the whole connection.
-    let mut connection = h2c(http).await;
-    let held = trickle(&mut connection, http, 4);
-    assert_eq!(held.len(), 4, "every stream was opened");
+    let mut before = 0.0;
+    for wire in WIRES {
+        let declines = gateway.declines().await;
+        hang_up_mid_body(&upstream, http, wire).await;
+        let pending = gateway.declines().await.since(&declines);
+        let expected = if wire == Wire::Http1 { 4 } else { 0 };
+        assert_eq!(pending.of_reason("body_pending"), expected, "{wire:?}");
+        let metrics = gateway.metrics().await;
+        let aborts: f64 = ["body_broken", "gone"]
+            .iter()
+            .map(|kind| {
+                metric(
+                    &metrics,
+                    &format!(r#"keygate_client_aborts_total{{kind="{kind}",route="noauth"}}"#),
+                )
+            })
+            .sum();
+        assert!(
+            aborts - before >= 4.0,
+            "{wire:?}: each hang-up counted as the client's: {metrics}"
+        );
+        before = aborts;
+        assert_eq!(
+            metric(&metrics, r#"keygate_upstream_errors_total{kind="reset""#),
+            0.0,
+            "{wire:?}: no hang-up counted against the upstream"
+        );
+    }
+}
+
+/// Four requests over `wire` each start a large body, reach the upstream,
+/// and then the client drops its connection(s); waits until the upstream's
+/// connections are given back.
+async fn hang_up_mid_body(upstream: &CountingUpstream, http: SocketAddr, wire: Wire) {
+    let held: Box<dyn std::any::Any + Send> = match wire {
+        Wire::Http1 => Box::new(trickle_http1(http, 4).await),
+        Wire::Http2 => {
+            let mut connection = h2c(http).await;
+            let held = trickle(&mut connection, http, 4);
+            assert_eq!(held.len(), 4, "every stream was opened");
+            Box::new((held, connection))
+        }
+    };
     common::wait_until(
         "bodies under way upstream",
         Duration::from_secs(20),
@@ -309,30 +386,10 @@ async fn clients_that_hang_up_mid_body_are_counted_as_aborts_not_upstream_resets
     )
     .await;
     drop(held);
-    drop(connection);
     common::wait_until(
         "upstream connections given back",
         Duration::from_secs(20),
         async || upstream.open() == 0,
     )
     .await;
-    let metrics = gateway.metrics().await;
-    let aborts: f64 = ["body_broken", "gone"]
-        .iter()
-        .map(|kind| {
-            metric(
-                &metrics,
-                &format!(r#"keygate_client_aborts_total{{kind="{kind}",route="noauth"}}"#),
-            )
-        })
-        .sum();
-    assert!(
-        aborts >= 4.0,
-        "each hang-up counted as the client's: {metrics}"
-    );
-    assert_eq!(
-        metric(&metrics, r#"keygate_upstream_errors_total{kind="reset""#),
-        0.0,
-        "no hang-up counted against the upstream"
-    );
 }

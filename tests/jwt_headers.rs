@@ -1,14 +1,17 @@
 //! Tokens signed with keygate's own key whose header asks the verifier for
 //! more than HS512 under that key: each is refused with 401 before its
-//! signature is checked, and nothing reaches the upstream.
+//! signature is checked (a forged signature under that header is never
+//! counted as one), and nothing reaches the upstream; over HTTP/1.1 through
+//! the lean path and over HTTP/2 alike.
 
 mod common;
 
 use aws_lc_rs::hmac;
 use base64::Engine;
 use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
-use common::{Gateway, Upstream, error_body};
+use common::{Gateway, Upstream, WIRES, counter, error_body};
 use keygate::identity::Authority;
+use serde_json::json;
 
 const SIGNING_KEY: [u8; 64] = [7u8; 64];
 
@@ -39,8 +42,19 @@ fn resigned(token: &str, header: &str) -> String {
     format!("{signing}.{}", URL_SAFE_NO_PAD.encode(mac.as_ref()))
 }
 
-async fn status_of(gw: &Gateway, token: &str) -> reqwest::Response {
-    gw.client()
+/// `token` with its signature replaced by one under another key: what a
+/// signature check refuses (`bad_signature`, error code 11).
+fn forged(token: &str) -> String {
+    let signing = token.rsplit_once('.').unwrap().0;
+    let mac = hmac::sign(
+        &hmac::Key::new(hmac::HMAC_SHA512, &[8u8; 64]),
+        signing.as_bytes(),
+    );
+    format!("{signing}.{}", URL_SAFE_NO_PAD.encode(mac.as_ref()))
+}
+
+async fn status_of(client: &reqwest::Client, gw: &Gateway, token: &str) -> reqwest::Response {
+    client
         .get(gw.https("/api/tenant/devices"))
         .header("X-Authorization", format!("Bearer {token}"))
         .send()
@@ -48,26 +62,64 @@ async fn status_of(gw: &Gateway, token: &str) -> reqwest::Response {
         .unwrap()
 }
 
-/// The same claims under a plain header pass (so the refusal is the
-/// header's doing); under `header` they get 401 and reach nothing.
+/// `keygate_auth_total{method="jwt",result=...}` now.
+async fn jwt_results(gw: &Gateway, result: &str) -> u64 {
+    let series = format!("keygate_auth_total{{method=\"jwt\",result=\"{result}\"}}");
+    counter(&gw.metrics().await, &series)
+}
+
+/// Over each wire (HTTP/1.1 through the lean path, HTTP/2): the same claims
+/// under a plain header pass, and with a forged signature are counted as a
+/// bad signature (so the counter sees signature checks). Under `header`,
+/// with the right signature and with a forged one alike, they get the same
+/// 401 as an unusable token, never a bad signature's: the header was refused
+/// before the signature was looked at. Nothing of those reaches the upstream.
 async fn refused_before_its_signature_is_checked(header: &str) {
     let (upstream, gw, token) = gateway().await;
     let plain = resigned(&token, r#"{"alg":"HS512","typ":"JWT"}"#);
-    assert_eq!(status_of(&gw, &plain).await.status(), 200, "control");
-    assert_eq!(upstream.requests().len(), 1);
-    let (status, body) = error_body(status_of(&gw, &resigned(&token, header)).await).await;
-    assert_eq!(status, 401, "{header}: {body}");
-    assert_eq!(body["errorCode"], 10, "{body}");
-    assert_eq!(
-        upstream.requests().len(),
-        1,
-        "{header} reached the upstream"
-    );
-    let metrics = gw.metrics().await;
-    assert!(
-        metrics.contains(r#"keygate_auth_total{method="jwt",result="unknown"} 1"#),
-        "counted as an unusable token"
-    );
+    let hostile = resigned(&token, header);
+    for wire in WIRES {
+        let client = gw.client_over(wire);
+        let declines = gw.declines().await;
+        let forwarded = upstream.requests().len();
+        let response = status_of(&client, &gw, &plain).await;
+        assert_eq!(response.version(), wire.version());
+        assert_eq!(response.status(), 200, "{wire:?}: control");
+        assert_eq!(upstream.requests().len(), forwarded + 1);
+
+        let bad_signatures = jwt_results(&gw, "bad_signature").await;
+        let (status, body) = error_body(status_of(&client, &gw, &forged(&plain)).await).await;
+        assert_eq!((status, &body["errorCode"]), (401, &json!(11)), "{body}");
+        assert_eq!(
+            jwt_results(&gw, "bad_signature").await,
+            bad_signatures + 1,
+            "{wire:?}: a forged signature under a plain header is checked and counted"
+        );
+
+        let unusable = jwt_results(&gw, "unknown").await;
+        for (what, token) in [("signed", hostile.clone()), ("forged", forged(&hostile))] {
+            let (status, body) = error_body(status_of(&client, &gw, &token).await).await;
+            assert_eq!(status, 401, "{wire:?} {what} {header}: {body}");
+            assert_eq!(body["errorCode"], 10, "{wire:?} {what} {header}: {body}");
+        }
+        assert_eq!(
+            jwt_results(&gw, "bad_signature").await,
+            bad_signatures + 1,
+            "{wire:?} {header}: a forged signature was never looked at"
+        );
+        assert_eq!(
+            jwt_results(&gw, "unknown").await,
+            unusable + 2,
+            "{wire:?}: both counted as an unusable token"
+        );
+        assert_eq!(
+            upstream.requests().len(),
+            forwarded + 1,
+            "{wire:?}: {header} reached the upstream"
+        );
+        gw.assert_lean_path_took(&declines, &[], &format!("{wire:?} {header}"))
+            .await;
+    }
 }
 
 #[tokio::test]

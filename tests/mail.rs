@@ -4,6 +4,8 @@
 
 mod common;
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use common::smtp::SmtpSink;
@@ -331,6 +333,7 @@ async fn reset_request_for_unknown_or_disabled_addresses_answers_exactly_as_for_
     let sink = SmtpSink::start().await;
     let (_up, gw) = gateway_mailing_to(&sink.config()).await;
     gw.user("active@example.com", Authority::TenantAdmin).await;
+    gw.user("barrier@example.com", Authority::TenantAdmin).await;
     let disabled = gw
         .user("disabled@example.com", Authority::TenantAdmin)
         .await;
@@ -381,7 +384,12 @@ async fn reset_request_for_unknown_or_disabled_addresses_answers_exactly_as_for_
     eprintln!("resetPasswordByEmail answer times (unknown, active, disabled): {times:?}");
 
     sink.wait_for("active@example.com", 0).await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // A barrier: one more reset, for an active account, after the others.
+    // Each request's mail work starts before its answer and one worker sends
+    // in order, so once this one is in, whatever the others sent is too.
+    assert_eq!(request_reset(&gw, "barrier@example.com").await.0, 200);
+    sink.wait_for("barrier@example.com", 0).await;
+    assert_eq!(sink.count_to("active@example.com"), 1);
     assert_eq!(sink.count_to("nobody@example.com"), 0);
     assert_eq!(sink.count_to("disabled@example.com"), 0);
 }
@@ -546,14 +554,33 @@ async fn forged_or_missing_reset_tokens_are_refused_with_contract_errors() {
 
 // --- a mail server that is down or slow -------------------------------------------------
 
+/// A mail server that takes each connection and says nothing until
+/// released; from then on it closes every connection at once. Returns its
+/// port, how many connections it took, and the release.
+async fn stalling_mail_server() -> (u16, Arc<AtomicUsize>, tokio::sync::watch::Sender<bool>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let (release, released) = tokio::sync::watch::channel(false);
+    let counted = accepted.clone();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            counted.fetch_add(1, Ordering::SeqCst);
+            let mut released = released.clone();
+            tokio::spawn(async move {
+                let _ = released.wait_for(|released| *released).await;
+                drop(stream);
+            });
+        }
+    });
+    (port, accepted, release)
+}
+
 #[tokio::test]
-async fn mail_server_down_never_slows_an_endpoint_and_the_failure_is_counted() {
-    // A port nothing listens on.
-    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = closed.local_addr().unwrap().port();
-    drop(closed);
+async fn a_stalled_then_failing_mail_server_never_holds_an_endpoint_and_the_failure_is_counted() {
+    let (port, accepted, release) = stalling_mail_server().await;
     let (_up, gw) = gateway_mailing_to(&format!(
-        "[mail]\nhost = \"127.0.0.1\"\nport = {port}\ntls = \"none\"\nfrom = \"noreply@example.com\"\nretries = 1\nretry_backoff = \"100ms\"\n"
+        "[mail]\nhost = \"127.0.0.1\"\nport = {port}\ntls = \"none\"\nfrom = \"noreply@example.com\"\ntimeout = \"5s\"\nretries = 1\nretry_backoff = \"100ms\"\n"
     ))
     .await;
     gw.user("down@example.com", Authority::TenantAdmin).await;
@@ -571,8 +598,30 @@ async fn mail_server_down_never_slows_an_endpoint_and_the_failure_is_counted() {
     assert_eq!(response.status(), 200);
     assert_eq!(request_reset(&gw, "down@example.com").await.0, 200);
     let took = started.elapsed();
-    eprintln!("two mailing endpoints with the mail server down: {took:?}");
+    eprintln!("two mailing endpoints with the mail server stalled: {took:?}");
+    // Sent inline, the invitation alone would wait for the 5 s mail timeout.
     assert!(took < Duration::from_secs(2), "{took:?}");
+
+    // Both answered while the mail was still on its way: the worker reaches
+    // the server, which holds it until released, after the answers.
+    common::wait_until(
+        "the worker reached the mail server",
+        Duration::from_secs(5),
+        async || accepted.load(Ordering::SeqCst) >= 1,
+    )
+    .await;
+    let metrics = gw.metrics().await;
+    for outcome in ["sent", "dead_letter"] {
+        assert_eq!(
+            counter(
+                &metrics,
+                &format!("keygate_mail_sent_total{{kind=\"activation\",outcome=\"{outcome}\"}}")
+            ),
+            0,
+            "the invitation's mail is not through before the server answers"
+        );
+    }
+    release.send_replace(true);
 
     common::wait_until("both dead-lettered", Duration::from_secs(10), async || {
         let metrics = gw.metrics().await;
@@ -834,6 +883,10 @@ async fn email_code_to_an_address_the_client_names_is_refused() {
     )
     .await;
     assert_eq!(error_body(response).await.0, 400);
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // A barrier: a reset mail to the owner, asked for after the refusals.
+    // Mail goes out in order through one worker, so once it is in, any mail
+    // the refused requests had queued would be in too.
+    assert_eq!(request_reset(&gw, "owner@example.com").await.0, 200);
+    sink.wait_for("owner@example.com", 0).await;
     assert_eq!(sink.count_to("attacker@example.com"), 0);
 }

@@ -1,6 +1,8 @@
 //! Routes with `identity = "platform"` end to end: the real server on port 0
 //! in front of a double of the platform's authentication
 //! (`common::platform`), which accepts only what the platform itself would.
+//! A behaviour of requests runs its one body over both wires
+//! ([`common::WIRES`]): HTTP/1.1 through the lean path, and HTTP/2.
 
 mod common;
 
@@ -9,7 +11,7 @@ use std::time::Duration;
 use base64::Engine;
 use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
 use common::platform::{NULL_UUID, PlatformDouble, Seen};
-use common::{Gateway, PASSWORD, api_key_header, counter, error_body};
+use common::{Gateway, PASSWORD, WIRES, Wire, api_key_header, counter, error_body};
 use futures_util::{SinkExt, StreamExt};
 use keygate::identity::Authority;
 use keygate::store::UserRecord;
@@ -57,19 +59,36 @@ async fn setup(platform: &str, extra: &str) -> (PlatformDouble, Gateway) {
 }
 
 async fn get(gw: &Gateway, path: &str, headers: &[(&str, &str)]) -> reqwest::Response {
-    let mut request = gw.client().get(gw.https(path));
+    get_over(gw, Wire::Http2, path, headers).await
+}
+
+/// `GET path` with `headers` over `wire`.
+async fn get_over(
+    gw: &Gateway,
+    wire: Wire,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> reqwest::Response {
+    let mut request = gw.client_over(wire).get(gw.https(path));
     for (name, value) in headers {
         request = request.header(*name, *value);
     }
-    request.send().await.unwrap()
+    let response = request.send().await.unwrap();
+    assert_eq!(response.version(), wire.version(), "{path}");
+    response
 }
 
 /// The user the double built, from a 200 of the platform route.
 async fn platform_user(gw: &Gateway, headers: &[(&str, &str)]) -> Value {
-    let response = get(gw, "/api/tb/user", headers).await;
+    platform_user_over(gw, Wire::Http2, headers).await
+}
+
+/// [`platform_user`] over `wire`.
+async fn platform_user_over(gw: &Gateway, wire: Wire, headers: &[(&str, &str)]) -> Value {
+    let response = get_over(gw, wire, "/api/tb/user", headers).await;
     let status = response.status();
     let body: Value = response.json().await.unwrap();
-    assert_eq!(status, 200, "the platform accepted it: {body}");
+    assert_eq!(status, 200, "{wire:?}: the platform accepted it: {body}");
     body
 }
 
@@ -379,15 +398,21 @@ async fn the_unmodified_platform_accepts_what_a_platform_route_sends() {
     ] {
         let user = gw.user(email, authority).await;
         let (key_id, key) = gw.api_key(&user, 0).await;
-        let seen = platform_user(&gw, &[("X-Authorization", &api_key_header(&key))]).await;
-        assert_platform_user(&seen, &user, key_id);
         let (session_id, token) = gw.access_token(&user).await;
         let bearer = format!("Bearer {token}");
-        let seen = platform_user(&gw, &[("X-Authorization", &bearer)]).await;
-        assert_platform_user(&seen, &user, session_id);
-        // The platform's other header works as well, as it does there.
-        let seen = platform_user(&gw, &[("Authorization", &bearer)]).await;
-        assert_platform_user(&seen, &user, session_id);
+        for wire in WIRES {
+            let declines = gw.declines().await;
+            let key = api_key_header(&key);
+            let seen = platform_user_over(&gw, wire, &[("X-Authorization", &key)]).await;
+            assert_platform_user(&seen, &user, key_id);
+            let seen = platform_user_over(&gw, wire, &[("X-Authorization", &bearer)]).await;
+            assert_platform_user(&seen, &user, session_id);
+            // The platform's other header works as well, as it does there.
+            let seen = platform_user_over(&gw, wire, &[("Authorization", &bearer)]).await;
+            assert_platform_user(&seen, &user, session_id);
+            gw.assert_lean_path_took(&declines, &[], &format!("{wire:?} {email}"))
+                .await;
+        }
     }
     // A login through keygate is a session the platform sees too.
     let login: Value = gw
@@ -426,9 +451,11 @@ async fn the_clients_own_credential_never_reaches_a_platform_upstream() {
             ("X-Auth-User-Id", "00000000-0000-0000-0000-000000000001"),
         ],
     ] {
-        platform_user(&gw, &headers).await;
+        for wire in WIRES {
+            platform_user_over(&gw, wire, &headers).await;
+        }
     }
-    // Sockets: ?token=, the upgrade header, and the first frame's authCmd
+    // Sockets (HTTP/1.1 upgrades): ?token=, the upgrade header, and the first frame's authCmd
     // (with commands, which go on without it).
     let mut by_query = try_open(&gw, &format!("/api/ws?token={token}&x=1"), &[])
         .await
@@ -460,7 +487,7 @@ async fn the_clients_own_credential_never_reaches_a_platform_upstream() {
     assert_eq!(rest, json!({ "cmds": cmds }));
 
     let seen = double.seen();
-    assert_eq!(seen.len(), 7, "every request and socket arrived");
+    assert_eq!(seen.len(), 4 * 2 + 3, "every request and socket arrived");
     for arrived in &seen {
         assert!(
             !arrived.contains(&key),
@@ -612,8 +639,11 @@ async fn a_token_forged_with_the_platform_key_is_refused_by_keygate_and_never_fo
         ("Authorization", "/api/tb/user"),
         ("X-Authorization", "/api/auth/user"),
     ] {
-        let (status, json) = error_body(get(&gw, path, &[(header, &bearer)]).await).await;
-        assert_eq!(status, 401, "{json}");
+        for wire in WIRES {
+            let response = get_over(&gw, wire, path, &[(header, &bearer)]).await;
+            let (status, json) = error_body(response).await;
+            assert_eq!(status, 401, "{wire:?} {header} {path}: {json}");
+        }
     }
     // A socket: refused at the upgrade (401), or closed for a bad
     // credential (1007).
@@ -654,84 +684,58 @@ async fn a_disabled_key_a_logout_and_a_password_change_stop_the_next_request_on_
     let api_key = api_key_header(&key);
     let (_, owner) = gw.access_token(&user).await;
     let owner = format!("Bearer {owner}");
-    let twice = |headers: Vec<(&'static str, String)>| {
-        let gw = &gw;
-        async move {
-            let headers: Vec<(&str, &str)> =
-                headers.iter().map(|(n, v)| (*n, v.as_str())).collect();
-            platform_user(gw, &headers).await;
-            platform_user(gw, &headers).await;
-        }
+    let login = || async {
+        let login: Value = gw.login(&user.email, PASSWORD).await.json().await.unwrap();
+        format!("Bearer {}", login["token"].as_str().unwrap())
     };
 
-    // A disabled key.
-    twice(vec![("X-Authorization", api_key.clone())]).await;
+    let disable = gw
+        .client()
+        .put(gw.https(&format!("/api/apiKey/{key_id}/enabled/false")))
+        .header("X-Authorization", &owner);
+    serves_then_refuses(&gw, &double, &api_key, disable, "the disabled key's").await;
     assert!(
         passports(&gw, "platform").await.1 >= 1,
         "a token was reused"
     );
-    let disabled = gw
-        .client()
-        .put(gw.https(&format!("/api/apiKey/{key_id}/enabled/false")))
-        .header("X-Authorization", &owner)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(disabled.status(), 200);
-    let before = double.seen().len();
-    let (status, _) =
-        error_body(get(&gw, "/api/tb/user", &[("X-Authorization", &api_key)]).await).await;
-    assert_eq!(status, 401);
-    assert_eq!(
-        double.seen().len(),
-        before,
-        "the disabled key's request never left"
-    );
 
-    // A logout.
-    let login: Value = gw.login(&user.email, PASSWORD).await.json().await.unwrap();
-    let bearer = format!("Bearer {}", login["token"].as_str().unwrap());
-    twice(vec![("X-Authorization", bearer.clone())]).await;
+    let bearer = login().await;
     let logout = gw
         .client()
         .post(gw.https("/api/auth/logout"))
-        .header("X-Authorization", &bearer)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(logout.status(), 200);
-    let before = double.seen().len();
-    let (status, _) =
-        error_body(get(&gw, "/api/tb/user", &[("X-Authorization", &bearer)]).await).await;
-    assert_eq!(status, 401);
-    assert_eq!(
-        double.seen().len(),
-        before,
-        "the ended session's request never left"
-    );
+        .header("X-Authorization", &bearer);
+    serves_then_refuses(&gw, &double, &bearer, logout, "the ended session's").await;
 
-    // A password change.
-    let login: Value = gw.login(&user.email, PASSWORD).await.json().await.unwrap();
-    let bearer = format!("Bearer {}", login["token"].as_str().unwrap());
-    twice(vec![("X-Authorization", bearer.clone())]).await;
-    let changed = gw
+    let bearer = login().await;
+    let change = gw
         .client()
         .post(gw.https("/api/auth/changePassword"))
         .header("X-Authorization", &bearer)
-        .json(&json!({"currentPassword": PASSWORD, "newPassword": "another-horse-battery"}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(changed.status(), 200);
+        .json(&json!({"currentPassword": PASSWORD, "newPassword": "another-horse-battery"}));
+    serves_then_refuses(&gw, &double, &bearer, change, "the outdated token's").await;
+}
+
+/// `credential` reaches the platform route over HTTP/1.1 (a platform token
+/// issued) and HTTP/2 (reused); then `kill` ends it, and its next request
+/// over either wire is refused and never leaves.
+async fn serves_then_refuses(
+    gw: &Gateway,
+    double: &PlatformDouble,
+    credential: &str,
+    kill: reqwest::RequestBuilder,
+    whose: &str,
+) {
+    for wire in WIRES {
+        platform_user_over(gw, wire, &[("X-Authorization", credential)]).await;
+    }
+    assert_eq!(kill.send().await.unwrap().status(), 200, "{whose}");
     let before = double.seen().len();
-    let (status, _) =
-        error_body(get(&gw, "/api/tb/user", &[("X-Authorization", &bearer)]).await).await;
-    assert_eq!(status, 401);
-    assert_eq!(
-        double.seen().len(),
-        before,
-        "the outdated token's request never left"
-    );
+    for wire in WIRES {
+        let headers = [("X-Authorization", credential)];
+        let response = get_over(gw, wire, "/api/tb/user", &headers).await;
+        assert_eq!(error_body(response).await.0, 401, "{wire:?}: {whose}");
+    }
+    assert_eq!(double.seen().len(), before, "{whose} request never left");
 }
 
 #[tokio::test]
@@ -747,11 +751,17 @@ async fn a_platform_token_is_reused_until_most_of_its_lifetime_is_spent() {
             .and_then(|s| s.header("x-authorization").map(str::to_owned))
             .unwrap()
     };
-    platform_user(&gw, &[("X-Authorization", &api_key)]).await;
+    // Issued over one wire, reused over both: one cache behind them.
+    platform_user_over(&gw, Wire::Http1, &[("X-Authorization", &api_key)]).await;
     let first = forwarded(&double);
-    platform_user(&gw, &[("X-Authorization", &api_key)]).await;
-    platform_user(&gw, &[("X-Authorization", &api_key)]).await;
-    assert_eq!(forwarded(&double), first, "the same token, reused");
+    for wire in WIRES {
+        platform_user_over(&gw, wire, &[("X-Authorization", &api_key)]).await;
+        assert_eq!(
+            forwarded(&double),
+            first,
+            "{wire:?}: the same token, reused"
+        );
+    }
     assert_eq!(passports(&gw, "platform").await, (1, 2));
     // Past 90% of its 2 s, a new one is signed (and it is a new token: its
     // iat is at least a second later).

@@ -39,6 +39,7 @@ async fn method_override_headers_cannot_turn_a_get_only_keys_get_into_a_delete()
     let reader = api_key_header(&get_only_key(&gw, &whole, user.id).await);
     for wire in common::WIRES {
         let client = gw.client_over(wire);
+        let declines = gw.declines().await;
         // The key itself may not delete...
         let (status, json) = error_body(
             client
@@ -83,6 +84,8 @@ async fn method_override_headers_cannot_turn_a_get_only_keys_get_into_a_delete()
                 "{wire:?} {path}: {leaked:?} reached the upstream"
             );
         }
+        gw.assert_lean_path_took(&declines, &[], &format!("{wire:?}"))
+            .await;
     }
 }
 

@@ -1,13 +1,14 @@
 //! Scoped API keys end to end: the real server, a recording upstream, and
 //! keys limited to some methods under some paths. A request outside a key's
 //! scopes is a 403 that reaches no upstream, however its path is spelled;
-//! a scoped key never makes a key.
+//! a scoped key never makes a key. Each behaviour's one body runs over both
+//! wires ([`common::WIRES`]): HTTP/1.1 through the lean path, and HTTP/2.
 
 mod common;
 
 use std::time::Duration;
 
-use common::{Gateway, Upstream, api_key_header, counter, error_body};
+use common::{Gateway, Upstream, WIRES, Wire, api_key_header, counter, error_body};
 use keygate::identity::Authority;
 use keygate::store::UserRecord;
 use serde_json::{Value, json};
@@ -24,9 +25,10 @@ async fn admin(gw: &Gateway, email: &str) -> (UserRecord, String) {
 }
 
 /// `POST /api/apiKey` for `user` with `scopes` (left out when `None`),
-/// sent with the key `with`.
-async fn create_key(
+/// sent with the key `with` over `wire`.
+async fn create_key_over(
     gw: &Gateway,
+    wire: Wire,
     with: &str,
     user: &UserRecord,
     scopes: Option<Value>,
@@ -36,13 +38,26 @@ async fn create_key(
     if let Some(scopes) = scopes {
         body["scopes"] = scopes;
     }
-    gw.client()
+    let response = gw
+        .client_over(wire)
         .post(gw.https("/api/apiKey"))
         .header("X-Authorization", api_key_header(with))
         .json(&body)
         .send()
         .await
-        .unwrap()
+        .unwrap();
+    assert_eq!(response.version(), wire.version());
+    response
+}
+
+/// [`create_key_over`] HTTP/2, for a test's setting up.
+async fn create_key(
+    gw: &Gateway,
+    with: &str,
+    user: &UserRecord,
+    scopes: Option<Value>,
+) -> reqwest::Response {
+    create_key_over(gw, Wire::Http2, with, user, scopes).await
 }
 
 /// A new key of `user` limited to `scopes`: its value and its record.
@@ -53,13 +68,17 @@ async fn scoped_key(gw: &Gateway, with: &str, user: &UserRecord, scopes: Value) 
     (record["value"].as_str().unwrap().to_string(), record)
 }
 
-async fn call(gw: &Gateway, method: &str, path: &str, key: &str) -> reqwest::Response {
-    gw.client()
+/// `method path` with `key` over `wire`.
+async fn call(gw: &Gateway, wire: Wire, method: &str, path: &str, key: &str) -> reqwest::Response {
+    let response = gw
+        .client_over(wire)
         .request(method.parse().unwrap(), gw.https(path))
         .header("X-Authorization", api_key_header(key))
         .send()
         .await
-        .unwrap()
+        .unwrap();
+    assert_eq!(response.version(), wire.version(), "{method} {path}");
+    response
 }
 
 /// Checks a refusal for being out of scope: 403, code 20, a message naming
@@ -117,42 +136,49 @@ async fn a_scoped_key_reaches_the_upstream_only_with_a_grant_of_the_method_and_p
     ]);
     let (key, _) = scoped_key(&gw, &admin_key, &user, scopes).await;
 
-    for (method, path) in [
-        ("GET", "/api/device"),
-        ("GET", "/api/device/abc"),
-        ("GET", "/api/device/abc/credentials?x=1"),
-        ("HEAD", "/api/device/abc"),
-        ("POST", "/api/plugins/telemetry/DEVICE/abc/timeseries/ANY"),
-    ] {
-        let response = call(&gw, method, path, &key).await;
-        assert_eq!(response.status(), 200, "{method} {path}");
-    }
-    let allowed = upstream.requests().len();
-    assert_eq!(allowed, 5);
-    assert_eq!(upstream.last().method, "POST");
+    for (round, wire) in (1..).zip(WIRES) {
+        let declines = gw.declines().await;
+        let forwarded = upstream.requests().len();
+        for (method, path) in [
+            ("GET", "/api/device"),
+            ("GET", "/api/device/abc"),
+            ("GET", "/api/device/abc/credentials?x=1"),
+            ("HEAD", "/api/device/abc"),
+            ("POST", "/api/plugins/telemetry/DEVICE/abc/timeseries/ANY"),
+        ] {
+            let response = call(&gw, wire, method, path, &key).await;
+            assert_eq!(response.status(), 200, "{wire:?} {method} {path}");
+        }
+        let allowed = upstream.requests().len();
+        assert_eq!(allowed, forwarded + 5, "{wire:?}");
+        assert_eq!(upstream.last().method, "POST");
 
-    for (method, path) in [
-        ("POST", "/api/device/abc"),
-        ("DELETE", "/api/device/abc"),
-        ("PUT", "/api/device"),
-        ("GET", "/api/tenant/devices"),
-        ("GET", "/api/plugins/telemetry/DEVICE/abc/values/timeseries"),
-        // The grant ends in '/': only what is below it.
-        ("POST", "/api/plugins/telemetry"),
-        ("OPTIONS", "/api/device"),
-    ] {
-        let response = call(&gw, method, path, &key).await;
-        assert_out_of_scope(response, &key, &format!("{method} {path}")).await;
+        for (method, path) in [
+            ("POST", "/api/device/abc"),
+            ("DELETE", "/api/device/abc"),
+            ("PUT", "/api/device"),
+            ("GET", "/api/tenant/devices"),
+            ("GET", "/api/plugins/telemetry/DEVICE/abc/values/timeseries"),
+            // The grant ends in '/': only what is below it.
+            ("POST", "/api/plugins/telemetry"),
+            ("OPTIONS", "/api/device"),
+        ] {
+            let response = call(&gw, wire, method, path, &key).await;
+            assert_out_of_scope(response, &key, &format!("{wire:?} {method} {path}")).await;
+        }
+        assert_eq!(
+            upstream.requests().len(),
+            allowed,
+            "{wire:?}: nothing more was forwarded"
+        );
+        assert_eq!(counter(&gw.metrics().await, OUT_OF_SCOPE_SERIES), 7 * round);
+        // The same user's unscoped key keeps the user's full rights.
+        let whole = call(&gw, wire, "DELETE", "/api/device/abc", &admin_key).await;
+        assert_eq!(whole.status(), 200, "{wire:?}");
+        // HEAD is hyper's over HTTP/1.1 (its answer has a length, no body).
+        gw.assert_lean_path_took(&declines, &["method"], &format!("{wire:?}"))
+            .await;
     }
-    assert_eq!(
-        upstream.requests().len(),
-        allowed,
-        "nothing more was forwarded"
-    );
-    assert_eq!(counter(&gw.metrics().await, OUT_OF_SCOPE_SERIES), 7);
-    // The same user's unscoped key keeps the user's full rights.
-    let whole = call(&gw, "DELETE", "/api/device/abc", &admin_key).await;
-    assert_eq!(whole.status(), 200);
 }
 
 #[tokio::test]
@@ -161,18 +187,25 @@ async fn a_grant_prefix_that_is_not_a_segment_boundary_matches_nothing_more() {
     let (user, admin_key) = admin(&gw, "scoped-boundary@example.com").await;
     let scopes = json!([{"path": "/api/device", "methods": ["GET"]}]);
     let (key, _) = scoped_key(&gw, &admin_key, &user, scopes).await;
-    for path in [
-        "/api/devices",
-        "/api/deviceProfile/x",
-        "/api/device-x",
-        "/api/devic",
-    ] {
-        let response = call(&gw, "GET", path, &key).await;
-        assert_out_of_scope(response, &key, path).await;
+    for wire in WIRES {
+        let declines = gw.declines().await;
+        for path in [
+            "/api/devices",
+            "/api/deviceProfile/x",
+            "/api/device-x",
+            "/api/devic",
+        ] {
+            let response = call(&gw, wire, "GET", path, &key).await;
+            assert_out_of_scope(response, &key, &format!("{wire:?} {path}")).await;
+        }
+        gw.assert_lean_path_took(&declines, &[], &format!("{wire:?}"))
+            .await;
     }
     assert!(upstream.requests().is_empty(), "nothing was forwarded");
 }
 
+/// HTTP/1.1 only: the request line is sent byte for byte, which an HTTP
+/// client would resolve or re-encode.
 #[tokio::test]
 async fn dot_segments_and_encoded_tricks_cannot_climb_out_of_a_scope() {
     let (upstream, gw) = common::gateway("").await;
@@ -221,18 +254,30 @@ async fn dot_segments_and_encoded_tricks_cannot_climb_out_of_a_scope() {
 #[tokio::test]
 async fn a_scoped_key_creates_no_key_broader_narrower_or_unscoped() {
     let (_upstream, gw) = common::gateway("").await;
-    let (user, admin_key) = admin(&gw, "scoped-escalation@example.com").await;
+    for wire in WIRES {
+        let email = format!("scoped-escalation-{wire:?}@example.com").to_lowercase();
+        let (user, admin_key) = admin(&gw, &email).await;
+        no_key_from_a_scoped_one(&gw, wire, &user, &admin_key).await;
+    }
+}
+
+/// A scoped key of `user` creates no key over `wire`.
+async fn no_key_from_a_scoped_one(gw: &Gateway, wire: Wire, user: &UserRecord, admin_key: &str) {
     let own = json!([
         {"path": "/api/apiKey", "methods": ["POST"]},
         {"path": "/api/device/", "methods": ["GET", "POST"]},
     ]);
-    let (key, _) = scoped_key(&gw, &admin_key, &user, own).await;
+    let (key, _) = scoped_key(gw, admin_key, user, own).await;
 
-    let unscoped = create_key(&gw, &key, &user, None).await;
+    let unscoped = create_key_over(gw, wire, &key, user, None).await;
     let (status, body) = error_body(unscoped).await;
-    assert_eq!((status, &body["errorCode"]), (403, &json!(20)), "{body}");
-    let null = create_key(&gw, &key, &user, Some(Value::Null)).await;
-    assert_eq!(null.status(), 403, "null scopes are no scopes");
+    assert_eq!(
+        (status, &body["errorCode"]),
+        (403, &json!(20)),
+        "{wire:?} {body}"
+    );
+    let null = create_key_over(gw, wire, &key, user, Some(Value::Null)).await;
+    assert_eq!(null.status(), 403, "{wire:?}: null scopes are no scopes");
     for broader in [
         json!([{"path": "/api/", "methods": ["GET"]}]),
         json!([{"path": "/", "methods": ["GET"]}]),
@@ -242,12 +287,12 @@ async fn a_scoped_key_creates_no_key_broader_narrower_or_unscoped() {
         json!([{"path": "/api/device/x", "methods": ["GET"]}, {"path": "/api/user", "methods": ["GET"]}]),
         json!([{"path": "/api/apiKeys", "methods": ["POST"]}]),
     ] {
-        let response = create_key(&gw, &key, &user, Some(broader.clone())).await;
+        let response = create_key_over(gw, wire, &key, user, Some(broader.clone())).await;
         let (status, body) = error_body(response).await;
         assert_eq!(
             (status, &body["errorCode"]),
             (403, &json!(20)),
-            "{broader}: {body}"
+            "{wire:?} {broader}: {body}"
         );
     }
     // Nor narrower (or the same) grants: making a key is a credential,
@@ -256,56 +301,73 @@ async fn a_scoped_key_creates_no_key_broader_narrower_or_unscoped() {
         json!([{"path": "/api/device/abc", "methods": ["GET", "HEAD"]}]),
         json!([{"path": "/api/apiKey", "methods": ["POST"]}]),
     ] {
-        let response = create_key(&gw, &key, &user, Some(narrower.clone())).await;
-        assert_out_of_scope(response, &key, &format!("narrower {narrower}")).await;
+        let response = create_key_over(gw, wire, &key, user, Some(narrower.clone())).await;
+        let what = format!("{wire:?} narrower {narrower}");
+        assert_out_of_scope(response, &key, &what).await;
     }
     assert_eq!(
         gw.running.store.list_api_keys(user.id).await.unwrap().len(),
         2,
-        "the administrator's key and the scoped one, nothing more"
+        "{wire:?}: the administrator's key and the scoped one, nothing more"
     );
 
     // Without a grant of POST /api/apiKey, no key at all.
     let reader = json!([{"path": "/api/device/", "methods": ["GET"]}]);
-    let (reader, _) = scoped_key(&gw, &admin_key, &user, reader).await;
+    let (reader, _) = scoped_key(gw, admin_key, user, reader).await;
     let narrower = json!([{"path": "/api/device/x", "methods": ["GET"]}]);
-    let response = create_key(&gw, &reader, &user, Some(narrower)).await;
-    assert_out_of_scope(response, &reader, "create without a grant").await;
+    let response = create_key_over(gw, wire, &reader, user, Some(narrower)).await;
+    assert_out_of_scope(
+        response,
+        &reader,
+        &format!("{wire:?} create without a grant"),
+    )
+    .await;
 }
 
 #[tokio::test]
 async fn a_scoped_key_manages_users_and_keys_only_with_a_grant_of_that_endpoint() {
     let (_upstream, gw) = common::gateway("").await;
-    let (user, admin_key) = admin(&gw, "scoped-manager@example.com").await;
+    for wire in WIRES {
+        let email = format!("scoped-manager-{wire:?}@example.com").to_lowercase();
+        let (user, admin_key) = admin(&gw, &email).await;
+        manages_only_with_a_grant(&gw, wire, &user, &admin_key).await;
+    }
+}
+
+/// A scoped key of `user` reaches the management endpoints it has a grant
+/// of, and no other, over `wire`.
+async fn manages_only_with_a_grant(gw: &Gateway, wire: Wire, user: &UserRecord, admin_key: &str) {
     let read_user = json!([{"path": "/api/user", "methods": ["GET"]}]);
-    let (key, _) = scoped_key(&gw, &admin_key, &user, read_user).await;
+    let (key, _) = scoped_key(gw, admin_key, user, read_user).await;
     let own = format!("/api/user/{}", user.id);
-    let response = call(&gw, "GET", &own, &key).await;
-    assert_eq!(response.status(), 200);
+    let response = call(gw, wire, "GET", &own, &key).await;
+    assert_eq!(response.status(), 200, "{wire:?}");
     let body: Value = response.json().await.unwrap();
-    assert_eq!(body["email"], "scoped-manager@example.com");
+    assert_eq!(body["email"], user.email);
     // `/api/users` is not below `/api/user`.
-    let listing = call(&gw, "GET", "/api/users?pageSize=10&page=0", &key).await;
+    let listing = call(gw, wire, "GET", "/api/users?pageSize=10&page=0", &key).await;
     assert_out_of_scope(listing, &key, "GET /api/users").await;
-    let delete = call(&gw, "DELETE", &own, &key).await;
+    let delete = call(gw, wire, "DELETE", &own, &key).await;
     assert_out_of_scope(delete, &key, "DELETE /api/user/{id}").await;
     let keys = format!("/api/apiKeys/{}?pageSize=10&page=0", user.id);
-    assert_out_of_scope(call(&gw, "GET", &keys, &key).await, &key, "list keys").await;
+    let listed = call(gw, wire, "GET", &keys, &key).await;
+    assert_out_of_scope(listed, &key, "list keys").await;
     let disable = format!("/api/apiKey/{}/enabled/false", uuid::Uuid::new_v4());
-    assert_out_of_scope(call(&gw, "PUT", &disable, &key).await, &key, "disable").await;
+    let disabled = call(gw, wire, "PUT", &disable, &key).await;
+    assert_out_of_scope(disabled, &key, "disable").await;
 
     let manage = json!([
         {"path": "/api/users", "methods": ["GET"]},
         {"path": "/api/apiKeys/", "methods": ["GET"]},
     ]);
-    let (manager, _) = scoped_key(&gw, &admin_key, &user, manage).await;
-    let users = call(&gw, "GET", "/api/users?pageSize=10&page=0", &manager).await;
-    assert_eq!(users.status(), 200);
-    let listed = call(&gw, "GET", &keys, &manager).await;
-    assert_eq!(listed.status(), 200);
+    let (manager, _) = scoped_key(gw, admin_key, user, manage).await;
+    let users = call(gw, wire, "GET", "/api/users?pageSize=10&page=0", &manager).await;
+    assert_eq!(users.status(), 200, "{wire:?}");
+    let listed = call(gw, wire, "GET", &keys, &manager).await;
+    assert_eq!(listed.status(), 200, "{wire:?}");
     let page: Value = listed.json().await.unwrap();
     let records = page["data"].as_array().unwrap();
-    assert_eq!(records.len(), 3);
+    assert_eq!(records.len(), 3, "{wire:?}");
     // An unscoped key's record is as it always was; a scoped one shows its grants.
     assert!(records[0].get("scopes").is_none(), "{}", records[0]);
     assert_eq!(
@@ -326,20 +388,23 @@ async fn any_scoped_key_reads_its_user_and_none_changes_a_password() {
     let (all, _) = scoped_key(&gw, &admin_key, &user, everything).await;
     let narrow = json!([{"path": "/api/device/", "methods": ["GET"]}]);
     let (narrow, _) = scoped_key(&gw, &admin_key, &user, narrow).await;
-    for key in [&all, &narrow] {
-        let me = call(&gw, "GET", "/api/auth/user", key).await;
-        assert_eq!(me.status(), 200);
-        let body: Value = me.json().await.unwrap();
-        assert_eq!(body["email"], "scoped-self@example.com");
-        let change = gw
-            .client()
-            .post(gw.https("/api/auth/changePassword"))
-            .header("X-Authorization", api_key_header(key))
-            .json(&json!({"currentPassword": common::PASSWORD, "newPassword": "another-long-password"}))
-            .send()
-            .await
-            .unwrap();
-        assert_out_of_scope(change, key, "change password").await;
+    for wire in WIRES {
+        for key in [&all, &narrow] {
+            let me = call(&gw, wire, "GET", "/api/auth/user", key).await;
+            assert_eq!(me.status(), 200, "{wire:?}");
+            let body: Value = me.json().await.unwrap();
+            assert_eq!(body["email"], "scoped-self@example.com");
+            let change = gw
+                .client_over(wire)
+                .post(gw.https("/api/auth/changePassword"))
+                .header("X-Authorization", api_key_header(key))
+                .json(&json!({"currentPassword": common::PASSWORD, "newPassword": "another-long-password"}))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(change.version(), wire.version());
+            assert_out_of_scope(change, key, &format!("{wire:?} change password")).await;
+        }
     }
     assert!(upstream.requests().is_empty());
     // The password is unchanged.
@@ -354,23 +419,58 @@ async fn the_read_only_grant_reads_every_path_and_writes_none() {
     let read_only = json!([{"path": "/", "methods": ["GET"]}]);
     let (key, record) = scoped_key(&gw, &admin_key, &user, read_only).await;
     assert_eq!(record["scopes"], json!([{"path": "/", "methods": ["GET"]}]));
-    for path in ["/api/tenant/devices", "/api/device/x", "/api/noauth/info"] {
-        assert_eq!(call(&gw, "GET", path, &key).await.status(), 200, "{path}");
+    for wire in WIRES {
+        let declines = gw.declines().await;
+        for path in ["/api/tenant/devices", "/api/device/x", "/api/noauth/info"] {
+            let response = call(&gw, wire, "GET", path, &key).await;
+            assert_eq!(response.status(), 200, "{wire:?} {path}");
+        }
+        let head = call(&gw, wire, "HEAD", "/api/device/x", &key).await;
+        assert_eq!(head.status(), 200, "{wire:?}");
+        let seen = upstream.requests().len();
+        for method in ["POST", "PUT", "PATCH", "DELETE"] {
+            let response = call(&gw, wire, method, "/api/device/x", &key).await;
+            assert_out_of_scope(response, &key, &format!("{wire:?} {method}")).await;
+        }
+        assert_eq!(
+            upstream.requests().len(),
+            seen,
+            "{wire:?}: no write was forwarded"
+        );
+        // HEAD is hyper's over HTTP/1.1 (its answer has a length, no body).
+        gw.assert_lean_path_took(&declines, &["method"], &format!("{wire:?}"))
+            .await;
     }
-    assert_eq!(call(&gw, "HEAD", "/api/device/x", &key).await.status(), 200);
-    let seen = upstream.requests().len();
-    for method in ["POST", "PUT", "PATCH", "DELETE"] {
-        let response = call(&gw, method, "/api/device/x", &key).await;
-        assert_out_of_scope(response, &key, method).await;
-    }
-    assert_eq!(upstream.requests().len(), seen, "no write was forwarded");
 }
 
 #[tokio::test]
 async fn every_malformed_scope_is_a_400_naming_its_field_and_creates_nothing() {
     let (_upstream, gw) = common::gateway("").await;
     let (user, admin_key) = admin(&gw, "scoped-malformed@example.com").await;
-    let cases = [
+    for wire in WIRES {
+        for (scopes, expected) in malformed_scopes() {
+            let response =
+                create_key_over(&gw, wire, &admin_key, &user, Some(scopes.clone())).await;
+            let (status, body) = error_body(response).await;
+            assert_eq!(
+                (status, &body["errorCode"]),
+                (400, &json!(31)),
+                "{wire:?} {scopes}: {body}"
+            );
+            let message = body["message"].as_str().unwrap();
+            assert!(
+                message.starts_with(expected),
+                "{wire:?} {scopes}: {message}"
+            );
+        }
+    }
+    let keys = gw.running.store.list_api_keys(user.id).await.unwrap();
+    assert_eq!(keys.len(), 1, "only the administrator's own key exists");
+}
+
+/// Malformed `scopes` values and the start of the message each gets.
+fn malformed_scopes() -> Vec<(Value, &'static str)> {
+    vec![
         (
             json!({"path": "/", "methods": ["GET"]}),
             "scopes: must be a list",
@@ -424,20 +524,7 @@ async fn every_malformed_scope_is_a_400_naming_its_field_and_creates_nothing() {
             json!([{"path": "/", "methods": ["GET"], "paths": ["/x"]}]),
             "scopes[0]: unknown field `paths`",
         ),
-    ];
-    for (scopes, expected) in cases {
-        let response = create_key(&gw, &admin_key, &user, Some(scopes.clone())).await;
-        let (status, body) = error_body(response).await;
-        assert_eq!(
-            (status, &body["errorCode"]),
-            (400, &json!(31)),
-            "{scopes}: {body}"
-        );
-        let message = body["message"].as_str().unwrap();
-        assert!(message.starts_with(expected), "{scopes}: {message}");
-    }
-    let keys = gw.running.store.list_api_keys(user.id).await.unwrap();
-    assert_eq!(keys.len(), 1, "only the administrator's own key exists");
+    ]
 }
 
 /// Authenticates a socket on `/api/ws` with `key` in the first frame, then
@@ -468,6 +555,7 @@ async fn keyed_socket(gw: &Gateway, key: &str) -> Result<Value, (u16, String)> {
         .expect("an answer in time")
 }
 
+/// HTTP/1.1 only: an upgrade, which HTTP/2 does not have.
 #[tokio::test]
 async fn a_scoped_key_opens_a_websocket_only_with_a_get_grant_of_its_path() {
     let gw = Gateway::start(&common::reference_upstream().await, "").await;
@@ -506,6 +594,7 @@ async fn a_scoped_key_opens_a_websocket_only_with_a_get_grant_of_its_path() {
     );
 }
 
+/// HTTP/1.1 only: an upgrade, which HTTP/2 does not have.
 #[tokio::test]
 async fn a_websocket_upgrade_on_a_proxied_route_is_checked_against_the_scope() {
     let upstream = Upstream::start().await;

@@ -1,11 +1,16 @@
 //! Attacks found in review, each replayed against the real server on loopback:
-//! the test is named after the attack it stops.
+//! the test is named after the attack it stops. An attack made of requests
+//! runs its one body over both wires ([`common::WIRES`]): HTTP/1.1 (the lean
+//! path for a proxied route, hyper's for keygate's own endpoints) and
+//! HTTP/2; one sent byte for byte is HTTP/1.1's, and says so.
 
 mod common;
 
 use std::time::Duration;
 
-use common::{Gateway, PASSWORD, Upstream, counter, error_body, raw_http};
+use common::{
+    Gateway, PASSWORD, Upstream, WIRES, Wire, counter, error_body, plain_client_over, raw_http,
+};
 use keygate::accounts::{self, NewUser};
 use keygate::identity::Authority;
 use keygate::store::UserRecord;
@@ -33,12 +38,20 @@ async fn user_in(
 }
 
 async fn get(gw: &Gateway, path: &str, credential: &str) -> reqwest::Response {
-    gw.client()
+    get_over(gw, Wire::Http2, path, credential).await
+}
+
+/// `GET path` with `credential` over `wire`.
+async fn get_over(gw: &Gateway, wire: Wire, path: &str, credential: &str) -> reqwest::Response {
+    let response = gw
+        .client_over(wire)
         .get(gw.https(path))
         .header("X-Authorization", credential)
         .send()
         .await
-        .unwrap()
+        .unwrap();
+    assert_eq!(response.version(), wire.version(), "{path}");
+    response
 }
 
 #[tokio::test]
@@ -74,23 +87,26 @@ async fn activation_link_cannot_reset_an_active_account() {
     let (_, customer_key) = gw.api_key(&customer, 0).await;
 
     // Another TENANT_ADMIN of the same tenant, and a key holder for itself.
-    for (path, credential) in [
-        (
-            format!("/api/user/{}/activationLink", victim.id),
-            format!("Bearer {peer_token}"),
-        ),
-        (
-            format!("/api/user/{}/activationLink", customer.id),
-            common::api_key_header(&customer_key),
-        ),
-    ] {
-        let (code, json) = error_body(get(&gw, &path, &credential).await).await;
-        assert_eq!(
-            (code, json["errorCode"].as_u64()),
-            (400, Some(31)),
-            "{json}"
-        );
-        assert_eq!(json["message"], "User is already active");
+    for wire in WIRES {
+        for (path, credential) in [
+            (
+                format!("/api/user/{}/activationLink", victim.id),
+                format!("Bearer {peer_token}"),
+            ),
+            (
+                format!("/api/user/{}/activationLink", customer.id),
+                common::api_key_header(&customer_key),
+            ),
+        ] {
+            let response = get_over(&gw, wire, &path, &credential).await;
+            let (code, json) = error_body(response).await;
+            assert_eq!(
+                (code, json["errorCode"].as_u64()),
+                (400, Some(31)),
+                "{wire:?} {json}"
+            );
+            assert_eq!(json["message"], "User is already active");
+        }
     }
     // The owner is not locked out and keeps working.
     assert_eq!(
@@ -144,22 +160,27 @@ async fn pending_user_with_token(gw: &Gateway) -> (Uuid, String) {
     (id, token)
 }
 
-async fn activate(gw: &Gateway, token: &str, password: &str) -> reqwest::Response {
-    gw.client()
+/// `POST /api/noauth/activate` over `wire`.
+async fn activate(gw: &Gateway, wire: Wire, token: &str, password: &str) -> reqwest::Response {
+    let response = gw
+        .client_over(wire)
         .post(gw.https("/api/noauth/activate"))
         .json(&json!({"activateToken": token, "password": password}))
         .send()
         .await
-        .unwrap()
+        .unwrap();
+    assert_eq!(response.version(), wire.version());
+    response
 }
 
 #[tokio::test]
 async fn activation_token_raced_twice_sets_one_password() {
     let (_upstream, gw) = common::gateway("").await;
     let (_, token) = pending_user_with_token(&gw).await;
+    // One racer over each wire.
     let (a, b) = tokio::join!(
-        activate(&gw, &token, "first-password-a"),
-        activate(&gw, &token, "first-password-b"),
+        activate(&gw, Wire::Http1, &token, "first-password-a"),
+        activate(&gw, Wire::Http2, &token, "first-password-b"),
     );
     let mut statuses = [a.status().as_u16(), b.status().as_u16()];
     statuses.sort();
@@ -188,7 +209,9 @@ async fn activation_flood_with_bogus_tokens_never_hashes_and_is_limited_per_addr
     let before = gw.metrics().await;
     let mut statuses = Vec::new();
     for i in 0..30 {
-        let response = activate(&gw, &format!("bogus-token-{i}"), "a-long-enough-password").await;
+        // The wires take turns: one address, one window.
+        let token = format!("bogus-token-{i}");
+        let response = activate(&gw, WIRES[i % 2], &token, "a-long-enough-password").await;
         statuses.push(response.status().as_u16());
     }
     assert!(statuses[..20].iter().all(|s| *s == 400), "{statuses:?}");
@@ -218,10 +241,13 @@ async fn activation_flood_with_bogus_tokens_never_hashes_and_is_limited_per_addr
 async fn activation_with_a_valid_token_sets_the_password_once() {
     let (_upstream, gw) = common::gateway("").await;
     let (_, token) = pending_user_with_token(&gw).await;
-    let response = activate(&gw, &token, "chosen-password").await;
+    let response = activate(&gw, Wire::Http1, &token, "chosen-password").await;
     assert_eq!(response.status(), 200);
-    let (code, _) = error_body(activate(&gw, &token, "attacker-password").await).await;
-    assert_eq!(code, 400);
+    // Spent, over either wire.
+    for wire in WIRES {
+        let again = activate(&gw, wire, &token, "attacker-password").await;
+        assert_eq!(error_body(again).await.0, 400, "{wire:?}");
+    }
     assert_eq!(
         gw.login_at(
             gw.https("/api/auth/login"),
@@ -239,12 +265,17 @@ async fn parallel_wrong_passwords_never_exceed_the_login_limit() {
     let (_upstream, gw) = common::gateway("").await;
     gw.user("target@example.com", Authority::TenantAdmin).await;
     let before = gw.metrics().await;
+    // The wires take turns: one address, one window.
+    let clients = WIRES.map(|wire| gw.client_over(wire));
     let guesses = (0..40).map(|i| {
-        let gw = &gw;
+        let (gw, client) = (&gw, &clients[i % 2]);
         async move {
             let guess = format!("wrong-guess-{i}");
-            gw.login_at(gw.https("/api/auth/login"), "target@example.com", &guess)
-                .await
+            let body = json!({"username": "target@example.com", "password": guess});
+            let url = gw.https("/api/auth/login");
+            let response = client.post(url).json(&body).send().await.unwrap();
+            assert_eq!(response.version(), WIRES[i % 2].version());
+            response
         }
     });
     let responses = futures_util::future::join_all(guesses).await;
@@ -258,27 +289,29 @@ async fn parallel_wrong_passwords_never_exceed_the_login_limit() {
 
 const TRUSTING_LOOPBACK: &str = "[proxy]\ntrusted_proxies = [\"127.0.0.1/32\"]\n";
 
-async fn login_from(gw: &Gateway, client_ip: &str, password: &str) -> u16 {
-    gw.client()
-        .post(gw.https("/api/auth/login"))
-        .header("X-Forwarded-For", client_ip)
-        .json(&json!({"username": "owner@example.com", "password": password}))
-        .send()
-        .await
-        .unwrap()
-        .status()
-        .as_u16()
+/// The wire of a test's `n`-th request, the two taking turns: a limit
+/// counts both wires' requests alike.
+fn turn(n: usize) -> Wire {
+    WIRES[n % 2]
+}
+
+/// A login for the owner from `client_ip` over `wire`, as forwarded by a
+/// trusted proxy.
+async fn login_from(gw: &Gateway, wire: Wire, client_ip: &str, password: &str) -> u16 {
+    login_as_from(gw, wire, "owner@example.com", client_ip, password).await
 }
 
 #[tokio::test]
 async fn password_guesses_from_one_address_do_not_lock_the_owner_out() {
     let (_upstream, gw) = common::gateway(TRUSTING_LOOPBACK).await;
     gw.user("owner@example.com", Authority::TenantAdmin).await;
-    for _ in 0..10 {
-        assert_eq!(login_from(&gw, "198.51.100.7", "guess").await, 401);
+    for i in 0..10 {
+        assert_eq!(login_from(&gw, turn(i), "198.51.100.7", "guess").await, 401);
     }
-    assert_eq!(login_from(&gw, "198.51.100.7", PASSWORD).await, 429);
-    assert_eq!(login_from(&gw, "203.0.113.5", PASSWORD).await, 200);
+    for wire in WIRES {
+        assert_eq!(login_from(&gw, wire, "198.51.100.7", PASSWORD).await, 429);
+    }
+    assert_eq!(login_from(&gw, turn(0), "203.0.113.5", PASSWORD).await, 200);
 }
 
 #[tokio::test]
@@ -292,11 +325,13 @@ async fn password_guesses_spread_over_addresses_reach_the_account_ceiling() {
     gw.user("owner@example.com", Authority::TenantAdmin).await;
     for i in 0..6 {
         assert_eq!(
-            login_from(&gw, &format!("198.51.100.{i}"), "guess").await,
+            login_from(&gw, turn(i), &format!("198.51.100.{i}"), "guess").await,
             401
         );
     }
-    assert_eq!(login_from(&gw, "203.0.113.5", PASSWORD).await, 429);
+    for wire in WIRES {
+        assert_eq!(login_from(&gw, wire, "203.0.113.5", PASSWORD).await, 429);
+    }
 }
 
 /// The `i`-th address of the attacker's one /64 (as a trusted proxy reports it).
@@ -310,16 +345,23 @@ fn in_one_64(i: usize) -> String {
 }
 
 /// A login for `username` from `client_ip`, as forwarded by a trusted proxy.
-async fn login_as_from(gw: &Gateway, username: &str, client_ip: &str, password: &str) -> u16 {
-    gw.client()
+async fn login_as_from(
+    gw: &Gateway,
+    wire: Wire,
+    username: &str,
+    client_ip: &str,
+    password: &str,
+) -> u16 {
+    let response = gw
+        .client_over(wire)
         .post(gw.https("/api/auth/login"))
         .header("X-Forwarded-For", client_ip)
         .json(&json!({"username": username, "password": password}))
         .send()
         .await
-        .unwrap()
-        .status()
-        .as_u16()
+        .unwrap();
+    assert_eq!(response.version(), wire.version());
+    response.status().as_u16()
 }
 
 #[tokio::test]
@@ -334,7 +376,7 @@ async fn ipv6_rotation_within_one_64_hits_the_per_address_login_limit() {
     let before = gw.metrics().await;
     let mut statuses = Vec::new();
     for i in 0..40 {
-        statuses.push(login_from(&gw, &in_one_64(i), "guess").await);
+        statuses.push(login_from(&gw, turn(i), &in_one_64(i), "guess").await);
     }
     assert!(statuses[..3].iter().all(|s| *s == 401), "{statuses:?}");
     assert!(statuses[3..].iter().all(|s| *s == 429), "{statuses:?}");
@@ -342,12 +384,20 @@ async fn ipv6_rotation_within_one_64_hits_the_per_address_login_limit() {
     let hashes = r#"keygate_password_hashes_total{purpose="login"}"#;
     assert_eq!(counter(&after, hashes) - counter(&before, hashes), 3);
     // The account ceiling (30) was never reached: the owner, elsewhere, is in.
-    assert_eq!(login_from(&gw, "2001:db8:1:3::1", PASSWORD).await, 200);
+    assert_eq!(
+        login_from(&gw, turn(0), "2001:db8:1:3::1", PASSWORD).await,
+        200
+    );
     // An IPv4-mapped address counts as its IPv4 address.
-    for _ in 0..3 {
-        assert_eq!(login_from(&gw, "198.51.100.9", "guess").await, 401);
+    for i in 0..3 {
+        assert_eq!(login_from(&gw, turn(i), "198.51.100.9", "guess").await, 401);
     }
-    assert_eq!(login_from(&gw, "::ffff:198.51.100.9", "guess").await, 429);
+    for wire in WIRES {
+        assert_eq!(
+            login_from(&gw, wire, "::ffff:198.51.100.9", "guess").await,
+            429
+        );
+    }
 }
 
 #[tokio::test]
@@ -362,7 +412,7 @@ async fn unknown_name_spray_from_one_64_stops_at_the_per_address_limit() {
     let mut statuses = Vec::new();
     for i in 0..30 {
         let name = format!("nobody-{i}@example.com");
-        statuses.push(login_as_from(&gw, &name, &in_one_64(i), "guess").await);
+        statuses.push(login_as_from(&gw, turn(i), &name, &in_one_64(i), "guess").await);
     }
     assert!(statuses[..5].iter().all(|s| *s == 401), "{statuses:?}");
     assert!(statuses[5..].iter().all(|s| *s == 429), "{statuses:?}");
@@ -384,7 +434,14 @@ async fn unknown_name_spray_from_one_64_stops_at_the_per_address_limit() {
         .unwrap();
     assert_eq!(activation.status(), 429);
     // Another /64 has its own window.
-    let other = login_as_from(&gw, "nobody@example.com", "2001:db8:1:3::1", "guess").await;
+    let other = login_as_from(
+        &gw,
+        turn(1),
+        "nobody@example.com",
+        "2001:db8:1:3::1",
+        "guess",
+    )
+    .await;
     assert_eq!(other, 401);
 }
 
@@ -395,18 +452,29 @@ async fn change_password_cannot_be_used_to_brute_force_the_account_password() {
         .user("keyholder@example.com", Authority::TenantAdmin)
         .await;
     let (_, key) = gw.api_key(&user, 0).await;
-    let attempt = |current: &'static str| {
-        gw.client()
+    // The wires take turns: one account, one window.
+    let clients = WIRES.map(|wire| gw.client_over(wire));
+    let attempt = |n: usize, current: &'static str| {
+        clients[n % 2]
             .post(gw.https("/api/auth/changePassword"))
             .header("X-Authorization", common::api_key_header(&key))
             .json(&json!({"currentPassword": current, "newPassword": "brand-new-password"}))
             .send()
     };
-    for _ in 0..10 {
-        assert_eq!(attempt("wrong-guess").await.unwrap().status(), 400);
+    for n in 0..10 {
+        let response = attempt(n, "wrong-guess").await.unwrap();
+        assert_eq!(response.version(), turn(n).version());
+        assert_eq!(response.status(), 400, "{:?}", turn(n));
     }
-    let (code, json) = error_body(attempt(PASSWORD).await.unwrap()).await;
-    assert_eq!((code, json["errorCode"].as_u64()), (429, Some(33)));
+    for n in 0..2 {
+        let (code, json) = error_body(attempt(n, PASSWORD).await.unwrap()).await;
+        assert_eq!(
+            (code, json["errorCode"].as_u64()),
+            (429, Some(33)),
+            "{:?}",
+            turn(n)
+        );
+    }
 }
 
 #[tokio::test]
@@ -431,15 +499,21 @@ async fn forwarding_headers_from_an_untrusted_client_never_reach_the_upstream() 
         "X-Rewrite-URL",
         "X_Real_IP",
     ];
-    for path in ["/api/devices", "/api/noauth/info"] {
+    let declines = gw.declines().await;
+    for (wire, path) in WIRES
+        .into_iter()
+        .flat_map(|wire| [(wire, "/api/devices"), (wire, "/api/noauth/info")])
+    {
         let mut request = gw
-            .client()
+            .client_over(wire)
             .get(gw.https(path))
             .header("X-Authorization", common::api_key_header(&key));
         for name in spoofed {
             request = request.header(name, "spoofed");
         }
-        assert_eq!(request.send().await.unwrap().status(), 200);
+        let response = request.send().await.unwrap();
+        assert_eq!(response.version(), wire.version());
+        assert_eq!(response.status(), 200, "{wire:?} {path}");
         let seen = upstream.last_to(path);
         let leaked: Vec<_> = seen
             .headers
@@ -447,27 +521,36 @@ async fn forwarding_headers_from_an_untrusted_client_never_reach_the_upstream() 
             .filter(|(_, v)| v.as_bytes() == b"spoofed")
             .map(|(n, _)| n.as_str().to_string())
             .collect();
-        assert!(leaked.is_empty(), "{path}: {leaked:?} reached the upstream");
+        assert!(
+            leaked.is_empty(),
+            "{wire:?} {path}: {leaked:?} reached the upstream"
+        );
         assert_eq!(seen.headers["x-forwarded-for"], "127.0.0.1");
         assert_eq!(seen.headers["x-forwarded-proto"], "https");
     }
+    gw.assert_lean_path_took(&declines, &[], "untrusted forwarding headers")
+        .await;
 }
 
 #[tokio::test]
 async fn forwarding_headers_from_a_trusted_proxy_pass() {
     let (upstream, gw) = common::gateway(TRUSTING_LOOPBACK).await;
-    let response = gw
-        .client()
-        .get(gw.https("/api/noauth/info"))
-        .header("X-Forwarded-Prefix", "/edge")
-        .header("X-Real-IP", "203.0.113.5")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), 200);
-    let seen = upstream.last_to("/api/noauth/info");
-    assert_eq!(seen.headers["x-forwarded-prefix"], "/edge");
-    assert_eq!(seen.headers["x-real-ip"], "203.0.113.5");
+    for wire in WIRES {
+        upstream.seen.lock().unwrap().clear();
+        let response = gw
+            .client_over(wire)
+            .get(gw.https("/api/noauth/info"))
+            .header("X-Forwarded-Prefix", "/edge")
+            .header("X-Real-IP", "203.0.113.5")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.version(), wire.version());
+        assert_eq!(response.status(), 200, "{wire:?}");
+        let seen = upstream.last_to("/api/noauth/info");
+        assert_eq!(seen.headers["x-forwarded-prefix"], "/edge", "{wire:?}");
+        assert_eq!(seen.headers["x-real-ip"], "203.0.113.5", "{wire:?}");
+    }
 }
 
 #[tokio::test]
@@ -475,9 +558,13 @@ async fn separator_spelled_identity_headers_cannot_spoof_a_user() {
     let (upstream, gw) = common::gateway("").await;
     let user = gw.user("spoof@example.com", Authority::CustomerUser).await;
     let (_, key) = gw.api_key(&user, 0).await;
-    for path in ["/api/devices", "/api/noauth/info"] {
+    for (wire, path) in WIRES
+        .into_iter()
+        .flat_map(|wire| [(wire, "/api/devices"), (wire, "/api/noauth/info")])
+    {
+        upstream.seen.lock().unwrap().clear();
         let response = gw
-            .client()
+            .client_over(wire)
             .get(gw.https(path))
             .header("X-Authorization", common::api_key_header(&key))
             .header("X.Auth.User-Id", "evil")
@@ -486,13 +573,14 @@ async fn separator_spelled_identity_headers_cannot_spoof_a_user() {
             .send()
             .await
             .unwrap();
-        assert_eq!(response.status(), 200);
+        assert_eq!(response.version(), wire.version());
+        assert_eq!(response.status(), 200, "{wire:?} {path}");
         let seen = upstream.last_to(path);
         assert!(
             seen.headers.values().all(|v| v.as_bytes() != b"evil"
                 && v.as_bytes() != b"SYS_ADMIN"
                 && v.as_bytes() != b"evil@example.com"),
-            "{path}: {:?}",
+            "{wire:?} {path}: {:?}",
             seen.headers
         );
     }
@@ -501,32 +589,35 @@ async fn separator_spelled_identity_headers_cannot_spoof_a_user() {
 #[tokio::test]
 async fn semicolon_and_double_encoded_paths_cannot_reach_a_protected_route_as_public() {
     let (upstream, gw) = common::gateway("").await;
-    for path in [
-        "/api/noauth/..;/tenant/devices",
-        "/api/noauth/..;jsessionid=x/tenant/devices",
-        "/api/noauth/%252e%252e/tenant/devices",
-        "/api/noauth/%c0%ae%c0%ae/tenant/devices",
-        "/api/noauth/%ef%bc%8e%ef%bc%8e/tenant/devices",
-    ] {
-        let (code, json) = error_body(
-            gw.client()
+    for wire in WIRES {
+        for path in [
+            "/api/noauth/..;/tenant/devices",
+            "/api/noauth/..;jsessionid=x/tenant/devices",
+            "/api/noauth/%252e%252e/tenant/devices",
+            "/api/noauth/%c0%ae%c0%ae/tenant/devices",
+            "/api/noauth/%ef%bc%8e%ef%bc%8e/tenant/devices",
+        ] {
+            let response = gw
+                .client_over(wire)
                 .get(format!("{}{path}", gw.https("")))
                 .send()
                 .await
-                .unwrap(),
-        )
-        .await;
-        assert_eq!(
-            (code, json["errorCode"].as_u64()),
-            (400, Some(31)),
-            "{path}"
-        );
+                .unwrap();
+            assert_eq!(response.version(), wire.version());
+            let (code, json) = error_body(response).await;
+            assert_eq!(
+                (code, json["errorCode"].as_u64()),
+                (400, Some(31)),
+                "{wire:?} {path}"
+            );
+        }
     }
     assert!(upstream.requests().is_empty(), "nothing was forwarded");
 }
 
 /// Sent byte for byte (an HTTP client would percent-encode them): raw
-/// Unicode look-alike dots, and `;` encoded in both cases.
+/// Unicode look-alike dots, and `;` encoded in both cases. HTTP/1.1 only,
+/// as a raw request line is.
 #[tokio::test]
 async fn raw_unicode_dots_and_encoded_semicolons_cannot_reach_a_protected_route_as_public() {
     let (upstream, gw) = common::gateway("").await;
@@ -561,24 +652,30 @@ async fn raw_unicode_dots_and_encoded_semicolons_cannot_reach_a_protected_route_
 async fn api_key_sent_in_clear_to_a_public_route_is_refused_and_disabled() {
     let (upstream, gw) = common::gateway("[api_keys]\ndisable_on_plaintext = true\n").await;
     let user = gw.user("clear@example.com", Authority::TenantAdmin).await;
-    let (_, key) = gw.api_key(&user, 0).await;
-    let response = gw
-        .client()
-        .get(gw.http("/api/noauth/info"))
-        .header("X-Authorization", common::api_key_header(&key))
-        .send()
-        .await
-        .unwrap();
-    let (code, json) = error_body(response).await;
-    assert_eq!((code, json["errorCode"].as_u64()), (403, Some(20)));
-    assert!(upstream.requests().is_empty());
-    let (code, json) =
-        error_body(get(&gw, "/api/devices", &common::api_key_header(&key)).await).await;
-    assert_eq!(
-        (code, json["message"].as_str()),
-        (401, Some("User account is not active")),
-        "the exposed key was disabled"
-    );
+    for wire in WIRES {
+        let (_, key) = gw.api_key(&user, 0).await;
+        let response = plain_client_over(wire)
+            .get(gw.http("/api/noauth/info"))
+            .header("X-Authorization", common::api_key_header(&key))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.version(), wire.version());
+        let (code, json) = error_body(response).await;
+        assert_eq!(
+            (code, json["errorCode"].as_u64()),
+            (403, Some(20)),
+            "{wire:?}"
+        );
+        assert!(upstream.requests().is_empty());
+        let over_tls = get_over(&gw, wire, "/api/devices", &common::api_key_header(&key)).await;
+        let (code, json) = error_body(over_tls).await;
+        assert_eq!(
+            (code, json["message"].as_str()),
+            (401, Some("User account is not active")),
+            "{wire:?}: the exposed key was disabled"
+        );
+    }
 }
 
 #[tokio::test]
@@ -586,21 +683,49 @@ async fn passwords_and_tokens_in_clear_are_refused_when_a_proxy_saw_them_cross_i
     let (upstream, gw) = common::gateway(TRUSTING_LOOPBACK).await;
     let user = gw.user("clear@example.com", Authority::TenantAdmin).await;
     let (_, token) = gw.access_token(&user).await;
+    for wire in WIRES {
+        refused_when_seen_in_clear(&gw, wire, &token).await;
+    }
+    assert!(upstream.requests().is_empty());
+    // A loopback client that is not a proxy (a sidecar's neighbour) may.
+    let plain = Gateway::start(&upstream.url(), "").await;
+    let user = plain.user("side@example.com", Authority::TenantAdmin).await;
+    let (_, token) = plain.access_token(&user).await;
+    for wire in WIRES {
+        let response = plain_client_over(wire)
+            .get(plain.http("/api/devices"))
+            .header("X-Authorization", format!("Bearer {token}"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.version(), wire.version());
+        assert_eq!(response.status(), 200, "{wire:?}");
+    }
+}
+
+/// Through a trusting gateway's plain listener over `wire`: what a proxy
+/// reports as crossing in clear is refused, the same login reported as
+/// https passes.
+async fn refused_when_seen_in_clear(gw: &Gateway, wire: Wire, token: &str) {
+    let client = plain_client_over(wire);
     let over = |proto: &'static str, path: &str| {
-        gw.client()
+        client
             .post(gw.http(path))
             .header("X-Forwarded-Proto", proto)
     };
     let login_body = json!({"username": "clear@example.com", "password": PASSWORD});
-    let (code, json) = error_body(
-        over("http", "/api/auth/login")
-            .json(&login_body)
-            .send()
-            .await
-            .unwrap(),
-    )
-    .await;
-    assert_eq!((code, json["errorCode"].as_u64()), (403, Some(20)));
+    let response = over("http", "/api/auth/login")
+        .json(&login_body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.version(), wire.version());
+    let (code, json) = error_body(response).await;
+    assert_eq!(
+        (code, json["errorCode"].as_u64()),
+        (403, Some(20)),
+        "{wire:?}"
+    );
     let (code, _) = error_body(
         over("http", "/api/devices")
             .header("X-Authorization", format!("Bearer {token}"))
@@ -609,7 +734,7 @@ async fn passwords_and_tokens_in_clear_are_refused_when_a_proxy_saw_them_cross_i
             .unwrap(),
     )
     .await;
-    assert_eq!(code, 403);
+    assert_eq!(code, 403, "{wire:?}");
     let (code, _) = error_body(
         over("http", "/api/auth/token")
             .json(&json!({"refreshToken": "x.y.z"}))
@@ -618,27 +743,14 @@ async fn passwords_and_tokens_in_clear_are_refused_when_a_proxy_saw_them_cross_i
             .unwrap(),
     )
     .await;
-    assert_eq!(code, 403);
-    assert!(upstream.requests().is_empty());
+    assert_eq!(code, 403, "{wire:?}");
     // The same proxy reporting https: accepted.
     let response = over("https", "/api/auth/login")
         .json(&login_body)
         .send()
         .await
         .unwrap();
-    assert_eq!(response.status(), 200);
-    // A loopback client that is not a proxy (a sidecar's neighbour) may.
-    let plain = Gateway::start(&upstream.url(), "").await;
-    let user = plain.user("side@example.com", Authority::TenantAdmin).await;
-    let (_, token) = plain.access_token(&user).await;
-    let response = plain
-        .client()
-        .get(plain.http("/api/devices"))
-        .header("X-Authorization", format!("Bearer {token}"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), 200);
+    assert_eq!(response.status(), 200, "{wire:?}");
 }
 
 #[tokio::test]
@@ -663,23 +775,24 @@ async fn customer_user_cannot_learn_that_another_user_exists() {
     .await;
     let (_, key) = gw.api_key(&customer, 0).await;
     let credential = common::api_key_header(&key);
-    let existing =
-        error_body(get(&gw, &format!("/api/user/{}", admin.id), &credential).await).await;
-    let unknown =
-        error_body(get(&gw, &format!("/api/user/{}", Uuid::new_v4()), &credential).await).await;
-    assert_eq!(existing.0, 404);
-    assert_eq!(
-        (existing.0, &existing.1["message"], &existing.1["errorCode"]),
-        (unknown.0, &unknown.1["message"], &unknown.1["errorCode"])
-    );
-    assert_eq!(
-        get(&gw, &format!("/api/user/{}", customer.id), &credential)
-            .await
-            .status(),
-        200
-    );
+    for wire in WIRES {
+        let user = |id: Uuid| format!("/api/user/{id}");
+        let existing = get_over(&gw, wire, &user(admin.id), &credential).await;
+        let existing = error_body(existing).await;
+        let unknown = get_over(&gw, wire, &user(Uuid::new_v4()), &credential).await;
+        let unknown = error_body(unknown).await;
+        assert_eq!(existing.0, 404, "{wire:?}");
+        assert_eq!(
+            (existing.0, &existing.1["message"], &existing.1["errorCode"]),
+            (unknown.0, &unknown.1["message"], &unknown.1["errorCode"]),
+            "{wire:?}"
+        );
+        let own = get_over(&gw, wire, &user(customer.id), &credential).await;
+        assert_eq!(own.status(), 200, "{wire:?}");
+    }
 }
 
+/// HTTP/1.1 only: sent byte for byte, as HTTP/1.1 frames it.
 #[tokio::test]
 async fn malformed_chunked_body_is_the_clients_400_not_the_upstreams_502() {
     let (_upstream, gw) = common::gateway("").await;
@@ -701,9 +814,9 @@ async fn activation_link_ignores_a_spoofed_host_header() {
     let (_upstream, gw) = common::gateway("").await;
     let (id, _) = pending_user_with_token(&gw).await;
     let token = sys_admin_token(&gw).await;
-    let link_for = |gw: &Gateway, host: Option<&'static str>| {
+    let link_for = |gw: &Gateway, wire: Wire, host: Option<&'static str>| {
         let mut request = gw
-            .client()
+            .client_over(wire)
             .get(gw.https(&format!("/api/user/{id}/activationLink")))
             .header("X-Authorization", format!("Bearer {token}"));
         if let Some(host) = host {
@@ -713,17 +826,16 @@ async fn activation_link_ignores_a_spoofed_host_header() {
         }
         request.send()
     };
-    let link = link_for(&gw, Some("evil.example"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    assert!(!link.contains("evil.example"), "{link}");
-    assert!(
-        link.starts_with(&format!("https://{}/", gw.running.https.unwrap())),
-        "{link}"
-    );
+    for wire in WIRES {
+        let response = link_for(&gw, wire, Some("evil.example")).await.unwrap();
+        assert_eq!(response.version(), wire.version());
+        let link = response.text().await.unwrap();
+        assert!(!link.contains("evil.example"), "{wire:?}: {link}");
+        assert!(
+            link.starts_with(&format!("https://{}/", gw.running.https.unwrap())),
+            "{wire:?}: {link}"
+        );
+    }
 }
 
 #[tokio::test]
@@ -736,21 +848,18 @@ async fn activation_links_use_the_configured_public_base_url() {
     .await;
     let (id, _) = pending_user_with_token(&gw).await;
     let token = sys_admin_token(&gw).await;
-    let link = get(
-        &gw,
-        &format!("/api/user/{id}/activationLink"),
-        &format!("Bearer {token}"),
-    )
-    .await
-    .text()
-    .await
-    .unwrap();
-    assert!(
-        link.starts_with("https://gw.example.com/api/noauth/activate?activateToken="),
-        "{link}"
-    );
+    for wire in WIRES {
+        let path = format!("/api/user/{id}/activationLink");
+        let response = get_over(&gw, wire, &path, &format!("Bearer {token}")).await;
+        let link = response.text().await.unwrap();
+        assert!(
+            link.starts_with("https://gw.example.com/api/noauth/activate?activateToken="),
+            "{wire:?}: {link}"
+        );
+    }
 }
 
+/// HTTP/1.1 only: sent byte for byte, as HTTP/1.1 frames it.
 #[tokio::test]
 async fn content_length_with_transfer_encoding_is_refused_and_the_connection_closed() {
     let (upstream, gw) = common::gateway("").await;
@@ -770,6 +879,7 @@ async fn content_length_with_transfer_encoding_is_refused_and_the_connection_clo
     assert!(upstream.requests().is_empty());
 }
 
+/// HTTP/1.1 only: sent byte for byte, as HTTP/1.1 frames it.
 #[tokio::test]
 async fn a_plain_chunked_request_still_passes_the_framing_check() {
     let (upstream, gw) = common::gateway("").await;
@@ -833,6 +943,7 @@ async fn switching_upstream() -> (
     (addr, seen)
 }
 
+/// HTTP/1.1 only: sent byte for byte, as HTTP/1.1 frames it.
 #[tokio::test]
 async fn upstream_101_on_a_plain_request_is_a_502_and_the_pipelined_request_after_it_is_answered() {
     let (upstream, seen) = switching_upstream().await;
@@ -880,9 +991,11 @@ async fn sprayed_random_api_keys_stop_reaching_the_store_at_the_address_budget()
     assert_eq!(get(&gw, "/api/devices", &valid).await.status(), 200);
     let lookups = r#"keygate_auth_store_lookups_total{kind="api_key"}"#;
     let before = counter(&gw.metrics().await, lookups);
-    let client = gw.client();
+    // Both wires take turns: one address, one budget.
+    let clients = WIRES.map(|wire| (wire, gw.client_over(wire)));
     let mut statuses = Vec::new();
     for i in 0..100 {
+        let (wire, client) = &clients[i % 2];
         let response = client
             .get(gw.https("/api/devices"))
             .header(
@@ -892,6 +1005,7 @@ async fn sprayed_random_api_keys_stop_reaching_the_store_at_the_address_budget()
             .send()
             .await
             .unwrap();
+        assert_eq!(response.version(), wire.version());
         if response.status() == 429 {
             let (_, body) = error_body(response).await;
             assert_eq!(body["errorCode"], 33, "{body}");
@@ -931,15 +1045,18 @@ async fn random_api_keys_sent_in_clear_stop_reaching_the_store_at_the_address_bu
     .await;
     let lookups = r#"keygate_auth_store_lookups_total{kind="api_key"}"#;
     let before = counter(&gw.metrics().await, lookups);
-    let client = reqwest::Client::new();
+    // Both wires take turns: one address, one budget.
+    let clients = WIRES.map(|wire| (wire, plain_client_over(wire)));
     for i in 0..40 {
+        let (wire, client) = &clients[i % 2];
         let response = client
             .get(gw.http("/api/noauth/devices"))
             .header("X-Authorization", format!("ApiKey tb_clear-{i}"))
             .send()
             .await
             .unwrap();
-        assert_eq!(response.status(), 403);
+        assert_eq!(response.version(), wire.version());
+        assert_eq!(response.status(), 403, "{wire:?}");
     }
     let after = counter(&gw.metrics().await, lookups);
     assert_eq!(after - before, 10, "store lookups stop at the budget");

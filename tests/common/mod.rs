@@ -290,6 +290,50 @@ impl Wire {
     }
 }
 
+/// What the lean path has left to hyper's so far, by reason: the series of
+/// `keygate_fast_path_declined_total`. A proxied HTTP/1.1 request that
+/// arrives over HTTP/1.1 and adds nothing here was taken by the lean path
+/// (which is on by default); HTTP/2 never reaches it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Declines(std::collections::BTreeMap<String, u64>);
+
+impl Declines {
+    /// Reads the series from a metrics exposition.
+    pub fn of(metrics: &str) -> Declines {
+        let prefix = "keygate_fast_path_declined_total{reason=\"";
+        Declines(
+            metrics
+                .lines()
+                .filter_map(|line| line.strip_prefix(prefix))
+                .filter_map(|rest| {
+                    let (reason, value) = rest.split_once("\"} ")?;
+                    Some((reason.to_owned(), value.parse::<f64>().ok()? as u64))
+                })
+                .collect(),
+        )
+    }
+
+    /// The declines since `earlier`, by reason, leaving out reasons that did
+    /// not grow.
+    pub fn since(&self, earlier: &Declines) -> Declines {
+        Declines(
+            self.0
+                .iter()
+                .map(|(reason, n)| {
+                    let before = earlier.0.get(reason).copied().unwrap_or(0);
+                    (reason.clone(), n.saturating_sub(before))
+                })
+                .filter(|(_, n)| *n > 0)
+                .collect(),
+        )
+    }
+
+    /// How many were declined for `reason`.
+    pub fn of_reason(&self, reason: &str) -> u64 {
+        self.0.get(reason).copied().unwrap_or(0)
+    }
+}
+
 /// A running gateway with its data in a temporary directory.
 pub struct Gateway {
     pub running: Running,
@@ -513,6 +557,44 @@ max_header_bytes = 8192
         (session.id, signed.token)
     }
 
+    /// What the lean path has declined so far ([`Declines`]).
+    pub async fn declines(&self) -> Declines {
+        Declines::of(&self.metrics().await)
+    }
+
+    /// Asserts that since `before` the lean path declined nothing but
+    /// requests for `allowed` reasons (`not_proxied`: keygate's own
+    /// endpoints, which hyper's path answers): every proxied HTTP/1.1
+    /// request in between was the lean path's. First a probe shows that the
+    /// lean path reads this gateway's HTTP/1.1 requests at all: a `HEAD`
+    /// (which it leaves to hyper's) must be counted, so a lean path that is
+    /// off or a renamed metric cannot make this pass.
+    pub async fn assert_lean_path_took(&self, before: &Declines, allowed: &[&str], what: &str) {
+        let probe = self
+            .client_over(Wire::Http1)
+            .head(self.https("/lean-path-probe"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(probe.version(), http::Version::HTTP_11);
+        let mut declined = self.declines().await.since(before);
+        let probes = declined.0.entry("method".to_owned()).or_default();
+        assert!(
+            *probes >= 1,
+            "{what}: the lean path did not count the probe's HEAD: is it on?"
+        );
+        *probes -= 1;
+        let unexpected: Vec<(String, u64)> = declined
+            .0
+            .into_iter()
+            .filter(|(reason, n)| *n > 0 && !allowed.contains(&reason.as_str()))
+            .collect();
+        assert!(
+            unexpected.is_empty(),
+            "{what}: the lean path left requests to hyper's: {unexpected:?}"
+        );
+    }
+
     pub async fn metrics(&self) -> String {
         reqwest::get(self.admin("/metrics"))
             .await
@@ -681,6 +763,26 @@ pub async fn raw_http(addr: SocketAddr, request: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
+/// Sends raw bytes over TLS to the gateway's HTTPS listener (an HTTP/1.1
+/// request exactly as written) and returns the raw answer: what arrived
+/// before the connection closed, or within 10 s.
+pub async fn raw_https(gw: &Gateway, request: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let port = gw.running.https.unwrap().port();
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    let server_name = rustls_pki_types::ServerName::try_from("localhost").unwrap();
+    let mut tls = tls_connector(&gw.ca_pem)
+        .connect(server_name, tcp)
+        .await
+        .unwrap();
+    tls.write_all(request.as_bytes()).await.unwrap();
+    let mut out = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(10), tls.read_to_end(&mut out)).await;
+    String::from_utf8_lossy(&out).into_owned()
+}
+
 /// A TCP relay to a real service (PostgreSQL, Redis) that a test can cut and
 /// restore, standing in for that service going away without touching the one
 /// every test shares.
@@ -731,6 +833,18 @@ impl Relay {
     pub fn restore(&self) {
         self.open.store(true, std::sync::atomic::Ordering::SeqCst);
     }
+}
+
+/// A client for the plain-HTTP listener speaking `wire`: HTTP/1.1, or
+/// HTTP/2 with prior knowledge (h2c).
+pub fn plain_client_over(wire: Wire) -> reqwest::Client {
+    let builder = reqwest::Client::builder().timeout(Duration::from_secs(10));
+    match wire {
+        Wire::Http1 => builder.http1_only(),
+        Wire::Http2 => builder.http2_prior_knowledge(),
+    }
+    .build()
+    .unwrap()
 }
 
 /// A client that trusts the CA `ca` (PEM) and nothing else.
