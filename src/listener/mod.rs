@@ -29,8 +29,8 @@ use crate::body::Body;
 use crate::config::HttpLimits;
 use crate::telemetry::Metrics;
 use address_cap::{AddressCap, Slot};
-use peer::Peer;
 use deadlines::{Deadlines, Reason};
+use peer::Peer;
 use workers::Workers;
 
 /// What a listener serves: every request of its connections.

@@ -702,6 +702,19 @@ impl UpstreamClient {
             }
             Err(error) => return Err(error),
         };
+        Ok(self.wire_response(authority, conn, response, keep))
+    }
+
+    /// The response whose head `conn` read, its body after it in `conn`:
+    /// whole when it came with the head or there is none (the connection
+    /// given back when it may be), else streamed from the connection.
+    fn wire_response<K: Send + Unpin + 'static>(
+        self: &Arc<Self>,
+        authority: &Authority,
+        mut conn: WireConn,
+        response: ResponseHead,
+        keep: &mut Option<K>,
+    ) -> Response<Body> {
         conn.buf.advance(response.len);
         let mut parts = Response::new(()).into_parts().0;
         parts.status = response.status;
@@ -717,7 +730,7 @@ impl UpstreamClient {
                     self.release(authority.clone(), conn);
                 }
                 drop(keep.take());
-                return Ok(Response::from_parts(parts, body::full(bytes)));
+                return Response::from_parts(parts, body::full(bytes));
             }
             Framing::Length(n) => Some(Remaining::Length(n)),
             Framing::Chunked => Some(Remaining::Chunked(Chunked::default())),
@@ -728,9 +741,9 @@ impl UpstreamClient {
                 self.release(authority.clone(), conn);
             }
             drop(keep.take());
-            return Ok(Response::from_parts(parts, body::empty()));
+            return Response::from_parts(parts, body::empty());
         };
-        Ok(Response::from_parts(
+        Response::from_parts(
             parts,
             body::boxed(WireBody {
                 conn: Some(conn),
@@ -740,7 +753,7 @@ impl UpstreamClient {
                 authority: authority.clone(),
                 _keep: keep.take(),
             }),
-        ))
+        )
     }
 }
 
