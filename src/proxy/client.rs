@@ -702,18 +702,17 @@ impl UpstreamClient {
             }
             Err(error) => return Err(error),
         };
-        Ok(self.respond(authority, conn, response, keep))
+        Ok(self.wire_response(authority, conn, response, keep))
     }
 
-    /// The response whose head [`UpstreamClient::send_whole`] read on
-    /// `conn`: a body that came whole with it, none, or one streamed from
-    /// the connection by its framing. `conn` goes back to the pool when
-    /// the exchange ends and the upstream keeps it open.
-    fn respond<K: Send + Unpin + 'static>(
+    /// The response whose head `conn` read, its body after it in `conn`:
+    /// whole when it came with the head or there is none (the connection
+    /// given back when it may be), else streamed from the connection.
+    fn wire_response<K: Send + Unpin + 'static>(
         self: &Arc<Self>,
         authority: &Authority,
         mut conn: WireConn,
-        response: wire::ResponseHead,
+        response: ResponseHead,
         keep: &mut Option<K>,
     ) -> Response<Body> {
         conn.buf.advance(response.len);
