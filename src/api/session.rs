@@ -143,7 +143,6 @@ impl Endpoints {
 
     /// Signs a pair of an open session: its first ([`Self::issue_pair`]), or
     /// a renewal (`refresh`), whose session passed the gate when it opened.
-
     fn sign_pair(
         &self,
         user: &UserRecord,
