@@ -11,7 +11,7 @@
 //!    admin listener's requests go to [`probes`].
 //! 3. [`app`]: the request path as named phases: admit, dispatch,
 //!    authenticate, headers to upstream, forward, headers to client, log.
-//! 4. [`path`]: normalisation.
+//! 4. [`path`] normalises the path.
 //! 5. [`auth`]: parsing ([`auth::credential`]) and verification through
 //!    [`auth::cache`] and [`store`]; then [`shared_limits`]: the limits
 //!    shared with the other replicas through Redis.
