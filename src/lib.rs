@@ -15,7 +15,7 @@
 //!    that every driver, WebSocket sessions included, asks) and its gate
 //!    (verification, quotas, refusals counted and logged), then headers to
 //!    upstream, forward, headers to client, log.
-//! 4. [`path`]: normalisation.
+//! 4. [`path`] normalises the path.
 //! 5. [`auth`]: parsing ([`auth::credential`]) and verification through
 //!    [`auth::cache`] and [`store`]; then [`shared_limits`]: the limits
 //!    shared with the other replicas through Redis.
