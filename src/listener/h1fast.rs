@@ -468,7 +468,8 @@ pub trait FastPath {
     /// handed to [`FastPath::fast_handle`] so that nothing is worked out twice.
     type Decided: Send;
 
-    /// Whether the handler takes this request on the lean path. No side
+    /// Whether the handler takes this request on the lean path, decided by
+    /// the one decision every driver asks (`crate::decision`). No side
     /// effect: a declined request is answered by hyper's path, which counts
     /// and logs it.
     fn fast_decide(&self, _req: &Request<()>, _conn: &Peer) -> Result<Self::Decided, Decline> {
