@@ -1,7 +1,7 @@
 //! The one decision over a request, asked by every driver: hyper's server
-//! ([`crate::listener::serve`] → `App::handle`), the lean HTTP/1.1 path
-//! ([`crate::listener::h1fast`] → `App::fast_decide`) and WebSocket
-//! sessions ([`crate::websocket`]). They differ only in how they read and
+//! (`listener::serve` → `App::handle`), the lean HTTP/1.1 path
+//! (`listener::h1fast` → `App::fast_decide`) and WebSocket
+//! sessions (`websocket`). They differ only in how they read and
 //! write bytes.
 //!
 //! Pure, over one [`Input`] (the head, its sender and its credential, parsed

@@ -469,7 +469,7 @@ pub trait FastPath {
     type Decided: Send;
 
     /// Whether the handler takes this request on the lean path, decided by
-    /// the one decision every driver asks (`crate::decision`). No side
+    /// the one decision every driver asks (the `decision` module). No side
     /// effect: a declined request is answered by hyper's path, which counts
     /// and logs it.
     fn fast_decide(&self, _req: &Request<()>, _conn: &Peer) -> Result<Self::Decided, Decline> {
