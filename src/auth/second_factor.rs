@@ -83,7 +83,7 @@ impl Policy {
     /// The providers of `configured` that count: those offered, backup codes
     /// only beside another; one of them marked default when none is.
     pub fn counting(&self, mut configured: Vec<TwoFactorRecord>) -> Vec<TwoFactorRecord> {
-        configured.retain(|r| self.offered.iter().any(|o| *o == r.provider));
+        configured.retain(|r| self.offered.contains(&r.provider));
         if !configured.iter().any(|r| stands_alone(&r.provider)) {
             configured.clear();
         }
