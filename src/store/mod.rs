@@ -45,6 +45,7 @@ mod users;
 pub use activation::{ACTIVATION_RENEW_MS, ACTIVATION_TTL_MS, ActivationToken};
 pub use audit::{Actor, Audit, AuditEvent, AuditFilter};
 pub use keys::ApiKeyRecord;
+pub use migrate::Pending;
 pub use paging::{Page, PageRequest, Sort};
 pub use platform::{
     KeyUpdate, PlatformKey, PlatformUser, ResetUpdate, RowKind, SyncLock, UserUpdate,
@@ -83,6 +84,18 @@ pub enum StoreError {
     /// PostgreSQL could not be reached: where, and why, in one line.
     #[error("{0}")]
     Unreachable(String),
+    /// The schema lacks migrations that were not to be applied here.
+    #[error("store: the schema is behind, {} pending: {}", .0.len(), pending_list(.0))]
+    Behind(Vec<Pending>),
+}
+
+/// `0012_reset_tokens, 0013_password_rehashed_from`.
+pub fn pending_list(pending: &[Pending]) -> String {
+    pending
+        .iter()
+        .map(Pending::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// How [`Store::open`] connects.
@@ -146,6 +159,50 @@ impl Store {
 
     /// Like [`Store::open`], applying migrations up to version `last` only.
     async fn connect_through(url: &str, open: OpenOptions, last: i64) -> Result<Store, StoreError> {
+        let store = Store::open_as_is(url, open).await?;
+        migrate::run_through(&store.pool, store.dialect, last).await?;
+        Ok(store)
+    }
+
+    /// Connects as `options` say and applies nothing: a schema that lacks
+    /// migrations is refused with [`StoreError::Behind`], naming them. For a
+    /// server whose migrations run as their own step before it starts.
+    pub async fn open_current(url: &str, options: OpenOptions) -> Result<Store, StoreError> {
+        let store = Store::open_as_is(url, options).await?;
+        let pending = store.pending_migrations().await?;
+        if pending.is_empty() {
+            return Ok(store);
+        }
+        store.close().await;
+        Err(StoreError::Behind(pending))
+    }
+
+    /// Applies every pending migration; returns those it found pending (a
+    /// replica migrating at the same time may have applied some of them).
+    pub async fn migrate(&self) -> Result<Vec<Pending>, StoreError> {
+        let pending = self.pending_migrations().await?;
+        migrate::run_through(&self.pool, self.dialect, i64::MAX).await?;
+        Ok(pending)
+    }
+
+    /// The migrations this binary has that the store lacks, in order.
+    pub async fn pending_migrations(&self) -> Result<Vec<Pending>, StoreError> {
+        migrate::pending(&self.pool, self.dialect).await
+    }
+
+    /// Every migration this binary has for the store at `url` (by its
+    /// scheme): what a store that does not exist yet lacks.
+    pub fn migrations_for(url: &str) -> Vec<Pending> {
+        let dialect = if url.starts_with("sqlite:") {
+            Dialect::Sqlite
+        } else {
+            Dialect::Postgres
+        };
+        migrate::every(dialect)
+    }
+
+    /// Connects as `options` say, without touching the schema.
+    pub async fn open_as_is(url: &str, open: OpenOptions) -> Result<Store, StoreError> {
         sqlx::any::install_default_drivers();
         let (dialect, url) = if let Some(rest) = url.strip_prefix("sqlite:") {
             let path = rest.trim_start_matches("//");
@@ -197,14 +254,12 @@ impl Store {
                 .execute(&pool)
                 .await?;
         }
-        let store = Store {
+        Ok(Store {
             pool,
             dialect,
             audit: None,
             home: tokio::runtime::Handle::try_current().ok(),
-        };
-        migrate::run_through(&store.pool, dialect, last).await?;
-        Ok(store)
+        })
     }
 
     pub(crate) fn dialect(&self) -> Dialect {
