@@ -36,4 +36,5 @@ pub(crate) mod shared_limits;
 pub mod store;
 pub mod telemetry;
 pub mod tls;
+pub mod tls_client;
 pub(crate) mod websocket;
