@@ -370,8 +370,12 @@ pub async fn reach_dependencies(settings: &Settings) -> Reached {
     let mut found = Reached::default();
     match open_store(settings).await {
         Ok(store) => {
+            let transport = store.transport().await;
             store.close().await;
-            found.reached.push("store reached".into());
+            match transport {
+                Ok(how) => found.reached.push(format!("store reached {how}")),
+                Err(error) => found.problems.push(format!("store.url: {error}")),
+            }
         }
         Err(error) => found
             .problems

@@ -32,6 +32,7 @@ mod logins;
 mod migrate;
 mod paging;
 mod platform;
+mod postgres_tls;
 mod prune;
 mod public_customers;
 mod reset;
@@ -135,6 +136,8 @@ pub struct Store {
     audit: Option<std::sync::Arc<Audit>>,
     /// The runtime the store was opened on ([`Store::at_home`]).
     home: Option<tokio::runtime::Handle>,
+    /// PostgreSQL: the URL's `sslmode`.
+    ssl_mode: Option<&'static str>,
 }
 
 impl std::fmt::Debug for Store {
@@ -232,9 +235,10 @@ impl Store {
         } else {
             (Dialect::Postgres, url.to_string())
         };
-        if dialect == Dialect::Postgres {
-            reach_postgres(&url, open.connect_timeout).await?;
-        }
+        let ssl_mode = match dialect {
+            Dialect::Postgres => Some(reach_postgres(&url, open.connect_timeout).await?),
+            Dialect::Sqlite => None,
+        };
         let mut options = AnyPoolOptions::new()
             .max_connections(open.max_connections)
             .acquire_timeout(open.connect_timeout);
@@ -259,6 +263,7 @@ impl Store {
             dialect,
             audit: None,
             home: tokio::runtime::Handle::try_current().ok(),
+            ssl_mode,
         })
     }
 
@@ -292,6 +297,24 @@ impl Store {
     /// Closes every connection; later queries fail. For shutdown and tests.
     pub async fn close(&self) {
         self.pool.close().await;
+    }
+
+    /// How the store is reached, for `check-config --connect`: "as a local
+    /// file", or "over TLS (TLSv1.3, sslmode=verify-full)" / "without TLS
+    /// (sslmode=prefer)" as a connection of the pool found it.
+    pub async fn transport(&self) -> Result<String, StoreError> {
+        let Some(mode) = self.ssl_mode else {
+            return Ok("as a local file".into());
+        };
+        let version: String = sqlx::query(postgres_tls::TLS_VERSION_QUERY)
+            .fetch_one(&self.pool)
+            .await?
+            .try_get(0)?;
+        Ok(if version.is_empty() {
+            format!("without TLS (sslmode={mode})")
+        } else {
+            format!("over TLS ({version}, sslmode={mode})")
+        })
     }
 
     /// Answers when the store can serve a query.
@@ -352,8 +375,9 @@ impl Store {
 
 /// Opens one connection to PostgreSQL first, within `timeout`: the pool
 /// would retry until its own timeout and then say only that it timed out,
-/// naming neither the server nor the cause.
-async fn reach_postgres(url: &str, timeout: Duration) -> Result<(), StoreError> {
+/// naming neither the server nor the cause (a certificate that does not
+/// verify included). Returns the URL's `sslmode`.
+async fn reach_postgres(url: &str, timeout: Duration) -> Result<&'static str, StoreError> {
     use sqlx::Connection;
     use sqlx::postgres::{PgConnectOptions, PgConnection};
     let options: PgConnectOptions = url
@@ -361,11 +385,12 @@ async fn reach_postgres(url: &str, timeout: Duration) -> Result<(), StoreError> 
         .map_err(|e| StoreError::Setup(format!("the store URL is not a PostgreSQL URL: {e}")))?;
     // Reaching the server is what is checked here; its notices are not news.
     let options = options.options([("client_min_messages", "warning")]);
+    postgres_tls::check_root_cert(url)?;
     let place = postgres_place(&options);
     let cause = match tokio::time::timeout(timeout, PgConnection::connect_with(&options)).await {
         Ok(Ok(connection)) => {
             let _ = connection.close().await;
-            return Ok(());
+            return Ok(postgres_tls::mode_name(&options));
         }
         Ok(Err(error)) => connect_cause(&error),
         Err(_) => format!("no answer within {} s", timeout.as_secs_f32()),
