@@ -32,7 +32,8 @@
 //! (`cli`).
 //!
 //! Beneath them all: [`config`] (the settings), [`table`] (the bounded cache
-//! tables), [`body`] (the one body type), and the leaves, which import
+//! tables), [`body`] (the one body type), [`tls_client`] (the TLS client
+//! settings every outgoing connection builds from), and the leaves, which import
 //! nothing of keygate's but each other: [`vocab`] (the values every floor
 //! shares), [`http1`] (the one HTTP/1.1 codec outside hyper: the lean path,
 //! the upstream wire and the scan for ambiguous framing read and write
@@ -92,6 +93,8 @@ pub mod config;
 pub(crate) mod table;
 // The one body type.
 pub(crate) mod body;
+// TLS client settings.
+pub mod tls_client;
 
 // The leaves.
 pub mod vocab;

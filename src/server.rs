@@ -79,6 +79,10 @@ pub enum StartError {
     Redis(#[from] crate::shared_limits::link::LinkError),
     #[error("starting the worker threads")]
     Workers(#[source] std::io::Error),
+    #[error(
+        "{0}; store.migrate is \"never\", so serve applies none: run `keygate migrate` with this configuration first"
+    )]
+    SchemaBehind(crate::store::StoreError),
 }
 
 /// Options that do not come from the config file.
@@ -392,7 +396,7 @@ async fn prepare_store(
     settings: &mut Settings,
     options: StartOptions,
 ) -> Result<Prepared, StartError> {
-    let store = Store::connect(&settings.store_url, settings.store_max_connections).await?;
+    let store = open_store(settings).await?;
     // A start refused for want of the platform's key creates no bootstrap
     // administrator: `keygate import platform`, which brings the key, brings
     // the platform's administrators too.
@@ -948,5 +952,22 @@ fn log_serving(running: &Running) {
     };
     if let (true, Some((scheme, addr))) = (running.app.settings().api_browser.enabled, browser_at) {
         tracing::info!(url = %browser_url(scheme, addr), "API browser");
+    }
+}
+
+/// The store, migrated at start or, with `store.migrate = "never"`, refused
+/// when its schema is behind.
+async fn open_store(settings: &Settings) -> Result<Store, StartError> {
+    let options = crate::store::OpenOptions::server(settings.store_max_connections);
+    match settings.store_migrate {
+        crate::config::StoreMigrate::Auto => Ok(Store::open(&settings.store_url, options).await?),
+        crate::config::StoreMigrate::Never => {
+            match Store::open_current(&settings.store_url, options).await {
+                Err(behind @ crate::store::StoreError::Behind(_)) => {
+                    Err(StartError::SchemaBehind(behind))
+                }
+                other => Ok(other?),
+            }
+        }
     }
 }

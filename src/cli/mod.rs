@@ -6,6 +6,7 @@ mod health;
 mod import;
 mod keys;
 pub mod logging;
+mod migrate;
 mod prompt;
 mod serve;
 mod time;
@@ -69,6 +70,14 @@ pub enum Command {
     },
     /// Ask the running server's admin listener for /healthz (for container health checks).
     Health,
+    /// Apply the store's pending schema migrations and exit: the step to
+    /// run before a rollout when `store.migrate` is "never".
+    Migrate {
+        /// Apply nothing: exit non-zero, naming the pending migrations, when
+        /// the schema is behind; exit 0 when it is up to date.
+        #[arg(long)]
+        check: bool,
+    },
     /// Manage users.
     #[command(subcommand)]
     User(UserCommand),
@@ -305,6 +314,7 @@ pub async fn run(
         Command::Serve { dev } => serve::serve(settings, config_file, dev).await,
         Command::CheckConfig { .. } => Ok(()),
         Command::Health => health::health(&settings).await,
+        Command::Migrate { check } => migrate::migrate(&settings, check).await,
         Command::User(cmd) => users::user(cmd, &settings).await,
         Command::Apikey(cmd) => keys::apikey(cmd, &settings).await,
         Command::Assertion(cmd) => assertion::assertion(cmd, &settings).await,
@@ -360,8 +370,12 @@ pub async fn reach_dependencies(settings: &Settings) -> Reached {
     let mut found = Reached::default();
     match open_store(settings).await {
         Ok(store) => {
+            let transport = store.transport().await;
             store.close().await;
-            found.reached.push("store reached".into());
+            match transport {
+                Ok(how) => found.reached.push(format!("store reached {how}")),
+                Err(error) => found.problems.push(format!("store.url: {error}")),
+            }
         }
         Err(error) => found
             .problems

@@ -69,6 +69,9 @@ pub struct TlsSection {
 pub struct StoreSection {
     pub url: String,
     pub max_connections: i64,
+    /// "auto" (`serve` applies pending migrations) or "never" (`serve`
+    /// refuses a schema that is behind; `keygate migrate` applies them).
+    pub migrate: String,
 }
 
 /// Pruning of dead store rows.
@@ -576,6 +579,7 @@ impl Default for StoreSection {
         StoreSection {
             url: "sqlite://data/keygate.db".into(),
             max_connections: 8,
+            migrate: "auto".into(),
         }
     }
 }

@@ -75,6 +75,28 @@ impl std::error::Error for ConfigErrors {}
 // Runtime settings
 // ---------------------------------------------------------------------------
 
+/// `store.migrate`: who applies the store's migrations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum StoreMigrate {
+    /// `serve` applies pending migrations at start.
+    #[default]
+    Auto,
+    /// `serve` refuses a schema that is behind; `keygate migrate`, run as
+    /// its own step, applies the migrations.
+    Never,
+}
+
+impl StoreMigrate {
+    /// The setting's value from its text; `None` when it is neither.
+    pub fn parse(text: &str) -> Option<StoreMigrate> {
+        match text.trim() {
+            "auto" => Some(StoreMigrate::Auto),
+            "never" => Some(StoreMigrate::Never),
+            _ => None,
+        }
+    }
+}
+
 /// Validated settings, in the types the server uses.
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -89,6 +111,8 @@ pub struct Settings {
     pub tls_files: Option<(PathBuf, PathBuf)>,
     pub store_url: String,
     pub store_max_connections: u32,
+    /// Whether `serve` applies pending migrations (`store.migrate`).
+    pub store_migrate: StoreMigrate,
     pub retention: RetentionSettings,
     pub jwt: JwtSettings,
     pub api_key_prefix: String,

@@ -1142,3 +1142,25 @@ fn two_assertion_routes_with_one_name_or_one_audience_are_refused_naming_both() 
     let settings = load_text(&text, &[]).unwrap();
     assert_eq!(settings.routes.len(), 4);
 }
+
+#[test]
+fn store_migrate_is_auto_unless_set_to_never_in_the_file_or_the_environment() {
+    let settings = load_text("", &[]).unwrap();
+    assert_eq!(settings.store_migrate, StoreMigrate::Auto);
+    let settings = load_text("[store]\nmigrate = \"never\"\n", &[]).unwrap();
+    assert_eq!(settings.store_migrate, StoreMigrate::Never);
+    let settings = load_text(
+        "[store]\nmigrate = \"auto\"\n",
+        &[("KEYGATE_STORE_MIGRATE", "never")],
+    )
+    .unwrap();
+    assert_eq!(settings.store_migrate, StoreMigrate::Never);
+    let errors = load_text("[store]\nmigrate = \"sometimes\"\n", &[]).unwrap_err();
+    assert!(
+        errors
+            .0
+            .iter()
+            .any(|e| e.starts_with("store.migrate:") && e.contains("sometimes")),
+        "{errors}"
+    );
+}

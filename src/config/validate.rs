@@ -58,6 +58,7 @@ pub(super) fn validate(file: &FileConfig, errors: &mut Vec<String>) -> Settings 
         tls_files,
         store_url: store.url,
         store_max_connections: store.max_connections,
+        store_migrate: store.migrate,
         retention,
         jwt,
         api_key_prefix: api_keys.prefix,
@@ -258,6 +259,7 @@ impl TlsSection {
 struct Store {
     url: String,
     max_connections: u32,
+    migrate: StoreMigrate,
 }
 
 impl StoreSection {
@@ -272,9 +274,17 @@ impl StoreSection {
                 "store.url: must start with sqlite:, postgres:// or postgresql://, got {url:?}"
             ));
         }
+        let migrate = StoreMigrate::parse(&self.migrate).unwrap_or_else(|| {
+            errors.push(format!(
+                "store.migrate: \"auto\" or \"never\", got {:?}",
+                self.migrate
+            ));
+            StoreMigrate::Auto
+        });
         Store {
             url,
             max_connections: max_connections as u32,
+            migrate,
         }
     }
 }

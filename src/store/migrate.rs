@@ -143,9 +143,74 @@ const POSTGRES: &[(i64, &str, &str)] = &[
 /// How many migrations the dialect has.
 #[cfg(test)]
 pub fn count(dialect: Dialect) -> usize {
+    all(dialect).len()
+}
+
+/// Every migration of the dialect, in order.
+fn all(dialect: Dialect) -> &'static [(i64, &'static str, &'static str)] {
     match dialect {
-        Dialect::Sqlite => SQLITE.len(),
-        Dialect::Postgres => POSTGRES.len(),
+        Dialect::Sqlite => SQLITE,
+        Dialect::Postgres => POSTGRES,
+    }
+}
+
+/// Every migration of the dialect, as names.
+pub(crate) fn every(dialect: Dialect) -> Vec<Pending> {
+    all(dialect)
+        .iter()
+        .map(|&(version, name, _)| Pending { version, name })
+        .collect()
+}
+
+/// One migration the store has not applied yet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pending {
+    pub version: i64,
+    pub name: &'static str,
+}
+
+impl std::fmt::Display for Pending {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:04}_{}", self.version, self.name)
+    }
+}
+
+/// The migrations not yet recorded as applied, in order; every one on a
+/// store that has none (no migrations table). Reads only: takes no lock
+/// and creates nothing.
+pub(crate) async fn pending(pool: &AnyPool, dialect: Dialect) -> Result<Vec<Pending>, StoreError> {
+    let mut connection = pool.acquire().await?;
+    let exists = sqlx::query(table_exists(dialect))
+        .fetch_one(&mut *connection)
+        .await?
+        .try_get::<i64, _>(0)?
+        > 0;
+    let applied: Vec<i64> = if exists {
+        sqlx::query("SELECT version FROM keygate_migrations")
+            .fetch_all(&mut *connection)
+            .await?
+            .iter()
+            .map(|row| row.try_get::<i64, _>(0))
+            .collect::<Result<_, _>>()?
+    } else {
+        Vec::new()
+    };
+    Ok(all(dialect)
+        .iter()
+        .filter(|(version, _, _)| !applied.contains(version))
+        .map(|&(version, name, _)| Pending { version, name })
+        .collect())
+}
+
+/// Counts the migrations table (0 or 1) in the store's schema.
+fn table_exists(dialect: Dialect) -> &'static str {
+    match dialect {
+        Dialect::Sqlite => {
+            "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = 'keygate_migrations'"
+        }
+        Dialect::Postgres => {
+            "SELECT COUNT(*) FROM pg_catalog.pg_tables WHERE tablename = 'keygate_migrations' AND schemaname = current_schema()"
+        }
     }
 }
 
@@ -167,22 +232,11 @@ pub(crate) async fn run_through(
     dialect: Dialect,
     last: i64,
 ) -> Result<(), StoreError> {
-    let migrations = match dialect {
-        Dialect::Sqlite => SQLITE,
-        Dialect::Postgres => POSTGRES,
-    };
+    let migrations = all(dialect);
     let mut tx = locked(pool, dialect).await?;
     // Created only when missing: PostgreSQL answers `CREATE TABLE IF NOT
     // EXISTS` on an existing table with a notice, logged on every start.
-    let exists = match dialect {
-        Dialect::Sqlite => {
-            "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = 'keygate_migrations'"
-        }
-        Dialect::Postgres => {
-            "SELECT COUNT(*) FROM pg_catalog.pg_tables WHERE tablename = 'keygate_migrations' AND schemaname = current_schema()"
-        }
-    };
-    let exists = sqlx::query(exists)
+    let exists = sqlx::query(table_exists(dialect))
         .fetch_one(&mut *tx)
         .await?
         .try_get::<i64, _>(0)?

@@ -32,6 +32,7 @@ mod logins;
 mod migrate;
 mod paging;
 mod platform;
+mod postgres_tls;
 mod prune;
 mod public_customers;
 mod reset;
@@ -46,6 +47,7 @@ mod users;
 pub use crate::vocab::revocation::{Published, REVOCATION_CHANNEL, Revocation};
 pub use activation::{ACTIVATION_RENEW_MS, ACTIVATION_TTL_MS, ActivationToken};
 pub use audit::{Actor, Audit, AuditEvent, AuditFilter};
+pub use migrate::Pending;
 pub use paging::{Page, PageRequest, Sort};
 pub use platform::{
     KeyUpdate, PlatformKey, PlatformUser, ResetUpdate, RowKind, SyncLock, UserUpdate,
@@ -84,6 +86,18 @@ pub enum StoreError {
     /// PostgreSQL could not be reached: where, and why, in one line.
     #[error("{0}")]
     Unreachable(String),
+    /// The schema lacks migrations that were not to be applied here.
+    #[error("store: the schema is behind, {} pending: {}", .0.len(), pending_list(.0))]
+    Behind(Vec<Pending>),
+}
+
+/// `0012_reset_tokens, 0013_password_rehashed_from`.
+pub fn pending_list(pending: &[Pending]) -> String {
+    pending
+        .iter()
+        .map(Pending::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// How [`Store::open`] connects.
@@ -123,6 +137,8 @@ pub struct Store {
     audit: Option<std::sync::Arc<Audit>>,
     /// The runtime the store was opened on ([`Store::at_home`]).
     home: Option<tokio::runtime::Handle>,
+    /// PostgreSQL: the URL's `sslmode`.
+    ssl_mode: Option<&'static str>,
 }
 
 impl std::fmt::Debug for Store {
@@ -147,6 +163,50 @@ impl Store {
 
     /// Like [`Store::open`], applying migrations up to version `last` only.
     async fn connect_through(url: &str, open: OpenOptions, last: i64) -> Result<Store, StoreError> {
+        let store = Store::open_as_is(url, open).await?;
+        migrate::run_through(&store.pool, store.dialect, last).await?;
+        Ok(store)
+    }
+
+    /// Connects as `options` say and applies nothing: a schema that lacks
+    /// migrations is refused with [`StoreError::Behind`], naming them. For a
+    /// server whose migrations run as their own step before it starts.
+    pub async fn open_current(url: &str, options: OpenOptions) -> Result<Store, StoreError> {
+        let store = Store::open_as_is(url, options).await?;
+        let pending = store.pending_migrations().await?;
+        if pending.is_empty() {
+            return Ok(store);
+        }
+        store.close().await;
+        Err(StoreError::Behind(pending))
+    }
+
+    /// Applies every pending migration; returns those it found pending (a
+    /// replica migrating at the same time may have applied some of them).
+    pub async fn migrate(&self) -> Result<Vec<Pending>, StoreError> {
+        let pending = self.pending_migrations().await?;
+        migrate::run_through(&self.pool, self.dialect, i64::MAX).await?;
+        Ok(pending)
+    }
+
+    /// The migrations this binary has that the store lacks, in order.
+    pub async fn pending_migrations(&self) -> Result<Vec<Pending>, StoreError> {
+        migrate::pending(&self.pool, self.dialect).await
+    }
+
+    /// Every migration this binary has for the store at `url` (by its
+    /// scheme): what a store that does not exist yet lacks.
+    pub fn migrations_for(url: &str) -> Vec<Pending> {
+        let dialect = if url.starts_with("sqlite:") {
+            Dialect::Sqlite
+        } else {
+            Dialect::Postgres
+        };
+        migrate::every(dialect)
+    }
+
+    /// Connects as `options` say, without touching the schema.
+    pub async fn open_as_is(url: &str, open: OpenOptions) -> Result<Store, StoreError> {
         sqlx::any::install_default_drivers();
         let (dialect, url) = if let Some(rest) = url.strip_prefix("sqlite:") {
             let path = rest.trim_start_matches("//");
@@ -176,9 +236,10 @@ impl Store {
         } else {
             (Dialect::Postgres, url.to_string())
         };
-        if dialect == Dialect::Postgres {
-            reach_postgres(&url, open.connect_timeout).await?;
-        }
+        let ssl_mode = match dialect {
+            Dialect::Postgres => Some(reach_postgres(&url, open.connect_timeout).await?),
+            Dialect::Sqlite => None,
+        };
         let mut options = AnyPoolOptions::new()
             .max_connections(open.max_connections)
             .acquire_timeout(open.connect_timeout);
@@ -198,14 +259,13 @@ impl Store {
                 .execute(&pool)
                 .await?;
         }
-        let store = Store {
+        Ok(Store {
             pool,
             dialect,
             audit: None,
             home: tokio::runtime::Handle::try_current().ok(),
-        };
-        migrate::run_through(&store.pool, dialect, last).await?;
-        Ok(store)
+            ssl_mode,
+        })
     }
 
     pub(crate) fn dialect(&self) -> Dialect {
@@ -238,6 +298,24 @@ impl Store {
     /// Closes every connection; later queries fail. For shutdown and tests.
     pub async fn close(&self) {
         self.pool.close().await;
+    }
+
+    /// How the store is reached, for `check-config --connect`: "as a local
+    /// file", or "over TLS (TLSv1.3, sslmode=verify-full)" / "without TLS
+    /// (sslmode=prefer)" as a connection of the pool found it.
+    pub async fn transport(&self) -> Result<String, StoreError> {
+        let Some(mode) = self.ssl_mode else {
+            return Ok("as a local file".into());
+        };
+        let version: String = sqlx::query(postgres_tls::TLS_VERSION_QUERY)
+            .fetch_one(&self.pool)
+            .await?
+            .try_get(0)?;
+        Ok(if version.is_empty() {
+            format!("without TLS (sslmode={mode})")
+        } else {
+            format!("over TLS ({version}, sslmode={mode})")
+        })
     }
 
     /// Answers when the store can serve a query.
@@ -298,8 +376,9 @@ impl Store {
 
 /// Opens one connection to PostgreSQL first, within `timeout`: the pool
 /// would retry until its own timeout and then say only that it timed out,
-/// naming neither the server nor the cause.
-async fn reach_postgres(url: &str, timeout: Duration) -> Result<(), StoreError> {
+/// naming neither the server nor the cause (a certificate that does not
+/// verify included). Returns the URL's `sslmode`.
+async fn reach_postgres(url: &str, timeout: Duration) -> Result<&'static str, StoreError> {
     use sqlx::Connection;
     use sqlx::postgres::{PgConnectOptions, PgConnection};
     let options: PgConnectOptions = url
@@ -307,11 +386,12 @@ async fn reach_postgres(url: &str, timeout: Duration) -> Result<(), StoreError> 
         .map_err(|e| StoreError::Setup(format!("the store URL is not a PostgreSQL URL: {e}")))?;
     // Reaching the server is what is checked here; its notices are not news.
     let options = options.options([("client_min_messages", "warning")]);
+    postgres_tls::check_root_cert(url)?;
     let place = postgres_place(&options);
     let cause = match tokio::time::timeout(timeout, PgConnection::connect_with(&options)).await {
         Ok(Ok(connection)) => {
             let _ = connection.close().await;
-            return Ok(());
+            return Ok(postgres_tls::mode_name(&options));
         }
         Ok(Err(error)) => connect_cause(&error),
         Err(_) => format!("no answer within {} s", timeout.as_secs_f32()),

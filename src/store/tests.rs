@@ -146,6 +146,7 @@ macro_rules! store_tests {
 
 store_tests!(
     check_migrations_are_idempotent,
+    check_a_schema_behind_names_its_pending_migrations_until_migrated,
     check_ping_answers,
     check_users_are_found_by_id_and_any_case_email,
     check_duplicate_email_is_a_conflict,
@@ -753,6 +754,47 @@ async fn check_migrations_are_idempotent(db: &TestDb) {
     let expected = migrate::count(again.dialect()) as i64;
     assert_eq!(row.try_get::<i64, _>(0).unwrap(), expected);
     again.close().await;
+}
+
+async fn check_a_schema_behind_names_its_pending_migrations_until_migrated(db: &TestDb) {
+    assert_eq!(db.pending_migrations().await.unwrap(), vec![]);
+    let total = migrate::count(db.dialect()) as i64;
+    let old = db.another_through(total - 2).await;
+    let pending = old.pending_migrations().await.unwrap();
+    let versions: Vec<i64> = pending.iter().map(|p| p.version).collect();
+    assert_eq!(versions, vec![total - 1, total]);
+    match Store::open_current(&old.url, OpenOptions::server(1)).await {
+        Err(StoreError::Behind(found)) => {
+            assert_eq!(found, pending);
+            let text = StoreError::Behind(found).to_string();
+            assert!(text.contains(&pending[0].to_string()), "{text}");
+            assert!(text.contains("2 pending"), "{text}");
+        }
+        other => panic!("expected Behind, got {other:?}"),
+    }
+    // Opening as it is changed nothing; migrating applies what was pending.
+    assert_eq!(old.pending_migrations().await.unwrap(), pending);
+    assert_eq!(old.migrate().await.unwrap(), pending);
+    assert_eq!(old.pending_migrations().await.unwrap(), vec![]);
+    let current = Store::open_current(&old.url, OpenOptions::server(1))
+        .await
+        .unwrap();
+    current.close().await;
+    old.finish().await;
+}
+
+#[tokio::test]
+async fn a_missing_schema_has_every_migration_pending() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}/fresh.db", dir.path().display());
+    let store = Store::open_as_is(&url, OpenOptions::server(1))
+        .await
+        .unwrap();
+    let pending = store.pending_migrations().await.unwrap();
+    assert_eq!(pending, Store::migrations_for(&url));
+    assert_eq!(pending.len(), migrate::count(Dialect::Sqlite));
+    assert_eq!(pending[0].to_string(), "0001_init");
+    store.close().await;
 }
 
 async fn check_ping_answers(store: &Store) {

@@ -5,6 +5,7 @@
 pub mod platform;
 pub mod shared_redis;
 pub mod smtp;
+pub mod tls_postgres;
 pub mod totp;
 
 use std::net::SocketAddr;

@@ -1,0 +1,155 @@
+use std::sync::Arc;
+
+use super::*;
+
+/// A CA and a `localhost` server certificate it signed, as PEM files in `dir`.
+struct Pki {
+    ca: PathBuf,
+    cert: PathBuf,
+    key: PathBuf,
+}
+
+fn pki(dir: &Path, name: &str) -> Pki {
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, format!("{name} CA"));
+    let ca_cert = ca_params.self_signed(&ca_key).unwrap();
+    let leaf_key = rcgen::KeyPair::generate().unwrap();
+    let params = rcgen::CertificateParams::new(vec!["localhost".to_string()]).unwrap();
+    let issuer = rcgen::Issuer::from_params(&ca_params, &ca_key);
+    let leaf = params.signed_by(&leaf_key, &issuer).unwrap();
+    let files = Pki {
+        ca: dir.join(format!("{name}-ca.pem")),
+        cert: dir.join(format!("{name}-cert.pem")),
+        key: dir.join(format!("{name}-key.pem")),
+    };
+    std::fs::write(&files.ca, ca_cert.pem()).unwrap();
+    std::fs::write(&files.cert, leaf.pem()).unwrap();
+    std::fs::write(&files.key, leaf_key.serialize_pem()).unwrap();
+    files
+}
+
+/// A handshake of `client` with a server showing `server`'s certificate,
+/// as `host`.
+async fn handshake(client: rustls::ClientConfig, server: &Pki, host: &str) -> Result<(), String> {
+    let chain = read_certificates(&server.cert).unwrap();
+    let key = PrivateKeyDer::from_pem_file(&server.key).unwrap();
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let server_config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(chain, key)
+        .unwrap();
+    let (near, far) = tokio::io::duplex(16 * 1024);
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(server_config));
+    let served = tokio::spawn(async move { acceptor.accept(far).await.map(|_| ()) });
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(client));
+    let name = rustls::pki_types::ServerName::try_from(host.to_string()).unwrap();
+    let result = connector.connect(name, near).await.map(|_| ());
+    served.abort();
+    result.map_err(|e| e.to_string())
+}
+
+fn trusting(ca: &Path) -> ClientTls {
+    ClientTls {
+        ca_file: Some(ca.to_path_buf()),
+        identity: None,
+    }
+}
+
+#[tokio::test]
+async fn a_server_signed_by_the_ca_file_is_trusted() {
+    let dir = tempfile::tempdir().unwrap();
+    let service = pki(dir.path(), "service");
+    let config = trusting(&service.ca)
+        .client_config_over(Ok(vec![]))
+        .unwrap();
+    handshake(config, &service, "localhost").await.unwrap();
+}
+
+#[tokio::test]
+async fn a_server_signed_by_another_ca_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let service = pki(dir.path(), "service");
+    let other = pki(dir.path(), "other");
+    let config = trusting(&other.ca).client_config_over(Ok(vec![])).unwrap();
+    let error = handshake(config, &service, "localhost").await.unwrap_err();
+    assert!(error.contains("UnknownIssuer"), "{error}");
+}
+
+#[tokio::test]
+async fn a_server_named_otherwise_than_its_certificate_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let service = pki(dir.path(), "service");
+    let config = trusting(&service.ca)
+        .client_config_over(Ok(vec![]))
+        .unwrap();
+    let error = handshake(config, &service, "db.example").await.unwrap_err();
+    assert!(error.contains("not valid for name"), "{error}");
+}
+
+#[test]
+fn the_system_roots_are_trusted_besides_the_ca_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let service = pki(dir.path(), "service");
+    let system = read_certificates(&service.ca).unwrap();
+    // No CA file: the system's roots alone make a configuration.
+    ClientTls::default().client_config_over(Ok(system)).unwrap();
+}
+
+#[test]
+fn file_problems_name_the_file_and_the_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("missing-ca.pem");
+    let error = trusting(&missing)
+        .client_config_over(Ok(vec![]))
+        .unwrap_err();
+    let text = error.to_string();
+    assert!(text.starts_with(&missing.display().to_string()), "{text}");
+    assert!(text.contains("No such file"), "{text}");
+
+    let empty = dir.path().join("empty.pem");
+    std::fs::write(&empty, "not a certificate\n").unwrap();
+    let text = trusting(&empty)
+        .client_config_over(Ok(vec![]))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        text.contains("empty.pem") && text.contains("no PEM certificate"),
+        "{text}"
+    );
+}
+
+#[test]
+fn without_any_root_the_reason_the_system_gave_none_is_told() {
+    let error = ClientTls::default()
+        .client_config_over(Err("/etc/none.pem: not found".into()))
+        .unwrap_err();
+    assert_eq!(
+        error,
+        TlsClientError::NoRoots("/etc/none.pem: not found".into())
+    );
+}
+
+#[test]
+fn a_client_certificate_is_shown_and_a_missing_key_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let service = pki(dir.path(), "service");
+    let client = pki(dir.path(), "client");
+    let mut settings = trusting(&service.ca);
+    settings.identity = Some((client.cert.clone(), client.key.clone()));
+    let config = settings.client_config_over(Ok(vec![])).unwrap();
+    assert!(config.client_auth_cert_resolver.has_certs());
+
+    let missing = dir.path().join("missing-key.pem");
+    settings.identity = Some((client.cert.clone(), missing.clone()));
+    let text = settings
+        .client_config_over(Ok(vec![]))
+        .unwrap_err()
+        .to_string();
+    assert!(text.contains("missing-key.pem"), "{text}");
+}
