@@ -4,20 +4,8 @@
 mod common;
 
 use std::path::Path;
-use std::process::{Command, Output};
 
-fn keygate(config: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_keygate"))
-        .arg("--config")
-        .arg(config)
-        .args(args)
-        .env("RUST_LOG", "warn")
-        .env("KEYGATE_BOOTSTRAP_PASSWORD", "bootstrap-password")
-        .env_remove("KEYGATE_CONFIG")
-        .env_remove("KEYGATE_STORE_MIGRATE")
-        .output()
-        .unwrap()
-}
+use common::run_keygate as keygate;
 
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
@@ -26,19 +14,10 @@ fn text(bytes: &[u8]) -> String {
 /// A config serving on port 0 from `dir`, on the store at `store_url`, that
 /// leaves migrating to `keygate migrate`.
 fn never_config(dir: &Path, store_url: &str) -> std::path::PathBuf {
-    let data = dir.join("data");
-    std::fs::create_dir_all(&data).unwrap();
-    common::certificate_into(dir, &data);
-    let config = dir.join("keygate.toml");
-    common::write_config(&config, &data, "http://127.0.0.1:9", "");
-    let written = std::fs::read_to_string(&config).unwrap();
-    let written = written.replace(
-        &format!("[store]\nurl = \"sqlite://{}/k.db\"\n", data.display()),
+    common::config_with_store(
+        dir,
         &format!("[store]\nurl = \"{store_url}\"\nmigrate = \"never\"\n"),
-    );
-    assert!(written.contains("migrate = \"never\""), "{written}");
-    std::fs::write(&config, written).unwrap();
-    config
+    )
 }
 
 /// The whole sequence on one store that has no schema yet: the check fails

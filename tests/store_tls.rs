@@ -5,22 +5,10 @@
 mod common;
 
 use std::path::Path;
-use std::process::{Command, Output};
 
 use common::tls_postgres::TlsPostgres;
 
-fn keygate(config: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_keygate"))
-        .arg("--config")
-        .arg(config)
-        .args(args)
-        .env("RUST_LOG", "warn")
-        .env("KEYGATE_BOOTSTRAP_PASSWORD", "bootstrap-password")
-        .env_remove("KEYGATE_CONFIG")
-        .env_remove("KEYGATE_STORE_URL")
-        .output()
-        .unwrap()
-}
+use common::run_keygate as keygate;
 
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
@@ -28,16 +16,7 @@ fn text(bytes: &[u8]) -> String {
 
 /// A config on the store at `url`, serving on port 0 from `dir`.
 fn config_on(dir: &Path, url: &str) -> std::path::PathBuf {
-    let data = dir.join("data");
-    std::fs::create_dir_all(&data).unwrap();
-    common::certificate_into(dir, &data);
-    let config = dir.join("keygate.toml");
-    common::write_config(&config, &data, "http://127.0.0.1:9", "");
-    let written = std::fs::read_to_string(&config)
-        .unwrap()
-        .replace(&format!("sqlite://{}/k.db", data.display()), url);
-    std::fs::write(&config, written).unwrap();
-    config
+    common::config_with_store(dir, &format!("[store]\nurl = \"{url}\"\n"))
 }
 
 #[test]

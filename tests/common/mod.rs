@@ -938,6 +938,39 @@ pub fn write_config(
     .unwrap();
 }
 
+/// A config serving on port 0 from `dir` (certificate and data made there),
+/// its `[store]` section replaced by `store`.
+#[allow(dead_code)]
+pub fn config_with_store(dir: &std::path::Path, store: &str) -> std::path::PathBuf {
+    let data = dir.join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    certificate_into(dir, &data);
+    let config = dir.join("keygate.toml");
+    write_config(&config, &data, "http://127.0.0.1:9", "");
+    let written = std::fs::read_to_string(&config).unwrap();
+    let sqlite = format!("[store]\nurl = \"sqlite://{}/k.db\"\n", data.display());
+    assert!(written.contains(&sqlite), "{written}");
+    std::fs::write(&config, written.replace(&sqlite, store)).unwrap();
+    config
+}
+
+/// Runs the `keygate` binary on `config` with `args`, the bootstrap password
+/// set and no `KEYGATE_*` override of the runner's in the way.
+#[allow(dead_code)]
+pub fn run_keygate(config: &std::path::Path, args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_keygate"))
+        .arg("--config")
+        .arg(config)
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .env("KEYGATE_BOOTSTRAP_PASSWORD", "bootstrap-password")
+        .env_remove("KEYGATE_CONFIG")
+        .env_remove("KEYGATE_STORE_URL")
+        .env_remove("KEYGATE_STORE_MIGRATE")
+        .output()
+        .unwrap()
+}
+
 /// Generates a development CA and certificate in `dir`; returns the CA PEM.
 pub fn certificate_into(dir: &std::path::Path, data: &std::path::Path) -> Vec<u8> {
     keygate::tls::load_or_generate_dev(dir).unwrap();
