@@ -186,14 +186,7 @@ impl Store {
         keep: Option<Uuid>,
     ) -> Result<Published<bool>, StoreError> {
         self.revoking_write(|mut tx| async move {
-            let removed =
-                sqlx::query("DELETE FROM two_factor WHERE user_id = $1 AND provider = $2")
-                    .bind(user_id.to_string())
-                    .bind(provider)
-                    .execute(&mut *tx)
-                    .await?
-                    .rows_affected()
-                    == 1;
+            let removed = delete_provider(&mut tx, user_id, provider).await?;
             if removed {
                 let others: i64 = sqlx::query(
                     "SELECT COUNT(*) FROM two_factor WHERE user_id = $1 AND provider <> 'BACKUP_CODE'",
@@ -226,14 +219,7 @@ impl Store {
         now_ms: i64,
     ) -> Result<Published<bool>, StoreError> {
         self.revoking_write(|mut tx| async move {
-            let removed =
-                sqlx::query("DELETE FROM two_factor WHERE user_id = $1 AND provider = $2")
-                    .bind(user_id.to_string())
-                    .bind(provider)
-                    .execute(&mut *tx)
-                    .await?
-                    .rows_affected()
-                    == 1;
+            let removed = delete_provider(&mut tx, user_id, provider).await?;
             // A second factor the platform removed ends the user's
             // sessions, as one removed in keygate ends the others.
             if removed {
@@ -294,4 +280,19 @@ impl Store {
         event.commit(tx).await?;
         Ok(used)
     }
+}
+
+/// Deletes the user's `provider`; `false` when the user had none such.
+async fn delete_provider(
+    conn: &mut sqlx::AnyConnection,
+    user_id: Uuid,
+    provider: &str,
+) -> Result<bool, StoreError> {
+    let deleted = sqlx::query("DELETE FROM two_factor WHERE user_id = $1 AND provider = $2")
+        .bind(user_id.to_string())
+        .bind(provider)
+        .execute(conn)
+        .await?
+        .rows_affected();
+    Ok(deleted == 1)
 }
