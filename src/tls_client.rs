@@ -48,6 +48,13 @@ impl ClientTls {
         self.client_config_over(system_roots())
     }
 
+    /// The roots, system's and CA file's, as one PEM text: for a client
+    /// (the `redis` crate's) that takes its roots as PEM and trusts only
+    /// those it is given.
+    pub fn root_pem(&self) -> Result<Vec<u8>, TlsClientError> {
+        Ok(pem_certificates(&self.roots_over(system_roots())?))
+    }
+
     /// A rustls client configuration trusting `system` (what the system's
     /// store gave, or why it gave nothing) and the CA file.
     fn client_config_over(
@@ -55,24 +62,10 @@ impl ClientTls {
         system: Result<Vec<CertificateDer<'static>>, String>,
     ) -> Result<rustls::ClientConfig, TlsClientError> {
         let mut roots = RootCertStore::empty();
-        let system_problem = match system {
-            Ok(certs) => {
-                // A system store may hold a certificate rustls cannot use;
-                // the others still count.
-                roots.add_parsable_certificates(certs);
-                None
-            }
-            Err(problem) => Some(problem),
-        };
-        if let Some(path) = &self.ca_file {
-            for cert in read_certificates(path)? {
-                roots.add(cert).map_err(|e| file_error(path, e))?;
-            }
-        }
-        if roots.is_empty() {
-            return Err(TlsClientError::NoRoots(system_problem.unwrap_or_else(
-                || "the system's store is empty and no CA file is set".into(),
-            )));
+        for cert in self.roots_over(system)? {
+            roots
+                .add(cert)
+                .map_err(|e| TlsClientError::NoRoots(e.to_string()))?;
         }
         let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
         let builder = rustls::ClientConfig::builder_with_provider(provider)
@@ -93,6 +86,94 @@ impl ClientTls {
                 })
             }
         }
+    }
+
+    /// The certificates trusted: those of `system` that can be roots (a
+    /// system store may hold one rustls cannot use; the others still count)
+    /// and every one of the CA file, which must all be usable.
+    fn roots_over(
+        &self,
+        system: Result<Vec<CertificateDer<'static>>, String>,
+    ) -> Result<Vec<CertificateDer<'static>>, TlsClientError> {
+        let mut trusted = Vec::new();
+        let system_problem = match system {
+            Ok(certs) => {
+                trusted.extend(certs.into_iter().filter(|cert| usable_root(cert).is_ok()));
+                None
+            }
+            Err(problem) => Some(problem),
+        };
+        if let Some(path) = &self.ca_file {
+            for cert in read_certificates(path)? {
+                usable_root(&cert).map_err(|e| file_error(path, e))?;
+                trusted.push(cert);
+            }
+        }
+        if trusted.is_empty() {
+            return Err(TlsClientError::NoRoots(system_problem.unwrap_or_else(
+                || "the system's store is empty and no CA file is set".into(),
+            )));
+        }
+        Ok(trusted)
+    }
+}
+
+/// Checks a CA file alone, as a client will read it: readable, holding PEM
+/// certificates that can all be roots. For validating a setting before any
+/// connection is tried.
+pub fn check_ca_file(path: &Path) -> Result<(), TlsClientError> {
+    for cert in read_certificates(path)? {
+        usable_root(&cert).map_err(|e| file_error(path, e))?;
+    }
+    Ok(())
+}
+
+/// Whether `cert` can be a trust anchor.
+fn usable_root(cert: &CertificateDer<'_>) -> Result<(), rustls::Error> {
+    RootCertStore::empty().add(cert.clone().into_owned())
+}
+
+/// Certificates as PEM text.
+fn pem_certificates(certs: &[CertificateDer<'_>]) -> Vec<u8> {
+    use base64::Engine as _;
+    let mut pem = String::new();
+    for cert in certs {
+        let encoded = base64::engine::general_purpose::STANDARD.encode(cert.as_ref());
+        pem.push_str("-----BEGIN CERTIFICATE-----\n");
+        for line in encoded.as_bytes().chunks(64) {
+            pem.push_str(std::str::from_utf8(line).unwrap_or_default());
+            pem.push('\n');
+        }
+        pem.push_str("-----END CERTIFICATE-----\n");
+    }
+    pem.into_bytes()
+}
+
+/// A server's certificate refused: it does not chain to a trusted root,
+/// names another host, has expired, or none was shown. Other TLS failures
+/// (a server that does not speak TLS, a protocol both sides lack) are not.
+pub fn is_certificate_error(error: &rustls::Error) -> bool {
+    matches!(
+        error,
+        rustls::Error::InvalidCertificate(_) | rustls::Error::NoCertificatesPresented
+    )
+}
+
+/// The certificate error behind an I/O error from a TLS handshake
+/// (`tokio-rustls` reports them wrapped), if that is what it is.
+pub fn certificate_error(error: &std::io::Error) -> Option<&rustls::Error> {
+    error
+        .get_ref()
+        .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+        .filter(|tls| is_certificate_error(tls))
+}
+
+/// A protocol version as people write it: `TLSv1.3`.
+pub fn version_name(version: rustls::ProtocolVersion) -> String {
+    match version {
+        rustls::ProtocolVersion::TLSv1_2 => "TLSv1.2".into(),
+        rustls::ProtocolVersion::TLSv1_3 => "TLSv1.3".into(),
+        other => format!("{other:?}"),
     }
 }
 

@@ -153,3 +153,84 @@ fn a_client_certificate_is_shown_and_a_missing_key_is_named() {
         .to_string();
     assert!(text.contains("missing-key.pem"), "{text}");
 }
+
+#[test]
+fn the_roots_as_pem_are_the_system_ones_and_the_ca_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let system = pki(dir.path(), "system");
+    let service = pki(dir.path(), "service");
+    let roots = trusting(&service.ca)
+        .roots_over(Ok(read_certificates(&system.ca).unwrap()))
+        .unwrap();
+    let pem = pem_certificates(&roots);
+    let read: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(&pem)
+        .collect::<Result<_, _>>()
+        .unwrap();
+    let mut expected = read_certificates(&system.ca).unwrap();
+    expected.extend(read_certificates(&service.ca).unwrap());
+    assert_eq!(read, expected);
+    // A certificate that cannot be a root, from the system's store, is left out.
+    let roots = ClientTls::default()
+        .roots_over(Ok(vec![CertificateDer::from(vec![1, 2, 3])]))
+        .unwrap_err();
+    assert!(matches!(roots, TlsClientError::NoRoots(_)), "{roots}");
+}
+
+#[test]
+fn a_ca_file_is_checked_alone_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let service = pki(dir.path(), "service");
+    check_ca_file(&service.ca).unwrap();
+    let text = check_ca_file(&service.key).unwrap_err().to_string();
+    assert!(
+        text.contains("service-key.pem") && text.contains("no PEM certificate"),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn a_refused_certificate_is_told_apart_from_other_handshake_failures() {
+    let dir = tempfile::tempdir().unwrap();
+    let service = pki(dir.path(), "service");
+    let other = pki(dir.path(), "other");
+    let config = trusting(&other.ca).client_config_over(Ok(vec![])).unwrap();
+    let chain = read_certificates(&service.cert).unwrap();
+    let key = PrivateKeyDer::from_pem_file(&service.key).unwrap();
+    let server_config = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::aws_lc_rs::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_no_client_auth()
+    .with_single_cert(chain, key)
+    .unwrap();
+    let (near, far) = tokio::io::duplex(16 * 1024);
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(server_config));
+    let served = tokio::spawn(async move { acceptor.accept(far).await.map(|_| ()) });
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(config.clone()));
+    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+    let error = connector.connect(name.clone(), near).await.unwrap_err();
+    served.abort();
+    let refused = certificate_error(&error).expect("a certificate error");
+    assert!(refused.to_string().contains("UnknownIssuer"), "{refused}");
+
+    // A peer that answers with something other than TLS is not one.
+    let (near, mut far) = tokio::io::duplex(16 * 1024);
+    tokio::spawn(async move {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut hello = [0u8; 512];
+        let _ = far.read(&mut hello).await;
+        let _ = far.write_all(b"-ERR unknown command\r\n").await;
+    });
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let error = connector.connect(name, near).await.unwrap_err();
+    assert_eq!(certificate_error(&error), None, "{error}");
+    let refused = std::io::Error::other("connection refused");
+    assert_eq!(certificate_error(&refused), None);
+}
+
+#[test]
+fn protocol_versions_are_named_as_people_write_them() {
+    assert_eq!(version_name(rustls::ProtocolVersion::TLSv1_3), "TLSv1.3");
+    assert_eq!(version_name(rustls::ProtocolVersion::TLSv1_2), "TLSv1.2");
+}
