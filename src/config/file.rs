@@ -185,6 +185,8 @@ pub struct LoginSection {
 #[serde(default, deny_unknown_fields)]
 pub struct RedisSection {
     pub url: String,
+    /// A PEM CA trusted besides the system's roots, for a `rediss://` URL.
+    pub ca_file: String,
     pub connect_timeout: String,
     pub command_timeout: String,
     pub key_prefix: String,
@@ -194,6 +196,7 @@ impl Default for RedisSection {
     fn default() -> Self {
         RedisSection {
             url: String::new(),
+            ca_file: String::new(),
             connect_timeout: "1s".into(),
             command_timeout: "100ms".into(),
             key_prefix: "keygate:".into(),

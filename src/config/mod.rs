@@ -28,6 +28,7 @@ use std::time::Duration;
 use ipnet::IpNet;
 use toml::Value;
 
+use crate::tls_client::ClientTls;
 use file::FileConfig;
 pub use url::{UpstreamUrl, redacted_url};
 
@@ -161,8 +162,10 @@ impl Settings {
 
 #[derive(Clone)]
 pub struct RedisSettings {
-    /// `redis://[:password@]host[:port][/db]`.
+    /// `redis://[:password@]host[:port][/db]`, or `rediss://...` for TLS.
     pub url: String,
+    /// Trusted besides the system's roots; only with a `rediss://` URL.
+    pub ca_file: Option<PathBuf>,
     pub connect_timeout: Duration,
     /// Longest a limit decision waits for Redis before deciding locally.
     pub command_timeout: Duration,
@@ -180,10 +183,22 @@ impl std::fmt::Debug for RedisSettings {
         };
         f.debug_struct("RedisSettings")
             .field("url", &url)
+            .field("ca_file", &self.ca_file)
             .field("connect_timeout", &self.connect_timeout)
             .field("command_timeout", &self.command_timeout)
             .field("key_prefix", &self.key_prefix)
             .finish()
+    }
+}
+
+impl RedisSettings {
+    /// What TLS to Redis trusts, for a `rediss://` URL; `None` for
+    /// `redis://`. Verification is always on.
+    pub fn tls(&self) -> Option<ClientTls> {
+        self.url.starts_with("rediss://").then(|| ClientTls {
+            ca_file: self.ca_file.clone(),
+            identity: None,
+        })
     }
 }
 

@@ -493,7 +493,6 @@ fn bad_redis_and_quota_settings_are_reported_without_the_password() {
     .unwrap_err();
     let text = errors.0.join("\n");
     for needle in [
-        "redis.url: must start with redis://",
         "redis.command_timeout: must be greater than zero",
         "redis.key_prefix:",
         "quota.per_key: \"100\" is not a rate",
@@ -504,6 +503,111 @@ fn bad_redis_and_quota_settings_are_reported_without_the_password() {
         assert!(text.contains(needle), "missing {needle:?} in:\n{text}");
     }
     assert!(!text.contains("hunter2"), "{text}");
+}
+
+/// A CA certificate of the test's own, as a PEM file in `dir`.
+fn redis_ca(dir: &Path) -> std::path::PathBuf {
+    let key = rcgen::KeyPair::generate().unwrap();
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let path = dir.join("redis-ca.pem");
+    std::fs::write(&path, params.self_signed(&key).unwrap().pem()).unwrap();
+    path
+}
+
+#[test]
+fn rediss_urls_are_accepted_with_a_ca_file_from_the_file_or_the_environment() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = redis_ca(dir.path());
+    let settings = load_text(
+        r#"
+        [redis]
+        url = "rediss://:secret@cache.example:6380/1"
+        "#,
+        &[("KEYGATE_REDIS_CA_FILE", ca.to_str().unwrap())],
+    )
+    .unwrap();
+    let redis = settings.redis.as_ref().unwrap();
+    assert_eq!(redis.ca_file.as_deref(), Some(ca.as_path()));
+    let tls = redis.tls().expect("rediss:// speaks TLS");
+    assert_eq!(tls.ca_file.as_deref(), Some(ca.as_path()));
+    assert!(!format!("{settings:?}").contains("secret"));
+
+    // Without a CA file the system's roots alone are trusted.
+    let settings = load_text("[redis]\nurl = \"rediss://cache.example\"\n", &[]).unwrap();
+    let redis = settings.redis.unwrap();
+    assert_eq!(redis.ca_file, None);
+    assert_eq!(redis.tls().unwrap().ca_file, None);
+
+    let settings = load_text("[redis]\nurl = \"redis://cache.example\"\n", &[]).unwrap();
+    assert!(settings.redis.unwrap().tls().is_none(), "redis:// is plain");
+}
+
+#[test]
+fn a_redis_ca_file_beside_a_plain_url_names_both_settings() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = redis_ca(dir.path());
+    for url in ["redis://:hunter2@cache:6379", ""] {
+        let errors = load_text(
+            &format!(
+                "[redis]\nurl = {url:?}\nca_file = {:?}\n",
+                ca.display().to_string()
+            ),
+            &[],
+        )
+        .unwrap_err();
+        let text = errors.0.join("\n");
+        assert!(
+            text.contains("redis.ca_file:") && text.contains("redis.url is not a rediss:// URL"),
+            "{text}"
+        );
+        assert!(!text.contains("hunter2"), "{text}");
+    }
+}
+
+#[test]
+fn a_redis_ca_file_that_holds_no_certificate_is_named_with_the_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("missing.pem");
+    let junk = dir.path().join("junk.pem");
+    std::fs::write(&junk, "not a certificate\n").unwrap();
+    for (file, reason) in [(&missing, "No such file"), (&junk, "no PEM certificate")] {
+        let errors = load_text(
+            &format!(
+                "[redis]\nurl = \"rediss://:hunter2@cache:6380\"\nca_file = {:?}\n",
+                file.display().to_string()
+            ),
+            &[],
+        )
+        .unwrap_err();
+        let text = errors.0.join("\n");
+        let named = format!("redis.ca_file: {}", file.display());
+        assert!(text.contains(&named) && text.contains(reason), "{text}");
+        assert!(!text.contains("hunter2"), "{text}");
+    }
+}
+
+#[test]
+fn redis_urls_other_than_redis_and_rediss_are_refused_and_verification_stays_on() {
+    for (url, expected) in [
+        (
+            "http://:hunter2@cache:6379",
+            "redis.url: must start with redis:// or rediss:// (TLS), got scheme \"http\"",
+        ),
+        (
+            "rediss://:hunter2@cache:6380/#insecure",
+            "redis.url: must not have a fragment (#...): a rediss:// server's certificate is always verified",
+        ),
+        (
+            "rediss://:hunter2@/0",
+            "redis.url: not a valid rediss://[:password@]host[:port][/db] URL",
+        ),
+    ] {
+        let errors = load_text(&format!("[redis]\nurl = {url:?}\n"), &[]).unwrap_err();
+        let text = errors.0.join("\n");
+        assert!(text.contains(expected), "{url}: {text}");
+        assert!(!text.contains("hunter2"), "{text}");
+    }
 }
 
 /// Hostile configuration files and environments, for the property tests and

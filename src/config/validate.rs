@@ -809,25 +809,63 @@ impl RedisSection {
             ));
         }
         let url = self.url.trim();
+        let ca_file = redis_ca_file(self.ca_file.trim(), url, errors);
         if url.is_empty() {
             return None;
         }
-        // The URL is never repeated in a message: it may carry a password.
-        if !url.starts_with("redis://") {
-            let scheme = url.split_once("://").map_or("", |(s, _)| s);
-            errors.push(format!(
-                "redis.url: must start with redis:// (TLS to Redis is not built in), got scheme {scheme:?}"
-            ));
-        } else if redis::Client::open(url).is_err() {
-            errors.push("redis.url: not a valid redis://[:password@]host[:port][/db] URL".into());
+        if let Err(problem) = check_redis_url(url) {
+            errors.push(format!("redis.url: {problem}"));
         }
         Some(RedisSettings {
             url: url.to_string(),
+            ca_file,
             connect_timeout,
             command_timeout,
             key_prefix: prefix.clone(),
         })
     }
+}
+
+/// `redis://` or `rediss://` (TLS, verified: no `#insecure`), in a form the
+/// `redis` crate reads. The URL is never repeated in a message: it may
+/// carry a password.
+fn check_redis_url(url: &str) -> Result<(), String> {
+    let scheme = url.split_once("://").map_or("", |(s, _)| s);
+    if scheme != "redis" && scheme != "rediss" {
+        return Err(format!(
+            "must start with redis:// or rediss:// (TLS), got scheme {scheme:?}"
+        ));
+    }
+    if url.contains('#') {
+        return Err(
+            "must not have a fragment (#...): a rediss:// server's certificate is always verified"
+                .into(),
+        );
+    }
+    redis::Client::open(url)
+        .map(drop)
+        .map_err(|_| format!("not a valid {scheme}://[:password@]host[:port][/db] URL"))
+}
+
+/// `redis.ca_file`: a readable PEM CA, and only beside a `rediss://` URL
+/// (`url` is the trimmed `redis.url`, empty when Redis is off: a CA file
+/// then trusts nothing, which is as likely a mistake).
+fn redis_ca_file(file: &str, url: &str, errors: &mut Vec<String>) -> Option<PathBuf> {
+    if file.is_empty() {
+        return None;
+    }
+    if !url.starts_with("rediss://") {
+        errors.push(
+            "redis.ca_file: trusted for TLS to Redis only, and redis.url is not a rediss:// URL; \
+             write rediss:// in redis.url, or leave redis.ca_file empty"
+                .into(),
+        );
+    }
+    let path = PathBuf::from(file);
+    if let Err(problem) = crate::tls_client::check_ca_file(&path) {
+        errors.push(format!("redis.ca_file: {problem}"));
+    }
+    Some(path)
 }
 
 /// A quota rate; `""` for none.
