@@ -62,7 +62,7 @@ pub mod auth;
 // The database.
 pub mod store;
 // Limits shared with the other replicas.
-pub(crate) mod shared_limits;
+pub mod shared_limits;
 // keygate's own endpoints.
 pub mod api;
 // Creating users and keys.

@@ -27,7 +27,7 @@ use crate::listener::{self, Listener};
 use crate::probes::Probes;
 use crate::proxy::Routes;
 use crate::shared_limits::SharedLimits;
-use crate::shared_limits::link::RedisLink;
+use crate::shared_limits::link::{LinkError, RedisLink};
 use crate::shared_limits::login::SharedLogins;
 use crate::shared_limits::quota::Quotas;
 use crate::shared_limits::seats::{SeatLimits, Seats};
@@ -75,7 +75,7 @@ pub enum StartError {
     StoredPlatformKey,
     #[error("preparing password verification failed")]
     DummyHash,
-    #[error("cannot use [redis] url")]
+    #[error("cannot use [redis]")]
     Redis(#[from] crate::shared_limits::link::LinkError),
     #[error("starting the worker threads")]
     Workers(#[source] std::io::Error),
@@ -333,10 +333,7 @@ pub async fn start(mut settings: Settings, options: StartOptions) -> Result<Runn
         metrics.clone(),
     ));
     let settings = Arc::new(settings);
-    let link = match &settings.redis {
-        Some(redis) => Some(Arc::new(RedisLink::new(redis, metrics.clone())?)),
-        None => None,
-    };
+    let link = redis_link(&settings, &metrics).await?;
     let api = api(
         &settings,
         &store,
@@ -376,6 +373,29 @@ pub async fn start(mut settings: Settings, options: StartOptions) -> Result<Runn
         platform_minter,
     };
     Ok(spawn(running, bound, tls_acceptor, auth))
+}
+
+/// The link to Redis, when one is configured. Over `rediss://` one TLS
+/// connection is opened first: a certificate that does not verify stops the
+/// start; a Redis out of reach does not (the limits are decided locally
+/// until it answers, as for any outage).
+async fn redis_link(
+    settings: &Settings,
+    metrics: &Arc<Metrics>,
+) -> Result<Option<Arc<RedisLink>>, StartError> {
+    let Some(redis) = &settings.redis else {
+        return Ok(None);
+    };
+    let link = RedisLink::new(redis, metrics.clone())?;
+    match crate::shared_limits::link::check_tls(redis).await {
+        Ok(None) => {}
+        Ok(Some(version)) => tracing::info!(version, "redis reached over TLS"),
+        Err(error @ LinkError::Unreachable { .. }) => {
+            tracing::warn!(%error, "redis unreachable at start: limits decided from this replica's own counters until it answers");
+        }
+        Err(error) => return Err(error.into()),
+    }
+    Ok(Some(Arc::new(link)))
 }
 
 /// The store as a start finds it ready: connected, holding the platform's

@@ -384,11 +384,8 @@ pub async fn reach_dependencies(settings: &Settings) -> Reached {
     match &settings.redis {
         None => found.reached.push("Redis not configured".into()),
         Some(redis) => match reach_redis(redis).await {
-            Ok(()) => found.reached.push("Redis reached".into()),
-            Err(cause) => found.problems.push(format!(
-                "redis.url: cannot reach {}: {cause}",
-                keygate::config::redacted_url(&redis.url)
-            )),
+            Ok(how) => found.reached.push(format!("Redis reached {how}")),
+            Err(cause) => found.problems.push(cause),
         },
     }
     match &settings.platform.sync {
@@ -407,9 +404,25 @@ pub async fn reach_dependencies(settings: &Settings) -> Reached {
     found
 }
 
-/// One PING within the configured connect timeout.
-async fn reach_redis(settings: &keygate::config::RedisSettings) -> Result<(), String> {
-    let client = redis::Client::open(settings.url.as_str()).map_err(|e| e.to_string())?;
+/// One PING within the configured connect timeout, after, for a
+/// `rediss://` URL, a TLS handshake that says which TLS it agreed: "over
+/// TLS (TLSv1.3)" or "without TLS". A problem names the setting and never
+/// the password.
+async fn reach_redis(settings: &keygate::config::RedisSettings) -> Result<String, String> {
+    use keygate::shared_limits::link::{self, LinkError};
+    let unreachable = |cause: String| {
+        format!(
+            "redis.url: cannot reach {}: {cause}",
+            keygate::config::redacted_url(&settings.url)
+        )
+    };
+    let how = match link::check_tls(settings).await {
+        Ok(Some(version)) => format!("over TLS ({version})"),
+        Ok(None) => "without TLS".to_string(),
+        Err(LinkError::Unreachable { reason, .. }) => return Err(unreachable(reason)),
+        Err(error) => return Err(error.to_string()),
+    };
+    let client = link::client(settings).map_err(|e| e.to_string())?;
     let attempt = async {
         let mut connection = client
             .get_multiplexed_async_connection()
@@ -421,12 +434,12 @@ async fn reach_redis(settings: &keygate::config::RedisSettings) -> Result<(), St
             .map_err(|e| e.to_string())
     };
     match tokio::time::timeout(settings.connect_timeout, attempt).await {
-        Ok(Ok(_)) => Ok(()),
-        Ok(Err(cause)) => Err(cause),
-        Err(_) => Err(format!(
+        Ok(Ok(_)) => Ok(how),
+        Ok(Err(cause)) => Err(unreachable(cause)),
+        Err(_) => Err(unreachable(format!(
             "no answer within {} s",
             settings.connect_timeout.as_secs_f32()
-        )),
+        ))),
     }
 }
 
