@@ -22,6 +22,9 @@ pub struct Probes {
     /// True once every listener is bound and the certificate loaded; false
     /// again as soon as shutdown starts.
     pub ready: Arc<AtomicBool>,
+    /// Whether revocations made on other replicas are heard or polled: said
+    /// beside "ready" when polled (still ready: slower, not wrong).
+    pub revocations: crate::auth::revocation::Channel,
 }
 
 impl Probes {
@@ -47,7 +50,7 @@ impl Probes {
                 match tokio::time::timeout(std::time::Duration::from_secs(2), self.store.ping())
                     .await
                 {
-                    Ok(Ok(())) => text(StatusCode::OK, "text/plain", "ready".into()),
+                    Ok(Ok(())) => text(StatusCode::OK, "text/plain", self.ready_text()),
                     _ => text(
                         StatusCode::SERVICE_UNAVAILABLE,
                         "text/plain",
@@ -56,6 +59,17 @@ impl Probes {
                 }
             }
             _ => crate::error::ApiError::not_found().into_response(),
+        }
+    }
+}
+
+impl Probes {
+    /// "ready", and on a line of its own why the revocation channel is not
+    /// listening, when it is not.
+    fn ready_text(&self) -> String {
+        match self.revocations.detail() {
+            Some(detail) => format!("ready\n{detail}\n"),
+            None => "ready".into(),
         }
     }
 }

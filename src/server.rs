@@ -120,6 +120,8 @@ pub struct Running {
     /// Whether `platform.signing_key` was set at start: its minter is built
     /// then, so `identity = "platform"` routes can only come with it.
     platform_minter: bool,
+    /// Whether revocations made elsewhere are heard or polled (`/readyz`).
+    revocations: crate::auth::revocation::Channel,
 }
 
 impl Running {
@@ -371,6 +373,7 @@ pub async fn start(mut settings: Settings, options: StartOptions) -> Result<Runn
         admin_shutdown: watch::channel(false).0,
         admin_task: None,
         platform_minter,
+        revocations: crate::auth::revocation::Channel::new(),
     };
     Ok(spawn(running, bound, tls_acceptor, auth))
 }
@@ -827,6 +830,7 @@ fn spawn(
             auth,
             store: running.store.clone(),
             ready: running.ready.clone(),
+            revocations: running.revocations.clone(),
         });
         let listener = Listener {
             name: "admin",
@@ -898,33 +902,54 @@ fn spawn_background(
 }
 
 /// Applies revocations made elsewhere: notified by the other replicas on
-/// PostgreSQL, polled from the audit events on SQLite.
+/// PostgreSQL (over `store.notify_url` when set), polled from the audit
+/// events on SQLite and while the channel is not listening.
 fn spawn_revocation(
     running: &mut Running,
     auth: &Arc<Authenticator>,
     shutdown_rx: &watch::Receiver<bool>,
 ) {
-    if running.store.dialect() == crate::store::Dialect::Postgres {
-        running
-            .tasks
-            .push(tokio::spawn(crate::auth::revocation::listen(
-                running.app.settings().store_url.clone(),
-                running.instance,
-                auth.clone(),
-                running.metrics.clone(),
-                shutdown_rx.clone(),
-            )));
-    } else {
+    use crate::auth::revocation::{self, Channel, POLL_INTERVAL, POOLER_WITHOUT_NOTIFY_URL};
+    let settings = running.app.settings();
+    if running.store.dialect() == crate::store::Dialect::Sqlite {
         // No notification crosses processes on SQLite: a change the command
         // line makes is found by polling.
-        running
-            .tasks
-            .push(tokio::spawn(crate::auth::revocation::poll(
-                running.store.clone(),
-                auth.clone(),
-                crate::auth::revocation::POLL_INTERVAL,
-                shutdown_rx.clone(),
-            )));
+        running.revocations = Channel::local();
+    } else if let Some(url) = listen_url(settings) {
+        running.tasks.push(tokio::spawn(revocation::listen(
+            url.to_owned(),
+            running.instance,
+            auth.clone(),
+            running.metrics.clone(),
+            running.revocations.clone(),
+            shutdown_rx.clone(),
+        )));
+    } else {
+        tracing::warn!(
+            "the revocation channel is not listening: {POOLER_WITHOUT_NOTIFY_URL}; set \
+             store.notify_url (KEYGATE_STORE_NOTIFY_URL) to a direct PostgreSQL URL. \
+             Meanwhile revocations made on other replicas are polled every {} s",
+            POLL_INTERVAL.as_secs()
+        );
+        running.revocations = Channel::deaf(POOLER_WITHOUT_NOTIFY_URL);
+    }
+    running.tasks.push(tokio::spawn(revocation::poll(
+        running.store.clone(),
+        auth.clone(),
+        POLL_INTERVAL,
+        running.revocations.clone(),
+        shutdown_rx.clone(),
+    )));
+}
+
+/// Where the revocation channel listens: `store.notify_url`, else
+/// `store.url` unless that reaches a transaction pooler (no session to
+/// listen in); `None` then.
+fn listen_url(settings: &Settings) -> Option<&str> {
+    match (&settings.store_notify_url, settings.store_pooler) {
+        (Some(direct), _) => Some(direct),
+        (None, crate::config::Pooler::None) => Some(&settings.store_url),
+        (None, crate::config::Pooler::Transaction) => None,
     }
 }
 
@@ -978,7 +1003,11 @@ fn log_serving(running: &Running) {
 /// The store, migrated at start or, with `store.migrate = "never"`, refused
 /// when its schema is behind.
 async fn open_store(settings: &Settings) -> Result<Store, StartError> {
-    let options = crate::store::OpenOptions::server(settings.store_max_connections);
+    if let Some(notify_url) = &settings.store_notify_url {
+        Store::check_notify_url(notify_url)?;
+    }
+    let options = crate::store::OpenOptions::server(settings.store_max_connections)
+        .through(settings.store_pooler, settings.store_notify_url.clone());
     match settings.store_migrate {
         crate::config::StoreMigrate::Auto => Ok(Store::open(&settings.store_url, options).await?),
         crate::config::StoreMigrate::Never => {

@@ -2,19 +2,25 @@
 //! the revocation channel and drops the cache entries a change affects.
 //!
 //! If the listening connection is lost, notifications sent meanwhile are lost
-//! too: on every (re)connect the credential caches are flushed, and the cache
-//! TTL (`cache.ttl`) bounds staleness while the connection is down.
+//! too: on every (re)connect the credential caches are flushed. While the
+//! channel is not listening (it cannot connect or `LISTEN`, or `store.url`
+//! reaches a transaction pooler and no `store.notify_url` gives it a session
+//! of its own) the replica polls the store's audit events instead
+//! ([`poll`]), so a change to a user or a key still reaches it within
+//! [`POLL_INTERVAL`]; a logout, which writes no audit event, within the
+//! cache TTL (`cache.ttl`). [`Channel`] says which, for `/readyz`.
 //!
 //! On SQLite there is no notification between processes: the server polls the
 //! store's audit events ([`poll`]) every [`POLL_INTERVAL`], so a change the
 //! command line makes reaches it within about a second, not at cache expiry.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use std::str::FromStr;
 
-use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
+use sqlx::Connection;
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgListener, PgPoolOptions};
 use tokio::sync::watch;
 use uuid::Uuid;
 
@@ -38,6 +44,78 @@ pub async fn apply(caches: &Caches, revocation: Revocation) {
     caches.live.revoked(&revocation);
 }
 
+/// Whether this replica hears the revocations other replicas make as they
+/// are made (the channel listens), or polls for them: what `/readyz` says
+/// beside "ready". Clones share one state.
+#[derive(Debug, Clone)]
+pub struct Channel {
+    /// `None` while listening; else why not.
+    deaf: Arc<Mutex<Option<String>>>,
+    /// Polling is how this store works (SQLite): nothing to report.
+    local: bool,
+}
+
+impl Channel {
+    /// A PostgreSQL store's channel: not listening until it does.
+    pub fn new() -> Channel {
+        Channel {
+            deaf: Arc::new(Mutex::new(Some("not connected yet".into()))),
+            local: false,
+        }
+    }
+
+    /// A channel that will not listen, and why.
+    pub fn deaf(why: &str) -> Channel {
+        Channel {
+            deaf: Arc::new(Mutex::new(Some(why.to_owned()))),
+            local: false,
+        }
+    }
+
+    /// A SQLite store's: one replica, always polled.
+    pub fn local() -> Channel {
+        Channel {
+            deaf: Arc::new(Mutex::new(None)),
+            local: true,
+        }
+    }
+
+    /// Whether notifications arrive; a SQLite store never listens.
+    pub fn listening(&self) -> bool {
+        !self.local && self.deaf.lock().is_ok_and(|deaf| deaf.is_none())
+    }
+
+    fn set(&self, deaf: Option<String>) {
+        if let Ok(mut state) = self.deaf.lock() {
+            *state = deaf;
+        }
+    }
+
+    /// `/readyz`'s line about the channel when it is not listening.
+    pub fn detail(&self) -> Option<String> {
+        if self.local {
+            return None;
+        }
+        let why = self.deaf.lock().ok()?.clone()?;
+        Some(format!(
+            "revocation channel: not listening ({why}); revocations made on other replicas \
+             are polled every {} s",
+            POLL_INTERVAL.as_secs()
+        ))
+    }
+}
+
+impl Default for Channel {
+    fn default() -> Channel {
+        Channel::new()
+    }
+}
+
+/// Why a channel behind a transaction pooler without `store.notify_url`
+/// does not listen.
+pub const POOLER_WITHOUT_NOTIFY_URL: &str =
+    "store.url reaches a transaction pooler and store.notify_url is not set";
+
 /// Listens until shutdown, reconnecting with backoff.
 /// `keygate_revocation_listener_up` is exported (at 0) as soon as this is
 /// called: it exists only where a listener does.
@@ -46,10 +124,11 @@ pub fn listen(
     instance: Uuid,
     auth: Arc<Authenticator>,
     metrics: Arc<Metrics>,
+    channel: Channel,
     shutdown: watch::Receiver<bool>,
 ) -> impl std::future::Future<Output = ()> + Send {
     metrics.init_revocation_listener();
-    listen_until_shutdown(url, instance, auth, metrics, shutdown)
+    listen_until_shutdown(url, instance, auth, metrics, channel, shutdown)
 }
 
 async fn listen_until_shutdown(
@@ -57,6 +136,7 @@ async fn listen_until_shutdown(
     instance: Uuid,
     auth: Arc<Authenticator>,
     metrics: Arc<Metrics>,
+    channel: Channel,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let mut backoff = Duration::from_millis(200);
@@ -65,6 +145,7 @@ async fn listen_until_shutdown(
             Ok(mut listener) => {
                 // Whatever was sent while no one listened is unknown: forget all.
                 auth.caches().invalidate_all();
+                channel.set(None);
                 metrics.revocation_listener(true);
                 tracing::info!("listening for revocations");
                 backoff = Duration::from_millis(200);
@@ -80,18 +161,29 @@ async fn listen_until_shutdown(
                                 }
                             }
                             Ok(None) => {
-                                tracing::warn!("revocation listener lost its connection");
+                                tracing::warn!("revocation listener lost its connection; polling meanwhile");
+                                channel.set(Some("its connection was lost".into()));
                                 break;
                             }
                             Err(error) => {
-                                tracing::warn!(%error, "revocation listener failed");
+                                tracing::warn!(%error, "revocation listener failed; polling meanwhile");
+                                channel.set(Some(format!("it failed: {error}")));
                                 break;
                             }
                         }
                     }
                 }
             }
-            Err(error) => tracing::warn!(%error, "revocation listener cannot connect"),
+            Err(error) => {
+                tracing::warn!(
+                    %error,
+                    "revocation listener cannot connect or LISTEN; revocations made on other \
+                     replicas are polled every {} s until it does (behind a transaction \
+                     pooler, set store.notify_url to a direct PostgreSQL URL)",
+                    POLL_INTERVAL.as_secs()
+                );
+                channel.set(Some(format!("cannot connect or LISTEN: {error}")));
+            }
         }
         metrics.revocation_listener(false);
         tokio::select! {
@@ -105,15 +197,18 @@ async fn listen_until_shutdown(
 /// How often a server on SQLite looks for changes made by another process.
 pub const POLL_INTERVAL: Duration = Duration::from_secs(1);
 
-/// Polls the store's audit events until shutdown (SQLite): each change to a
-/// user or key written since the last poll, by this process or another, is
-/// applied like a received notification. When a poll fails, nothing is known
-/// of what happened meanwhile: once the store answers again the credential
-/// caches are flushed, as the PostgreSQL listener does on reconnecting.
+/// Polls the store's audit events until shutdown, while `channel` is not
+/// listening (always on SQLite): each change to a user or key written since
+/// the last poll, by this process or another, is applied like a received
+/// notification. When a poll fails, nothing is known of what happened
+/// meanwhile: once the store answers again the credential caches are
+/// flushed, as the PostgreSQL listener does on reconnecting; so too when
+/// polling starts again after the channel listened.
 pub async fn poll(
     store: Store,
     auth: Arc<Authenticator>,
     interval: Duration,
+    channel: Channel,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let mut seen: Option<i64> = None;
@@ -123,6 +218,10 @@ pub async fn poll(
         tokio::select! {
             _ = shutdown.changed() => return,
             _ = ticks.tick() => {}
+        }
+        if channel.listening() {
+            seen = None;
+            continue;
         }
         let Some(after) = seen else {
             match store.last_audit_seq().await {
@@ -149,6 +248,10 @@ pub async fn poll(
     }
 }
 
+/// How long the listener's connection may take before the attempt counts
+/// as failed (and is retried, with backoff).
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// The `application_name` of a replica's listening connection, so operators
 /// (and tests) can tell replicas apart in `pg_stat_activity`.
 pub fn application_name(instance: Uuid) -> String {
@@ -156,12 +259,20 @@ pub fn application_name(instance: Uuid) -> String {
 }
 
 async fn connect(url: &str, instance: Uuid) -> Result<PgListener, sqlx::Error> {
-    let options = PgConnectOptions::from_str(url)?.application_name(&application_name(instance));
+    let options = PgConnectOptions::from_str(url)?;
+    // One attempt first, within seconds: a server that refuses or does not
+    // answer is a failure now, with its cause, where the pool would retry
+    // until its own timeout and say only that it timed out.
+    let probe = tokio::time::timeout(CONNECT_TIMEOUT, PgConnection::connect_with(&options))
+        .await
+        .map_err(|_| sqlx::Error::PoolTimedOut)??;
+    let _ = probe.close().await;
     let pool = PgPoolOptions::new()
+        .acquire_timeout(CONNECT_TIMEOUT)
         .max_connections(1)
         .max_lifetime(None)
         .idle_timeout(None)
-        .connect_with(options)
+        .connect_with(options.application_name(&application_name(instance)))
         .await?;
     let mut listener = PgListener::connect_with(&pool).await?;
     listener.listen(REVOCATION_CHANNEL).await?;
@@ -171,6 +282,32 @@ async fn connect(url: &str, instance: Uuid) -> Result<PgListener, sqlx::Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_channel_not_listening_says_why_and_how_often_it_polls_until_it_listens() {
+        let channel = Channel::new();
+        assert!(!channel.listening());
+        assert_eq!(
+            channel.detail().as_deref(),
+            Some(
+                "revocation channel: not listening (not connected yet); revocations made on \
+                 other replicas are polled every 1 s"
+            )
+        );
+        channel.set(None);
+        assert!(channel.listening());
+        assert_eq!(channel.detail(), None);
+        let deaf = Channel::deaf(POOLER_WITHOUT_NOTIFY_URL);
+        assert!(!deaf.listening());
+        assert!(
+            deaf.detail()
+                .unwrap()
+                .contains("store.notify_url is not set")
+        );
+        // SQLite polls by design: nothing to say, and never listening.
+        assert!(!Channel::local().listening());
+        assert_eq!(Channel::local().detail(), None);
+    }
 
     #[test]
     fn revocation_payloads_round_trip() {

@@ -64,7 +64,13 @@ pub(super) async fn import(cmd: ImportCommand, settings: &Settings) -> anyhow::R
 /// dry run creates nothing: without a store it runs against an empty one
 /// in memory, so everything the platform holds is reported as new.
 async fn store_to_fill(settings: &Settings, dry_run: bool) -> anyhow::Result<Store> {
-    if Store::exists(&settings.store_url, CLI_CONNECT_TIMEOUT).await? {
+    if Store::exists(
+        &settings.store_url,
+        CLI_CONNECT_TIMEOUT,
+        settings.store_pooler,
+    )
+    .await?
+    {
         return open_store(settings).await;
     }
     let url = keygate::config::redacted_url(&settings.store_url);
@@ -86,6 +92,8 @@ async fn store_to_fill(settings: &Settings, dry_run: bool) -> anyhow::Result<Sto
                 max_connections: 1,
                 create: true,
                 connect_timeout: CLI_CONNECT_TIMEOUT,
+                pooler: settings.store_pooler,
+                direct_url: settings.store_notify_url.clone(),
             },
         )
     } else {
@@ -96,6 +104,8 @@ async fn store_to_fill(settings: &Settings, dry_run: bool) -> anyhow::Result<Sto
                 max_connections: settings.store_max_connections.min(2),
                 create: true,
                 connect_timeout: CLI_CONNECT_TIMEOUT,
+                pooler: settings.store_pooler,
+                direct_url: settings.store_notify_url.clone(),
             },
         )
     };

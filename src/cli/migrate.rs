@@ -16,6 +16,8 @@ pub(super) async fn migrate(settings: &Settings, check: bool) -> anyhow::Result<
         max_connections: 1,
         create: true,
         connect_timeout: CLI_CONNECT_TIMEOUT,
+        pooler: settings.store_pooler,
+        direct_url: settings.store_notify_url.clone(),
     };
     let store = Store::open_as_is(&settings.store_url, options).await?;
     let applied = store.migrate().await;
@@ -39,6 +41,8 @@ async fn check_schema(settings: &Settings) -> anyhow::Result<()> {
         max_connections: 1,
         create: false,
         connect_timeout: CLI_CONNECT_TIMEOUT,
+        pooler: settings.store_pooler,
+        direct_url: settings.store_notify_url.clone(),
     };
     let pending = match Store::open_as_is(&settings.store_url, options).await {
         Ok(store) => {

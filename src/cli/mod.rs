@@ -338,6 +338,8 @@ pub(super) async fn open_store(settings: &Settings) -> anyhow::Result<Store> {
         max_connections: settings.store_max_connections.min(2),
         create: false,
         connect_timeout: CLI_CONNECT_TIMEOUT,
+        pooler: settings.store_pooler,
+        direct_url: settings.store_notify_url.clone(),
     };
     match Store::open(&settings.store_url, options).await {
         Ok(store) => Ok(store),

@@ -72,6 +72,10 @@ pub struct StoreSection {
     /// "auto" (`serve` applies pending migrations) or "never" (`serve`
     /// refuses a schema that is behind; `keygate migrate` applies them).
     pub migrate: String,
+    /// "none" or "transaction": what `url` reaches (PgBouncer's pool mode).
+    pub pooler: String,
+    /// A direct PostgreSQL URL for `LISTEN` and migrations; "" uses `url`.
+    pub notify_url: String,
 }
 
 /// Pruning of dead store rows.
@@ -583,6 +587,8 @@ impl Default for StoreSection {
             url: "sqlite://data/keygate.db".into(),
             max_connections: 8,
             migrate: "auto".into(),
+            pooler: "none".into(),
+            notify_url: String::new(),
         }
     }
 }

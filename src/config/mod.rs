@@ -32,7 +32,7 @@ use crate::tls_client::ClientTls;
 use file::FileConfig;
 pub use url::{UpstreamUrl, redacted_url};
 
-pub use crate::vocab::settings::RetentionSettings;
+pub use crate::vocab::settings::{Pooler, RetentionSettings};
 
 /// All problems found in a configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -114,6 +114,11 @@ pub struct Settings {
     pub store_max_connections: u32,
     /// Whether `serve` applies pending migrations (`store.migrate`).
     pub store_migrate: StoreMigrate,
+    /// What `store_url` reaches: PostgreSQL or a transaction pooler.
+    pub store_pooler: Pooler,
+    /// `store.notify_url`: a direct PostgreSQL connection for the revocation
+    /// channel and migrations; `None`: `store_url` serves them.
+    pub store_notify_url: Option<String>,
     pub retention: RetentionSettings,
     pub jwt: JwtSettings,
     pub api_key_prefix: String,

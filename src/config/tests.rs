@@ -1268,3 +1268,66 @@ fn store_migrate_is_auto_unless_set_to_never_in_the_file_or_the_environment() {
         "{errors}"
     );
 }
+
+#[test]
+fn a_transaction_pooler_needs_postgres_and_a_notify_url_is_checked_without_being_shown() {
+    let settings = load_text("", &[]).unwrap();
+    assert_eq!(settings.store_pooler, Pooler::None);
+    assert_eq!(settings.store_notify_url, None);
+    let settings = load_text(
+        "[store]\nurl = \"postgres://kg@pgbouncer:6432/keygate\"\n",
+        &[
+            ("KEYGATE_STORE_POOLER", "transaction"),
+            (
+                "KEYGATE_STORE_NOTIFY_URL",
+                "postgres://kg:secret-pw@db:5432/keygate",
+            ),
+        ],
+    )
+    .unwrap();
+    assert_eq!(settings.store_pooler, Pooler::Transaction);
+    assert_eq!(
+        settings.store_notify_url.as_deref(),
+        Some("postgres://kg:secret-pw@db:5432/keygate")
+    );
+    let errors = load_text(
+        "[store]\npooler = \"statement\"\nnotify_url = \"mysql://kg:secret-pw@db/keygate\"\n",
+        &[],
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        errors.contains("store.pooler: \"none\" or \"transaction\", got \"statement\""),
+        "{errors}"
+    );
+    assert!(
+        errors.contains("store.notify_url: must start with postgres://"),
+        "{errors}"
+    );
+    assert!(!errors.contains("secret-pw"), "{errors}");
+    let errors = load_text(
+        "[store]\npooler = \"transaction\"\nnotify_url = \"postgres://kg@db/keygate\"\n",
+        &[],
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        errors.contains("store.pooler: \"transaction\" needs a postgres:// store.url"),
+        "{errors}"
+    );
+    assert!(
+        errors.contains("store.notify_url: only with a postgres:// store.url"),
+        "{errors}"
+    );
+    let errors = load_text(
+        "[store]\nurl = \"postgres://kg@pgbouncer/keygate\"\npooler = \"transaction\"\n\
+         [platform]\ndatabase_url = \"postgres://tb@platform/thingsboard\"\n",
+        &[],
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        errors.contains("store.notify_url: the platform sync"),
+        "{errors}"
+    );
+}

@@ -45,6 +45,15 @@ pub(super) fn validate(file: &FileConfig, errors: &mut Vec<String>) -> Settings 
     let routes = validate_routes(&file.routes, proxy.request_timeout, errors);
     let mut platform = file.platform.validate(&file.jwt, errors);
     platform.sync = file.platform.validate_sync(&routes, errors);
+    if platform.sync.is_some() && store.pooler == Pooler::Transaction && store.notify_url.is_none()
+    {
+        // One replica at a time holds the sync's lock in a session.
+        errors.push(
+            "store.notify_url: the platform sync (platform.database_url) behind a transaction \
+             pooler needs a direct PostgreSQL URL for its lock"
+                .into(),
+        );
+    }
     let server = file.server.validate(errors);
     let assertion = file
         .assertion
@@ -59,6 +68,8 @@ pub(super) fn validate(file: &FileConfig, errors: &mut Vec<String>) -> Settings 
         store_url: store.url,
         store_max_connections: store.max_connections,
         store_migrate: store.migrate,
+        store_pooler: store.pooler,
+        store_notify_url: store.notify_url,
         retention,
         jwt,
         api_key_prefix: api_keys.prefix,
@@ -260,6 +271,8 @@ struct Store {
     url: String,
     max_connections: u32,
     migrate: StoreMigrate,
+    pooler: Pooler,
+    notify_url: Option<String>,
 }
 
 impl StoreSection {
@@ -281,11 +294,38 @@ impl StoreSection {
             ));
             StoreMigrate::Auto
         });
+        let postgres = url.starts_with("postgres://") || url.starts_with("postgresql://");
+        let pooler = Pooler::parse(&self.pooler).unwrap_or_else(|| {
+            errors.push(format!(
+                "store.pooler: \"none\" or \"transaction\", got {:?}",
+                self.pooler
+            ));
+            Pooler::None
+        });
+        if pooler == Pooler::Transaction && !postgres {
+            errors.push("store.pooler: \"transaction\" needs a postgres:// store.url".into());
+        }
         Store {
             url,
             max_connections: max_connections as u32,
             migrate,
+            pooler,
+            notify_url: self.notify_url(postgres, errors),
         }
+    }
+
+    /// `store.notify_url`, never printed: it may carry a password.
+    fn notify_url(&self, postgres: bool, errors: &mut Vec<String>) -> Option<String> {
+        let text = self.notify_url.trim();
+        if text.is_empty() {
+            return None;
+        }
+        if !(text.starts_with("postgres://") || text.starts_with("postgresql://")) {
+            errors.push("store.notify_url: must start with postgres:// or postgresql://".into());
+        } else if !postgres {
+            errors.push("store.notify_url: only with a postgres:// store.url".into());
+        }
+        Some(text.to_owned())
     }
 }
 

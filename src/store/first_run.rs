@@ -8,12 +8,13 @@ use std::time::Duration;
 use sqlx::Row;
 use uuid::Uuid;
 
-use super::{Store, StoreError, reach_postgres};
+use super::{Store, StoreError, quiet, reach_postgres};
+use crate::vocab::settings::Pooler;
 
 impl Store {
     /// Whether `url` names a store that exists: the SQLite file, or
     /// keygate's tables in the PostgreSQL database. Creates nothing.
-    pub async fn exists(url: &str, timeout: Duration) -> Result<bool, StoreError> {
+    pub async fn exists(url: &str, timeout: Duration, pooler: Pooler) -> Result<bool, StoreError> {
         if let Some(rest) = url.strip_prefix("sqlite:") {
             let path = rest.trim_start_matches("//");
             let file = path.split('?').next().unwrap_or_default();
@@ -22,11 +23,11 @@ impl Store {
         }
         use sqlx::Connection;
         use sqlx::postgres::{PgConnectOptions, PgConnection};
-        reach_postgres(url, timeout).await?;
+        reach_postgres(url, timeout, pooler).await?;
         let options: PgConnectOptions = url.parse().map_err(|e| {
             StoreError::Setup(format!("the store URL is not a PostgreSQL URL: {e}"))
         })?;
-        let options = options.options([("client_min_messages", "warning")]);
+        let options = quiet(options, pooler);
         let mut connection = PgConnection::connect_with(&options).await?;
         let found: bool =
             sqlx::query_scalar("SELECT to_regclass('keygate_migrations') IS NOT NULL")
@@ -123,14 +124,14 @@ mod tests {
         let file = dir.path().join("data/k.db");
         let url = format!("sqlite://{}", file.display());
         let timeout = Duration::from_secs(1);
-        assert!(!Store::exists(&url, timeout).await.unwrap());
+        assert!(!Store::exists(&url, timeout, Pooler::None).await.unwrap());
         assert!(!dir.path().join("data").exists(), "nothing created");
         Store::open(&url, OpenOptions::server(1))
             .await
             .unwrap()
             .close()
             .await;
-        assert!(Store::exists(&url, timeout).await.unwrap());
+        assert!(Store::exists(&url, timeout, Pooler::None).await.unwrap());
     }
 
     #[tokio::test]

@@ -94,8 +94,12 @@ impl Store {
         from: &str,
         to: &str,
     ) -> Result<bool, StoreError> {
-        let mut conn = self.pool.acquire().await?;
-        rehash(&mut conn, user_id, Some(from), to).await
+        // A transaction, the one unit of work a transaction pooler keeps
+        // on one server connection.
+        let mut tx = self.pool.begin().await?;
+        let rehashed = rehash(&mut tx, user_id, Some(from), to).await?;
+        tx.commit().await?;
+        Ok(rehashed)
     }
 
     /// Counts one more consecutive failed login; returns the count.

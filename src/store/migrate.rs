@@ -1,6 +1,8 @@
 //! Schema migrations, embedded in the binary, applied in order at start.
 
-use sqlx::{AnyPool, Row};
+use sqlx::Row;
+
+use super::db::Db;
 
 use super::{Dialect, StoreError};
 
@@ -178,16 +180,15 @@ impl std::fmt::Display for Pending {
 /// The migrations not yet recorded as applied, in order; every one on a
 /// store that has none (no migrations table). Reads only: takes no lock
 /// and creates nothing.
-pub(crate) async fn pending(pool: &AnyPool, dialect: Dialect) -> Result<Vec<Pending>, StoreError> {
-    let mut connection = pool.acquire().await?;
+pub(crate) async fn pending(pool: &Db, dialect: Dialect) -> Result<Vec<Pending>, StoreError> {
     let exists = sqlx::query(table_exists(dialect))
-        .fetch_one(&mut *connection)
+        .fetch_one(pool)
         .await?
         .try_get::<i64, _>(0)?
         > 0;
     let applied: Vec<i64> = if exists {
         sqlx::query("SELECT version FROM keygate_migrations")
-            .fetch_all(&mut *connection)
+            .fetch_all(pool)
             .await?
             .iter()
             .map(|row| row.try_get::<i64, _>(0))
@@ -227,11 +228,7 @@ const ADVISORY_LOCK: i64 = 7302154627;
 /// both may find no table and one fails on the catalog's unique index);
 /// SQLite takes the write lock up front (a deferred transaction could not
 /// upgrade its read lock and would fail).
-pub(crate) async fn run_through(
-    pool: &AnyPool,
-    dialect: Dialect,
-    last: i64,
-) -> Result<(), StoreError> {
+pub(crate) async fn run_through(pool: &Db, dialect: Dialect, last: i64) -> Result<(), StoreError> {
     let migrations = all(dialect);
     let mut tx = locked(pool, dialect).await?;
     // Created only when missing: PostgreSQL answers `CREATE TABLE IF NOT
@@ -277,7 +274,7 @@ pub(crate) async fn run_through(
 
 /// A transaction that holds the migration lock until it ends.
 async fn locked(
-    pool: &AnyPool,
+    pool: &Db,
     dialect: Dialect,
 ) -> Result<sqlx::Transaction<'static, sqlx::Any>, StoreError> {
     let mut tx = match dialect {

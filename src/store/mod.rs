@@ -23,9 +23,13 @@
 //!   settings;
 //! - `migrate.rs`, `prune.rs` and `retention.rs`: the schema, and deleting
 //!   dead rows.
+//!
+//! Beneath them, `db.rs` holds the pool and keeps each query to one
+//! transaction when `store.url` reaches a transaction pooler.
 
 mod activation;
 mod audit;
+mod db;
 mod first_run;
 mod keys;
 mod logins;
@@ -64,9 +68,12 @@ pub use users::{USER_SORT_PROPERTIES, UserScope};
 use std::path::Path;
 use std::time::Duration;
 
+use sqlx::Row;
 use sqlx::any::{AnyPoolOptions, AnyRow};
-use sqlx::{AnyPool, Row};
 use uuid::Uuid;
+
+use crate::vocab::settings::Pooler;
+use db::Db;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -101,7 +108,7 @@ pub fn pending_list(pending: &[Pending]) -> String {
 }
 
 /// How [`Store::open`] connects.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct OpenOptions {
     pub max_connections: u32,
     /// Create a missing SQLite file and its directory (the server), or
@@ -110,6 +117,12 @@ pub struct OpenOptions {
     pub create: bool,
     /// How long reaching PostgreSQL may take.
     pub connect_timeout: Duration,
+    /// What the URL reaches: PostgreSQL, or a transaction pooler
+    /// (`store.pooler`).
+    pub pooler: Pooler,
+    /// A direct PostgreSQL URL migrations run over (`store.notify_url`);
+    /// `None`: the store's own URL.
+    pub direct_url: Option<String>,
 }
 
 impl OpenOptions {
@@ -119,7 +132,17 @@ impl OpenOptions {
             max_connections,
             create: true,
             connect_timeout: Duration::from_secs(10),
+            pooler: Pooler::None,
+            direct_url: None,
         }
+    }
+
+    /// The same, reaching the store through `pooler`, migrating over
+    /// `direct_url` when there is one.
+    pub fn through(mut self, pooler: Pooler, direct_url: Option<String>) -> OpenOptions {
+        self.pooler = pooler;
+        self.direct_url = direct_url;
+        self
     }
 }
 
@@ -131,7 +154,7 @@ pub enum Dialect {
 
 #[derive(Clone)]
 pub struct Store {
-    pool: AnyPool,
+    pool: Db,
     dialect: Dialect,
     /// Recorded with each change made through this store ([`Store::audited`]).
     audit: Option<std::sync::Arc<Audit>>,
@@ -139,6 +162,8 @@ pub struct Store {
     home: Option<tokio::runtime::Handle>,
     /// PostgreSQL: the URL's `sslmode`.
     ssl_mode: Option<&'static str>,
+    /// A direct PostgreSQL URL migrations run over (`store.notify_url`).
+    direct_url: Option<String>,
 }
 
 impl std::fmt::Debug for Store {
@@ -164,8 +189,22 @@ impl Store {
     /// Like [`Store::open`], applying migrations up to version `last` only.
     async fn connect_through(url: &str, open: OpenOptions, last: i64) -> Result<Store, StoreError> {
         let store = Store::open_as_is(url, open).await?;
-        migrate::run_through(&store.pool, store.dialect, last).await?;
+        store.migrate_through(last).await?;
         Ok(store)
+    }
+
+    /// Applies the pending migrations up to version `last`: over the direct
+    /// URL when there is one (a pool of one connection, closed after),
+    /// else over the store's pool.
+    async fn migrate_through(&self, last: i64) -> Result<(), StoreError> {
+        let Some(direct) = &self.direct_url else {
+            return migrate::run_through(&self.pool, self.dialect, last).await;
+        };
+        let options = OpenOptions::server(1);
+        let direct = Store::open_as_is(direct, options).await?;
+        let applied = migrate::run_through(&direct.pool, direct.dialect, last).await;
+        direct.close().await;
+        applied
     }
 
     /// Connects as `options` say and applies nothing: a schema that lacks
@@ -185,13 +224,20 @@ impl Store {
     /// replica migrating at the same time may have applied some of them).
     pub async fn migrate(&self) -> Result<Vec<Pending>, StoreError> {
         let pending = self.pending_migrations().await?;
-        migrate::run_through(&self.pool, self.dialect, i64::MAX).await?;
+        self.migrate_through(i64::MAX).await?;
         Ok(pending)
     }
 
     /// The migrations this binary has that the store lacks, in order.
     pub async fn pending_migrations(&self) -> Result<Vec<Pending>, StoreError> {
         migrate::pending(&self.pool, self.dialect).await
+    }
+
+    /// Checks what can be checked of `store.notify_url` before connecting:
+    /// the CA file its `sslrootcert` names, read as `store.url`'s is.
+    pub fn check_notify_url(url: &str) -> Result<(), StoreError> {
+        postgres_tls::check_root_cert(url)
+            .map_err(|error| StoreError::Setup(format!("store.notify_url: {error}")))
     }
 
     /// Every migration this binary has for the store at `url` (by its
@@ -237,8 +283,18 @@ impl Store {
             (Dialect::Postgres, url.to_string())
         };
         let ssl_mode = match dialect {
-            Dialect::Postgres => Some(reach_postgres(&url, open.connect_timeout).await?),
+            Dialect::Postgres => {
+                Some(reach_postgres(&url, open.connect_timeout, open.pooler).await?)
+            }
             Dialect::Sqlite => None,
+        };
+        let pooler = match dialect {
+            Dialect::Postgres => open.pooler,
+            Dialect::Sqlite => Pooler::None,
+        };
+        let url = match pooler {
+            Pooler::Transaction => db::pooled_url(&url),
+            Pooler::None => url,
         };
         let mut options = AnyPoolOptions::new()
             .max_connections(open.max_connections)
@@ -260,11 +316,12 @@ impl Store {
                 .await?;
         }
         Ok(Store {
-            pool,
+            pool: Db::new(pool, pooler),
             dialect,
             audit: None,
             home: tokio::runtime::Handle::try_current().ok(),
             ssl_mode,
+            direct_url: open.direct_url.filter(|_| dialect == Dialect::Postgres),
         })
     }
 
@@ -374,18 +431,22 @@ impl Store {
     }
 }
 
-/// Opens one connection to PostgreSQL first, within `timeout`: the pool
-/// would retry until its own timeout and then say only that it timed out,
-/// naming neither the server nor the cause (a certificate that does not
-/// verify included). Returns the URL's `sslmode`.
-async fn reach_postgres(url: &str, timeout: Duration) -> Result<&'static str, StoreError> {
+/// Opens one connection to PostgreSQL first, within the connect timeout:
+/// the pool would retry until its own timeout and then say only that it
+/// timed out, naming neither the server nor the cause (a certificate that
+/// does not verify included). Returns the URL's `sslmode`.
+async fn reach_postgres(
+    url: &str,
+    timeout: Duration,
+    pooler: Pooler,
+) -> Result<&'static str, StoreError> {
     use sqlx::Connection;
     use sqlx::postgres::{PgConnectOptions, PgConnection};
     let options: PgConnectOptions = url
         .parse()
         .map_err(|e| StoreError::Setup(format!("the store URL is not a PostgreSQL URL: {e}")))?;
-    // Reaching the server is what is checked here; its notices are not news.
-    let options = options.options([("client_min_messages", "warning")]);
+    // Reaching the server is what is checked here.
+    let options = quiet(options, pooler);
     postgres_tls::check_root_cert(url)?;
     let place = postgres_place(&options);
     let cause = match tokio::time::timeout(timeout, PgConnection::connect_with(&options)).await {
@@ -399,6 +460,19 @@ async fn reach_postgres(url: &str, timeout: Duration) -> Result<&'static str, St
     Err(StoreError::Unreachable(format!(
         "cannot reach PostgreSQL at {place}: {cause}"
     )))
+}
+
+/// A connection's notices are not news: only warnings and worse are sent,
+/// unless a transaction pooler (which refuses the `options` startup
+/// parameter) stands between.
+fn quiet(
+    options: sqlx::postgres::PgConnectOptions,
+    pooler: Pooler,
+) -> sqlx::postgres::PgConnectOptions {
+    match pooler {
+        Pooler::None => options.options([("client_min_messages", "warning")]),
+        Pooler::Transaction => options,
+    }
 }
 
 /// `host:port, database "name"`: where a PostgreSQL URL points.

@@ -20,6 +20,7 @@ use super::sessions::outdate_user;
 use super::{ApiKeyRecord, Store, StoreError, UserRecord};
 use crate::vocab::identity::{Authority, NULL_UUID};
 use crate::vocab::revocation::{Published, Revocation};
+use crate::vocab::settings::Pooler;
 
 /// A platform user as keygate imports it: the platform's values, mapped.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -158,22 +159,43 @@ const SYNC_LOCK: i32 = 0x6b67_7379; // "kgsy"
 
 /// The right to apply a sync with the platform's database: one replica at
 /// a time. On PostgreSQL a session advisory lock held on one of the store's
-/// connections; on SQLite (one replica) always granted.
+/// connections, or, behind a transaction pooler (where a session outlives
+/// no transaction), on a connection of its own over `store.notify_url`; on
+/// SQLite (one replica) always granted.
 pub struct SyncLock {
-    conn: Option<sqlx::pool::PoolConnection<sqlx::Any>>,
+    conn: Option<Held>,
+}
+
+/// The session that holds the sync lock.
+enum Held {
+    Pooled(sqlx::pool::PoolConnection<sqlx::Any>),
+    Direct(sqlx::AnyConnection),
+}
+
+impl Held {
+    fn conn(&mut self) -> &mut sqlx::AnyConnection {
+        match self {
+            Held::Pooled(conn) => conn,
+            Held::Direct(conn) => conn,
+        }
+    }
 }
 
 impl SyncLock {
     /// Gives the lock up and the connection back.
     pub async fn release(mut self) {
-        if let Some(mut conn) = self.conn.take() {
+        if let Some(mut held) = self.conn.take() {
             let unlocked = sqlx::query("SELECT pg_advisory_unlock($1, hashtext(current_schema()))")
                 .bind(SYNC_LOCK)
-                .execute(&mut *conn)
+                .execute(held.conn())
                 .await;
-            if unlocked.is_err() {
+            match held {
                 // Closing the connection ends the lock with its session.
-                drop(conn.detach());
+                Held::Pooled(conn) if unlocked.is_err() => drop(conn.detach()),
+                Held::Pooled(_) => {}
+                Held::Direct(conn) => {
+                    let _ = sqlx::Connection::close(conn).await;
+                }
             }
         }
     }
@@ -183,7 +205,7 @@ impl Drop for SyncLock {
     /// Not released (the task ended midway): the connection closes rather
     /// than return to the pool holding the lock.
     fn drop(&mut self) {
-        if let Some(conn) = self.conn.take() {
+        if let Some(Held::Pooled(conn)) = self.conn.take() {
             drop(conn.detach());
         }
     }
@@ -204,13 +226,25 @@ impl Store {
         if self.dialect != super::Dialect::Postgres {
             return Ok(Some(SyncLock { conn: None }));
         }
-        let mut conn = self.pool.acquire().await?;
+        let mut held = match (self.pool.pooler(), &self.direct_url) {
+            (Pooler::None, _) => Held::Pooled(self.pool.acquire().await?),
+            (Pooler::Transaction, Some(direct)) => {
+                Held::Direct(<sqlx::AnyConnection as sqlx::Connection>::connect(direct).await?)
+            }
+            (Pooler::Transaction, None) => {
+                return Err(StoreError::Setup(
+                    "the platform sync's lock needs a session of its own behind a transaction \
+                     pooler: set store.notify_url"
+                        .into(),
+                ));
+            }
+        };
         let row = sqlx::query("SELECT pg_try_advisory_lock($1, hashtext(current_schema()))")
             .bind(SYNC_LOCK)
-            .fetch_one(&mut *conn)
+            .fetch_one(held.conn())
             .await?;
-        let held: bool = row.try_get(0)?;
-        Ok(held.then_some(SyncLock { conn: Some(conn) }))
+        let locked: bool = row.try_get(0)?;
+        Ok(locked.then_some(SyncLock { conn: Some(held) }))
     }
 
     /// The rows `SELECT {columns} FROM {table} WHERE {column} IN (values)`:

@@ -1,8 +1,12 @@
 //! Store behaviour, checked on SQLite always and on PostgreSQL when
-//! `KEYGATE_TEST_DATABASE_URL` is set (each test in a schema of its own).
+//! `KEYGATE_TEST_DATABASE_URL` is set (each test in a schema of its own),
+//! and once more through a PgBouncer in transaction mode started by the
+//! test before that server (each test in a database of its own: a
+//! `search_path` set per connection would not survive the pooler).
 //!
 //! Each behaviour is one `check_*` function; `store_tests!` runs every check
-//! once per backend, so both dialects are held to the same expectations.
+//! once per backend, so both dialects, and both ways of reaching
+//! PostgreSQL, are held to the same expectations.
 
 use std::ops::Deref;
 use std::sync::Arc;
@@ -20,12 +24,20 @@ use crate::vocab::settings::RetentionSettings;
 
 const PG_ENV: &str = "KEYGATE_TEST_DATABASE_URL";
 
+#[path = "../../tests/common/pgbouncer.rs"]
+mod pgbouncer_server;
+
 /// A store on a database of its own, and how to reach and remove it.
 struct TestDb {
     store: Store,
     url: String,
+    /// What `url` reaches.
+    pooler: Pooler,
     /// PostgreSQL: (base URL, schema) to drop at the end.
     schema: Option<(String, String)>,
+    /// Through PgBouncer: (base URL, database) to drop at the end, and the
+    /// PgBouncer (stopped first).
+    database: Option<(String, String, pgbouncer_server::PgBouncer)>,
     _dir: Option<tempfile::TempDir>,
 }
 
@@ -52,9 +64,16 @@ impl TestDb {
         TestDb {
             store,
             url,
+            pooler: Pooler::None,
             schema: None,
+            database: None,
             _dir: Some(dir),
         }
+    }
+
+    /// How another store on this one's database opens with `connections`.
+    fn options(&self, connections: u32) -> OpenOptions {
+        OpenOptions::server(connections).through(self.pooler, None)
     }
 
     /// A store on the test PostgreSQL server; panics when it is not
@@ -66,9 +85,12 @@ impl TestDb {
 
     /// Another database of the same dialect as `self`, migrated up to `last`.
     async fn another_through(&self, last: i64) -> TestDb {
-        match self.dialect() {
-            Dialect::Sqlite => TestDb::sqlite_through(last).await,
-            Dialect::Postgres => TestDb::postgres_through(last).await.unwrap(),
+        match (self.dialect(), self.pooler) {
+            (Dialect::Sqlite, _) => TestDb::sqlite_through(last).await,
+            (Dialect::Postgres, Pooler::None) => TestDb::postgres_through(last).await.unwrap(),
+            (Dialect::Postgres, Pooler::Transaction) => {
+                TestDb::pgbouncer_through(last).await.unwrap()
+            }
         }
     }
 
@@ -99,12 +121,53 @@ impl TestDb {
         Some(TestDb {
             store,
             url,
+            pooler: Pooler::None,
             schema: Some((base, schema)),
+            database: None,
             _dir: None,
         })
     }
 
-    /// Closes the store and drops the PostgreSQL schema (best effort).
+    /// A store on a database of its own on the test PostgreSQL server,
+    /// reached through a PgBouncer in transaction mode; `None` (skipped)
+    /// when PgBouncer is not installed.
+    async fn pgbouncer() -> Option<TestDb> {
+        TestDb::pgbouncer_through(i64::MAX).await
+    }
+
+    async fn pgbouncer_through(last: i64) -> Option<TestDb> {
+        let Ok(base) = std::env::var(PG_ENV) else {
+            panic!("{PG_ENV} is not set: the PgBouncer variants need it");
+        };
+        let Some(bouncer) = pgbouncer_server::PgBouncer::before(&base) else {
+            let required = std::env::var_os("KEYGATE_TEST_REQUIRE_TOOLS").is_some()
+                || std::env::var_os("CI").is_some();
+            assert!(!required, "the PgBouncer store suite needs pgbouncer");
+            eprintln!("SKIPPED: the PgBouncer store suite: pgbouncer is not installed");
+            return None;
+        };
+        let database = format!("kg_test_{}", &Uuid::new_v4().simple().to_string()[..16]);
+        let mut admin = PgConnection::connect(&base).await.unwrap();
+        sqlx::raw_sql(AssertSqlSafe(format!("CREATE DATABASE {database}")))
+            .execute(&mut admin)
+            .await
+            .unwrap();
+        let _ = admin.close().await;
+        let url = bouncer.url(&database);
+        let options = OpenOptions::server(2).through(Pooler::Transaction, None);
+        let store = Store::connect_through(&url, options, last).await.unwrap();
+        Some(TestDb {
+            store,
+            url,
+            pooler: Pooler::Transaction,
+            schema: None,
+            database: Some((base, database, bouncer)),
+            _dir: None,
+        })
+    }
+
+    /// Closes the store and drops the PostgreSQL schema or database (best
+    /// effort).
     async fn finish(self) {
         self.store.close().await;
         if let Some((base, schema)) = self.schema
@@ -113,6 +176,14 @@ impl TestDb {
             let drop = format!("DROP SCHEMA IF EXISTS {schema} CASCADE");
             let _ = sqlx::raw_sql(AssertSqlSafe(drop)).execute(&mut admin).await;
             let _ = admin.close().await;
+        }
+        if let Some((base, database, bouncer)) = self.database {
+            drop(bouncer);
+            if let Ok(mut admin) = PgConnection::connect(&base).await {
+                let drop = format!("DROP DATABASE IF EXISTS {database} WITH (FORCE)");
+                let _ = sqlx::raw_sql(AssertSqlSafe(drop)).execute(&mut admin).await;
+                let _ = admin.close().await;
+            }
         }
     }
 }
@@ -136,6 +207,17 @@ macro_rules! store_tests {
                 #[ignore = "needs PostgreSQL: set KEYGATE_TEST_DATABASE_URL and run with --include-ignored"]
                 async fn $check() {
                     let Some(db) = super::TestDb::postgres().await else { return };
+                    super::$check(&db).await;
+                    db.finish().await;
+                }
+            )*
+        }
+        mod pgbouncer {
+            $(
+                #[tokio::test]
+                #[ignore = "needs PostgreSQL and pgbouncer: set KEYGATE_TEST_DATABASE_URL and run with --include-ignored"]
+                async fn $check() {
+                    let Some(db) = super::TestDb::pgbouncer().await else { return };
                     super::$check(&db).await;
                     db.finish().await;
                 }
@@ -745,7 +827,7 @@ async fn check_migrations_are_idempotent(db: &TestDb) {
     let u = user("keep@example.com", 1);
     db.insert_user(&u).await.unwrap();
     // A second process on the same database: no migration runs twice, data stays.
-    let again = Store::connect(&db.url, 2).await.unwrap();
+    let again = Store::open(&db.url, db.options(2)).await.unwrap();
     assert_eq!(again.user_by_id(u.id).await.unwrap(), Some(u));
     let row = sqlx::query("SELECT COUNT(*) FROM keygate_migrations")
         .fetch_one(&again.pool)
@@ -763,7 +845,7 @@ async fn check_a_schema_behind_names_its_pending_migrations_until_migrated(db: &
     let pending = old.pending_migrations().await.unwrap();
     let versions: Vec<i64> = pending.iter().map(|p| p.version).collect();
     assert_eq!(versions, vec![total - 1, total]);
-    match Store::open_current(&old.url, OpenOptions::server(1)).await {
+    match Store::open_current(&old.url, old.options(1)).await {
         Err(StoreError::Behind(found)) => {
             assert_eq!(found, pending);
             let text = StoreError::Behind(found).to_string();
@@ -776,9 +858,7 @@ async fn check_a_schema_behind_names_its_pending_migrations_until_migrated(db: &
     assert_eq!(old.pending_migrations().await.unwrap(), pending);
     assert_eq!(old.migrate().await.unwrap(), pending);
     assert_eq!(old.pending_migrations().await.unwrap(), vec![]);
-    let current = Store::open_current(&old.url, OpenOptions::server(1))
-        .await
-        .unwrap();
+    let current = Store::open_current(&old.url, old.options(1)).await.unwrap();
     current.close().await;
     old.finish().await;
 }
@@ -1756,7 +1836,7 @@ async fn check_concurrent_pruners_delete_each_row_once(db: &TestDb) {
     }
     let live = session_at(db, &u, NOW, None).await;
     // Two replicas: separate pools on the same database, pruning at once.
-    let other = Store::connect(&db.url, 2).await.unwrap();
+    let other = Store::open(&db.url, db.options(2)).await.unwrap();
     let (a, b) = (
         pruner(db, Duration::from_secs(3600), DAY),
         pruner(&other, Duration::from_secs(3600), DAY),

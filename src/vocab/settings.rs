@@ -1,6 +1,7 @@
 //! Values the configuration and the store share: how dead rows are pruned
-//! (read from the configuration, applied by the store) and the public
-//! customers (kept by the store, named by the configuration).
+//! (read from the configuration, applied by the store), the public
+//! customers (kept by the store, named by the configuration) and what
+//! stands between keygate and PostgreSQL (`store.pooler`).
 
 use std::time::Duration;
 
@@ -29,4 +30,29 @@ pub struct RetentionSettings {
 pub struct PublicCustomer {
     pub customer_id: Uuid,
     pub tenant_id: Uuid,
+}
+
+/// What `store.url` reaches (`store.pooler`): PostgreSQL itself, or a pooler
+/// that lends a server connection for one transaction at a time (PgBouncer's
+/// `pool_mode = transaction`), where nothing may outlive a transaction: no
+/// named prepared statement, no session setting, no `LISTEN`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Pooler {
+    /// A session of its own per connection (PostgreSQL, or a pooler in
+    /// session mode).
+    #[default]
+    None,
+    /// A server connection per transaction.
+    Transaction,
+}
+
+impl Pooler {
+    /// The setting's value from its text; `None` when it is neither.
+    pub fn parse(text: &str) -> Option<Pooler> {
+        match text.trim() {
+            "none" => Some(Pooler::None),
+            "transaction" => Some(Pooler::Transaction),
+            _ => None,
+        }
+    }
 }
