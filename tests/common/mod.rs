@@ -6,6 +6,7 @@ pub mod platform;
 pub mod shared_redis;
 pub mod smtp;
 pub mod tls_postgres;
+pub mod tls_upstream;
 pub mod totp;
 
 use std::net::SocketAddr;
