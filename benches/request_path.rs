@@ -209,6 +209,7 @@ fn routing(c: &mut Criterion) {
             quota: Default::default(),
             identity: Default::default(),
             audience: format!("service{i}"),
+            upstream_tls: None,
         })
         .collect();
     let table = RouteTable::new(&specs, &Metrics::new());

@@ -229,6 +229,16 @@ impl ApiError {
             "Upstream service is unavailable",
         )
     }
+    /// keygate could not make a TLS connection to an `https://` upstream
+    /// (its certificate not trusted, or keygate's refused): the client is
+    /// told no more, the log says why.
+    pub const fn upstream_tls_failed() -> Self {
+        Self::new(
+            StatusCode::BAD_GATEWAY,
+            code::GENERAL,
+            "Upstream service is unavailable: the TLS handshake with it failed",
+        )
+    }
     /// The upstream has every connection it may have in use, and none came
     /// free in time: a short wait is worth a retry.
     pub fn upstream_busy() -> Self {

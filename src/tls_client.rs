@@ -1,7 +1,9 @@
 //! TLS client settings, in one place for every connection keygate opens to a
-//! service (the store's PostgreSQL, Redis): the roots it trusts and the
-//! certificate it may show. Verification is always on; there is no setting
-//! that turns it off.
+//! service (the store's PostgreSQL, Redis, an `https://` upstream): the roots
+//! it trusts, the certificate it may show and the protocols it offers.
+//! Verification is always on; there is no setting that turns it off.
+//! [`Connector`] is a configuration built from them, with the name a
+//! server's certificate must bear, for connections keygate makes itself.
 //!
 //! The roots are the system's (honouring `SSL_CERT_FILE` and `SSL_CERT_DIR`,
 //! as the mail client does) plus an optional CA file, for a managed service
@@ -10,10 +12,12 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use rustls::RootCertStore;
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use tokio::io::{AsyncRead, AsyncWrite};
 
 /// What a TLS client trusts and shows.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -23,6 +27,8 @@ pub struct ClientTls {
     /// A PEM certificate chain and its PEM private key, for a server that
     /// asks for a client certificate.
     pub identity: Option<(PathBuf, PathBuf)>,
+    /// The protocols offered by ALPN, most preferred first; none when empty.
+    pub alpn: Vec<Vec<u8>>,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -30,6 +36,9 @@ pub enum TlsClientError {
     /// A file could not be read or does not hold what it should.
     #[error("{}: {reason}", .path.display())]
     File { path: PathBuf, reason: String },
+    /// A server name that is neither a DNS name nor an IP address.
+    #[error("{0:?} is not a DNS name or an IP address")]
+    ServerName(String),
     /// Neither the system nor a CA file gave a root to trust.
     #[error("no trusted root certificates: {0}")]
     NoRoots(String),
@@ -72,8 +81,8 @@ impl ClientTls {
             .with_safe_default_protocol_versions()
             .map_err(|e| TlsClientError::NoRoots(e.to_string()))?
             .with_root_certificates(roots);
-        match &self.identity {
-            None => Ok(builder.with_no_client_auth()),
+        let mut config = match &self.identity {
+            None => builder.with_no_client_auth(),
             Some((cert, key)) => {
                 let chain = read_certificates(cert)?;
                 let private = PrivateKeyDer::from_pem_file(key).map_err(|e| file_error(key, e))?;
@@ -83,9 +92,11 @@ impl ClientTls {
                         key: key.clone(),
                         reason: e.to_string(),
                     }
-                })
+                })?
             }
-        }
+        };
+        config.alpn_protocols = self.alpn.clone();
+        Ok(config)
     }
 
     /// The certificates trusted: those of `system` that can be roots (a
@@ -116,6 +127,100 @@ impl ClientTls {
         }
         Ok(trusted)
     }
+}
+
+/// A client configuration built once from [`ClientTls`] (its files read
+/// then), shared by every connection made with it: cheap to clone. Each
+/// one built has an id of its own, by which connections made with one are
+/// kept apart from those made with another (a pool's key).
+#[derive(Clone)]
+pub struct Connector(Arc<Built>);
+
+struct Built {
+    config: Arc<rustls::ClientConfig>,
+    /// The name SNI sends and the server's certificate must bear, when it
+    /// is not the host connected to.
+    server_name: Option<ServerName<'static>>,
+    id: u64,
+}
+
+impl Connector {
+    /// A connector trusting and showing what `settings` say, over the
+    /// system's roots; `server_name` (a DNS name or an IP address) in place
+    /// of the host connected to.
+    pub fn new(
+        settings: &ClientTls,
+        server_name: Option<&str>,
+    ) -> Result<Connector, TlsClientError> {
+        Connector::over(settings.client_config()?, server_name)
+    }
+
+    fn over(
+        config: rustls::ClientConfig,
+        server_name: Option<&str>,
+    ) -> Result<Connector, TlsClientError> {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        let server_name = server_name.map(server_name_of).transpose()?;
+        Ok(Connector(Arc::new(Built {
+            config: Arc::new(config),
+            server_name,
+            id: NEXT.fetch_add(1, Ordering::Relaxed),
+        })))
+    }
+
+    /// This connector's own number, never 0 (which a key may use for
+    /// "no TLS").
+    pub fn id(&self) -> u64 {
+        self.0.id
+    }
+
+    /// The name a connection to `host` verifies: the configured server
+    /// name, or `host` (a DNS name, or an IP address verified against the
+    /// certificate's IP addresses).
+    pub fn name_for(&self, host: &str) -> Result<ServerName<'static>, TlsClientError> {
+        match &self.0.server_name {
+            Some(name) => Ok(name.clone()),
+            None => server_name_of(host),
+        }
+    }
+
+    /// The TLS handshake over `io`, with the server `host` (see
+    /// [`Connector::name_for`]).
+    pub async fn connect<IO>(
+        &self,
+        host: &str,
+        io: IO,
+    ) -> std::io::Result<tokio_rustls::client::TlsStream<IO>>
+    where
+        IO: AsyncRead + AsyncWrite + Unpin,
+    {
+        let name = self
+            .name_for(host)
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+        tokio_rustls::TlsConnector::from(self.0.config.clone())
+            .connect(name, io)
+            .await
+    }
+}
+
+impl std::fmt::Debug for Connector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connector")
+            .field("id", &self.0.id)
+            .field("server_name", &self.0.server_name)
+            .field("alpn", &self.0.config.alpn_protocols)
+            .finish_non_exhaustive()
+    }
+}
+
+/// `text` as a server name: an IP address (brackets around an IPv6 one
+/// allowed), else a DNS name.
+fn server_name_of(text: &str) -> Result<ServerName<'static>, TlsClientError> {
+    let bare = text
+        .strip_prefix('[')
+        .and_then(|t| t.strip_suffix(']'))
+        .unwrap_or(text);
+    ServerName::try_from(bare.to_owned()).map_err(|_| TlsClientError::ServerName(text.to_owned()))
 }
 
 /// Checks a CA file alone, as a client will read it: readable, holding PEM

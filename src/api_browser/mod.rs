@@ -5,7 +5,8 @@
 //! Upstream documents are fetched at start and every `api_browser.refresh`; the
 //! last good copy is kept when an upstream is down or answers garbage, so one
 //! broken upstream never breaks the page. How the documents are joined, and
-//! how clashes resolve, is [`merge`]'s.
+//! how clashes resolve, is [`merge`]'s. A document at an `https://` URL is
+//! fetched over TLS with its route's `upstream_tls`, as its requests are.
 //!
 //! The page sends the user's credential with its calls, so every call it makes
 //! must stay on keygate's origin: the merged document names no server at all
@@ -22,9 +23,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{HeaderValue, Response, StatusCode, Uri, header};
 use http_body_util::BodyExt;
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
+use hyper_util::rt::TokioIo;
 use serde_json::Value;
 use tokio::sync::watch;
 
@@ -36,6 +35,8 @@ use crate::api::openapi;
 use crate::body::{self, Body};
 use crate::config::RouteSpec;
 use crate::proxy::Routes;
+use crate::proxy::stream::Endpoint;
+use crate::tls_client::Connector;
 
 /// The first wait before fetching a failed upstream document again.
 const RETRY_FIRST: Duration = Duration::from_secs(1);
@@ -88,6 +89,15 @@ impl Source {
                 })
             })
             .collect()
+    }
+
+    /// [`Source::of`], each with its route's TLS.
+    fn with_tls(routes: &[RouteSpec]) -> Vec<(Source, Option<&Connector>)> {
+        let tls = routes
+            .iter()
+            .filter(|route| route.openapi.is_some())
+            .map(|route| route.upstream_tls.as_ref());
+        Source::of(routes).into_iter().zip(tls).collect()
     }
 }
 
@@ -184,8 +194,6 @@ impl ApiBrowser {
         timeout: Duration,
         mut shutdown: watch::Receiver<bool>,
     ) {
-        let client: Client<HttpConnector, http_body_util::Empty<Bytes>> =
-            Client::builder(TokioExecutor::new()).build(HttpConnector::new());
         let mut reloaded = self.routes.subscribe();
         // After a failed fetch the next round comes sooner, doubling up to the
         // refresh interval: an upstream that starts after keygate (a common
@@ -196,8 +204,9 @@ impl ApiBrowser {
             // new routes' documents are fetched.
             self.rebuild();
             let mut failed = false;
-            for source in Source::of(self.routes.load().specs()) {
-                match fetch(&client, &source.url, timeout).await {
+            let routes = self.routes.load();
+            for (source, tls) in Source::with_tls(routes.specs()) {
+                match fetch(&source.url, tls, timeout).await {
                     Ok(document) => self.keep(source, document),
                     Err(error) => {
                         failed = true;
@@ -355,17 +364,40 @@ fn content_type(file: &str) -> &'static str {
     }
 }
 
-async fn fetch(
-    client: &Client<HttpConnector, http_body_util::Empty<Bytes>>,
-    url: &Uri,
-    timeout: Duration,
-) -> Result<Value, String> {
-    let request = http::Request::get(url.clone())
-        .header(header::ACCEPT, "application/json")
-        .body(http_body_util::Empty::new())
-        .map_err(|e| e.to_string())?;
+/// The document at `url` (over TLS with `tls` when it is `https://`),
+/// within `timeout`, on a connection of its own.
+async fn fetch(url: &Uri, tls: Option<&Connector>, timeout: Duration) -> Result<Value, String> {
     let work = async {
-        let response = client.request(request).await.map_err(|e| e.to_string())?;
+        let authority = url.authority().ok_or("the URL has no host")?;
+        let https = url.scheme() == Some(&http::uri::Scheme::HTTPS);
+        let endpoint = Endpoint::new(authority.clone(), https, tls);
+        let stream = endpoint.open(timeout).await.map_err(|e| match e {
+            crate::proxy::stream::OpenError::Connect(e) => format!("connecting: {e}"),
+            crate::proxy::stream::OpenError::Handshake(e) => format!(
+                "TLS handshake: {}",
+                crate::proxy::stream::handshake_reason(&e)
+            ),
+        })?;
+        let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(|e| e.to_string())?;
+        // Driven beside the exchange; stopped with it.
+        let driver = AbortOnDrop(tokio::spawn(connection));
+        let default_port = if https { 443 } else { 80 };
+        let host = match authority.port_u16() {
+            Some(port) if port == default_port => authority.host(),
+            _ => authority.as_str(),
+        };
+        let target = url.path_and_query().map_or("/", |p| p.as_str());
+        let request = http::Request::get(target)
+            .header(header::HOST, host)
+            .header(header::ACCEPT, "application/json")
+            .body(http_body_util::Empty::<Bytes>::new())
+            .map_err(|e| e.to_string())?;
+        let response = sender
+            .send_request(request)
+            .await
+            .map_err(|e| e.to_string())?;
         if !response.status().is_success() {
             return Err(format!("status {}", response.status()));
         }
@@ -374,6 +406,7 @@ async fn fetch(
             .await
             .map_err(|e| e.to_string())?
             .to_bytes();
+        drop(driver);
         let doc: Value = serde_json::from_slice(&bytes).map_err(|e| format!("not JSON: {e}"))?;
         if !doc.get("paths").is_some_and(Value::is_object) {
             return Err("not an OpenAPI document (no paths)".into());
@@ -383,6 +416,15 @@ async fn fetch(
     tokio::time::timeout(timeout, work)
         .await
         .map_err(|_| "timed out".to_string())?
+}
+
+/// A task stopped when this is dropped.
+struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 #[cfg(test)]
@@ -515,6 +557,7 @@ mod tests {
             quota: Default::default(),
             identity: Default::default(),
             audience: name.into(),
+            upstream_tls: None,
         }
     }
 

@@ -495,6 +495,38 @@ pub struct RouteSection {
     pub identity: String,
     /// The assertion's `aud`; "" means the route's name.
     pub audience: String,
+    /// How the route's `https://` upstreams are trusted and what they are
+    /// shown; every field "" (the default) reads as unset.
+    pub upstream_tls: UpstreamTlsSection,
+}
+
+/// A route's `upstream_tls`: PEM files and the name to verify, "" for each
+/// that is not set.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct UpstreamTlsSection {
+    /// CA certificates trusted besides the system's roots.
+    pub ca_file: String,
+    /// The client certificate chain shown to the upstream, with its key.
+    pub cert_file: String,
+    pub key_file: String,
+    /// The name the upstream's certificate must bear, in place of the
+    /// URL's host.
+    pub server_name: String,
+}
+
+impl UpstreamTlsSection {
+    /// Whether any field is set.
+    pub fn is_set(&self) -> bool {
+        [
+            &self.ca_file,
+            &self.cert_file,
+            &self.key_file,
+            &self.server_name,
+        ]
+        .iter()
+        .any(|field| !field.trim().is_empty())
+    }
 }
 
 impl Default for FileConfig {
@@ -551,6 +583,7 @@ impl Default for RouteSection {
             quota: RouteQuotaSection::default(),
             identity: "headers".into(),
             audience: String::new(),
+            upstream_tls: UpstreamTlsSection::default(),
         }
     }
 }

@@ -203,6 +203,7 @@ impl RedisSettings {
         self.url.starts_with("rediss://").then(|| ClientTls {
             ca_file: self.ca_file.clone(),
             identity: None,
+            alpn: Vec::new(),
         })
     }
 }
@@ -660,6 +661,10 @@ pub struct RouteSpec {
     pub identity: crate::vocab::identity::IdentityMode,
     /// The `aud` of the route's assertions: its `audience`, or its name.
     pub audience: String,
+    /// The TLS of its `https://` upstreams (and `https://` document), built
+    /// from `upstream_tls` when the configuration was loaded; `None` when
+    /// every one is `http://`.
+    pub upstream_tls: Option<crate::tls_client::Connector>,
 }
 
 /// Where configuration comes from.

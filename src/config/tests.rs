@@ -1331,3 +1331,88 @@ fn a_transaction_pooler_needs_postgres_and_a_notify_url_is_checked_without_being
         "{errors}"
     );
 }
+
+#[test]
+fn https_upstreams_default_to_port_443_and_get_tls_built_from_upstream_tls() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = dir.path().join("ca.pem");
+    let certified = rcgen::generate_simple_self_signed(vec!["api.example".into()]).unwrap();
+    std::fs::write(&ca, certified.cert.pem()).unwrap();
+    let settings = load_text(
+        &format!(
+            r#"
+            [[route]]
+            prefix = "/api/"
+            upstreams = ["https://api.example/base", "https://127.0.0.1:8443", "http://127.0.0.1:9000"]
+            upstream_tls = {{ ca_file = "{}" }}
+            [[route]]
+            prefix = "/plain/"
+            upstreams = ["http://127.0.0.1:9000"]
+            "#,
+            ca.display()
+        ),
+        &[],
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let route = &settings.routes[0];
+    let ports: Vec<u16> = route.upstreams.iter().map(UpstreamUrl::port).collect();
+    assert_eq!(ports, vec![443, 8443, 9000]);
+    assert!(route.upstreams[0].is_https() && !route.upstreams[2].is_https());
+    assert_eq!(route.upstreams[0].to_string(), "https://api.example/base");
+    assert!(route.upstream_tls.is_some());
+    assert!(settings.routes[1].upstream_tls.is_none());
+}
+
+#[test]
+fn upstream_tls_problems_name_the_route_and_the_setting() {
+    let errors = load_text(
+        r#"
+        [[route]]
+        prefix = "/a/"
+        upstreams = ["http://127.0.0.1:9000"]
+        upstream_tls = { ca_file = "/nonexistent/ca.pem" }
+        [[route]]
+        prefix = "/b/"
+        upstreams = ["https://127.0.0.1:8443"]
+        upstream_tls = { cert_file = "/tmp/client.pem" }
+        [[route]]
+        prefix = "/c/"
+        upstreams = ["https://127.0.0.1:8443"]
+        upstream_tls = { ca_file = "/nonexistent/ca.pem" }
+        [[route]]
+        prefix = "/d/"
+        upstreams = ["https://127.0.0.1:8443"]
+        upstream_tls = { server_name = "not a name", colour = "blue" }
+        "#,
+        &[],
+    )
+    .unwrap_err();
+    let text = errors.0.join("\n");
+    for needle in [
+        "route[0].upstream_tls: the route's upstreams are all http://",
+        "route[1].upstream_tls: cert_file and key_file must both be set, or both left empty",
+        "route[2].upstream_tls.ca_file: /nonexistent/ca.pem: No such file",
+        "route[3].upstream_tls.colour: unknown key",
+    ] {
+        assert!(text.contains(needle), "missing {needle:?} in:\n{text}");
+    }
+}
+
+#[test]
+fn a_server_name_that_is_no_name_is_refused() {
+    let errors = load_text(
+        r#"
+        [[route]]
+        prefix = "/d/"
+        upstreams = ["https://127.0.0.1:8443"]
+        upstream_tls = { server_name = "not a name" }
+        "#,
+        &[],
+    )
+    .unwrap_err();
+    let text = errors.0.join("\n");
+    assert!(
+        text.contains(r#"route[0].upstream_tls.server_name: "not a name" is not a DNS name"#),
+        "{text}"
+    );
+}

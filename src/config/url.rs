@@ -18,18 +18,18 @@ pub(super) struct UrlRule {
 
 /// A route's upstream: the base that request paths are appended to.
 pub(super) const UPSTREAM_URL: UrlRule = UrlRule {
-    schemes: &["http"],
+    schemes: &["http", "https"],
     path: true,
     query: false,
-    example: "http://host:port[/base-path]",
+    example: "http[s]://host[:port][/base-path]",
 };
 
 /// A route's `openapi` document, when written as a full URL.
 pub(super) const OPENAPI_URL: UrlRule = UrlRule {
-    schemes: &["http"],
+    schemes: &["http", "https"],
     path: true,
     query: true,
-    example: "http://host:port/path",
+    example: "http[s]://host[:port]/path",
 };
 
 pub(super) const PUBLIC_BASE_URL: UrlRule = UrlRule {
@@ -148,6 +148,26 @@ impl UpstreamUrl {
         &self.authority
     }
 
+    /// Spoken to over TLS (`https://`).
+    pub fn is_https(&self) -> bool {
+        self.scheme == Scheme::HTTPS
+    }
+
+    /// The port connected to: the written one, else the scheme's (80, 443).
+    pub fn port(&self) -> u16 {
+        self.authority
+            .port_u16()
+            .unwrap_or(if self.is_https() { 443 } else { 80 })
+    }
+
+    /// The host, without the brackets of an IPv6 address.
+    pub fn host(&self) -> &str {
+        let host = self.authority.host();
+        host.strip_prefix('[')
+            .and_then(|h| h.strip_suffix(']'))
+            .unwrap_or(host)
+    }
+
     /// The path request paths are appended to, without a trailing slash;
     /// empty when the upstream has none.
     pub(crate) fn base_path(&self) -> &str {
@@ -158,7 +178,7 @@ impl UpstreamUrl {
 impl FromStr for UpstreamUrl {
     type Err = String;
 
-    /// An upstream base URL: `http://host:port[/base-path]`.
+    /// An upstream base URL: `http[s]://host[:port][/base-path]`.
     fn from_str(text: &str) -> Result<UpstreamUrl, String> {
         let uri = check_url(text.trim(), &UPSTREAM_URL)?;
         let missing_host = || format!("missing host; write {}", UPSTREAM_URL.example);
@@ -179,7 +199,7 @@ impl fmt::Display for UpstreamUrl {
 }
 
 /// An upstream's OpenAPI document: a path relative to the route's first
-/// upstream (`/v3/api-docs`), or a full `http://` URL.
+/// upstream (`/v3/api-docs`), or a full `http://` or `https://` URL.
 pub(super) fn openapi_url(text: &str, upstream: Option<&UpstreamUrl>) -> Result<http::Uri, String> {
     if text.starts_with('/') {
         let base = upstream.ok_or("a path needs an upstream to resolve it against")?;

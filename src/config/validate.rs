@@ -13,7 +13,7 @@ use super::file::{
     ApiBrowserSection, ApiKeySection, AssertionSection, CacheSection, FileConfig, JwtSection,
     LimitsSection, ListenSection, LogSection, LoginSection, PlatformSection, ProxySection,
     QuotaSection, RedisSection, RetentionSection, RouteQuotaSection, RouteSection, ServerSection,
-    StoreSection, TlsSection, WebSocketSection,
+    StoreSection, TlsSection, UpstreamTlsSection, WebSocketSection,
 };
 use super::rate::{Rate, RouteRate};
 use super::url::{PUBLIC_BASE_URL, UpstreamUrl, check_url, openapi_url};
@@ -1361,8 +1361,13 @@ impl RouteSection {
         } else {
             self.audience.clone()
         };
+        let openapi = self.openapi(here, errors);
+        let upstream_tls = self
+            .upstream_tls
+            .validate(here, &upstreams, openapi.as_ref(), errors);
         RouteSpec {
-            openapi: self.openapi(here, errors),
+            openapi,
+            upstream_tls,
             identity,
             audience,
             name,
@@ -1421,6 +1426,80 @@ impl RouteSection {
             },
         }
     }
+}
+
+impl UpstreamTlsSection {
+    /// The TLS of a route's `https://` upstreams and document, its files
+    /// read now: `None` when there are none. Set on a route with none, it
+    /// is refused; problems name the route and the setting.
+    fn validate(
+        &self,
+        here: &str,
+        upstreams: &[UpstreamUrl],
+        openapi: Option<&http::Uri>,
+        errors: &mut Vec<String>,
+    ) -> Option<crate::tls_client::Connector> {
+        let https = upstreams.iter().any(UpstreamUrl::is_https)
+            || openapi.is_some_and(|uri| uri.scheme() == Some(&http::uri::Scheme::HTTPS));
+        if !https {
+            // Upstreams that did not parse were reported already.
+            if self.is_set() && !upstreams.is_empty() {
+                errors.push(format!(
+                    "{here}.upstream_tls: the route's upstreams are all http://;                      upstream_tls applies to https:// upstreams only"
+                ));
+            }
+            return None;
+        }
+        let identity = match (field(&self.cert_file), field(&self.key_file)) {
+            (None, None) => None,
+            (Some(cert), Some(key)) => Some((PathBuf::from(cert), PathBuf::from(key))),
+            _ => {
+                errors.push(format!(
+                    "{here}.upstream_tls: cert_file and key_file must both be set, or both left empty"
+                ));
+                return None;
+            }
+        };
+        let settings = crate::tls_client::ClientTls {
+            ca_file: field(&self.ca_file).map(PathBuf::from),
+            identity,
+            alpn: vec![b"http/1.1".to_vec()],
+        };
+        let server_name = field(&self.server_name);
+        let connector = crate::tls_client::Connector::new(&settings, server_name)
+            .map_err(|e| errors.push(format!("{here}.upstream_tls.{}: {e}", self.setting_of(&e))))
+            .ok()?;
+        for url in upstreams.iter().filter(|url| url.is_https()) {
+            if connector.name_for(url.host()).is_err() {
+                errors.push(format!(
+                    "{here}.upstreams: \"{url}\": the host is not a name a certificate can be \
+                     checked against; set upstream_tls.server_name"
+                ));
+            }
+        }
+        Some(connector)
+    }
+
+    /// The setting a problem of the TLS settings comes from.
+    fn setting_of(&self, error: &crate::tls_client::TlsClientError) -> &'static str {
+        use crate::tls_client::TlsClientError;
+        match error {
+            TlsClientError::File { path, .. } if path == Path::new(self.key_file.trim()) => {
+                "key_file"
+            }
+            TlsClientError::File { path, .. } if path == Path::new(self.cert_file.trim()) => {
+                "cert_file"
+            }
+            TlsClientError::Identity { .. } => "cert_file",
+            TlsClientError::ServerName(_) => "server_name",
+            TlsClientError::File { .. } | TlsClientError::NoRoots(_) => "ca_file",
+        }
+    }
+}
+
+/// A file or name setting: `None` when empty.
+fn field(text: &str) -> Option<&str> {
+    Some(text.trim()).filter(|t| !t.is_empty())
 }
 
 /// Hosts on which `[mail] tls = "none"` is allowed: nothing leaves the machine.

@@ -27,6 +27,7 @@ fn spec(name: &str, prefix: &str, public: bool) -> RouteSpec {
         quota: Default::default(),
         identity: Default::default(),
         audience: name.into(),
+        upstream_tls: None,
     }
 }
 

@@ -85,6 +85,7 @@ pub async fn start_reference(settings: &mut Settings) -> Result<SocketAddr, DevE
         quota: Default::default(),
         identity: Default::default(),
         audience: name.into(),
+        upstream_tls: None,
     };
     settings.routes = vec![
         route("api", "/api/", false, true),

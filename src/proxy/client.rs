@@ -32,6 +32,11 @@
 //! read to its end with nothing after it, and is found closed at checkout
 //! as hyper's are, by the reactor's readiness.
 //!
+//! A connection to an `https://` upstream is TLS over TCP
+//! ([`super::stream::Stream`]), opened with its route's TLS settings and
+//! pooled by them as well as by authority ([`Endpoint`]): the same pools,
+//! reuse and checks as a plain one.
+//!
 //! Connections open to one upstream (idle or busy) are bounded by
 //! `proxy.max_connections_per_upstream`: each holds a permit of its
 //! upstream's [`Gate`] until it closes. A request that finds none idle and
@@ -56,15 +61,15 @@ use hyper::body::Incoming;
 use hyper::client::conn::http1;
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-use tokio::net::TcpStream;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
 use crate::body::{self, Body};
 use crate::http1::{Chunked, Framing, ResponseHead};
 use crate::proxy::headers::Added;
+use crate::proxy::stream::{Endpoint, EndpointKey, OpenError, Stream};
 use crate::proxy::wire::{self, WireError};
 
-type Driver = http1::Connection<TokioIo<TcpStream>, Body>;
+type Driver = http1::Connection<TokioIo<Stream>, Body>;
 
 /// One upstream connection: the handle requests are sent through and the
 /// connection itself, polled by whoever holds it.
@@ -103,7 +108,7 @@ impl Conn {
 /// One upstream connection spoken to with [`wire`]: for requests whose
 /// body is read whole (the lean path's).
 struct WireConn {
-    stream: TcpStream,
+    stream: Stream,
     /// Bytes read and not yet used: the response head and body as they
     /// arrive.
     buf: BytesMut,
@@ -123,7 +128,7 @@ trait Link: Sized {
     fn places(&self) -> &Places;
     /// A new connection on `stream`.
     fn open(
-        stream: TcpStream,
+        stream: Stream,
         open: Places,
     ) -> impl std::future::Future<Output = Result<Self, SendError>> + Send;
 }
@@ -148,7 +153,7 @@ impl Link for Conn {
         &self.open
     }
 
-    async fn open(stream: TcpStream, open: Places) -> Result<Conn, SendError> {
+    async fn open(stream: Stream, open: Places) -> Result<Conn, SendError> {
         let (sender, driver) = http1::Builder::new()
             .handshake(TokioIo::new(stream))
             .await
@@ -168,15 +173,12 @@ impl Link for WireConn {
 
     fn ready_now(&mut self) -> bool {
         // Nothing may be waiting on an idle connection: an end of stream
-        // (the upstream closed it) or stray bytes both rule it out. Asked of
-        // the reactor's readiness, as hyper's client does: what arrived was
-        // recorded as readiness when the reactor last looked, and an empty
-        // socket costs no system call.
-        self.buf.is_empty()
-            && matches!(
-                self.stream.try_read(&mut [0u8; 1]),
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock
-            )
+        // (the upstream closed it, over TLS with a `close_notify` or not)
+        // or stray bytes both rule it out. Asked of the reactor's
+        // readiness, as hyper's client does: what arrived was recorded as
+        // readiness when the reactor last looked, and an empty socket costs
+        // no system call.
+        self.buf.is_empty() && self.stream.idle_and_open()
     }
 
     fn settled(&mut self) -> bool {
@@ -200,7 +202,7 @@ impl Link for WireConn {
         &self.open
     }
 
-    async fn open(stream: TcpStream, open: Places) -> Result<WireConn, SendError> {
+    async fn open(stream: Stream, open: Places) -> Result<WireConn, SendError> {
         Ok(WireConn {
             stream,
             buf: BytesMut::with_capacity(WIRE_BUFFER),
@@ -219,11 +221,11 @@ struct Idle<T> {
     since: Instant,
 }
 
-/// A map by upstream authority: the configured upstreams' alone, so hashed
+/// A map by upstream endpoint: the configured upstreams' alone, so hashed
 /// with [`crate::fnv`].
-type ByUpstream<V> = HashMap<Authority, V, crate::fnv::OwnKeys>;
+type ByUpstream<V> = HashMap<EndpointKey, V, crate::fnv::OwnKeys>;
 
-/// The idle connections of one worker thread, by upstream authority.
+/// The idle connections of one worker thread, by upstream endpoint.
 #[derive(Default)]
 struct Shard {
     idle: ByUpstream<Vec<Idle<Conn>>>,
@@ -299,6 +301,8 @@ impl Ceiling {
 pub enum SendError {
     /// No connection could be opened (refused, unreachable, timed out).
     Connect(std::io::Error),
+    /// The TLS handshake with an `https://` upstream failed or timed out.
+    Handshake(std::io::Error),
     /// The upstream has its ceiling of connections open, and none came free
     /// in the queue.
     Saturated,
@@ -316,6 +320,7 @@ impl std::fmt::Display for SendError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             SendError::Connect(e) => write!(f, "connecting to the upstream: {e}"),
+            SendError::Handshake(e) => write!(f, "TLS handshake with the upstream: {e}"),
             SendError::Saturated => f.write_str("the upstream has all its connections in use"),
             SendError::Request(e) => write!(f, "upstream request: {e}"),
             SendError::Wire(e) => write!(f, "upstream request: {e}"),
@@ -328,7 +333,7 @@ impl std::fmt::Display for SendError {
 impl std::error::Error for SendError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            SendError::Connect(e) => Some(e),
+            SendError::Connect(e) | SendError::Handshake(e) => Some(e),
             SendError::Saturated => None,
             SendError::Request(e) => Some(e),
             SendError::Wire(e) => Some(e),
@@ -348,7 +353,7 @@ pub struct UpstreamClient {
     /// A permit per connection open to any upstream.
     total: Arc<Semaphore>,
     /// One per upstream authority, made when it is first used.
-    gates: Mutex<ByUpstream<Arc<Gate>>>,
+    gates: Mutex<HashMap<Authority, Arc<Gate>, crate::fnv::OwnKeys>>,
 }
 
 thread_local! {
@@ -439,7 +444,7 @@ impl UpstreamClient {
         }
     }
 
-    /// The most recently used idle connection to `authority` that is ready
+    /// The most recently used idle connection to `endpoint` that is ready
     /// for a request. A worker takes from its own pool only: its connections
     /// come back there, and another thread's would wake across threads.
     /// Any other thread looks in its pool first, else in the others: on a
@@ -448,31 +453,31 @@ impl UpstreamClient {
     /// the others fill to their cap with connections no one took (128 idle
     /// upstream connections, 18 MiB more resident, in a one-minute soak of six
     /// sequential clients).
-    fn checkout<T: Link>(&self, authority: &Authority) -> Option<T> {
+    fn checkout<T: Link>(&self, endpoint: &Endpoint) -> Option<T> {
         let (own, pinned) = shard_index(self.shards.len());
         if pinned {
-            return self.checkout_from(own, authority);
+            return self.checkout_from(own, endpoint);
         }
         (0..self.shards.len())
             .map(|i| (own + i) % self.shards.len())
-            .find_map(|i| self.checkout_from(i, authority))
+            .find_map(|i| self.checkout_from(i, endpoint))
     }
 
     /// Any pool's idle connection: for a request waiting at the ceiling,
     /// which takes whatever came back, wherever.
-    fn checkout_any<T: Link>(&self, authority: &Authority) -> Option<T> {
+    fn checkout_any<T: Link>(&self, endpoint: &Endpoint) -> Option<T> {
         let own = shard_index(self.shards.len()).0;
         (0..self.shards.len())
             .map(|i| (own + i) % self.shards.len())
-            .find_map(|i| self.checkout_from(i, authority))
+            .find_map(|i| self.checkout_from(i, endpoint))
     }
 
-    fn checkout_from<T: Link>(&self, shard: usize, authority: &Authority) -> Option<T> {
+    fn checkout_from<T: Link>(&self, shard: usize, endpoint: &Endpoint) -> Option<T> {
         let now = Instant::now();
         let mut dropped = Vec::new();
         let found = {
             let mut shard = self.shards[shard].lock().unwrap_or_else(|p| p.into_inner());
-            let list = T::idle(&mut shard).get_mut(authority)?;
+            let list = T::idle(&mut shard).get_mut(endpoint.key())?;
             let mut found = None;
             while let Some(mut idle) = list.pop() {
                 if now.duration_since(idle.since) < self.idle_timeout && idle.conn.ready_now() {
@@ -488,7 +493,7 @@ impl UpstreamClient {
     }
 
     /// Puts a connection whose exchange is over back in the pool.
-    fn release<T: Link>(&self, authority: Authority, mut conn: T) {
+    fn release<T: Link>(&self, key: EndpointKey, mut conn: T) {
         if self.max_idle_per_shard == 0 || !conn.settled() {
             return;
         }
@@ -497,7 +502,7 @@ impl UpstreamClient {
         let gate = conn.places().gate.clone();
         {
             let mut shard = self.shard();
-            let list = T::idle(&mut shard).entry(authority).or_default();
+            let list = T::idle(&mut shard).entry(key).or_default();
             if list.len() >= self.max_idle_per_shard {
                 return;
             }
@@ -536,7 +541,7 @@ impl UpstreamClient {
         }
     }
 
-    /// The ceiling of `authority`'s upstream.
+    /// The ceiling of `authority`'s upstream, whatever its TLS.
     fn gate(&self, authority: &Authority) -> Arc<Gate> {
         let mut gates = self.gates.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(gate) = gates.get(authority) {
@@ -553,19 +558,19 @@ impl UpstreamClient {
         gate
     }
 
-    /// A connection to `authority`: an idle one, else a new one under the
+    /// A connection to `endpoint`: an idle one, else a new one under the
     /// upstream's ceiling; at the ceiling, the first to come back to any
     /// pool or the place of one that closed, within the queue's bounds.
     async fn obtain<T: Link, Other: Link>(
         &self,
-        authority: &Authority,
+        endpoint: &Endpoint,
     ) -> Result<(T, bool), SendError> {
-        if let Some(conn) = self.checkout(authority) {
+        if let Some(conn) = self.checkout(endpoint) {
             return Ok((conn, true));
         }
-        let gate = self.gate(authority);
+        let gate = self.gate(endpoint.authority());
         if let Some(open) = self.try_places(&gate) {
-            return Ok((self.connect(authority, open).await?, false));
+            return Ok((self.connect(endpoint, open).await?, false));
         }
         if gate.waiting.fetch_add(1, Ordering::Relaxed) >= self.ceiling.queue {
             gate.waiting.fetch_sub(1, Ordering::Relaxed);
@@ -574,16 +579,16 @@ impl UpstreamClient {
         let waited = tokio::time::timeout(self.ceiling.queue_timeout, async {
             loop {
                 let returned = gate.returned.notified();
-                if let Some(conn) = self.checkout_any(authority) {
+                if let Some(conn) = self.checkout_any(endpoint) {
                     return Ok::<_, SendError>((conn, true));
                 }
                 // An idle connection of the other kind is closed: its place
                 // is taken by a new one of this kind.
-                drop(self.checkout_any::<Other>(authority));
+                drop(self.checkout_any::<Other>(endpoint));
                 tokio::select! {
                     () = returned => {}
                     open = self.places(&gate) => {
-                        return Ok((self.connect(authority, open?).await?, false));
+                        return Ok((self.connect(endpoint, open?).await?, false));
                     }
                 }
             }
@@ -593,37 +598,29 @@ impl UpstreamClient {
         waited.unwrap_or(Err(SendError::Saturated))
     }
 
-    async fn connect<T: Link>(&self, authority: &Authority, open: Places) -> Result<T, SendError> {
-        let host = authority.host();
-        let host = host
-            .strip_prefix('[')
-            .and_then(|h| h.strip_suffix(']'))
-            .unwrap_or(host);
-        let port = authority.port_u16().unwrap_or(80);
-        let stream = tokio::time::timeout(self.connect_timeout, TcpStream::connect((host, port)))
+    async fn connect<T: Link>(&self, endpoint: &Endpoint, open: Places) -> Result<T, SendError> {
+        let stream = endpoint
+            .open(self.connect_timeout)
             .await
-            .map_err(|_| {
-                SendError::Connect(std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    "connect timed out",
-                ))
-            })?
-            .map_err(SendError::Connect)?;
-        stream.set_nodelay(true).map_err(SendError::Connect)?;
+            .map_err(|error| match error {
+                OpenError::Connect(e) => SendError::Connect(e),
+                OpenError::Handshake(e) => SendError::Handshake(e),
+            })?;
         T::open(stream, open).await
     }
 
-    /// Sends `request` to `authority` (plain HTTP/1.1) and waits for the
+    /// Sends `request` to `endpoint` (HTTP/1.1, over TLS to an `https://`
+    /// upstream) and waits for the
     /// response head; the body streams from the connection as it is read.
     /// With a response, `keep` moves into its body, dropped when the
     /// exchange ends (at once when there is no body).
     pub async fn send<K: Send + Unpin + 'static>(
         self: &Arc<Self>,
-        authority: &Authority,
+        endpoint: &Endpoint,
         request: Request<Body>,
         keep: &mut Option<K>,
     ) -> Result<Response<Body>, SendError> {
-        let (mut conn, reused) = self.obtain::<Conn, WireConn>(authority).await?;
+        let (mut conn, reused) = self.obtain::<Conn, WireConn>(endpoint).await?;
         let response = match exchange(&mut conn, request).await {
             Ok(response) => response,
             // A pooled connection that broke before the request was written
@@ -634,7 +631,7 @@ impl UpstreamClient {
                     return Err(SendError::Request(error.into_error()));
                 };
                 let open = conn.open;
-                conn = self.connect(authority, open).await?;
+                conn = self.connect(endpoint, open).await?;
                 exchange(&mut conn, request)
                     .await
                     .map_err(|e| SendError::Request(e.into_error()))?
@@ -642,7 +639,7 @@ impl UpstreamClient {
         };
         let (head, incoming) = response.into_parts();
         if http_body::Body::is_end_stream(&incoming) {
-            self.release(authority.clone(), conn);
+            self.release(endpoint.key().clone(), conn);
             drop(keep.take());
             return Ok(Response::from_parts(head, body::empty()));
         }
@@ -652,23 +649,23 @@ impl UpstreamClient {
                 incoming,
                 conn: Some(conn),
                 client: self.clone(),
-                authority: authority.clone(),
+                key: endpoint.key().clone(),
                 _keep: keep.take(),
             }),
         ))
     }
-    /// Sends a request whose body is `body`, whole, to `authority` with
+    /// Sends a request whose body is `body`, whole, to `endpoint` with
     /// [`wire`], and waits for the response head; the body streams from
     /// the connection as it is read. `keep` as in [`UpstreamClient::send`].
     pub async fn send_whole<K: Send + Unpin + 'static>(
         self: &Arc<Self>,
-        authority: &Authority,
+        endpoint: &Endpoint,
         head: http::request::Parts,
         added: &Added,
         body: Bytes,
         keep: &mut Option<K>,
     ) -> Result<Response<Body>, SendError> {
-        let (mut conn, reused) = self.obtain::<WireConn, Conn>(authority).await?;
+        let (mut conn, reused) = self.obtain::<WireConn, Conn>(endpoint).await?;
         let path = head.uri.path_and_query().map_or("/", |p| p.as_str());
         conn.out.clear();
         wire::write_request_head(
@@ -686,7 +683,7 @@ impl UpstreamClient {
             if !reused {
                 return Err(SendError::Write(error));
             }
-            conn = self.again(authority, conn, &body).await?;
+            conn = self.again(endpoint, conn, &body).await?;
         }
         let response = match conn.read_head().await {
             Ok(response) => response,
@@ -697,12 +694,12 @@ impl UpstreamClient {
             Err(SendError::Wire(WireError::Closed) | SendError::Read(_))
                 if reused && conn.buf.is_empty() && head.method.is_idempotent() =>
             {
-                conn = self.again(authority, conn, &body).await?;
+                conn = self.again(endpoint, conn, &body).await?;
                 conn.read_head().await?
             }
             Err(error) => return Err(error),
         };
-        Ok(self.wire_response(authority, conn, response, keep))
+        Ok(self.wire_response(endpoint, conn, response, keep))
     }
 
     /// The response whose head `conn` read, its body after it in `conn`:
@@ -710,7 +707,7 @@ impl UpstreamClient {
     /// given back when it may be), else streamed from the connection.
     fn wire_response<K: Send + Unpin + 'static>(
         self: &Arc<Self>,
-        authority: &Authority,
+        endpoint: &Endpoint,
         mut conn: WireConn,
         response: ResponseHead,
         keep: &mut Option<K>,
@@ -727,7 +724,7 @@ impl UpstreamClient {
                 // The whole body came with the head: the usual small answer.
                 let bytes = conn.buf.split_to(n as usize).freeze();
                 if reusable {
-                    self.release(authority.clone(), conn);
+                    self.release(endpoint.key().clone(), conn);
                 }
                 drop(keep.take());
                 return Response::from_parts(parts, body::full(bytes));
@@ -738,7 +735,7 @@ impl UpstreamClient {
         };
         let Some(remaining) = framing else {
             if reusable {
-                self.release(authority.clone(), conn);
+                self.release(endpoint.key().clone(), conn);
             }
             drop(keep.take());
             return Response::from_parts(parts, body::empty());
@@ -750,7 +747,7 @@ impl UpstreamClient {
                 remaining,
                 reusable,
                 client: self.clone(),
-                authority: authority.clone(),
+                key: endpoint.key().clone(),
                 _keep: keep.take(),
             }),
         )
@@ -762,12 +759,12 @@ impl UpstreamClient {
     /// again on a new connection in `conn`'s place under the ceiling.
     async fn again(
         &self,
-        authority: &Authority,
+        endpoint: &Endpoint,
         conn: WireConn,
         body: &Bytes,
     ) -> Result<WireConn, SendError> {
         let WireConn { out, open, .. } = conn;
-        let mut fresh: WireConn = self.connect(authority, open).await?;
+        let mut fresh: WireConn = self.connect(endpoint, open).await?;
         fresh.out = out;
         fresh.write(body).await.map_err(SendError::Write)?;
         Ok(fresh)
@@ -792,7 +789,8 @@ impl WireConn {
             }
         };
         self.out.truncate(head);
-        written
+        written?;
+        self.stream.flush_tls().await
     }
 
     /// Reads up to the final response head, skipping 1xx answers other
@@ -839,7 +837,7 @@ struct WireBody<K> {
     remaining: Remaining,
     reusable: bool,
     client: Arc<UpstreamClient>,
-    authority: Authority,
+    key: EndpointKey,
     /// What the caller keeps for as long as the exchange lasts.
     _keep: Option<K>,
 }
@@ -884,7 +882,7 @@ impl<K> WireBody<K> {
         if let Some(conn) = self.conn.take()
             && self.reusable
         {
-            self.client.release(self.authority.clone(), conn);
+            self.client.release(self.key.clone(), conn);
         }
     }
 }
@@ -971,7 +969,7 @@ struct Pooled<K> {
     /// `None` once given back or closed.
     conn: Option<Conn>,
     client: Arc<UpstreamClient>,
-    authority: Authority,
+    key: EndpointKey,
     /// What the caller keeps for as long as the exchange lasts.
     _keep: Option<K>,
 }
@@ -1014,7 +1012,7 @@ impl<K: Unpin> http_body::Body for Pooled<K> {
 impl<K> Pooled<K> {
     fn give_back(&mut self) {
         if let Some(conn) = self.conn.take() {
-            self.client.release(self.authority.clone(), conn);
+            self.client.release(self.key.clone(), conn);
         }
     }
 }
@@ -1025,6 +1023,11 @@ mod tests {
     use http_body_util::BodyExt as _;
     use std::sync::atomic::AtomicUsize;
     use tokio::net::TcpListener;
+
+    /// The plain endpoint at `addr`.
+    fn plain(addr: std::net::SocketAddr) -> Endpoint {
+        Endpoint::new(addr.to_string().parse().unwrap(), false, None)
+    }
 
     /// A client on two pools, without ceilings, keeping `max_idle` idle
     /// connections per upstream.
@@ -1040,9 +1043,9 @@ mod tests {
 
     /// A loopback upstream answering every request with `ok` (keep-alive, or
     /// closing after each answer), counting the connections it accepted.
-    async fn upstream(close_after_each: bool) -> (Authority, Arc<AtomicUsize>) {
+    async fn upstream(close_after_each: bool) -> (Endpoint, Arc<AtomicUsize>) {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let authority: Authority = listener.local_addr().unwrap().to_string().parse().unwrap();
+        let endpoint = plain(listener.local_addr().unwrap());
         let accepted = Arc::new(AtomicUsize::new(0));
         let count = accepted.clone();
         tokio::spawn(async move {
@@ -1075,17 +1078,17 @@ mod tests {
                 });
             }
         });
-        (authority, accepted)
+        (endpoint, accepted)
     }
 
-    async fn get(client: &Arc<UpstreamClient>, authority: &Authority) -> String {
+    async fn get(client: &Arc<UpstreamClient>, endpoint: &Endpoint) -> String {
         let request = Request::builder()
-            .uri(format!("http://{authority}/x"))
-            .header("host", authority.as_str())
+            .uri(format!("http://{}/x", endpoint.authority()))
+            .header("host", endpoint.authority().as_str())
             .body(body::empty())
             .unwrap();
         let response = client
-            .send(authority, request, &mut None::<()>)
+            .send(endpoint, request, &mut None::<()>)
             .await
             .unwrap();
         let body = response.into_body().collect().await.unwrap().to_bytes();
@@ -1094,25 +1097,25 @@ mod tests {
 
     #[tokio::test]
     async fn keep_alive_connections_are_reused() {
-        let (authority, accepted) = upstream(false).await;
+        let (endpoint, accepted) = upstream(false).await;
         let client = client_keeping(8);
         for _ in 0..5 {
-            assert_eq!(get(&client, &authority).await, "ok\n");
+            assert_eq!(get(&client, &endpoint).await, "ok\n");
         }
         assert_eq!(accepted.load(Ordering::SeqCst), 1);
     }
 
-    async fn get_whole(client: &Arc<UpstreamClient>, authority: &Authority) -> String {
+    async fn get_whole(client: &Arc<UpstreamClient>, endpoint: &Endpoint) -> String {
         let head = Request::builder()
             .uri("/x")
-            .header("host", authority.as_str())
+            .header("host", endpoint.authority().as_str())
             .body(())
             .unwrap()
             .into_parts()
             .0;
         let response = client
             .send_whole(
-                authority,
+                endpoint,
                 head,
                 &Added::default(),
                 Bytes::new(),
@@ -1126,36 +1129,36 @@ mod tests {
 
     #[tokio::test]
     async fn wire_connections_are_reused_and_kept_apart_from_hypers() {
-        let (authority, accepted) = upstream(false).await;
+        let (endpoint, accepted) = upstream(false).await;
         let client = client_keeping(8);
         for _ in 0..5 {
-            assert_eq!(get_whole(&client, &authority).await, "ok\n");
+            assert_eq!(get_whole(&client, &endpoint).await, "ok\n");
         }
         assert_eq!(accepted.load(Ordering::SeqCst), 1);
         // hyper's client does not take the wire connection, nor the reverse.
-        assert_eq!(get(&client, &authority).await, "ok\n");
-        assert_eq!(get_whole(&client, &authority).await, "ok\n");
+        assert_eq!(get(&client, &endpoint).await, "ok\n");
+        assert_eq!(get_whole(&client, &endpoint).await, "ok\n");
         assert_eq!(accepted.load(Ordering::SeqCst), 2);
     }
 
     #[tokio::test]
     async fn wire_connections_the_upstream_closes_are_not_reused() {
-        let (authority, accepted) = upstream(true).await;
+        let (endpoint, accepted) = upstream(true).await;
         let client = client_keeping(8);
         for _ in 0..3 {
-            assert_eq!(get_whole(&client, &authority).await, "ok\n");
+            assert_eq!(get_whole(&client, &endpoint).await, "ok\n");
         }
         assert_eq!(accepted.load(Ordering::SeqCst), 3);
     }
 
     #[tokio::test]
     async fn at_the_ceiling_an_idle_connection_of_the_other_kind_gives_its_place() {
-        let (authority, accepted) = upstream(false).await;
+        let (endpoint, accepted) = upstream(false).await;
         let client = one_connection(4);
-        assert_eq!(get(&client, &authority).await, "ok\n");
+        assert_eq!(get(&client, &endpoint).await, "ok\n");
         // The one place is held by an idle hyper connection: the wire
         // request closes it and opens its own, rather than wait it out.
-        let answer = tokio::time::timeout(Duration::from_secs(5), get_whole(&client, &authority))
+        let answer = tokio::time::timeout(Duration::from_secs(5), get_whole(&client, &endpoint))
             .await
             .expect("not left waiting at the ceiling");
         assert_eq!(answer, "ok\n");
@@ -1164,17 +1167,17 @@ mod tests {
 
     #[tokio::test]
     async fn no_idle_connections_kept_when_the_pool_size_is_zero() {
-        let (authority, accepted) = upstream(false).await;
+        let (endpoint, accepted) = upstream(false).await;
         let client = client_keeping(0);
         for _ in 0..3 {
-            assert_eq!(get(&client, &authority).await, "ok\n");
+            assert_eq!(get(&client, &endpoint).await, "ok\n");
         }
         assert_eq!(accepted.load(Ordering::SeqCst), 3);
     }
 
     #[tokio::test]
     async fn idle_connections_expire() {
-        let (authority, accepted) = upstream(false).await;
+        let (endpoint, accepted) = upstream(false).await;
         let client = UpstreamClient::new(
             Duration::from_secs(1),
             Duration::from_millis(50),
@@ -1182,7 +1185,7 @@ mod tests {
             2,
             Ceiling::UNBOUNDED,
         );
-        assert_eq!(get(&client, &authority).await, "ok\n");
+        assert_eq!(get(&client, &endpoint).await, "ok\n");
         tokio::time::sleep(Duration::from_millis(200)).await;
         assert!(
             client
@@ -1191,16 +1194,16 @@ mod tests {
                 .all(|s| s.lock().unwrap().idle.is_empty()),
             "the sweep closed the idle connection"
         );
-        assert_eq!(get(&client, &authority).await, "ok\n");
+        assert_eq!(get(&client, &endpoint).await, "ok\n");
         assert_eq!(accepted.load(Ordering::SeqCst), 2);
     }
 
     #[tokio::test]
     async fn connections_the_upstream_closes_are_not_reused() {
-        let (authority, accepted) = upstream(true).await;
+        let (endpoint, accepted) = upstream(true).await;
         let client = client_keeping(8);
         for _ in 0..3 {
-            assert_eq!(get(&client, &authority).await, "ok\n");
+            assert_eq!(get(&client, &endpoint).await, "ok\n");
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         assert_eq!(accepted.load(Ordering::SeqCst), 3);
@@ -1224,26 +1227,26 @@ mod tests {
         )
     }
 
-    fn request_to(authority: &Authority) -> Request<Body> {
+    fn request_to(endpoint: &Endpoint) -> Request<Body> {
         Request::builder()
-            .uri(format!("http://{authority}/x"))
+            .uri(format!("http://{}/x", endpoint.authority()))
             .body(body::empty())
             .unwrap()
     }
 
     #[tokio::test]
     async fn at_the_ceiling_a_request_waits_for_a_connection_to_come_back() {
-        let (authority, accepted) = upstream(false).await;
+        let (endpoint, accepted) = upstream(false).await;
         let client = one_connection(4);
         // The first exchange holds the one connection until its body is read.
         let first = client
-            .send(&authority, request_to(&authority), &mut None::<()>)
+            .send(&endpoint, request_to(&endpoint), &mut None::<()>)
             .await
             .unwrap();
         let waiting = {
-            let (client, authority) = (client.clone(), authority.clone());
-            let request = request_to(&authority);
-            tokio::spawn(async move { client.send(&authority, request, &mut None::<()>).await })
+            let (client, endpoint) = (client.clone(), endpoint.clone());
+            let request = request_to(&endpoint);
+            tokio::spawn(async move { client.send(&endpoint, request, &mut None::<()>).await })
         };
         tokio::task::yield_now().await;
         assert!(
@@ -1262,15 +1265,15 @@ mod tests {
 
     #[tokio::test]
     async fn past_the_queue_a_request_at_the_ceiling_is_refused_at_once() {
-        let (authority, _accepted) = upstream(false).await;
+        let (endpoint, _accepted) = upstream(false).await;
         let client = one_connection(0);
         let _held = client
-            .send(&authority, request_to(&authority), &mut None::<()>)
+            .send(&endpoint, request_to(&endpoint), &mut None::<()>)
             .await
             .unwrap();
         assert!(matches!(
             client
-                .send(&authority, request_to(&authority), &mut None::<()>)
+                .send(&endpoint, request_to(&endpoint), &mut None::<()>)
                 .await,
             Err(SendError::Saturated)
         ));
@@ -1279,15 +1282,15 @@ mod tests {
     #[tokio::test]
     async fn a_refused_connection_is_a_connect_error() {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let authority: Authority = listener.local_addr().unwrap().to_string().parse().unwrap();
+        let endpoint = plain(listener.local_addr().unwrap());
         drop(listener);
         let client = client_keeping(8);
         let request = Request::builder()
-            .uri(format!("http://{authority}/x"))
+            .uri(format!("http://{}/x", endpoint.authority()))
             .body(body::empty())
             .unwrap();
         assert!(matches!(
-            client.send(&authority, request, &mut None::<()>).await,
+            client.send(&endpoint, request, &mut None::<()>).await,
             Err(SendError::Connect(_))
         ));
     }

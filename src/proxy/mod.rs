@@ -6,6 +6,7 @@ mod client;
 pub(crate) use client::pin_thread_to_pool;
 pub mod headers;
 pub mod pacing;
+pub(crate) mod stream;
 pub mod wire;
 
 use std::sync::Arc;
@@ -22,6 +23,7 @@ use http::{Request, Response, Uri, Version};
 use http_body::Body as _;
 use http_body_util::BodyExt as _;
 use pacing::{Pace, Paced};
+use stream::Endpoint;
 
 use crate::body::{self, Body};
 use crate::config::{HttpLimits, ProxySettings, RouteSpec, UpstreamUrl};
@@ -34,10 +36,12 @@ use crate::telemetry::{ClientAbort, Metrics, RouteSeries, UpstreamSeries};
 /// One upstream base URL and its health.
 pub struct Upstream {
     scheme: http::uri::Scheme,
-    authority: http::uri::Authority,
+    /// Where its connections go, and their TLS.
+    endpoint: Endpoint,
     /// Base path without a trailing slash ("" for none).
     base_path: String,
-    /// The `Host` header requests to it carry: host, and port unless 80.
+    /// The `Host` header requests to it carry: host, and port unless the
+    /// scheme's (80, 443).
     host_header: http::HeaderValue,
     /// Metric label: the configured URL.
     pub label: String,
@@ -59,6 +63,9 @@ pub struct Route {
     /// How the verified identity travels to its upstream.
     pub destination: Destination,
     upstreams: Vec<Arc<Upstream>>,
+    /// Failed TLS handshakes with its `https://` upstreams; `None` when it
+    /// has none.
+    tls_failures: Option<TlsFailures>,
     next: AtomicUsize,
 }
 
@@ -105,6 +112,13 @@ impl Routes {
     }
 }
 
+impl Route {
+    /// Its count of failed TLS handshakes with its `https://` upstreams.
+    pub(crate) fn tls_failures(&self) -> Option<TlsFailures> {
+        self.tls_failures.clone()
+    }
+}
+
 impl RouteTable {
     /// The routes as configured, in configuration order.
     pub fn specs(&self) -> &[RouteSpec] {
@@ -128,8 +142,12 @@ impl RouteTable {
                 upstreams: spec
                     .upstreams
                     .iter()
-                    .map(|uri| Arc::new(Upstream::new(uri, metrics)))
+                    .map(|uri| Arc::new(Upstream::new(uri, spec.upstream_tls.as_ref(), metrics)))
                     .collect(),
+                tls_failures: spec.upstream_tls.as_ref().map(|_| TlsFailures {
+                    route: spec.name.clone(),
+                    counter: metrics.upstream_tls_failures(&spec.name),
+                }),
                 next: AtomicUsize::new(0),
             })
             .collect();
@@ -162,14 +180,19 @@ impl RouteTable {
 }
 
 impl Upstream {
-    fn new(url: &UpstreamUrl, metrics: &Metrics) -> Upstream {
+    fn new(
+        url: &UpstreamUrl,
+        tls: Option<&crate::tls_client::Connector>,
+        metrics: &Metrics,
+    ) -> Upstream {
         let label = url.to_string();
+        let default_port = if url.is_https() { 443 } else { 80 };
         Upstream {
             scheme: url.scheme().clone(),
-            authority: url.authority().clone(),
+            endpoint: Endpoint::of(url, tls),
             base_path: url.base_path().to_string(),
             host_header: http::HeaderValue::from_str(match url.authority().port_u16() {
-                Some(80) => url.authority().host(),
+                Some(port) if port == default_port => url.authority().host(),
                 _ => url.authority().as_str(),
             })
             .expect("an authority is a valid header value"),
@@ -182,7 +205,7 @@ impl Upstream {
     fn uri(&self, path: &str, query: Option<&str>) -> Result<Uri, http::Error> {
         Uri::builder()
             .scheme(self.scheme.clone())
-            .authority(self.authority.clone())
+            .authority(self.endpoint.authority().clone())
             .path_and_query(self.path_and_query(path, query)?)
             .build()
     }
@@ -279,6 +302,8 @@ impl From<ApiError> for ForwardError<'_> {
 
 enum Failure {
     Connect,
+    /// The TLS handshake failed, for this reason.
+    Handshake(String),
     Timeout,
     Saturated,
     BodyTooLarge,
@@ -319,18 +344,27 @@ impl Proxy {
     }
 
     /// Where a WebSocket on `route` goes: one of its upstreams (round-robin,
-    /// as for requests), as a `ws://` URI for `path` and `query`, with the
-    /// upstream's label.
+    /// as for requests), as a `ws://` URI for `path` and `query` (`wss://`
+    /// to an `https://` upstream), with the upstream's label and endpoint.
     pub(crate) fn websocket_upstream<'r>(
         &self,
         route: &'r Route,
         path: &str,
         query: Option<&str>,
-    ) -> Option<(Uri, &'r str)> {
+    ) -> Option<(Uri, &'r str, &'r Endpoint)> {
         let upstream = &route.upstreams[self.pick(route, &[])?];
         let mut parts = upstream.uri(path, query).ok()?.into_parts();
-        parts.scheme = Some("ws".parse().ok()?);
-        Some((Uri::from_parts(parts).ok()?, upstream.label.as_str()))
+        let scheme = if upstream.endpoint.is_tls() {
+            "wss"
+        } else {
+            "ws"
+        };
+        parts.scheme = Some(scheme.parse().ok()?);
+        Some((
+            Uri::from_parts(parts).ok()?,
+            upstream.label.as_str(),
+            &upstream.endpoint,
+        ))
     }
 
     fn error(&self, upstream: &Upstream, kind: UpstreamError) {
@@ -339,6 +373,14 @@ impl Proxy {
 
     fn now_ms(&self) -> u64 {
         self.epoch.elapsed().as_millis() as u64
+    }
+
+    /// Skips `upstream` for `proxy.upstream_retry_after`.
+    fn mark_down(&self, upstream: &Upstream) {
+        upstream.down_until.store(
+            self.now_ms() + self.retry_after.as_millis() as u64,
+            Ordering::Relaxed,
+        );
     }
 
     /// Round-robin over the route's upstreams, skipping any marked down while a
@@ -362,14 +404,30 @@ impl Proxy {
 
     /// Counts a failed attempt against its upstream (a connect failure also
     /// marks it down for a while); `None` when another upstream may be tried.
-    fn failed(&self, upstream: &Upstream, failure: Failure, may_retry: bool) -> Option<ApiError> {
+    fn failed(
+        &self,
+        route: &Route,
+        upstream: &Upstream,
+        failure: Failure,
+        may_retry: bool,
+    ) -> Option<ApiError> {
         Some(match failure {
+            Failure::Handshake(reason) => {
+                // Counted as a failure to connect (the upstream is skipped
+                // for a while too), and on the route's own counter.
+                self.error(upstream, UpstreamError::Connect);
+                self.mark_down(upstream);
+                if let Some(failures) = &route.tls_failures {
+                    failures.count(upstream.endpoint.host(), &reason);
+                }
+                if may_retry {
+                    return None;
+                }
+                ApiError::upstream_tls_failed()
+            }
             Failure::Connect => {
                 self.error(upstream, UpstreamError::Connect);
-                upstream.down_until.store(
-                    self.now_ms() + self.retry_after.as_millis() as u64,
-                    Ordering::Relaxed,
-                );
+                self.mark_down(upstream);
                 tracing::warn!(upstream = %upstream.label, "upstream refused the connection; skipping it for a while");
                 if may_retry {
                     return None;
@@ -562,7 +620,7 @@ impl Proxy {
                 _ => {}
             }
             let may_retry = replayable && tried.len() < route.upstreams.len();
-            let Some(error) = self.failed(upstream, failure, may_retry) else {
+            let Some(error) = self.failed(route, upstream, failure, may_retry) else {
                 continue;
             };
             return Err(ForwardError {
@@ -627,7 +685,7 @@ impl Proxy {
         match whole {
             Some(bytes) => {
                 self.client
-                    .send_whole(&upstream.authority, head, added, bytes.clone(), keep)
+                    .send_whole(&upstream.endpoint, head, added, bytes.clone(), keep)
                     .await
             }
             None => {
@@ -639,9 +697,26 @@ impl Proxy {
                 // this future, which every request, lean ones
                 // included, would otherwise carry and copy at each
                 // move (`memmove` under `benches/run --perf`).
-                Box::pin(self.client.send(&upstream.authority, request, keep)).await
+                Box::pin(self.client.send(&upstream.endpoint, request, keep)).await
             }
         }
+    }
+}
+
+/// A route's count of failed TLS handshakes with its `https://` upstreams,
+/// with its name for the log line of each.
+#[derive(Clone)]
+pub(crate) struct TlsFailures {
+    route: String,
+    counter: prometheus::IntCounter,
+}
+
+impl TlsFailures {
+    /// Counts and logs a failed handshake with `host`: the route, the
+    /// upstream's host and the reason.
+    pub(crate) fn count(&self, host: &str, reason: &str) {
+        self.counter.inc();
+        tracing::warn!(route = %self.route, upstream_host = %host, reason = %reason, "TLS handshake with the upstream failed");
     }
 }
 
@@ -801,6 +876,7 @@ impl http_body::Body for Capped {
 fn classify(error: &SendError) -> Failure {
     match error {
         SendError::Connect(_) => return Failure::Connect,
+        SendError::Handshake(e) => return Failure::Handshake(stream::handshake_reason(e)),
         SendError::Saturated => return Failure::Saturated,
         SendError::Request(_) | SendError::Wire(_) | SendError::Write(_) | SendError::Read(_) => {}
     }
@@ -814,6 +890,12 @@ fn classify(error: &SendError) -> Failure {
         }
         if e.is::<body::ClientBodyError>() {
             return Failure::ClientBody;
+        }
+        // Over TLS 1.3 a client certificate the upstream refuses is told
+        // by an alert after keygate's side of the handshake is done: it
+        // arrives in place of the answer.
+        if let Some(reason) = stream::tls_reason(e) {
+            return Failure::Handshake(reason);
         }
         source = e.source();
     }
@@ -836,6 +918,7 @@ mod tests {
             quota: Default::default(),
             identity: Default::default(),
             audience: prefix.into(),
+            upstream_tls: None,
         }
     }
 
@@ -861,13 +944,18 @@ mod tests {
     fn upstream_uri_joins_base_path_path_and_query() {
         let upstream = Upstream::new(
             &"http://127.0.0.1:9000/base/".parse().unwrap(),
+            None,
             &Metrics::new(),
         );
         assert_eq!(
             upstream.uri("/api/x", Some("a=1")).unwrap().to_string(),
             "http://127.0.0.1:9000/base/api/x?a=1"
         );
-        let upstream = Upstream::new(&"http://127.0.0.1:9000".parse().unwrap(), &Metrics::new());
+        let upstream = Upstream::new(
+            &"http://127.0.0.1:9000".parse().unwrap(),
+            None,
+            &Metrics::new(),
+        );
         assert_eq!(
             upstream.uri("/api/x", None).unwrap().to_string(),
             "http://127.0.0.1:9000/api/x"
@@ -876,9 +964,14 @@ mod tests {
 
     #[test]
     fn the_clients_target_is_sent_as_it_came_unless_normalising_or_a_base_path_changed_it() {
-        let plain = Upstream::new(&"http://127.0.0.1:9000".parse().unwrap(), &Metrics::new());
+        let plain = Upstream::new(
+            &"http://127.0.0.1:9000".parse().unwrap(),
+            None,
+            &Metrics::new(),
+        );
         let based = Upstream::new(
             &"http://127.0.0.1:9000/base".parse().unwrap(),
+            None,
             &Metrics::new(),
         );
         let target = |upstream: &Upstream, original: &str, path: &str| {

@@ -33,6 +33,7 @@ pub(super) fn check_root_cert(url: &str) -> Result<(), StoreError> {
             let settings = ClientTls {
                 ca_file: Some(value.into()),
                 identity: None,
+                alpn: Vec::new(),
             };
             settings
                 .client_config()

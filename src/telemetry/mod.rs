@@ -276,6 +276,7 @@ impl CredentialSeries {
 struct UpstreamMetrics {
     upstream_duration: HistogramVec,
     upstream_errors: IntCounterVec,
+    tls_failures: IntCounterVec,
     passports: IntCounterVec,
 }
 
@@ -291,6 +292,11 @@ impl UpstreamMetrics {
                 "keygate_upstream_errors_total",
                 "Upstream requests that failed, by upstream and kind (connect, timeout, reset, saturated).",
                 &["upstream", "kind"],
+            ),
+            tls_failures: r.counter(
+                "keygate_upstream_tls_handshake_failures_total",
+                "TLS handshakes with https:// upstreams that failed, by route.",
+                &["route"],
             ),
             passports: r.counter(
                 "keygate_upstream_identity_total",
@@ -658,6 +664,15 @@ impl Metrics {
             aborts: std::array::from_fn(|_| OnceLock::new()),
             client_aborts: self.traffic.http.client_aborts.clone(),
         }
+    }
+
+    /// The count of failed TLS handshakes with `route`'s `https://`
+    /// upstreams; the series exists (at 0) from here on.
+    pub(crate) fn upstream_tls_failures(&self, route: &str) -> IntCounter {
+        self.traffic
+            .upstreams
+            .tls_failures
+            .with_label_values(&[route])
     }
 
     /// The issued and reused counters of a route's passports.

@@ -10,6 +10,12 @@ struct Pki {
 }
 
 fn pki(dir: &Path, name: &str) -> Pki {
+    pki_for(dir, name, &["localhost"])
+}
+
+/// A CA and a certificate it signed for `names` (DNS names or IP
+/// addresses), as PEM files in `dir`.
+fn pki_for(dir: &Path, name: &str, names: &[&str]) -> Pki {
     let ca_key = rcgen::KeyPair::generate().unwrap();
     let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
     ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
@@ -18,7 +24,8 @@ fn pki(dir: &Path, name: &str) -> Pki {
         .push(rcgen::DnType::CommonName, format!("{name} CA"));
     let ca_cert = ca_params.self_signed(&ca_key).unwrap();
     let leaf_key = rcgen::KeyPair::generate().unwrap();
-    let params = rcgen::CertificateParams::new(vec!["localhost".to_string()]).unwrap();
+    let names: Vec<String> = names.iter().map(ToString::to_string).collect();
+    let params = rcgen::CertificateParams::new(names).unwrap();
     let issuer = rcgen::Issuer::from_params(&ca_params, &ca_key);
     let leaf = params.signed_by(&leaf_key, &issuer).unwrap();
     let files = Pki {
@@ -32,20 +39,27 @@ fn pki(dir: &Path, name: &str) -> Pki {
     files
 }
 
-/// A handshake of `client` with a server showing `server`'s certificate,
-/// as `host`.
-async fn handshake(client: rustls::ClientConfig, server: &Pki, host: &str) -> Result<(), String> {
+/// A server configuration showing `server`'s certificate and offering
+/// `http/1.1` and `h2` by ALPN.
+fn served_by(server: &Pki) -> rustls::ServerConfig {
     let chain = read_certificates(&server.cert).unwrap();
     let key = PrivateKeyDer::from_pem_file(&server.key).unwrap();
     let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
-    let server_config = rustls::ServerConfig::builder_with_provider(provider)
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .unwrap()
         .with_no_client_auth()
         .with_single_cert(chain, key)
         .unwrap();
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    config
+}
+
+/// A handshake of `client` with a server showing `server`'s certificate,
+/// as `host`.
+async fn handshake(client: rustls::ClientConfig, server: &Pki, host: &str) -> Result<(), String> {
     let (near, far) = tokio::io::duplex(16 * 1024);
-    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(server_config));
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(served_by(server)));
     let served = tokio::spawn(async move { acceptor.accept(far).await.map(|_| ()) });
     let connector = tokio_rustls::TlsConnector::from(Arc::new(client));
     let name = rustls::pki_types::ServerName::try_from(host.to_string()).unwrap();
@@ -54,10 +68,36 @@ async fn handshake(client: rustls::ClientConfig, server: &Pki, host: &str) -> Re
     result.map_err(|e| e.to_string())
 }
 
+/// A handshake made by `connector` with a server showing `server`'s
+/// certificate, connecting to `host`; the protocol ALPN chose.
+async fn connect_with(
+    connector: &Connector,
+    server: &Pki,
+    host: &str,
+) -> Result<Option<Vec<u8>>, String> {
+    let (near, far) = tokio::io::duplex(16 * 1024);
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(served_by(server)));
+    let served = tokio::spawn(async move { acceptor.accept(far).await.map(|_| ()) });
+    let result = connector.connect(host, near).await;
+    served.abort();
+    let stream = result.map_err(|e| e.to_string())?;
+    Ok(stream.get_ref().1.alpn_protocol().map(<[u8]>::to_vec))
+}
+
+/// A connector trusting `ca` alone, offering `http/1.1`, verifying
+/// `server_name` when given.
+fn connector_trusting(ca: &Path, server_name: Option<&str>) -> Connector {
+    let mut settings = trusting(ca);
+    settings.alpn = vec![b"http/1.1".to_vec()];
+    let config = settings.client_config_over(Ok(vec![])).unwrap();
+    Connector::over(config, server_name).unwrap()
+}
+
 fn trusting(ca: &Path) -> ClientTls {
     ClientTls {
         ca_file: Some(ca.to_path_buf()),
         identity: None,
+        alpn: Vec::new(),
     }
 }
 
@@ -233,4 +273,74 @@ async fn a_refused_certificate_is_told_apart_from_other_handshake_failures() {
 fn protocol_versions_are_named_as_people_write_them() {
     assert_eq!(version_name(rustls::ProtocolVersion::TLSv1_3), "TLSv1.3");
     assert_eq!(version_name(rustls::ProtocolVersion::TLSv1_2), "TLSv1.2");
+}
+
+#[tokio::test]
+async fn a_connector_verifies_the_host_and_offers_http1_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let service = pki(dir.path(), "service");
+    let connector = connector_trusting(&service.ca, None);
+    let chosen = connect_with(&connector, &service, "localhost").await;
+    // The server would take h2 too: only what keygate speaks is offered.
+    assert_eq!(chosen.unwrap(), Some(b"http/1.1".to_vec()));
+    let error = connect_with(&connector, &service, "db.example")
+        .await
+        .unwrap_err();
+    assert!(error.contains("not valid for name"), "{error}");
+}
+
+#[tokio::test]
+async fn a_configured_server_name_is_verified_in_place_of_the_host() {
+    let dir = tempfile::tempdir().unwrap();
+    let service = pki(dir.path(), "service");
+    let named = connector_trusting(&service.ca, Some("localhost"));
+    connect_with(&named, &service, "10.1.2.3").await.unwrap();
+    let other = connector_trusting(&service.ca, Some("api.example"));
+    let error = connect_with(&other, &service, "localhost")
+        .await
+        .unwrap_err();
+    assert!(error.contains("not valid for name"), "{error}");
+}
+
+#[tokio::test]
+async fn an_ip_address_host_is_verified_against_the_certificates_addresses() {
+    let dir = tempfile::tempdir().unwrap();
+    let by_address = pki_for(dir.path(), "addressed", &["127.0.0.1", "::1"]);
+    let connector = connector_trusting(&by_address.ca, None);
+    connect_with(&connector, &by_address, "127.0.0.1")
+        .await
+        .unwrap();
+    connect_with(&connector, &by_address, "[::1]")
+        .await
+        .unwrap();
+    let error = connect_with(&connector, &by_address, "127.0.0.2")
+        .await
+        .unwrap_err();
+    assert!(error.contains("not valid for name"), "{error}");
+    // A name is not an address the certificate holds.
+    let by_name = pki(dir.path(), "named");
+    let connector = connector_trusting(&by_name.ca, None);
+    assert!(
+        connect_with(&connector, &by_name, "127.0.0.1")
+            .await
+            .is_err()
+    );
+}
+
+#[test]
+fn a_server_name_that_is_no_name_is_refused_and_each_connector_has_its_own_id() {
+    let dir = tempfile::tempdir().unwrap();
+    let service = pki(dir.path(), "service");
+    let config = || {
+        trusting(&service.ca)
+            .client_config_over(Ok(vec![]))
+            .unwrap()
+    };
+    let error = Connector::over(config(), Some("not a name")).unwrap_err();
+    assert_eq!(error, TlsClientError::ServerName("not a name".into()));
+    let one = Connector::over(config(), None).unwrap();
+    let two = Connector::over(config(), None).unwrap();
+    assert_ne!(one.id(), two.id());
+    assert_ne!(one.id(), 0);
+    assert_eq!(one.clone().id(), one.id());
 }

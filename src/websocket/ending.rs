@@ -2,7 +2,6 @@
 
 use hyper::upgrade::Upgraded;
 use hyper_util::rt::TokioIo;
-use tokio::net::TcpStream;
 use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 
@@ -11,7 +10,7 @@ use crate::auth::AuthFailure;
 /// The client's socket, over the upgraded connection.
 pub type ClientSocket = WebSocketStream<TokioIo<Upgraded>>;
 /// The socket keygate opened to the upstream.
-pub type UpstreamSocket = WebSocketStream<TcpStream>;
+pub type UpstreamSocket = WebSocketStream<crate::proxy::stream::Stream>;
 
 /// How a socket ended: closed by one side (its frame passed on to the
 /// other), or closed by keygate with a code and a reason.

@@ -162,7 +162,7 @@ impl WebSockets {
                 None,
             ),
         };
-        let (uri, upstream) = proxy
+        let (uri, upstream, endpoint) = proxy
             .websocket_upstream(upgrade.route, upgrade.path, query.as_deref())
             .ok_or_else(ApiError::unavailable)?;
         let session = Session {
@@ -173,6 +173,8 @@ impl WebSockets {
             parts,
             upstream_uri: uri,
             upstream: upstream.to_owned(),
+            endpoint: endpoint.clone(),
+            tls_failures: upgrade.route.tls_failures(),
             connect_timeout: proxy.connect_timeout(),
             request_id: upgrade.request_id,
             label: upgrade.label.to_owned(),

@@ -8,7 +8,6 @@ use futures_util::{SinkExt as _, StreamExt as _};
 use http::HeaderValue;
 use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::TokioIo;
-use tokio::net::TcpStream;
 use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest as _;
 use tokio_tungstenite::tungstenite::protocol::{CloseFrame, Role, WebSocketConfig};
@@ -31,6 +30,7 @@ use crate::identity::IdentityMode;
 use crate::identity::passport::Destination;
 use crate::listener::peer::{Client, Peer};
 use crate::proxy::headers;
+use crate::proxy::stream::{Endpoint, OpenError};
 use crate::telemetry::access::{AccessLine, SocketEnd};
 
 /// How the socket is to be authenticated, as the upgrade decided.
@@ -53,6 +53,10 @@ pub struct Session {
     pub parts: http::request::Parts,
     pub upstream_uri: http::Uri,
     pub upstream: String,
+    /// Where the upstream socket's connection goes, with its route's TLS.
+    pub endpoint: Endpoint,
+    /// The route's count of failed TLS handshakes with its upstreams.
+    pub tls_failures: Option<crate::proxy::TlsFailures>,
     pub connect_timeout: Duration,
     pub request_id: HeaderValue,
     pub label: String,
@@ -353,19 +357,31 @@ impl Session {
 
     /// Opens the upstream socket, its upgrade carrying the verified identity
     /// and none of the client's identity or credential headers.
+    /// Over TLS to an `https://` upstream, with the route's settings; a
+    /// failed handshake is counted and logged as a request's is.
     async fn connect(&self, identity: Option<&Identity>) -> Option<UpstreamSocket> {
         let request = self.upstream_request(identity)?;
-        let authority = self.upstream_uri.authority()?.as_str().to_owned();
         let attempt = async {
-            let stream = TcpStream::connect(authority).await.ok()?;
-            let _ = stream.set_nodelay(true);
+            let stream = match self.endpoint.open(self.connect_timeout).await {
+                Ok(stream) => stream,
+                Err(OpenError::Handshake(error)) => {
+                    if let Some(failures) = &self.tls_failures {
+                        let reason = crate::proxy::stream::handshake_reason(&error);
+                        failures.count(self.endpoint.host(), &reason);
+                    }
+                    return Err(());
+                }
+                Err(OpenError::Connect(_)) => return Ok(None),
+            };
             let (socket, _) = tokio_tungstenite::client_async(request, stream)
                 .await
-                .ok()?;
-            Some(socket)
+                .ok()
+                .unzip();
+            Ok(socket)
         };
         match tokio::time::timeout(self.connect_timeout, attempt).await {
-            Ok(Some(socket)) => Some(socket),
+            Ok(Ok(Some(socket))) => Some(socket),
+            Ok(Err(())) => None,
             _ => {
                 tracing::warn!(upstream = %self.upstream, "WebSocket upstream refused or unreachable");
                 None

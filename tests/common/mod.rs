@@ -8,6 +8,7 @@ pub mod shared_redis;
 pub mod smtp;
 pub mod tls_postgres;
 pub mod tls_redis;
+pub mod tls_upstream;
 pub mod totp;
 
 use std::net::SocketAddr;
