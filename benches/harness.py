@@ -189,6 +189,8 @@ LABELS = {
     "keygate-logins": "keygate HTTPS + API key, logins running",
     "nginx-https-post": "nginx proxy_pass, HTTPS, 1 KiB POST",
     "keygate-apikey-post": "keygate HTTPS + API key, 1 KiB POST",
+    "nginx-https-upstream": "nginx proxy_pass https:// (upstream verified)",
+    "keygate-https-upstream": "keygate HTTPS + API key, https:// upstream",
     "c1-direct": "1 connection: upstream direct",
     "c1-nginx-https": "1 connection: nginx HTTPS",
     "c1-keygate-apikey": "1 connection: keygate HTTPS + API key",
@@ -292,6 +294,15 @@ def table(args):
         lines.append(
             f"- 1 KiB POST, keygate HTTPS + API key vs nginx HTTPS: {ratio(k['rps'], n['rps'])} req/s, "
             f"{ratio(k['cpu'], n['cpu'])} CPU/req"
+        )
+    if all(c in s for c in ("keygate-https-upstream", "keygate-apikey", "nginx-https-upstream", "nginx-https")):
+        k, kp = s["keygate-https-upstream"], s["keygate-apikey"]
+        n, np_ = s["nginx-https-upstream"], s["nginx-https"]
+        lines.append(
+            f"- HTTPS to the upstream against plain HTTP to it: keygate {ratio(k['rps'], kp['rps'])} req/s, "
+            f"{ratio(k['cpu'], kp['cpu'])} CPU/req; nginx {ratio(n['rps'], np_['rps'])} req/s, "
+            f"{ratio(n['cpu'], np_['cpu'])} CPU/req; keygate vs nginx, both with an HTTPS upstream: "
+            f"{ratio(k['rps'], n['rps'])} req/s, {ratio(k['cpu'], n['cpu'])} CPU/req"
         )
     if "keygate-rotation" in s and "keygate-1key" in s:
         lines.append(
