@@ -1416,3 +1416,18 @@ fn a_server_name_that_is_no_name_is_refused() {
         "{text}"
     );
 }
+
+#[test]
+fn a_store_url_of_another_scheme_is_named_without_its_password() {
+    let errors = load_text(
+        "[store]\nurl = \"mysql://kg:hunter2-secret@db/keygate\"\n",
+        &[],
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        errors.contains(r#"got "mysql://kg:***@db/keygate""#),
+        "{errors}"
+    );
+    assert!(!errors.contains("hunter2-secret"), "{errors}");
+}

@@ -283,8 +283,10 @@ impl StoreSection {
             || url.starts_with("postgres://")
             || url.starts_with("postgresql://"))
         {
+            // The URL may hold a password: it is shown redacted.
             errors.push(format!(
-                "store.url: must start with sqlite:, postgres:// or postgresql://, got {url:?}"
+                "store.url: must start with sqlite:, postgres:// or postgresql://, got {:?}",
+                super::url::redacted_url(&url)
             ));
         }
         let migrate = StoreMigrate::parse(&self.migrate).unwrap_or_else(|| {
