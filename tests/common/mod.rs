@@ -2,6 +2,7 @@
 //! loopback, and clients that trust the generated development CA.
 #![allow(dead_code)]
 
+pub mod oidc;
 pub mod platform;
 pub mod shared_redis;
 pub mod smtp;
