@@ -416,6 +416,12 @@ ca_file = "{ca_file}"
         Browser::new(&self.provider, Some(&self.gateway.ca_pem), &self.base)
     }
 
+    /// A browser with no cookies yet that speaks only `wire` (HTTP/1.1, or
+    /// HTTP/2 where the server offers it).
+    pub fn browser_over(&self, wire: super::Wire) -> Browser {
+        Browser::speaking(&self.provider, Some(&self.gateway.ca_pem), &self.base, wire)
+    }
+
     /// `path` on keygate's public address.
     pub fn url(&self, path: &str) -> String {
         format!("{}{path}", self.base)
@@ -540,11 +546,24 @@ impl Browser {
     /// A browser trusting the provider's CA and `gateway_ca` (keygate's),
     /// keygate being at `base`.
     pub fn new(provider: &Provider, gateway_ca: Option<&[u8]>, base: &str) -> Browser {
+        Browser::speaking(provider, gateway_ca, base, super::Wire::Http2)
+    }
+
+    /// Like [`Browser::new`], speaking only HTTP/1.1 for `Wire::Http1`.
+    pub fn speaking(
+        provider: &Provider,
+        gateway_ca: Option<&[u8]>,
+        base: &str,
+        wire: super::Wire,
+    ) -> Browser {
         let jar = Arc::new(Jar::default());
         let mut builder = reqwest::Client::builder()
             .add_root_certificate(reqwest::Certificate::from_pem(&provider.ca_pem).unwrap());
         if let Some(ca) = gateway_ca {
             builder = builder.add_root_certificate(reqwest::Certificate::from_pem(ca).unwrap());
+        }
+        if wire == super::Wire::Http1 {
+            builder = builder.http1_only();
         }
         let client = builder
             .resolve("localhost", SocketAddr::from(([127, 0, 0, 1], 0)))
