@@ -14,6 +14,7 @@ use base64::Engine;
 use common::oidc::{
     self, API_AUDIENCE, CLIENT_SECRET, Landing, OTHER_AUDIENCE, Sso, query_param, with_param,
 };
+use common::totp::{step_now, totp_at};
 use common::{WIRES, error_body, plain_client_over};
 use keygate::identity::Authority;
 use serde_json::{Value, json};
@@ -889,4 +890,82 @@ async fn a_flood_of_unknown_key_ids_costs_at_most_one_key_set_fetch() {
     );
     // The known key still works after the flood.
     assert_accepted_as_alice(&sso, &sso.provider.forge(&claims), "after the flood").await;
+}
+
+/// Configures TOTP for the user of `token` (as the account page does);
+/// returns the secret and the step whose code saved it.
+async fn configure_totp(sso: &Sso, token: &str) -> (String, i64) {
+    let client = sso.gateway.client();
+    let post = |path: &str| {
+        client
+            .post(sso.gateway.https(path))
+            .header("X-Authorization", format!("Bearer {token}"))
+    };
+    let config: Value = post("/api/2fa/account/config/generate?providerType=TOTP")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let url = config["authUrl"].as_str().expect("a TOTP config");
+    let secret = url
+        .split_once("secret=")
+        .unwrap()
+        .1
+        .split('&')
+        .next()
+        .unwrap();
+    let step = step_now();
+    let path = format!(
+        "/api/2fa/account/config?verificationCode={}",
+        totp_at(secret, step)
+    );
+    let answer = post(&path).json(&config).send().await.unwrap();
+    assert_eq!(answer.status(), 200, "TOTP saved");
+    (secret.to_owned(), step)
+}
+
+/// A user with a second factor is stopped at it after single sign-on, as
+/// after a password, unless `trust_provider_mfa` is on and the provider's
+/// ID token shows one (`amr`).
+#[tokio::test]
+async fn a_second_factor_is_asked_after_sign_on_unless_the_provider_proved_one() {
+    let check = "the second factor after single sign-on";
+    for trust in [false, true] {
+        let settings = format!("trust_provider_mfa = {trust}");
+        let Some(sso) = Sso::start(check, &settings, "").await else {
+            return;
+        };
+        for (user, email) in [("carol", "carol@example.com"), ("alice", ALICE)] {
+            sso.gateway.user(email, Authority::TenantAdmin).await;
+            let (password_token, _) = sso.sign_in(user).await.tokens();
+            let (secret, step) = configure_totp(&sso, &password_token).await;
+            let landing = sso.sign_in(user).await;
+            // carol's amr shows a second factor at the provider; alice's not.
+            if trust && user == "carol" {
+                landing.tokens();
+                continue;
+            }
+            let pre = landing.second_factor();
+            assert_eq!(claims(&pre)["scopes"], json!(["PRE_VERIFICATION_TOKEN"]));
+            let (status, _) = error_body(current_user(&sso, &pre).await).await;
+            assert_eq!(status, 401, "the pre-verification token opens nothing else");
+            let answer = sso
+                .gateway
+                .client()
+                .post(sso.gateway.https(&format!(
+                    "/api/auth/2fa/verification/check?providerType=TOTP&verificationCode={}",
+                    totp_at(&secret, step + 1)
+                )))
+                .header("X-Authorization", format!("Bearer {pre}"))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(answer.status(), 200, "{user}, trust {trust}");
+            let pair: Value = answer.json().await.unwrap();
+            let access = pair["token"].as_str().unwrap();
+            assert_eq!(current_user(&sso, access).await.status(), 200);
+        }
+    }
 }

@@ -480,6 +480,9 @@ pub fn with_param(url: &str, name: &str, value: &str) -> String {
 pub enum Landing {
     /// `{base}/?accessToken=...&refreshToken=...`
     Tokens { access: String, refresh: String },
+    /// `{base}/?accessToken=...` with no refresh token: a token that only
+    /// opens the second-factor step (as a password login's).
+    SecondFactor(String),
     /// `{base}/login?loginError=...`
     Refused(String),
 }
@@ -495,9 +498,10 @@ impl Landing {
             query_param(location, "accessToken"),
             query_param(location, "refreshToken"),
         ) {
-            (Some(access), Some(refresh)) if !access.is_empty() => {
+            (Some(access), Some(refresh)) if !access.is_empty() && !refresh.is_empty() => {
                 Landing::Tokens { access, refresh }
             }
+            (Some(access), _) if !access.is_empty() => Landing::SecondFactor(access),
             _ => panic!("neither tokens nor an error in {location}"),
         }
     }
@@ -505,14 +509,22 @@ impl Landing {
     pub fn tokens(self) -> (String, String) {
         match self {
             Landing::Tokens { access, refresh } => (access, refresh),
-            Landing::Refused(error) => panic!("single sign-on refused: {error}"),
+            other => panic!("single sign-on gave no token pair: {other:?}"),
+        }
+    }
+
+    /// The token of a landing on the second-factor step.
+    pub fn second_factor(self) -> String {
+        match self {
+            Landing::SecondFactor(access) => access,
+            other => panic!("single sign-on did not stop at the second factor: {other:?}"),
         }
     }
 
     pub fn refusal(self) -> String {
         match self {
             Landing::Refused(error) => error,
-            Landing::Tokens { .. } => panic!("single sign-on succeeded where it must not"),
+            other => panic!("single sign-on succeeded where it must not: {other:?}"),
         }
     }
 }
