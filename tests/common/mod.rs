@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod platform;
+pub mod provider;
 pub mod shared_redis;
 pub mod smtp;
 pub mod tls_postgres;
