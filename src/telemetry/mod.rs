@@ -526,7 +526,7 @@ impl SyncSeries {
 }
 
 /// Login outcomes ([`Metrics::login`]).
-pub const LOGIN_OUTCOMES: [&str; 11] = [
+pub const LOGIN_OUTCOMES: [&str; 15] = [
     "success",
     "bad_credentials",
     "disabled",
@@ -538,6 +538,10 @@ pub const LOGIN_OUTCOMES: [&str; 11] = [
     "bad_second_factor",
     "public_success",
     "public_refused",
+    "sso_started",
+    "sso_success",
+    "sso_second_factor_required",
+    "sso_failed",
 ];
 
 /// Login rate limiters ([`Metrics::rate_limited`]).

@@ -4,6 +4,7 @@
 
 pub mod oidc;
 pub mod platform;
+pub mod provider;
 pub mod shared_redis;
 pub mod smtp;
 pub mod tls_postgres;
