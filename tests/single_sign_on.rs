@@ -88,7 +88,8 @@ async fn assert_refused_on_api(sso: &Sso, token: &str, what: &str) {
 /// makes a refusal of a variant mean something).
 async fn assert_accepted_as_alice(sso: &Sso, token: &str, what: &str) {
     let answer = api_call(sso, common::Wire::Http1, token).await;
-    assert_eq!(answer.status(), 200, "{what}");
+    let status = answer.status();
+    assert_eq!(status, 200, "{what}: {}", answer.text().await.unwrap());
     let seen = sso.upstream.last_to("/api/devices");
     assert_eq!(seen.headers["x-auth-email"], ALICE, "{what}");
 }
@@ -184,6 +185,7 @@ async fn the_test_provider_issues_what_the_tests_rely_on() {
     assert_eq!(header.typ.as_deref(), Some("at+jwt"));
     let claims = verified(access, &jwks, &provider.issuer, API_AUDIENCE);
     assert_eq!(claims["email"], ALICE);
+    assert_eq!(claims["email_verified"], true);
     // What the test forges verifies as the provider's own.
     let forged = provider.forge(&provider.access_claims(ALICE));
     assert_eq!(
@@ -527,9 +529,10 @@ async fn a_state_cookie_replayed_after_success_is_refused() {
         query_param(&again, "state"),
         query_param(&callback, "state")
     );
+    // A fresh browser (no cookies of its own, no redirects followed).
     let answer = sso
-        .gateway
-        .client()
+        .browser()
+        .client
         .get(&again)
         .header("cookie", &saved)
         .send()
@@ -575,8 +578,8 @@ async fn a_replayed_authorization_code_is_refused() {
     let code = query_param(&callback, "code").unwrap();
     // The very same callback, cookie and all.
     let answer = sso
-        .gateway
-        .client()
+        .browser()
+        .client
         .get(&callback)
         .header("cookie", &saved)
         .send()
@@ -699,7 +702,9 @@ async fn a_provider_access_token_reaches_the_upstream_as_its_user_over_both_wire
                 .await
                 .unwrap();
             assert_eq!(answer.version(), wire.version());
-            assert_eq!(answer.status(), 200, "{wire:?} {header}");
+            let status = answer.status();
+            let body = answer.text().await.unwrap();
+            assert_eq!(status, 200, "{wire:?} {header}: {body}");
             let seen = sso.upstream.last_to("/api/devices");
             assert_eq!(seen.headers["x-auth-email"], ALICE, "{wire:?}");
             assert_eq!(seen.headers["x-auth-user-id"], alice.id.to_string());
@@ -732,6 +737,26 @@ async fn a_provider_access_token_is_refused_over_plain_http() {
         assert!(matches!(status, 401 | 403), "{wire:?}: {json}");
     }
     assert!(sso.upstream.requests().is_empty(), "nothing was forwarded");
+}
+
+#[tokio::test]
+async fn an_unverified_email_in_a_provider_access_token_is_refused() {
+    let check = "provider access tokens with an unverified e-mail";
+    let Some(sso) = Sso::start(check, ACCEPT_ACCESS_TOKENS, "").await else {
+        return;
+    };
+    sso.gateway
+        .user("bob@example.com", Authority::TenantAdmin)
+        .await;
+    let tokens = sso.provider_tokens("bob", Some(API_AUDIENCE)).await;
+    let access = tokens["access_token"].as_str().unwrap();
+    assert_eq!(claims(access)["email_verified"], false);
+    assert_refused_on_api(&sso, access, "bob's unverified e-mail").await;
+    // Forged for alice without the verification claim.
+    sso.gateway.user(ALICE, Authority::TenantAdmin).await;
+    let mut unverified = sso.provider.access_claims(ALICE);
+    unverified.as_object_mut().unwrap().remove("email_verified");
+    assert_refused_on_api(&sso, &sso.provider.forge(&unverified), "no email_verified").await;
 }
 
 #[tokio::test]

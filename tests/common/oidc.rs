@@ -272,6 +272,7 @@ impl Provider {
             "aud": API_AUDIENCE,
             "sub": email.split('@').next().unwrap(),
             "email": email,
+            "email_verified": true,
             "scope": "api",
             "client_id": CLIENT_ID,
             "jti": uuid::Uuid::new_v4().simple().to_string(),

@@ -186,10 +186,11 @@ const provider = new Provider(issuer, {
       },
     },
   },
-  // The API's access tokens name the user by e-mail, as keygate finds them.
+  // The API's access tokens name the user by e-mail, as keygate finds them,
+  // and say whether it was verified (as Keycloak's do).
   async extraTokenClaims(_ctx, token) {
     const user = USERS[token.accountId];
-    return user ? { email: user.email } : undefined;
+    return user ? { email: user.email, email_verified: user.email_verified } : undefined;
   },
   ttl: {
     AccessToken: 600,
