@@ -271,3 +271,96 @@ async fn a_providers_access_token_authenticates_over_https_only_and_never_as_key
         "verified tokens are cached, keys too"
     );
 }
+
+/// Configures TOTP for `email` (logged in with its password), as a user does.
+async fn configure_totp(gw: &Gateway, email: &str) {
+    let client = gw.client();
+    let login: Value = gw
+        .login(email, common::PASSWORD)
+        .await
+        .json()
+        .await
+        .unwrap();
+    let token = login["token"].as_str().unwrap();
+    let config: Value = client
+        .post(gw.https("/api/2fa/account/config/generate?providerType=TOTP"))
+        .header("x-authorization", format!("Bearer {token}"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let url = config["authUrl"].as_str().unwrap();
+    let secret = query_param(url, "secret").unwrap();
+    let code = common::totp::totp_at(&secret, common::totp::step_now());
+    let saved = client
+        .post(gw.https(&format!("/api/2fa/account/config?verificationCode={code}")))
+        .header("x-authorization", format!("Bearer {token}"))
+        .json(&config)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(saved.status(), 200);
+}
+
+fn scopes_of(token: &str) -> Value {
+    use base64::Engine;
+    let payload = token.split('.').nth(1).unwrap();
+    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(payload)
+        .unwrap();
+    serde_json::from_slice::<Value>(&bytes).unwrap()["scopes"].clone()
+}
+
+#[tokio::test]
+async fn a_user_with_a_second_factor_signs_in_to_the_token_that_waits_for_it_unless_the_provider_is_trusted()
+ {
+    let provider = Provider::start().await;
+    let (_up, gw) = gateway(&provider, "").await;
+    gw.user("jane@example.com", Authority::TenantAdmin).await;
+    configure_totp(&gw, "jane@example.com").await;
+    let client = browser(&gw, Wire::Http2);
+    let (location, cookie) = start(&gw, &client).await;
+    let state = query_param(&location, "state").unwrap();
+    // The provider says a one-time code was used: not trusted here.
+    let claims =
+        json!({"email": "jane@example.com", "email_verified": true, "amr": ["pwd", "otp"]});
+    provider.expect_code("c1", &location, claims.clone());
+    let response = callback(&gw, &client, &format!("code=c1&state={state}"), &cookie).await;
+    let landed = header(&response, "location");
+    assert!(
+        landed.starts_with("https://keygate.test/?accessToken="),
+        "{landed}"
+    );
+    assert_eq!(query_param(&landed, "refreshToken"), None, "{landed}");
+    let waiting = query_param(&landed, "accessToken").unwrap();
+    assert_eq!(scopes_of(&waiting), json!(["PRE_VERIFICATION_TOKEN"]));
+    let refused = client
+        .get(gw.https("/api/auth/user"))
+        .header("x-authorization", format!("Bearer {waiting}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 401);
+
+    // Trusted, the provider's factor passes the gate: the pair.
+    let (_up2, trusting) = gateway(&provider, "trust_provider_mfa = true").await;
+    trusting
+        .user("jane@example.com", Authority::TenantAdmin)
+        .await;
+    configure_totp(&trusting, "jane@example.com").await;
+    let client = browser(&trusting, Wire::Http2);
+    let (location, cookie) = start(&trusting, &client).await;
+    let state = query_param(&location, "state").unwrap();
+    provider.expect_code("c2", &location, claims);
+    let response = callback(
+        &trusting,
+        &client,
+        &format!("code=c2&state={state}"),
+        &cookie,
+    )
+    .await;
+    let landed = header(&response, "location");
+    assert!(query_param(&landed, "refreshToken").is_some(), "{landed}");
+}
