@@ -473,7 +473,7 @@ impl PruneSeries {
         PruneSeries {
             pruned_rows: r.counter(
                 "keygate_store_pruned_rows_total",
-                "Dead rows deleted from the store, by kind (ended_sessions, expired_sessions, activation_tokens, audit_events).",
+                "Dead rows deleted from the store, by kind (ended_sessions, expired_sessions, activation_tokens, sso_states, audit_events).",
                 &["kind"],
             ),
             prune_runs: r.counter(
