@@ -12,6 +12,10 @@
 //! the provider proved counts only with `trust_provider_mfa` and an `amr`
 //! that shows one.
 //!
+//! A sign-in's callback is taken once: its state is recorded as used in the
+//! store before the code is exchanged, so a saved cookie replayed with a
+//! fresh code for the same state is refused on every replica.
+//!
 //! Every redirect goes under `server.public_base_url`: nothing a request
 //! carries chooses where the browser goes. Each carries `Referrer-Policy:
 //! no-referrer` and `Cache-Control: no-store`, and the callback's removes
@@ -248,6 +252,7 @@ async fn sign_in(api: &Endpoints, req: &EndpointRequest) -> Result<SignedIn, Fai
         .by_name(&flow.provider)
         .filter(|p| req.params.first().is_none_or(|name| *name == p.name()))
         .ok_or(Failure::Flow(FlowError::Forged))?;
+    take_once(api, &flow, req).await?;
     if param("error").is_some() {
         return Err(Failure::ProviderAnswered);
     }
@@ -301,6 +306,27 @@ async fn sign_in(api: &Endpoints, req: &EndpointRequest) -> Result<SignedIn, Fai
         access: pair.token,
         refresh: pair.refresh_token,
     })
+}
+
+/// Ends the sign-in `flow` for good, before any code is exchanged: the
+/// first callback with its cookie takes it, on any replica (the store
+/// decides, atomically); a saved cookie presented again, even with a fresh
+/// code the provider issued for the same state, is refused as a sign-in
+/// that was not started here.
+async fn take_once(api: &Endpoints, flow: &Flow, req: &EndpointRequest) -> Result<(), Failure> {
+    let first = api
+        .store
+        .take_sso_state(&flow.state_digest(), flow.expires_ms())
+        .await
+        .map_err(|error| {
+            tracing::error!(%error, "single sign-on could not record its state as used");
+            Failure::Unavailable
+        })?;
+    if !first {
+        tracing::warn!(target: "keygate::security", provider = %flow.provider, client = %req.client_ip, "a used single sign-on state was presented again");
+        return Err(Failure::Flow(FlowError::Used));
+    }
+    Ok(())
 }
 
 /// The user `claims` name: found, or created where the provider allows it.

@@ -2,7 +2,10 @@
 //! callback, kept in the browser: the cookie `keygate_oauth2`, signed with
 //! HMAC-SHA256 under a key derived from keygate's token signing key, holding
 //! the provider, the `state`, the `nonce`, the PKCE verifier and when it
-//! expires. Nothing is kept on the server, so any replica takes the callback.
+//! expires, so any replica takes the callback. What the server keeps is
+//! which sign-ins have ended: the callback takes each one once, recording
+//! its [`Flow::state_digest`] in the store until the cookie expires, so a
+//! saved cookie never ends a second sign-in.
 //!
 //! The cookie is `HttpOnly; Secure; SameSite=Lax` (the callback is a
 //! top-level GET from the provider, which Lax lets through) and scoped to
@@ -50,6 +53,9 @@ pub enum FlowError {
     Expired,
     #[error("state does not match")]
     State,
+    /// Its callback was taken before (here or on another replica).
+    #[error("the sign-in was already used")]
+    Used,
 }
 
 impl Flow {
@@ -70,6 +76,18 @@ impl Flow {
         let digest =
             aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, self.verifier.as_bytes());
         URL_SAFE_NO_PAD.encode(digest.as_ref())
+    }
+
+    /// What the store remembers of a used sign-in: SHA-256 of its state,
+    /// base64url (the state itself stays in the browser).
+    pub fn state_digest(&self) -> String {
+        let digest = aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, self.state.as_bytes());
+        URL_SAFE_NO_PAD.encode(digest.as_ref())
+    }
+
+    /// When the cookie expires, in epoch milliseconds.
+    pub fn expires_ms(&self) -> i64 {
+        self.expires.saturating_mul(1000)
     }
 
     /// The cookie's value: the state as JSON, then its MAC, each base64url.
@@ -239,6 +257,18 @@ mod tests {
             flow.challenge(),
             "E9Melhoa2OwvFrEMTJguCHaoeK1t8URWbuGJSstw-cM"
         );
+    }
+
+    #[test]
+    fn the_state_digest_names_the_state_without_showing_it() {
+        let flow = Flow::start("corp", 1000).unwrap();
+        let digest = flow.state_digest();
+        assert_eq!(digest.len(), 43);
+        assert!(!digest.contains(&flow.state));
+        assert_eq!(digest, flow.clone().state_digest());
+        let other = Flow::start("corp", 1000).unwrap();
+        assert_ne!(other.state_digest(), digest);
+        assert_eq!(flow.expires_ms(), 1_600_000);
     }
 
     #[test]
