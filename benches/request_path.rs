@@ -225,10 +225,100 @@ fn routing(c: &mut Criterion) {
     group.finish();
 }
 
+/// A provider on loopback that serves its discovery document and one
+/// P-256 key, for as long as the bench runs; its issuer and private key.
+async fn provider_double() -> (String, Vec<u8>) {
+    use base64::Engine;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let pair = rcgen::KeyPair::generate().unwrap();
+    let raw = pair.public_key_raw().to_vec();
+    let b64 = |bytes: &[u8]| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let issuer = format!("http://{}", listener.local_addr().unwrap());
+    let discovery = serde_json::json!({
+        "issuer": issuer, "authorization_endpoint": format!("{issuer}/authorize"),
+        "token_endpoint": format!("{issuer}/token"), "jwks_uri": format!("{issuer}/jwks"),
+    })
+    .to_string();
+    let jwks = serde_json::json!({"keys": [{"kty": "EC", "crv": "P-256", "kid": "b",
+        "x": b64(&raw[1..33]), "y": b64(&raw[33..])}]})
+    .to_string();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let mut head = vec![0u8; 4096];
+            let n = stream.read(&mut head).await.unwrap_or(0);
+            let head = String::from_utf8_lossy(&head[..n]);
+            let body = if head.starts_with("GET /jwks") {
+                &jwks
+            } else {
+                &discovery
+            };
+            let answer = format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = stream.write_all(answer.as_bytes()).await;
+        }
+    });
+    (issuer, pair.serialize_der())
+}
+
+/// The check of a provider's access token beside keygate's own, with
+/// single sign-on access tokens on: the hit of each costs the same.
+fn provider_token_checks(c: &mut Criterion) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut group = c.benchmark_group("verify");
+    let v = rt.block_on(verifier(1000));
+    let (issuer, der) = rt.block_on(provider_double());
+    let oidc = keygate::config::OidcSettings {
+        name: "bench".into(),
+        issuer: issuer.clone(),
+        client_id: "keygate".into(),
+        client_secret: keygate::config::ClientSecret::new("s"),
+        scopes: vec!["openid".into()],
+        button_label: "bench".into(),
+        icon: None,
+        email_claim: "email".into(),
+        first_name_claim: "given_name".into(),
+        last_name_claim: "family_name".into(),
+        require_verified_email: true,
+        creation: None,
+        authority_rule: None,
+        trust_provider_mfa: false,
+        access_token_audience: Some("api".into()),
+        ca_file: None,
+    };
+    let providers = keygate::sso::Providers::new(&[oidc], Some("https://g"), SECRET).unwrap();
+    let auth = v.auth.with_providers(Arc::new(providers));
+    let now = keygate::clock::now_secs();
+    let claims = serde_json::json!({"iss": issuer, "aud": "api", "sub": "s", "iat": now,
+        "exp": now + 3600, "email": "bench@example.com", "email_verified": true});
+    let mut header = jsonwebtoken::Header::new(jsonwebtoken::Algorithm::ES256);
+    header.kid = Some("b".into());
+    let key = jsonwebtoken::EncodingKey::from_ec_der(&der);
+    let provider = Credential::Bearer(Secret::new(
+        jsonwebtoken::encode(&header, &claims, &key).unwrap(),
+    ));
+    for (name, credential) in [
+        ("jwt_hit_with_sso", &v.bearer),
+        ("provider_jwt_hit", &provider),
+    ] {
+        rt.block_on(auth.verify(credential)).unwrap();
+        group.bench_function(name, |b| {
+            b.to_async(&rt).iter(|| auth.verify(black_box(credential)))
+        });
+    }
+    group.finish();
+}
+
 criterion_group!(
     benches,
     credential_parsing,
     credential_checks,
+    provider_token_checks,
     header_editing,
     routing
 );

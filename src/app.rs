@@ -526,6 +526,13 @@ impl App {
         let identity = self.authenticate(&req, requirement, path, ex).await?;
         let client = &ex.client;
         let client_ip = client.address(req.headers(), &self.settings.proxy.trusted_proxies);
+        let sso_cookie = crate::sso::flow::find_cookie(
+            req.headers()
+                .get_all(http::header::COOKIE)
+                .iter()
+                .filter_map(|value| value.to_str().ok()),
+        )
+        .map(str::to_owned);
         let request = EndpointRequest {
             base_url: self.base_url(client, &req),
             client_ip,
@@ -546,6 +553,7 @@ impl App {
                 }
                 _ => None,
             },
+            sso_cookie,
         };
         ex.identity = identity;
         // Endpoints work with the store, so they run where the store lives

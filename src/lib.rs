@@ -20,7 +20,8 @@
 //!    [`auth::cache`] and [`store`]; then [`shared_limits`]: the limits
 //!    shared with the other replicas through Redis.
 //! 6. keygate's own endpoints: [`api`] (through [`accounts`], mailing with
-//!    [`mail`]) and [`api_browser`].
+//!    [`mail`], signing users on through [`sso`]: OpenID Connect providers,
+//!    their keys and tokens) and [`api_browser`].
 //! 7. [`identity`] and [`proxy::headers`] (strip and inject, one function
 //!    per direction) → [`proxy`] (forwarding). A WebSocket upgrade leaves
 //!    the request path at dispatch for [`websocket`].
@@ -65,6 +66,8 @@ pub mod store;
 pub mod shared_limits;
 // keygate's own endpoints.
 pub mod api;
+// Single sign-on through OpenID Connect.
+pub mod sso;
 // Creating users and keys.
 pub mod accounts;
 // Outgoing mail.

@@ -77,6 +77,9 @@ pub enum StartError {
     DummyHash,
     #[error("cannot use [redis]")]
     Redis(#[from] crate::shared_limits::link::LinkError),
+    /// A single sign-on provider cannot be set up (its CA file).
+    #[error("{0}")]
+    Sso(String),
     #[error("starting the worker threads")]
     Workers(#[source] std::io::Error),
     #[error(
@@ -324,7 +327,12 @@ pub async fn start(mut settings: Settings, options: StartOptions) -> Result<Runn
     } = prepare_store(&mut settings, options).await?;
     let platform_minter = settings.platform.signing_key.is_some();
     let key_ring = Arc::new(KeyRing::open(&store, &settings.assertion).await?);
-    let auth = authenticator(&settings, &store, &secret, &metrics, &key_ring);
+    let sso = Arc::new(
+        crate::sso::Providers::new(&settings.oidc, settings.public_base_url.as_deref(), &secret)
+            .map_err(StartError::Sso)?,
+    );
+    sso.warm_in_background();
+    let auth = authenticator(&settings, &store, &secret, &metrics, &key_ring, &sso);
     let (tls_acceptor, resolver) = tls_acceptor(&settings, &metrics)?.unzip();
     let bound = Bound::bind(&settings, &metrics).await?;
 
@@ -346,6 +354,7 @@ pub async fn start(mut settings: Settings, options: StartOptions) -> Result<Runn
         &key_ring,
     )
     .await?;
+    let api = Endpoints { sso, ..api };
     let limits = shared_limits(&settings, link, instance, &metrics);
     let app = Arc::new(App::new(
         settings,
@@ -608,6 +617,7 @@ fn authenticator(
     secret: &[u8],
     metrics: &Arc<Metrics>,
     key_ring: &Arc<KeyRing>,
+    sso: &Arc<crate::sso::Providers>,
 ) -> Arc<Authenticator> {
     let tokens = Arc::new(TokenKeys::new(
         secret,
@@ -632,7 +642,8 @@ fn authenticator(
     }
     let passports = Arc::new(passports);
     let caches = Caches::new(&settings.cache, metrics, passports);
-    let auth = Authenticator::new(store.clone(), tokens, caches, metrics.clone());
+    let auth = Authenticator::new(store.clone(), tokens, caches, metrics.clone())
+        .with_providers(sso.clone());
     Arc::new(match settings.unknown_key_lookups_per_address {
         Some(rate) => auth.with_unknown_key_budget(rate, settings.login.limiter.capacity),
         None => auth,
@@ -705,6 +716,7 @@ async fn api(
             None => None,
         },
         reset_work: Arc::new(Semaphore::new(RESET_WORK)),
+        sso: Arc::new(crate::sso::Providers::none()),
     })
 }
 

@@ -9,6 +9,7 @@ pub(crate) mod openapi;
 pub(crate) mod records;
 pub(crate) mod reset;
 pub(crate) mod session;
+pub(crate) mod sso;
 pub(crate) mod two_factor;
 pub(crate) mod users;
 pub(crate) mod wire;
@@ -100,6 +101,10 @@ pub enum Endpoint {
     RequestPasswordReset,
     CheckResetToken,
     ResetPassword,
+    SsoClients,
+    SsoAuthorize,
+    SsoCallback,
+    SsoCallbackNamed,
 }
 
 impl Endpoint {
@@ -436,6 +441,37 @@ pub static ROUTES: &[EndpointRoute] = &[
         endpoint: Endpoint::ResetPassword,
         effect: Effect::Credential,
     },
+    // Single sign-on (`OAuth2Controller` and the platform's OAuth2 login
+    // filter): the login page's list reads; the redirect to a provider starts
+    // a login and the callback mints a token pair.
+    EndpointRoute {
+        method: Method::POST,
+        pattern: "/api/noauth/oauth2Clients",
+        access: Access::Public,
+        endpoint: Endpoint::SsoClients,
+        effect: Effect::Read,
+    },
+    EndpointRoute {
+        method: Method::GET,
+        pattern: "/oauth2/authorization/{name}",
+        access: Access::Public,
+        endpoint: Endpoint::SsoAuthorize,
+        effect: Effect::Credential,
+    },
+    EndpointRoute {
+        method: Method::GET,
+        pattern: "/login/oauth2/code/",
+        access: Access::Public,
+        endpoint: Endpoint::SsoCallback,
+        effect: Effect::Credential,
+    },
+    EndpointRoute {
+        method: Method::GET,
+        pattern: "/login/oauth2/code/{name}",
+        access: Access::Public,
+        endpoint: Endpoint::SsoCallbackNamed,
+        effect: Effect::Credential,
+    },
 ];
 
 /// The user-entity endpoints the platform answers while the sync is on
@@ -513,6 +549,11 @@ pub const PLATFORM_CREDENTIAL_PATHS: &[&str] = &[
     "/api/user/{id}/userCredentialsEnabled",
     // `AdminController`: the key every platform token is signed with.
     "/api/admin/jwtSettings",
+    // The OAuth2 login filters: a sign-in's start and its callback (asked
+    // without its trailing `/`).
+    "/oauth2/authorization/{id}",
+    "/login/oauth2/code",
+    "/login/oauth2/code/{id}",
 ];
 
 /// What a forwarded request to the normalised `path` does: a credential
@@ -670,6 +711,9 @@ pub struct EndpointRequest {
     /// an [`Access::Configuring`] route, which its handler verifies; `None`
     /// otherwise.
     pub bearer: Option<crate::auth::credential::Secret>,
+    /// The single sign-on cookie ([`crate::sso::flow::COOKIE`]), when the
+    /// request carries it once.
+    pub sso_cookie: Option<String>,
 }
 
 impl EndpointRequest {
@@ -868,6 +912,8 @@ pub struct Endpoints {
     /// Password reset requests handled in the background at once
     /// ([`reset::request_by_email`]).
     pub reset_work: Arc<tokio::sync::Semaphore>,
+    /// Single sign-on providers (none when `[[oidc]]` is not configured).
+    pub sso: Arc<crate::sso::Providers>,
 }
 
 impl Endpoints {
@@ -1010,6 +1056,10 @@ impl Endpoints {
             Endpoint::RequestPasswordReset => reset::request_by_email(self, req).await,
             Endpoint::CheckResetToken => reset::check_token(self, req).await,
             Endpoint::ResetPassword => reset::reset(self, req).await,
+            Endpoint::SsoClients => sso::clients(self, req).await,
+            Endpoint::SsoAuthorize => sso::authorize(self, req).await,
+            Endpoint::SsoCallback => sso::callback(self, req).await,
+            Endpoint::SsoCallbackNamed => sso::callback_named(self, req).await,
         }
     }
 }
@@ -1158,6 +1208,9 @@ mod tests {
             ("POST", "/api/auth/2fa/login"),
             ("POST", "/api/noauth/resetPasswordByEmail"),
             ("POST", "/api/noauth/resetPassword"),
+            ("GET", "/oauth2/authorization/{name}"),
+            ("GET", "/login/oauth2/code/"),
+            ("GET", "/login/oauth2/code/{name}"),
         ]
         .into();
         let mut credential = BTreeSet::new();
@@ -1175,9 +1228,14 @@ mod tests {
             }
             // A GET is no proof of a read: the class says what it does.
             if route.method == Method::GET && route.effect != Effect::Read {
-                assert_eq!(
-                    route.endpoint,
-                    Endpoint::ActivationLink,
+                assert!(
+                    matches!(
+                        route.endpoint,
+                        Endpoint::ActivationLink
+                            | Endpoint::SsoAuthorize
+                            | Endpoint::SsoCallback
+                            | Endpoint::SsoCallbackNamed
+                    ),
                     "{}",
                     route.pattern
                 );

@@ -165,6 +165,11 @@ impl TokenKeys {
         }
     }
 
+    /// The `iss` of keygate's tokens.
+    pub fn issuer(&self) -> &str {
+        &self.issuer
+    }
+
     pub fn access_ttl(&self) -> Duration {
         self.access_ttl
     }

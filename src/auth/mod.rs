@@ -10,6 +10,7 @@ pub(crate) mod limiter;
 pub(crate) mod live;
 pub(crate) mod outcomes;
 pub mod password;
+mod provider_token;
 pub mod revocation;
 pub use crate::vocab::scope;
 pub mod second_factor;
@@ -24,6 +25,7 @@ use self::api_key::KeyDigest;
 use self::cache::{Caches, KeyState, Lookup, SessionState, UserState, VerifiedToken};
 use self::credential::{Credential, CredentialError, Secret};
 use self::jwt::{TokenError, TokenKeys};
+use self::provider_token::Bearer;
 use crate::address::AddressKey;
 use crate::config::rate::Rate;
 use crate::error::ApiError;
@@ -94,6 +96,8 @@ pub struct Authenticator {
     unknown_keys: Option<Budgets<AddressKey>>,
     /// `keygate_auth_store_lookups_total`, by what was looked up.
     lookups: [IntCounter; 3],
+    /// Single sign-on providers, whose access tokens may be credentials.
+    providers: Arc<crate::sso::Providers>,
 }
 
 /// The kinds of `keygate_auth_store_lookups_total`, in [`Authenticator::lookups`] order.
@@ -114,7 +118,15 @@ impl Authenticator {
             unknown_keys: None,
             lookups: LOOKUP_KINDS.map(|kind| lookups.with_label_values(&[kind])),
             metrics,
+            providers: Arc::new(crate::sso::Providers::none()),
         }
+    }
+
+    /// Takes the access tokens of `providers` that accept them
+    /// ([`provider_token`]).
+    pub fn with_providers(mut self, providers: Arc<crate::sso::Providers>) -> Authenticator {
+        self.providers = providers;
+        self
     }
 
     /// Gives each client address key `rate` store lookups of API keys that
@@ -232,10 +244,10 @@ impl Authenticator {
     /// or a credential that does not verify.
     pub async fn expiry(&self, credential: &Credential) -> Option<i64> {
         match credential {
-            Credential::Bearer(token) => {
-                let verified = self.verified_token(token.expose()).await.ok()?;
-                Some(verified.claims.exp.saturating_mul(1000))
-            }
+            Credential::Bearer(token) => match self.bearer(token.expose()).await.ok()? {
+                Bearer::Own(verified) => Some(verified.claims.exp.saturating_mul(1000)),
+                Bearer::Provider(verified) => Some(verified.exp.saturating_mul(1000)),
+            },
             Credential::ApiKey(value) => {
                 let key = self
                     .key_state(KeyDigest::of(value.expose()), None)
@@ -283,8 +295,13 @@ impl Authenticator {
         .with_scopes(key.scopes))
     }
 
+    /// A bearer token, by the verifier its claimed issuer chooses: a
+    /// provider's ([`provider_token`]) or keygate's.
     async fn verify_token(&self, token: &Secret) -> Result<Identity, AuthRefusal> {
-        let verified = self.verified_token(token.expose()).await?;
+        let verified = match self.bearer(token.expose()).await? {
+            Bearer::Own(verified) => verified,
+            Bearer::Provider(verified) => return self.provider_identity(&verified).await,
+        };
         let claims = &verified.claims;
         let refused = |failure| AuthRefusal {
             failure,
@@ -345,13 +362,10 @@ impl Authenticator {
     /// Keying by a SHA-256 of the whole token cost more than everything else
     /// in the check (criterion `verify/jwt_hit` 544 ns, of which the digest
     /// of a 400-byte token was about 300).
-    async fn verified_token(&self, token: &str) -> Result<Arc<VerifiedToken>, AuthFailure> {
-        let key = token_key(token);
-        if let Some(hit) = self.caches.tokens.get(&key)
-            && *hit.token == *token
-        {
-            return Ok(hit);
-        }
+    ///
+    /// Here: a token verified with keygate's key (a miss of
+    /// [`Authenticator::bearer`]), and kept.
+    fn verify_own(&self, key: [u8; 32], token: &str) -> Result<Arc<VerifiedToken>, AuthFailure> {
         let claims = self.tokens.verify_access(token)?;
         let lifetime = self.caches.token_lifetime(&claims);
         let public = claims

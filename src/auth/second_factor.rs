@@ -12,7 +12,8 @@
 //!   API key go through it.
 //! - [`Gate::passed`]: a code checked right for the user, a [`Verified`],
 //!   which only this module's checks make ([`check_totp`],
-//!   [`check_backup_code`], [`check_mailed_code`]).
+//!   [`check_backup_code`], [`check_mailed_code`]), or a factor a trusted
+//!   identity provider proved at a single sign-on ([`check_provider_factor`]).
 //! - [`Gate::configured`]: the holder of an MFA configuration token whose
 //!   enforced provider is configured now (saving one proves a code of it).
 //! - [`Gate::session`]: a signed-in session changing its own password: its
@@ -20,8 +21,8 @@
 //!
 //! A single sign-on, or any later way in, calls the gate the same way; a
 //! factor proved elsewhere (an identity provider's `amr` naming a one-time
-//! code, a trusted device) would be one more kind of [`Verified`], made here
-//! by the check that trusts it, and counted by [`Policy`].
+//! code, with `trust_provider_mfa`) is one more kind of [`Verified`], made
+//! here by the check that trusts it ([`check_provider_factor`]).
 //!
 //! Not through the gate, by design: the refresh endpoint renews a session
 //! that exists, and the pair it renews was gated when the session opened
@@ -223,6 +224,17 @@ impl Gate {
         (identity.is_session() && identity.principal.user_id == user.id)
             .then(|| Cleared { user: user.clone() })
     }
+}
+
+/// A second factor an identity provider proved at a single sign-on of
+/// `user`: counted only when `trusted_and_shown` (the provider's
+/// `trust_provider_mfa` is on and its ID token's `amr` shows a factor
+/// beyond a password, [`crate::sso::mapping::shows_second_factor`]).
+pub fn check_provider_factor(user: &UserRecord, trusted_and_shown: bool) -> Option<Verified> {
+    trusted_and_shown.then(|| Verified {
+        user: user.clone(),
+        codes_left: None,
+    })
 }
 
 /// The providers of `user_id` that count under `policy`.

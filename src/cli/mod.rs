@@ -403,7 +403,33 @@ pub async fn reach_dependencies(settings: &Settings) -> Reached {
                 .push(format!("platform.database_url: {cause}")),
         },
     }
+    reach_providers(settings, &mut found).await;
     found
+}
+
+/// Each single sign-on provider's discovery document and keys, fetched now.
+async fn reach_providers(settings: &Settings, found: &mut Reached) {
+    if settings.oidc.is_empty() {
+        found
+            .reached
+            .push("single sign-on providers not configured".into());
+    }
+    for (i, oidc) in settings.oidc.iter().enumerate() {
+        let checked = match keygate::sso::Provider::new(oidc.clone()) {
+            Ok(provider) => provider.check().await,
+            Err(cause) => Err(cause),
+        };
+        match checked {
+            Ok(keys) => found.reached.push(format!(
+                "single sign-on provider {:?} reached: discovery document and {keys} signing key{}",
+                oidc.name,
+                if keys == 1 { "" } else { "s" }
+            )),
+            Err(cause) => found
+                .problems
+                .push(format!("oidc[{i}] ({}): {cause}", oidc.name)),
+        }
+    }
 }
 
 /// One PING within the configured connect timeout, after, for a

@@ -31,6 +31,10 @@ pub struct FileConfig {
     pub mail: MailSection,
     #[serde(rename = "route")]
     pub routes: Vec<RouteSection>,
+    /// Single sign-on providers; none by default (and then not written out,
+    /// so the shipped file need not list an empty array).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub oidc: Vec<OidcSection>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -529,6 +533,63 @@ impl UpstreamTlsSection {
     }
 }
 
+/// One `[[oidc]]`: an OpenID Connect provider for single sign-on.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct OidcSection {
+    pub name: String,
+    pub issuer: String,
+    pub client_id: String,
+    pub client_secret: String,
+    pub client_secret_file: String,
+    pub scopes: Vec<String>,
+    pub button_label: String,
+    pub icon: String,
+    pub email_claim: String,
+    pub first_name_claim: String,
+    pub last_name_claim: String,
+    pub require_verified_email: bool,
+    pub allow_user_creation: bool,
+    pub authority: String,
+    pub tenant_id: String,
+    pub customer_id: String,
+    pub authority_claim: String,
+    pub authority_map: std::collections::BTreeMap<String, String>,
+    pub trust_provider_mfa: bool,
+    pub accept_access_tokens: bool,
+    pub audience: String,
+    pub ca_file: String,
+}
+
+impl Default for OidcSection {
+    fn default() -> Self {
+        OidcSection {
+            name: String::new(),
+            issuer: String::new(),
+            client_id: String::new(),
+            client_secret: String::new(),
+            client_secret_file: String::new(),
+            scopes: vec!["openid".into(), "email".into(), "profile".into()],
+            button_label: String::new(),
+            icon: String::new(),
+            email_claim: "email".into(),
+            first_name_claim: "given_name".into(),
+            last_name_claim: "family_name".into(),
+            require_verified_email: true,
+            allow_user_creation: false,
+            authority: "CUSTOMER_USER".into(),
+            tenant_id: String::new(),
+            customer_id: String::new(),
+            authority_claim: String::new(),
+            authority_map: Default::default(),
+            trust_provider_mfa: false,
+            accept_access_tokens: false,
+            audience: String::new(),
+            ca_file: String::new(),
+        }
+    }
+}
+
 impl Default for FileConfig {
     fn default() -> Self {
         FileConfig {
@@ -567,6 +628,7 @@ impl Default for FileConfig {
                     ..RouteSection::default()
                 },
             ],
+            oidc: Vec::new(),
         }
     }
 }
@@ -721,6 +783,22 @@ impl Default for LogSection {
     }
 }
 
+/// The shape every file is checked against: the defaults, with the arrays
+/// of tables that are empty by default (`[[oidc]]`) named too.
+pub(super) fn schema() -> Value {
+    let mut schema = Value::try_from(FileConfig::default()).expect("defaults serialize");
+    if let Some(table) = schema.as_table_mut() {
+        table
+            .entry("oidc")
+            .or_insert_with(|| Value::Array(Vec::new()));
+    }
+    schema
+}
+
+/// Tables whose keys are the operator's own (`[[oidc]] authority_map`):
+/// their values' types are checked when the section is read.
+const FREE_FORM_TABLES: &[&str] = &["authority_map"];
+
 /// Reports unknown keys and wrong types against the defaults, removing the
 /// offending entries so that validation can go on and report the rest.
 pub(super) fn check_shape(value: &mut Value, schema: &Value, path: &str, errors: &mut Vec<String>) {
@@ -746,7 +824,7 @@ pub(super) fn check_shape(value: &mut Value, schema: &Value, path: &str, errors:
                             child.type_str()
                         ));
                         table.remove(&key);
-                    } else {
+                    } else if !FREE_FORM_TABLES.contains(&key.as_str()) {
                         check_shape(child, expected_child, &child_path, errors);
                     }
                 }
@@ -755,6 +833,8 @@ pub(super) fn check_shape(value: &mut Value, schema: &Value, path: &str, errors:
         (Value::Array(items), Value::Array(expected)) => {
             let element_schema = if path == "route" {
                 Some(Value::try_from(RouteSection::default()).expect("route serializes"))
+            } else if path == "oidc" {
+                Some(Value::try_from(OidcSection::default()).expect("oidc serializes"))
             } else if path == "platform.public_customers" {
                 Some(Value::try_from(PublicCustomerEntry::default()).expect("entry serializes"))
             } else {

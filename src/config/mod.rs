@@ -9,10 +9,12 @@
 //! - `file`: the raw TOML sections, their defaults and the shape check;
 //! - `env`: environment overrides, typed by the defaults;
 //! - `validate`: each raw section turning itself into its runtime setting;
-//! - `url`: what each URL setting accepts, and [`UpstreamUrl`].
+//! - `url`: what each URL setting accepts, and [`UpstreamUrl`];
+//! - `oidc`: the single sign-on providers (`[[oidc]]`, [`OidcSettings`]).
 
 mod env;
 mod file;
+mod oidc;
 pub mod rate;
 mod url;
 mod validate;
@@ -30,6 +32,9 @@ use toml::Value;
 
 use crate::tls_client::ClientTls;
 use file::FileConfig;
+pub use oidc::{
+    AuthorityRule, ClientSecret, Creation, OidcSettings, check_issuer, is_loopback_host,
+};
 pub use url::{UpstreamUrl, redacted_url};
 
 pub use crate::vocab::settings::{Pooler, RetentionSettings};
@@ -150,6 +155,8 @@ pub struct Settings {
     /// table (the proxy's `Routes`), the one copy that reload swaps and
     /// everything reads; its settings then hold none.
     pub routes: Vec<RouteSpec>,
+    /// Single sign-on providers (`[[oidc]]`), in the file's order.
+    pub oidc: Vec<OidcSettings>,
 }
 
 impl Settings {
@@ -684,7 +691,7 @@ pub fn load(source: &Source<'_>) -> Result<Settings, ConfigErrors> {
 /// (defaults filled in), for [`needs_restart`] to compare.
 pub fn load_written(source: &Source<'_>) -> Result<(Settings, Written), ConfigErrors> {
     let mut errors = Vec::new();
-    let schema = Value::try_from(FileConfig::default()).expect("defaults serialize");
+    let schema = file::schema();
     let mut value = match source.file {
         Some(path) => match std::fs::read_to_string(path) {
             Ok(text) => match text.parse::<toml::Table>() {

@@ -7,6 +7,7 @@ use toml::Value;
 
 use super::file::FileConfig;
 use super::*;
+use crate::vocab::identity::Authority;
 
 fn load_text(text: &str, env: &[(&str, &str)]) -> Result<Settings, ConfigErrors> {
     let mut file = tempfile::NamedTempFile::new().unwrap();
@@ -1430,4 +1431,101 @@ fn a_store_url_of_another_scheme_is_named_without_its_password() {
         "{errors}"
     );
     assert!(!errors.contains("hunter2-secret"), "{errors}");
+}
+
+#[test]
+fn oidc_providers_have_documented_defaults() {
+    assert!(load_text("", &[]).unwrap().oidc.is_empty());
+    let settings = load_text(
+        "[server]\npublic_base_url = \"https://gw.example\"\n\
+         [[oidc]]\nname = \"corp\"\nissuer = \"https://idp.example/realms/iot\"\n\
+         client_id = \"keygate\"\nclient_secret = \"s3cret\"\n",
+        &[],
+    )
+    .unwrap();
+    let corp = &settings.oidc[0];
+    assert_eq!(corp.issuer, "https://idp.example/realms/iot");
+    assert_eq!(corp.scopes, ["openid", "email", "profile"]);
+    assert_eq!(corp.button_label, "corp");
+    assert_eq!(corp.icon, None);
+    assert_eq!(
+        (
+            corp.email_claim.as_str(),
+            corp.first_name_claim.as_str(),
+            corp.last_name_claim.as_str()
+        ),
+        ("email", "given_name", "family_name")
+    );
+    assert!(corp.require_verified_email);
+    assert_eq!(corp.creation, None);
+    assert_eq!(corp.authority_rule, None);
+    assert!(!corp.trust_provider_mfa);
+    assert_eq!(corp.access_token_audience, None);
+    assert!(
+        !format!("{corp:?}").contains("s3cret"),
+        "the secret is never shown"
+    );
+    let mut secret_file = tempfile::NamedTempFile::new().unwrap();
+    secret_file.write_all(b"  from-a-file\n").unwrap();
+    let settings = load_text(
+        &format!(
+            "[server]\npublic_base_url = \"https://gw.example\"\n\
+             [[oidc]]\nname = \"local\"\nissuer = \"http://127.0.0.1:9400\"\n\
+             client_id = \"keygate\"\nclient_secret_file = \"{}\"\n\
+             allow_user_creation = true\nauthority = \"TENANT_ADMIN\"\n\
+             tenant_id = \"00000000-0000-0000-0000-000000000011\"\n\
+             authority_claim = \"groups\"\nauthority_map = {{ \"admins\" = \"TENANT_ADMIN\" }}\n\
+             accept_access_tokens = true\naudience = \"api\"\n",
+            secret_file.path().display()
+        ),
+        &[],
+    )
+    .unwrap();
+    let local = &settings.oidc[0];
+    assert_eq!(local.client_secret.expose(), "from-a-file");
+    assert_eq!(local.creation.unwrap().authority, Authority::TenantAdmin);
+    assert_eq!(local.access_token_audience.as_deref(), Some("api"));
+    assert_eq!(
+        local.authority_rule.as_ref().unwrap().map,
+        [("admins".to_owned(), Authority::TenantAdmin)]
+    );
+}
+
+#[test]
+fn oidc_problems_are_each_named_and_no_secret_is_printed() {
+    let errors = load_text(
+        "[jwt]\ntoken_issuer = \"https://idp.example\"\n\
+         [[oidc]]\nname = \"Corp!\"\nissuer = \"http://idp.example\"\n\
+         client_secret = \"hunter2-secret\"\nclient_secret_file = \"/x\"\n\
+         scopes = [\"email\"]\nauthority = \"SYS_ADMIN\"\nallow_user_creation = true\n\
+         customer_id = \"nope\"\nauthority_map = { \"g\" = \"ROOT\" }\n\
+         accept_access_tokens = true\nunknown_key = 1\n\
+         [[oidc]]\nname = \"twin\"\nissuer = \"https://idp.example\"\nclient_id = \"c\"\n\
+         client_secret = \"s\"\n\
+         [[oidc]]\nname = \"twin\"\nissuer = \"https://other.example\"\nclient_id = \"c\"\n\
+         client_secret = \"s\"\nca_file = \"/nonexistent/ca.pem\"\n",
+        &[],
+    )
+    .unwrap_err();
+    let text = errors.0.join("\n");
+    for needle in [
+        "oidc[0].unknown_key: unknown key",
+        "server.public_base_url: required with [[oidc]]",
+        "oidc[0].name: \"Corp!\" must be one or more of a-z 0-9 - _",
+        "oidc[0].issuer: \"http://idp.example\": http:// is allowed only for a loopback host",
+        "oidc[0].client_id: required",
+        "oidc[0].client_secret: set either client_secret or client_secret_file, not both",
+        "oidc[0].scopes: must include \"openid\"",
+        "oidc[0].authority_map: needs authority_claim",
+        "oidc[0].authority: \"SYS_ADMIN\" is not TENANT_ADMIN or CUSTOMER_USER",
+        "oidc[0].customer_id: \"nope\" is not a UUID",
+        "oidc[0].tenant_id: required with allow_user_creation",
+        "oidc[0].audience: required with accept_access_tokens",
+        "oidc[1].issuer: \"https://idp.example\" is keygate's own token issuer",
+        "oidc[2].name: \"twin\" is used by another [[oidc]]",
+        "oidc[2].ca_file: file \"/nonexistent/ca.pem\" does not exist",
+    ] {
+        assert!(text.contains(needle), "missing {needle:?} in:\n{text}");
+    }
+    assert!(!text.contains("hunter2"), "{text}");
 }

@@ -32,6 +32,15 @@ pub(super) const OPENAPI_URL: UrlRule = UrlRule {
     example: "http[s]://host[:port]/path",
 };
 
+/// An OpenID Connect provider's issuer (`[[oidc]] issuer`); `http` only for
+/// a loopback host, which [`super::oidc::check_issuer`] checks.
+pub(super) const ISSUER_URL: UrlRule = UrlRule {
+    schemes: &["https", "http"],
+    path: true,
+    query: false,
+    example: "https://host[:port][/path]",
+};
+
 pub(super) const PUBLIC_BASE_URL: UrlRule = UrlRule {
     schemes: &["http", "https"],
     path: false,

@@ -58,6 +58,12 @@ pub(super) fn validate(file: &FileConfig, errors: &mut Vec<String>) -> Settings 
     let assertion = file
         .assertion
         .validate(server.public_base_url.as_deref(), errors);
+    let oidc = super::oidc::validate(
+        &file.oidc,
+        server.public_base_url.as_deref(),
+        &jwt.issuer,
+        errors,
+    );
     Settings {
         data_dir: server.data_dir,
         shutdown_grace: server.shutdown_grace,
@@ -91,6 +97,7 @@ pub(super) fn validate(file: &FileConfig, errors: &mut Vec<String>) -> Settings 
         two_factor,
         mail,
         routes,
+        oidc,
     }
 }
 

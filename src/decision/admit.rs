@@ -16,7 +16,7 @@ use super::verdict::Refusal;
 pub fn admit<'u>(
     input: &Input<'_, 'u>,
     max_header_bytes: usize,
-    rule: InClear,
+    rule: &InClear,
 ) -> Result<Cow<'u, str>, Refusal> {
     if input.head_size() > max_header_bytes {
         return Err(Refusal::HeadTooLarge);

@@ -68,7 +68,7 @@ impl Gate {
         from: Option<AddressKey>,
         channel: &str,
     ) -> ApiError {
-        let rule = self.decision.in_clear;
+        let rule = &self.decision.in_clear;
         let refused = self
             .auth
             .refuse_in_clear(credential, exposure, peer, rule, from, channel)

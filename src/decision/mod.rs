@@ -60,6 +60,12 @@ impl Decision {
             in_clear: InClear {
                 disable_keys: settings.disable_key_on_plaintext,
                 allow_plaintext: settings.listen.allow_plaintext_credentials,
+                provider_issuers: settings
+                    .oidc
+                    .iter()
+                    .filter(|p| p.access_token_audience.is_some())
+                    .map(|p| p.issuer.clone())
+                    .collect(),
             },
             browser: settings.api_browser.enabled,
             sync_upstream: settings.platform.sync.as_ref().map(|s| s.upstream.clone()),
@@ -75,7 +81,7 @@ impl Decision {
         input: &Input<'_, 'u>,
         routes: &'t RouteTable,
     ) -> Result<Admitted<'t, 'u>, Refusal> {
-        let path = admit::admit(input, self.max_header_bytes, self.in_clear)?;
+        let path = admit::admit(input, self.max_header_bytes, &self.in_clear)?;
         let tables = Tables {
             browser: self.browser,
             sync_upstream: self.sync_upstream.as_deref(),
@@ -109,7 +115,7 @@ impl Decision {
     /// The in-clear rule for a credential read after admission (a socket's
     /// first frame).
     pub fn exposure(&self, credential: &Credential, sender: Sender) -> Option<Exposure> {
-        in_clear::exposure(credential, sender, self.in_clear)
+        in_clear::exposure(credential, sender, &self.in_clear)
     }
 
     /// The platform WebSocket route a normalised path falls under.

@@ -47,6 +47,7 @@ fn decision(rules: Rules) -> Decision {
         in_clear: InClear {
             disable_keys: true,
             allow_plaintext: false,
+            provider_issuers: Default::default(),
         },
         browser: true,
         sync_upstream: None,

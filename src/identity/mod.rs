@@ -118,7 +118,8 @@ impl Identity {
         header(&X_AUTH_AUTHORITY, authority);
         header(&X_AUTH_EMAIL, email);
         match self.method {
-            AuthMethod::Jwt { .. } => {
+            // A provider's token is a JWT too; its id stands for the session.
+            AuthMethod::Jwt { .. } | AuthMethod::Provider { .. } => {
                 header(&X_AUTH_METHOD, &HeaderValue::from_static("jwt"));
                 header(&X_AUTH_SESSION_ID, &self.method_id);
             }

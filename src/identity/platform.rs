@@ -238,6 +238,7 @@ mod tests {
         let id = match method {
             AuthMethod::Jwt { session_id } => session_id,
             AuthMethod::ApiKey { key_id } => key_id,
+            AuthMethod::Provider { token_id } => token_id,
         };
         Identity::new(Arc::new(principal), method, id_header_value(&id))
     }

@@ -73,6 +73,11 @@ const SQLITE: &[(i64, &str, &str)] = &[
         "password_rehashed_from",
         include_str!("../../migrations/sqlite/0013_password_rehashed_from.sql"),
     ),
+    (
+        14,
+        "sso_used_states",
+        include_str!("../../migrations/sqlite/0014_sso_used_states.sql"),
+    ),
 ];
 const POSTGRES: &[(i64, &str, &str)] = &[
     (
@@ -139,6 +144,11 @@ const POSTGRES: &[(i64, &str, &str)] = &[
         13,
         "password_rehashed_from",
         include_str!("../../migrations/postgres/0013_password_rehashed_from.sql"),
+    ),
+    (
+        14,
+        "sso_used_states",
+        include_str!("../../migrations/postgres/0014_sso_used_states.sql"),
     ),
 ];
 

@@ -13,6 +13,7 @@
 //! - `sessions.rs`: login sessions and their refresh tokens;
 //! - `logins.rs`: password changes and the lockouts of failed logins;
 //! - `activation.rs`: one-time activation tokens;
+//! - `sso_states.rs`: the single sign-on states already used;
 //! - `two_factor.rs`: users' second factors (sealed or digested);
 //! - `audit.rs`: audit events, written in the transaction of their change;
 //! - `signing_keys.rs`: the keys that sign identity assertions to upstreams;
@@ -45,6 +46,7 @@ mod revocation;
 mod rows;
 mod sessions;
 mod signing_keys;
+mod sso_states;
 mod two_factor;
 mod users;
 

@@ -1,6 +1,7 @@
 //! Deleting dead rows in bounded batches: ended sessions, sessions whose
-//! refresh token can no longer be valid, expired activation tokens, and
-//! audit events past their retention.
+//! refresh token can no longer be valid, expired activation tokens, used
+//! single sign-on states whose cookie expired, and audit events past their
+//! retention.
 //!
 //! Each call deletes at most `limit` rows in one short statement, so a big
 //! backlog never holds a long lock. The deletes are idempotent: replicas
@@ -23,15 +24,19 @@ pub enum PruneKind {
     /// Activation tokens that expired before the cutoff (used ones are
     /// deleted when they are used).
     ActivationTokens,
+    /// Used single sign-on states whose cookie expired before the cutoff: a
+    /// cookie that old is refused as expired, remembered or not.
+    SsoStates,
     /// Audit events written before the cutoff.
     AuditEvents,
 }
 
 impl PruneKind {
-    pub const ALL: [PruneKind; 4] = [
+    pub const ALL: [PruneKind; 5] = [
         PruneKind::EndedSessions,
         PruneKind::ExpiredSessions,
         PruneKind::ActivationTokens,
+        PruneKind::SsoStates,
         PruneKind::AuditEvents,
     ];
 
@@ -41,17 +46,19 @@ impl PruneKind {
             PruneKind::EndedSessions => "ended_sessions",
             PruneKind::ExpiredSessions => "expired_sessions",
             PruneKind::ActivationTokens => "activation_tokens",
+            PruneKind::SsoStates => "sso_states",
             PruneKind::AuditEvents => "audit_events",
         }
     }
 
     /// (table, key column, condition on `$1` = the cutoff in epoch ms). Each
-    /// condition is served by an index (migrations 4 and 5).
+    /// condition is served by an index (migrations 4, 5 and 14).
     fn target(self) -> (&'static str, &'static str, &'static str) {
         match self {
             PruneKind::EndedSessions => ("sessions", "id", "ended = 1 AND ended_time < $1"),
             PruneKind::ExpiredSessions => ("sessions", "id", "ended = 0 AND refreshed_time < $1"),
             PruneKind::ActivationTokens => ("activation_tokens", "digest", "expires_at < $1"),
+            PruneKind::SsoStates => ("sso_used_states", "digest", "expires_at < $1"),
             PruneKind::AuditEvents => ("audit_events", "id", "created_time < $1"),
         }
     }

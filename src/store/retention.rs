@@ -1,6 +1,7 @@
 //! Periodic pruning of dead store rows: ended sessions, sessions whose refresh
 //! token can no longer be valid, expired activation tokens and audit events,
-//! each kept for its configured retention first ([`super::prune`] deletes).
+//! each kept for its configured retention first, and used single sign-on
+//! states once their cookie has expired ([`super::prune`] deletes).
 //!
 //! A run deletes in batches of `retention.batch_size` rows, at most
 //! `retention.max_rows_per_run` of each kind, and stops between batches when
@@ -31,6 +32,7 @@ pub struct Pruned {
     pub ended_sessions: u64,
     pub expired_sessions: u64,
     pub activation_tokens: u64,
+    pub sso_states: u64,
     pub audit_events: u64,
 }
 
@@ -40,12 +42,17 @@ impl Pruned {
             PruneKind::EndedSessions => self.ended_sessions += rows,
             PruneKind::ExpiredSessions => self.expired_sessions += rows,
             PruneKind::ActivationTokens => self.activation_tokens += rows,
+            PruneKind::SsoStates => self.sso_states += rows,
             PruneKind::AuditEvents => self.audit_events += rows,
         }
     }
 
     pub(crate) fn total(&self) -> u64 {
-        self.ended_sessions + self.expired_sessions + self.activation_tokens + self.audit_events
+        self.ended_sessions
+            + self.expired_sessions
+            + self.activation_tokens
+            + self.sso_states
+            + self.audit_events
     }
 }
 
@@ -68,6 +75,9 @@ pub(crate) fn cutoff(
             .saturating_sub(millis(CLOCK_SLACK))
             .saturating_sub(millis(settings.sessions)),
         PruneKind::ActivationTokens => now_ms.saturating_sub(millis(settings.activation_tokens)),
+        // Nothing to keep once the cookie is refused as expired, on every
+        // replica: its clock may be behind this one's by the slack.
+        PruneKind::SsoStates => now_ms.saturating_sub(millis(CLOCK_SLACK)),
         PruneKind::AuditEvents => now_ms.saturating_sub(millis(settings.audit_events)),
     }
 }
@@ -150,6 +160,7 @@ impl Pruner {
                     ended_sessions = pruned.ended_sessions,
                     expired_sessions = pruned.expired_sessions,
                     activation_tokens = pruned.activation_tokens,
+                    sso_states = pruned.sso_states,
                     audit_events = pruned.audit_events,
                     elapsed_ms,
                     "pruning the store failed; retrying at the next run"
@@ -159,6 +170,7 @@ impl Pruner {
                     ended_sessions = pruned.ended_sessions,
                     expired_sessions = pruned.expired_sessions,
                     activation_tokens = pruned.activation_tokens,
+                    sso_states = pruned.sso_states,
                     audit_events = pruned.audit_events,
                     elapsed_ms,
                     "pruned dead rows from the store"
@@ -200,6 +212,7 @@ mod tests {
             cutoff(PruneKind::ActivationTokens, &s, ttl, now),
             now - 10_000
         );
+        assert_eq!(cutoff(PruneKind::SsoStates, &s, ttl, now), now - 60_000);
         assert_eq!(
             cutoff(PruneKind::AuditEvents, &s, ttl, now),
             now - 1_000_000

@@ -257,6 +257,8 @@ store_tests!(
     check_sessions_record_rotation_and_first_end_times,
     check_pruning_deletes_dead_sessions_past_retention_only,
     check_pruning_deletes_expired_activation_tokens_only,
+    check_a_single_sign_on_state_is_taken_once_across_replicas_when_raced,
+    check_pruning_deletes_single_sign_on_states_once_their_cookie_expired,
     check_pruning_respects_batch_and_run_bounds,
     check_concurrent_pruners_delete_each_row_once,
     check_upgrade_keeps_existing_sessions_for_a_refresh_lifetime,
@@ -1734,6 +1736,7 @@ async fn check_pruning_deletes_dead_sessions_past_retention_only(store: &Store) 
             ended_sessions: 2,
             expired_sessions: 1,
             activation_tokens: 0,
+            sso_states: 0,
             audit_events: 0,
         }
     );
@@ -1790,6 +1793,59 @@ async fn check_pruning_deletes_expired_activation_tokens_only(store: &Store) {
     );
     // Pruning removed tokens only, never their users.
     assert_eq!(store.user_count().await.unwrap(), 3);
+}
+
+async fn check_a_single_sign_on_state_is_taken_once_across_replicas_when_raced(db: &TestDb) {
+    assert!(db.take_sso_state("state-a", NOW).await.unwrap());
+    assert!(!db.take_sso_state("state-a", NOW).await.unwrap());
+    // Another state is its own.
+    assert!(db.take_sso_state("state-b", NOW).await.unwrap());
+    // Two replicas (separate pools on the same database), each taking the
+    // same state several times at once: exactly one take wins.
+    let other = Store::connect(&db.url, 2).await.unwrap();
+    let takes = (0..8).map(|i| {
+        let store = if i % 2 == 0 {
+            db.store.clone()
+        } else {
+            other.clone()
+        };
+        async move { store.take_sso_state("state-c", NOW).await.unwrap() }
+    });
+    let won = futures_util::future::join_all(takes).await;
+    assert_eq!(won.iter().filter(|&&w| w).count(), 1, "{won:?}");
+    assert!(!other.take_sso_state("state-a", NOW).await.unwrap());
+    assert_eq!(count(db, "sso_used_states").await, 3);
+    other.close().await;
+}
+
+async fn check_pruning_deletes_single_sign_on_states_once_their_cookie_expired(store: &Store) {
+    let p = pruner(store, DAY, DAY);
+    let (_tx, rx) = tokio::sync::watch::channel(false);
+    let slack = CLOCK_SLACK.as_millis() as i64;
+    // Expired longer than the clock slack ago; expired, but within the
+    // slack (another replica's clock may still take its cookie); unexpired.
+    let expiries = [NOW - slack - 1, NOW - slack + 1, NOW + 600_000];
+    for (i, expires_at) in expiries.into_iter().enumerate() {
+        assert!(
+            store
+                .take_sso_state(&format!("state-{i}"), expires_at)
+                .await
+                .unwrap()
+        );
+    }
+    let pruned = p.run_once(NOW, &rx).await.unwrap();
+    assert_eq!(pruned.sso_states, 1);
+    assert_eq!(pruned.total(), 1);
+    assert_eq!(count(store, "sso_used_states").await, 2);
+    // The kept ones are still refused.
+    for kept in ["state-1", "state-2"] {
+        assert!(!store.take_sso_state(kept, NOW).await.unwrap());
+    }
+    let metrics = p.metrics.render();
+    assert!(
+        metrics.contains(r#"keygate_store_pruned_rows_total{kind="sso_states"} 1"#),
+        "{metrics}"
+    );
 }
 
 async fn check_pruning_respects_batch_and_run_bounds(store: &Store) {

@@ -479,7 +479,7 @@ impl PruneSeries {
         PruneSeries {
             pruned_rows: r.counter(
                 "keygate_store_pruned_rows_total",
-                "Dead rows deleted from the store, by kind (ended_sessions, expired_sessions, activation_tokens, audit_events).",
+                "Dead rows deleted from the store, by kind (ended_sessions, expired_sessions, activation_tokens, sso_states, audit_events).",
                 &["kind"],
             ),
             prune_runs: r.counter(
@@ -532,7 +532,7 @@ impl SyncSeries {
 }
 
 /// Login outcomes ([`Metrics::login`]).
-pub const LOGIN_OUTCOMES: [&str; 11] = [
+pub const LOGIN_OUTCOMES: [&str; 15] = [
     "success",
     "bad_credentials",
     "disabled",
@@ -544,6 +544,10 @@ pub const LOGIN_OUTCOMES: [&str; 11] = [
     "bad_second_factor",
     "public_success",
     "public_refused",
+    "sso_started",
+    "sso_success",
+    "sso_second_factor_required",
+    "sso_failed",
 ];
 
 /// Login rate limiters ([`Metrics::rate_limited`]).

@@ -49,8 +49,18 @@ impl std::fmt::Display for Authority {
 /// How a request proved who it is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AuthMethod {
-    Jwt { session_id: Uuid },
-    ApiKey { key_id: Uuid },
+    Jwt {
+        session_id: Uuid,
+    },
+    ApiKey {
+        key_id: Uuid,
+    },
+    /// A single sign-on provider's access token: a JWT, but of no session
+    /// keygate opened. `token_id` names the token (derived from it), and
+    /// stands for the session id where upstreams are told one.
+    Provider {
+        token_id: Uuid,
+    },
 }
 
 impl AuthMethod {
@@ -58,6 +68,7 @@ impl AuthMethod {
         match self {
             AuthMethod::Jwt { .. } => "jwt",
             AuthMethod::ApiKey { .. } => "api-key",
+            AuthMethod::Provider { .. } => "provider-token",
         }
     }
 }
@@ -209,25 +220,28 @@ impl Identity {
         matches!(self.method, AuthMethod::Jwt { .. })
     }
 
-    /// The id of the credential: the key's or the session's.
+    /// The id of the credential: the key's, the session's or the provider
+    /// token's.
     pub fn credential_id(&self) -> Uuid {
         match self.method {
             AuthMethod::ApiKey { key_id } => key_id,
             AuthMethod::Jwt { session_id } => session_id,
+            AuthMethod::Provider { token_id } => token_id,
         }
     }
 
     pub(crate) fn api_key_id(&self) -> Option<Uuid> {
         match self.method {
             AuthMethod::ApiKey { key_id } => Some(key_id),
-            AuthMethod::Jwt { .. } => None,
+            AuthMethod::Jwt { .. } | AuthMethod::Provider { .. } => None,
         }
     }
 
-    /// The session of a token's identity; none for an API key.
+    /// The session of a token's identity; none for an API key or a
+    /// provider's token.
     pub(crate) fn session_id(&self) -> Option<Uuid> {
         match self.method {
-            AuthMethod::ApiKey { .. } => None,
+            AuthMethod::ApiKey { .. } | AuthMethod::Provider { .. } => None,
             AuthMethod::Jwt { session_id } => Some(session_id),
         }
     }

@@ -2,8 +2,10 @@
 //! loopback, and clients that trust the generated development CA.
 #![allow(dead_code)]
 
+pub mod oidc;
 pub mod pgbouncer;
 pub mod platform;
+pub mod provider;
 pub mod shared_redis;
 pub mod smtp;
 pub mod tls_postgres;

@@ -1,8 +1,9 @@
 //! The credential caches and their invalidation.
 //!
-//! Four bounded [`Table`]s, each filled once per missing key from the store:
+//! Five bounded [`Table`]s, each filled once per missing key from the store:
 //! API keys by digest (unknown keys kept briefly as `None`), users by id,
-//! sessions by id, and verified access tokens by signature. A hit never touches
+//! sessions by id, verified access tokens by signature, and verified access
+//! tokens of single sign-on providers by signature. A hit never touches
 //! the store. Entries live at most `cache.ttl`, which bounds how long a change
 //! made elsewhere (another process, a missed notification) can go unseen;
 //! changes made through this process invalidate at once.
@@ -60,6 +61,20 @@ pub struct VerifiedToken {
     pub public: Option<Arc<Principal>>,
 }
 
+/// A single sign-on provider's access token, signature and claims
+/// verified, with the user its e-mail claim found.
+#[derive(Debug)]
+pub struct VerifiedProviderToken {
+    /// The token as verified: a cache hit must present exactly this.
+    pub token: Box<str>,
+    pub exp: i64,
+    pub iat: i64,
+    pub user_id: Uuid,
+    /// Names the token ([`crate::identity::AuthMethod::Provider`]).
+    pub token_id: Uuid,
+    pub token_header: http::HeaderValue,
+}
+
 /// Cached lookups: `None` records that the store has no such item.
 pub type Lookup<T> = Option<T>;
 
@@ -88,6 +103,8 @@ pub struct Caches {
     pub users: Table<Uuid, Lookup<Arc<UserState>>>,
     pub sessions: Table<Uuid, Lookup<SessionState>>,
     pub tokens: Table<[u8; 32], Arc<VerifiedToken>>,
+    /// Verified access tokens of single sign-on providers, by signature.
+    pub provider_tokens: Table<[u8; 32], Arc<VerifiedProviderToken>>,
     /// Assertions and platform tokens kept for reuse: derived from
     /// credentials, so dropped with them.
     pub passports: Arc<Passports>,
@@ -107,6 +124,7 @@ impl Caches {
             users: Table::new(settings.capacity, metrics.init_cache("users")),
             sessions: Table::new(settings.capacity, metrics.init_cache("sessions")),
             tokens: Table::new(settings.capacity, metrics.init_cache("tokens")),
+            provider_tokens: Table::new(settings.capacity, metrics.init_cache("provider_tokens")),
             lifetimes: Lifetimes {
                 known: settings.ttl,
                 unknown: settings.negative_ttl.min(settings.ttl),
@@ -168,17 +186,19 @@ impl Caches {
         self.users.clear();
         self.sessions.clear();
         self.tokens.clear();
+        self.provider_tokens.clear();
         self.passports.clear();
         self.live.wake_all();
     }
 
     /// (name, entry count) of each cache, for metrics.
-    pub(crate) fn sizes(&self) -> [(&'static str, u64); 5] {
+    pub(crate) fn sizes(&self) -> [(&'static str, u64); 6] {
         [
             ("api_keys", self.keys.len()),
             ("users", self.users.len()),
             ("sessions", self.sessions.len()),
             ("tokens", self.tokens.len()),
+            ("provider_tokens", self.provider_tokens.len()),
             ("passports", self.passports.len()),
         ]
     }

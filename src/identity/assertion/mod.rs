@@ -86,6 +86,7 @@ impl AssertionMinter {
         let (key_id, session_id) = match identity.method {
             AuthMethod::ApiKey { key_id } => (Some(key_id), None),
             AuthMethod::Jwt { session_id } => (None, Some(session_id)),
+            AuthMethod::Provider { token_id } => (None, Some(token_id)),
         };
         let claims = Claims {
             iss: &self.issuer,
