@@ -1802,7 +1802,7 @@ async fn check_a_single_sign_on_state_is_taken_once_across_replicas_when_raced(d
     assert!(db.take_sso_state("state-b", NOW).await.unwrap());
     // Two replicas (separate pools on the same database), each taking the
     // same state several times at once: exactly one take wins.
-    let other = Store::connect(&db.url, 2).await.unwrap();
+    let other = Store::open(&db.url, db.options(2)).await.unwrap();
     let takes = (0..8).map(|i| {
         let store = if i % 2 == 0 {
             db.store.clone()
