@@ -3,6 +3,7 @@
 one result line per wrk run, and the summary table. Standard library only."""
 
 import argparse
+import base64
 import hashlib
 import http.client
 import json
@@ -12,6 +13,7 @@ import socket
 import sqlite3
 import ssl
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -143,6 +145,63 @@ def logins(args):
     os._exit(0)
 
 
+def b64url(data):
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def der_items(data):
+    """The elements of a DER SEQUENCE's body, as (tag, value) pairs."""
+    items = []
+    while data:
+        tag, length, i = data[0], data[1], 2
+        if length & 0x80:
+            n = length & 0x7F
+            length, i = int.from_bytes(data[2 : 2 + n], "big"), 2 + n
+        items.append((tag, data[i : i + length]))
+        data = data[i + length :]
+    return items
+
+
+def idp(args):
+    """A single sign-on provider of static files for the provider-token case:
+    writes its discovery document and key set (the P-256 public key of
+    `--key`) under `--dir`, and prints an access token it signed (ES256 with
+    openssl) for `--email`, valid for a day."""
+    kid = "bench-1"
+    spki = subprocess.run(
+        ["openssl", "ec", "-in", args.key, "-pubout", "-outform", "DER"],
+        check=True, capture_output=True,
+    ).stdout
+    point = spki[-65:]  # the uncompressed point: 0x04, x, y
+    assert point[0] == 4, "not an uncompressed P-256 point"
+    os.makedirs(os.path.join(args.dir, ".well-known"), exist_ok=True)
+    discovery = {
+        "issuer": args.issuer,
+        "authorization_endpoint": args.issuer + "/authorize",
+        "token_endpoint": args.issuer + "/token",
+        "jwks_uri": args.issuer + "/jwks.json",
+        "code_challenge_methods_supported": ["S256"],
+    }
+    with open(os.path.join(args.dir, ".well-known", "openid-configuration"), "w") as f:
+        json.dump(discovery, f)
+    jwk = {"kty": "EC", "crv": "P-256", "alg": "ES256", "use": "sig", "kid": kid,
+           "x": b64url(point[1:33]), "y": b64url(point[33:])}
+    with open(os.path.join(args.dir, "jwks.json"), "w") as f:
+        json.dump({"keys": [jwk]}, f)
+    now = int(time.time())
+    header = {"alg": "ES256", "typ": "at+jwt", "kid": kid}
+    claims = {"iss": args.issuer, "aud": args.audience, "sub": "bench", "email": args.email,
+              "email_verified": True, "iat": now, "exp": now + 86400, "jti": str(uuid.uuid4())}
+    signing_input = (b64url(json.dumps(header).encode()) + "." + b64url(json.dumps(claims).encode())).encode()
+    der = subprocess.run(
+        ["openssl", "dgst", "-sha256", "-sign", args.key], input=signing_input,
+        check=True, capture_output=True,
+    ).stdout
+    (_, body), = der_items(der)
+    r, s_ = (v.lstrip(b"\0").rjust(32, b"\0") for _, v in der_items(body))
+    print(signing_input.decode() + "." + b64url(r + s_))
+
+
 def record(args):
     """Joins wrk's RESULT line with what benches/run measured around it."""
     result = None
@@ -179,6 +238,7 @@ LABELS = {
     "keygate-scoped": "keygate HTTPS + scoped API key (4 grants)",
     "keygate-quota": "keygate HTTPS + API key, quota far above the load",
     "keygate-jwt": "keygate HTTPS + Bearer JWT",
+    "keygate-provider-token": "keygate HTTPS + a single sign-on provider's access token",
     "keygate-assertion": "keygate HTTPS + API key, identity as a signed assertion",
     "keygate-assertion-fresh": "keygate HTTPS + API key, a fresh assertion per request",
     "keygate-platform": "keygate HTTPS + API key, identity as the platform's token",
@@ -304,6 +364,12 @@ def table(args):
             f"{ratio(n['cpu'], np_['cpu'])} CPU/req; keygate vs nginx, both with an HTTPS upstream: "
             f"{ratio(k['rps'], n['rps'])} req/s, {ratio(k['cpu'], n['cpu'])} CPU/req"
         )
+    if "keygate-provider-token" in s and "keygate-jwt" in s:
+        k, j = s["keygate-provider-token"], s["keygate-jwt"]
+        lines.append(
+            f"- a provider's access token (its key set cached) vs keygate's own JWT: "
+            f"{ratio(k['rps'], j['rps'])} req/s, {ratio(k['cpu'], j['cpu'])} CPU/req"
+        )
     if "keygate-rotation" in s and "keygate-1key" in s:
         lines.append(
             f"- {meta.get('keys', '?'):,} keys in rotation vs one key: "
@@ -411,6 +477,10 @@ def main():
     p.add_argument("--workers", type=int, default=8)
     p.add_argument("--out", required=True)
     p.set_defaults(run=logins)
+    p = sub.add_parser("idp")
+    for name in ("key", "dir", "issuer", "audience", "email"):
+        p.add_argument(f"--{name}", required=True)
+    p.set_defaults(run=idp)
     p = sub.add_parser("record")
     for name in ("wrk", "case", "out", "proxy"):
         p.add_argument(f"--{name}", required=True)
