@@ -897,6 +897,31 @@ pub fn test_database_url() -> String {
     })
 }
 
+/// A loopback port free now, for a server a test starts.
+#[allow(dead_code)]
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Sends `signal` (`TERM`, `INT`, ...) to the server process `pid` a test
+/// started, and waits up to `within` for it to be gone.
+#[allow(dead_code)]
+pub fn stop_pid(pid: u32, signal: &str, within: std::time::Duration) {
+    let _ = std::process::Command::new("kill")
+        .args([format!("-{signal}"), pid.to_string()])
+        .status();
+    let deadline = std::time::Instant::now() + within;
+    while std::path::Path::new(&format!("/proc/{pid}")).exists()
+        && std::time::Instant::now() < deadline
+    {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
 pub fn skipped_without(tool: &str, check: &str) {
     use std::io::Write;
     let required = std::env::var_os("KEYGATE_TEST_REQUIRE_TOOLS").is_some()

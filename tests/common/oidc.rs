@@ -344,14 +344,6 @@ impl Provider {
 }
 
 /// A free loopback port (bound and released; keygate binds it next).
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// keygate signing in through a real provider, before a recording upstream.
 pub struct Sso {
     pub provider: Provider,
@@ -381,7 +373,7 @@ impl Sso {
         if !provider_available(check) {
             return None;
         }
-        let port = free_port();
+        let port = super::free_port();
         let base = format!("https://127.0.0.1:{port}");
         let provider = Provider::start(&format!("{base}/login/oauth2/code/"), auth_method);
         let config = format!(

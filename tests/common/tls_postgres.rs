@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 pub struct TlsPostgres {
     pub port: u16,
@@ -38,14 +38,6 @@ fn as_server_user(program: &Path) -> Command {
     }
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 impl TlsPostgres {
     /// Starts the server; `None` (the test skipped) when PostgreSQL's
     /// server programs are not installed.
@@ -77,7 +69,7 @@ impl TlsPostgres {
             "initdb: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        let port = free_port();
+        let port = super::free_port();
         let settings = format!(
             "\nport = {port}\nlisten_addresses = '127.0.0.1'\nunix_socket_directories = '{}'\n\
              ssl = on\nssl_cert_file = '{}'\nssl_key_file = '{}'\nfsync = off\n",
@@ -132,13 +124,7 @@ fn append(path: &Path, text: &str) {
 impl Drop for TlsPostgres {
     fn drop(&mut self) {
         let Some(pid) = self.pid.take() else { return };
-        let _ = Command::new("kill")
-            .args(["-INT", &pid.to_string()])
-            .status();
         // A fast shutdown: gone within seconds; the directory goes after.
-        let deadline = Instant::now() + Duration::from_secs(15);
-        while Path::new(&format!("/proc/{pid}")).exists() && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        super::stop_pid(pid, "INT", Duration::from_secs(15));
     }
 }

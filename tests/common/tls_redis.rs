@@ -17,14 +17,6 @@ pub struct TlsRedis {
     dir: tempfile::TempDir,
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// Whether `redis-server` runs here.
 fn installed() -> bool {
     Command::new("redis-server")
@@ -47,7 +39,7 @@ impl TlsRedis {
         let certs = dir.path().join("certs");
         keygate::tls::load_or_generate_dev(&certs).unwrap();
         let (ca, cert, key) = keygate::tls::dev_paths(&certs);
-        let port = free_port();
+        let port = super::free_port();
         let child = Command::new("redis-server")
             .args(["--port", "0", "--bind", "127.0.0.1"])
             .args(["--tls-port", &port.to_string()])
