@@ -1,13 +1,21 @@
 #!/usr/bin/env python3
 """Support for benches/run: free ports, bulk API keys, a paced login stream,
-one result line per wrk run, and the summary table. Standard library only."""
+the load generators wrk and h2load do not cover (TLS handshakes, idle
+connections, WebSocket messages), one result line per run, and the summary
+tables. Standard library only."""
 
 import argparse
+import array
+import asyncio
 import base64
+import collections
 import hashlib
 import http.client
 import json
+import multiprocessing
 import os
+import re
+import resource
 import signal
 import socket
 import sqlite3
@@ -17,6 +25,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 import uuid
 
 
@@ -202,15 +211,506 @@ def idp(args):
     print(signing_input.decode() + "." + b64url(r + s_))
 
 
-def record(args):
-    """Joins wrk's RESULT line with what benches/run measured around it."""
+# --- load generators of their own: TLS handshakes, idle connections, WebSocket
+
+
+def target(url):
+    """Host, port, request target and Host header of an http(s)/ws(s) URL."""
+    u = urllib.parse.urlsplit(url)
+    path = (u.path or "/") + (f"?{u.query}" if u.query else "")
+    return u.hostname, u.port or 443, path, u.netloc
+
+
+def client_context(ca):
+    """TLS 1.3 only, the peer verified against the harness's CA as localhost."""
+    context = ssl.create_default_context(cafile=ca)
+    context.minimum_version = ssl.TLSVersion.TLSv1_3
+    return context
+
+
+def request_head(method, path, netloc, headers):
+    lines = [f"{method} {path} HTTP/1.1", f"Host: {netloc}", *headers]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode()
+
+
+def parse_head(head):
+    """Status, Content-Length (or None) and whether the body is chunked."""
+    lines = head.decode("latin-1").split("\r\n")
+    status = int(lines[0].split(" ", 2)[1])
+    length, chunked = None, False
+    for line in lines[1:]:
+        name, _, value = line.partition(":")
+        name, value = name.strip().lower(), value.strip().lower()
+        if name == "content-length":
+            length = int(value)
+        elif name == "transfer-encoding" and "chunked" in value:
+            chunked = True
+    return status, length, chunked
+
+
+def body_done(body, length, chunked):
+    if length is not None:
+        return len(body) >= length
+    if chunked:
+        return body.endswith(b"0\r\n\r\n")
+    return False
+
+
+def read_response(sock):
+    """Reads one response whole from a blocking socket; its status."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise EOFError("closed before the response head")
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    status, length, chunked = parse_head(head)
+    while not body_done(body, length, chunked):
+        chunk = sock.recv(65536)
+        if not chunk:
+            if length is None and not chunked:
+                break
+            raise EOFError("closed before the end of the body")
+        body += chunk
+    return status
+
+
+async def read_response_async(reader):
+    head = await reader.readuntil(b"\r\n\r\n")
+    status, length, chunked = parse_head(head[:-4])
+    if length is not None:
+        await reader.readexactly(length)
+    elif chunked:
+        body = b""
+        while not body.endswith(b"0\r\n\r\n"):
+            body += await reader.readuntil(b"\r\n")
+    return status
+
+
+def percentiles(latencies_us):
+    """p50, p90, p99 and max of a list of microseconds (0 when empty)."""
+    values = sorted(latencies_us)
+    if not values:
+        return {"p50_us": 0, "p90_us": 0, "p99_us": 0, "max_us": 0}
+
+    def at(q):
+        return int(values[min(len(values) - 1, int(q * len(values)))])
+
+    return {"p50_us": at(0.50), "p90_us": at(0.90), "p99_us": at(0.99), "max_us": int(values[-1])}
+
+
+def errors_zero():
+    return {"connect": 0, "read": 0, "write": 0, "status": 0, "timeout": 0}
+
+
+def merge_counts(parts, names):
+    return {name: sum(p[name] for p in parts) for name in names}
+
+
+def print_result(result):
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+def raise_nofile():
+    """The soft limit on descriptors up to the hard one."""
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+def one_connection(context, host, port, request, session):
+    """Connect, handshake (resuming `session` when given), one request, its
+    whole response: (status, the connection's session, whether it resumed)."""
+    with socket.create_connection((host, port), timeout=10) as raw:
+        raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        with context.wrap_socket(raw, server_hostname="localhost", session=session) as tls:
+            tls.sendall(request)
+            status = read_response(tls)
+            # Taken after the response: the TLS 1.3 tickets came before it.
+            return status, tls.session, tls.session_reused
+
+
+def handshake_worker(job):
+    """One process of `handshakes`: new connections back to back until the
+    deadline, each one request with `Connection: close`."""
+    url, ca, headers, resume, start, duration = job
+    host, port, path, netloc = target(url)
+    context = client_context(ca)
+    request = request_head("GET", path, netloc, [*headers, "Connection: close"])
+    counts = dict(errors_zero(), ok=0, resumed=0, connections=0)
+    latencies = array.array("q")
+    session = None
+    time.sleep(max(0.0, start - time.time()))
+    deadline = start + duration
+    while time.time() < deadline:
+        began = time.perf_counter()
+        counts["connections"] += 1
+        try:
+            status, new_session, reused = one_connection(context, host, port, request, session)
+        except (socket.timeout, TimeoutError):
+            counts["timeout"] += 1
+            continue
+        except (ConnectionRefusedError, ssl.SSLError):
+            counts["connect"] += 1
+            continue
+        except (OSError, EOFError, ValueError, IndexError):
+            counts["read"] += 1
+            continue
+        if status != 200:
+            counts["status"] += 1
+            continue
+        counts["ok"] += 1
+        counts["resumed"] += int(reused)
+        latencies.append(int((time.perf_counter() - began) * 1e6))
+        if resume:
+            session = new_session
+    counts["end"] = time.time()
+    counts["latencies"] = latencies.tobytes()
+    return counts
+
+
+def handshakes(args):
+    """Full (or, with --resume, resumed) TLS 1.3 handshakes: N processes,
+    each connecting, sending one request, reading its answer and closing,
+    over and over for the duration. Prints a RESULT line like wrk's, plus
+    how many connections resumed."""
+    start = time.time() + 0.3
+    job = (args.url, args.ca, args.header or [], args.resume, start, args.duration)
+    with multiprocessing.Pool(args.workers) as pool:
+        parts = pool.map(handshake_worker, [job] * args.workers)
+    latencies = array.array("q")
+    for part in parts:
+        latencies.frombytes(part["latencies"])
+    counts = merge_counts(parts, [*errors_zero(), "ok", "resumed", "connections"])
+    result = {
+        "requests": counts.pop("ok"),
+        "duration_us": int((max(p["end"] for p in parts) - start) * 1e6),
+        **counts,
+        **percentiles(latencies),
+    }
+    print_result(result)
+
+
+async def open_idle(url, ca, headers, count, concurrency):
+    """`count` TLS keep-alive connections, one request answered on each:
+    the connections held, the counts, the latencies (connect to response)."""
+    host, port, path, netloc = target(url)
+    context = client_context(ca)
+    request = request_head("GET", path, netloc, headers)
+    counts, latencies, held = errors_zero(), [], []
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one():
+        async with gate:
+            began = time.perf_counter()
+            try:
+                reader, writer = await asyncio.wait_for(
+                    asyncio.open_connection(host, port, ssl=context, server_hostname="localhost"), 30
+                )
+            except (asyncio.TimeoutError, OSError, ssl.SSLError):
+                counts["connect"] += 1
+                return
+            try:
+                writer.write(request)
+                status = await asyncio.wait_for(read_response_async(reader), 30)
+            except asyncio.TimeoutError:
+                status = "timeout"
+            except (OSError, ssl.SSLError, asyncio.IncompleteReadError, ValueError, IndexError):
+                status = "read"
+            if status != 200:
+                counts[status if isinstance(status, str) else "status"] += 1
+                writer.transport.abort()
+                return
+            latencies.append(int((time.perf_counter() - began) * 1e6))
+            held.append((reader, writer))
+
+    await asyncio.gather(*(one() for _ in range(count)))
+    return held, counts, latencies
+
+
+def idle_worker(url, ca, headers, count, queue, stop):
+    """One process of `idle`: opens its share, reports, holds the connections
+    until `stop` (or its parent is gone), then counts those the proxy closed
+    meanwhile and closes the rest."""
+    parent = os.getppid()
+
+    async def run():
+        held, counts, latencies = await open_idle(url, ca, headers, count, 64)
+        queue.put(("open", dict(counts, ok=len(held), latencies=latencies)))
+        loop = asyncio.get_running_loop()
+        while not await loop.run_in_executor(None, stop.wait, 1.0):
+            if os.getppid() != parent:
+                break
+        dropped = sum(
+            1 for reader, writer in held
+            if reader.at_eof() or reader.exception() is not None or writer.is_closing()
+        )
+        for _, writer in held:
+            writer.transport.abort()
+        queue.put(("closed", dropped))
+
+    raise_nofile()
+    asyncio.run(run())
+
+
+def idle(args):
+    """Opens `connections` TLS keep-alive connections (N processes), one
+    request on each; 2 s after the last answer, writes `--ready` (the counts
+    so far) and holds them idle until SIGTERM; then closes them and prints a
+    RESULT line: the connections opened and held, failures, the latency of
+    the one request (connect included), and how many the proxy closed while
+    they were held (`dropped`)."""
+    raise_nofile()
+    context = multiprocessing.get_context("fork")
+    queue, stop = context.Queue(), context.Event()
+    shares = [args.connections // args.workers + (i < args.connections % args.workers) for i in range(args.workers)]
+    procs = [
+        context.Process(target=idle_worker, args=(args.url, args.ca, args.header or [], n, queue, stop), daemon=True)
+        for n in shares
+    ]
+    began = time.perf_counter()
+    for proc in procs:
+        proc.start()
+    # Until SIGTERM, then the connections are closed and counted.
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
+    opened = [queue.get(timeout=300)[1] for _ in procs]
+    open_us = int((time.perf_counter() - began) * 1e6)
+    time.sleep(2)
+    latencies = [v for part in opened for v in part["latencies"]]
+    counts = merge_counts(opened, [*errors_zero(), "ok"])
+    with open(args.ready, "w") as f:
+        json.dump({"opened": counts["ok"], "open_us": open_us}, f)
+    signal.sigwait({signal.SIGTERM, signal.SIGINT})
+    stop.set()
+    dropped = sum(queue.get(timeout=60)[1] for _ in procs)
+    for proc in procs:
+        proc.join(10)
+    result = {"requests": counts.pop("ok"), "duration_us": open_us, **counts, **percentiles(latencies),
+              "asked": args.connections, "dropped": dropped}
+    print_result(result)
+
+
+def ws_frame(opcode, payload, mask):
+    """A masked client frame (payload below 64 KiB)."""
+    length = len(payload)
+    head = bytes([0x80 | opcode]) + (bytes([0x80 | length]) if length < 126 else bytes([0xFE]) + length.to_bytes(2, "big"))
+    return head + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
+
+
+class Relay(asyncio.Protocol):
+    """One WebSocket: the upgrade, then `inflight` binary messages kept in
+    flight, each echo answered by the next message. Server frames are parsed
+    only as far as counting whole messages and checking their length."""
+
+    def __init__(self, request, frame, size, inflight, stats):
+        self.request, self.frame, self.size, self.inflight, self.stats = request, frame, size, inflight, stats
+        self.buffer = bytearray()
+        self.upgraded = asyncio.get_running_loop().create_future()
+        self.sent = collections.deque()
+        self.running = False
+        self.finished = False
+        self.message = 0
+        self.transport = None
+
+    def connection_made(self, transport):
+        self.transport = transport
+        transport.write(self.request)
+
+    def connection_lost(self, exc):
+        if not self.upgraded.done():
+            self.stats["connect"] += 1
+            self.upgraded.set_result(False)
+        elif not self.finished:
+            # Closed by the other side while it had messages to relay.
+            self.stats["read"] += 1
+            self.finished = True
+            self.running = False
+
+    def fail(self, kind):
+        self.stats[kind] += 1
+        self.running = False
+        self.finished = True
+        if not self.upgraded.done():
+            self.upgraded.set_result(False)
+        self.transport.abort()
+
+    def data_received(self, data):
+        self.buffer += data
+        if not self.upgraded.done():
+            end = self.buffer.find(b"\r\n\r\n")
+            if end < 0:
+                return
+            if self.buffer[9:12] != b"101":
+                return self.fail("status")
+            del self.buffer[: end + 4]
+            self.upgraded.set_result(True)
+        self.frames()
+
+    def go(self):
+        self.running = True
+        now = time.perf_counter()
+        self.sent.extend([now] * self.inflight)
+        self.transport.write(self.frame * self.inflight)
+
+    def frames(self):
+        buffer, echoed, now = self.buffer, 0, time.perf_counter()
+        while len(buffer) >= 2:
+            opcode, length, at = buffer[0] & 0x0F, buffer[1] & 0x7F, 2
+            if length == 126:
+                length, at = int.from_bytes(buffer[2:4], "big"), 4
+            elif length == 127:
+                length, at = int.from_bytes(buffer[2:10], "big"), 10
+            if len(buffer) < at + length:
+                break
+            fin = buffer[0] & 0x80
+            del buffer[: at + length]
+            if opcode == 8:
+                return None if self.finished else self.fail("read")
+            if opcode not in (0, 2):
+                continue  # a ping or a pong
+            self.message += length
+            if not fin:
+                continue
+            if self.message != self.size or not self.sent:
+                return self.fail("read")
+            self.message = 0
+            began = self.sent.popleft()
+            if self.running:
+                self.stats["messages"] += 1
+                self.stats["latencies"].append(int((now - began) * 1e6))
+                echoed += 1
+        if echoed and self.running:
+            self.sent.extend([now] * echoed)
+            self.transport.write(self.frame * echoed)
+
+    def finish(self, close_frame):
+        if not self.finished:
+            self.finished = True
+            self.running = False
+            self.transport.write(close_frame)
+            self.transport.close()
+
+
+async def ws_run(url, ca, headers, sockets, inflight, size, duration, barrier):
+    host, port, path, netloc = target(url)
+    context = client_context(ca)
+    key = base64.b64encode(os.urandom(16)).decode()
+    request = request_head("GET", path, netloc, [
+        *headers, "Upgrade: websocket", "Connection: Upgrade",
+        f"Sec-WebSocket-Key: {key}", "Sec-WebSocket-Version: 13",
+    ])
+    mask = os.urandom(4)
+    frame = ws_frame(2, os.urandom(size), mask)
+    close_frame = ws_frame(8, (1000).to_bytes(2, "big"), mask)
+    stats = dict(errors_zero(), messages=0, latencies=array.array("q"))
+    loop = asyncio.get_running_loop()
+    relays = []
+    for _ in range(sockets):
+        try:
+            _, relay = await loop.create_connection(
+                lambda: Relay(request, frame, size, inflight, stats), host, port,
+                ssl=context, server_hostname="localhost",
+            )
+            relays.append(relay)
+        except (OSError, ssl.SSLError):
+            stats["connect"] += 1
+    if relays:
+        await asyncio.wait([r.upgraded for r in relays], timeout=30)
+    for relay in relays:
+        if not relay.upgraded.done():
+            relay.fail("timeout")
+    relays = [r for r in relays if r.upgraded.result()]
+    await loop.run_in_executor(None, barrier.wait, 60)
+    began = time.perf_counter()
+    for relay in relays:
+        relay.go()
+    await asyncio.sleep(duration)
+    stats["elapsed"] = time.perf_counter() - began
+    for relay in relays:
+        relay.finish(close_frame)
+    await asyncio.sleep(0.1)
+    stats["latencies"] = stats["latencies"].tobytes()
+    return stats
+
+
+def ws_worker(job, barrier, queue):
+    queue.put(asyncio.run(ws_run(*job, barrier)))
+
+
+def websocket(args):
+    """Binary messages relayed both ways over `workers` x `sockets`
+    WebSockets, `inflight` in flight on each: every echoed message counts
+    once. Prints a RESULT line: messages as requests, round-trip latencies,
+    failed upgrades (status), sockets that failed to connect (connect) or
+    closed or carried a wrong message during the run (read)."""
+    context = multiprocessing.get_context("fork")
+    barrier, queue = context.Barrier(args.workers), context.Queue()
+    job = (args.url, args.ca, args.header or [], args.sockets, args.inflight, args.size, args.duration)
+    procs = [context.Process(target=ws_worker, args=(job, barrier, queue), daemon=True) for _ in range(args.workers)]
+    for proc in procs:
+        proc.start()
+    parts = [queue.get(timeout=args.duration + 120) for _ in procs]
+    for proc in procs:
+        proc.join(10)
+    latencies = array.array("q")
+    for part in parts:
+        latencies.frombytes(part["latencies"])
+    counts = merge_counts(parts, [*errors_zero(), "messages"])
+    result = {
+        "requests": counts.pop("messages"),
+        "duration_us": int(max(p["elapsed"] for p in parts) * 1e6),
+        **counts,
+        **percentiles(latencies),
+        "sockets": args.workers * args.sockets,
+    }
+    print_result(result)
+
+
+def h2result(args):
+    """h2load's summary and per-request log as a RESULT line: answers with a
+    2xx status are the requests; any other status is an error (status), and
+    so is a request that failed below HTTP (errored: read, or timeout)."""
+    text = open(args.summary).read()
+
+    def number(pattern):
+        found = re.search(pattern, text)
+        if not found:
+            sys.exit(f"harness: no '{pattern}' in h2load's output {args.summary}")
+        return float(found.group(1))
+
+    seconds = number(r"finished in ([\d.]+)s")
+    codes = re.search(r"status codes: (\d+) 2xx, (\d+) 3xx, (\d+) 4xx, (\d+) 5xx", text)
+    ok, *others = (int(v) for v in codes.groups())
+    errored, timeout = int(number(r"(\d+) errored")), int(number(r"(\d+) timeout"))
+    protocol = re.search(r"Application protocol: (\S+)", text)
+    latencies = []
+    with open(args.log) as f:
+        for line in f:
+            fields = line.split("\t")
+            if len(fields) >= 3:
+                latencies.append(int(fields[2]))
+    result = dict(errors_zero(), requests=ok, duration_us=int(seconds * 1e6), status=sum(others),
+                  read=errored - timeout, timeout=timeout, protocol=protocol.group(1) if protocol else None)
+    result.update(percentiles(latencies))
+    print_result(result)
+
+
+def result_line(path):
+    """The last RESULT line of a load generator's output."""
     result = None
-    with open(args.wrk) as f:
+    with open(path) as f:
         for line in f:
             if line.startswith("RESULT "):
                 result = json.loads(line[len("RESULT "):])
     if result is None:
-        sys.exit(f"harness: no RESULT line in {args.wrk}")
+        sys.exit(f"harness: no RESULT line in {path}")
+    return result
+
+
+def record(args):
+    """Joins a load generator's RESULT line (wrk's, or one of the harness's
+    own) with what benches/run measured around it."""
+    result = result_line(args.wrk)
     result.update(
         case=args.case,
         round=args.round,
@@ -225,6 +725,11 @@ def record(args):
     if args.logins:
         with open(args.logins) as f:
             result["logins"] = json.load(f)
+    if args.idle:
+        # The idle connections held while wrk ran, and the proxy's resident
+        # memory before they were opened and once they were all idle.
+        result.update(idle=result_line(args.idle), rss_before_kib=args.rss_before_kib,
+                      rss_after_kib=args.rss_after_kib)
     with open(args.out, "a") as f:
         f.write(json.dumps(result) + "\n")
 
@@ -255,7 +760,57 @@ LABELS = {
     "c1-nginx-https": "1 connection: nginx HTTPS",
     "c1-keygate-apikey": "1 connection: keygate HTTPS + API key",
     "pingap-apikey": "pingap HTTPS + key_auth plugin",
+    "haproxy-apikey": "HAProxy HTTPS + API key (ACL)",
+    # The other axes: their own table (`AXES`), not the one above.
+    "nginx-handshake": "nginx, a full TLS 1.3 handshake per request",
+    "haproxy-handshake": "HAProxy, a full TLS 1.3 handshake per request",
+    "keygate-handshake": "keygate + API key, a full TLS 1.3 handshake per request",
+    "nginx-resume": "nginx, a resumed TLS 1.3 handshake per request",
+    "haproxy-resume": "HAProxy, a resumed TLS 1.3 handshake per request",
+    "keygate-resume": "keygate + API key, a resumed TLS 1.3 handshake per request",
+    "nginx-h2": "nginx HTTP/2",
+    "haproxy-h2": "HAProxy HTTP/2 + API key",
+    "keygate-h2": "keygate HTTP/2 + API key",
+    "nginx-download": "nginx, 1 MiB responses",
+    "haproxy-download": "HAProxy + API key, 1 MiB responses",
+    "keygate-download": "keygate + API key, 1 MiB responses",
+    "nginx-upload": "nginx, 1 MiB request bodies",
+    "haproxy-upload": "HAProxy + API key, 1 MiB request bodies",
+    "keygate-upload": "keygate + API key, 1 MiB request bodies",
+    "nginx-idle": "nginx, N idle connections held",
+    "haproxy-idle": "HAProxy + API key, N idle connections held",
+    "keygate-idle": "keygate + API key, N idle connections held",
+    "nginx-ws": "nginx, WebSocket 1 KiB echo",
+    "keygate-ws": "keygate + JWT, WebSocket 1 KiB echo",
 }
+
+# The second table: one axis per row group, each in its own unit. A case's
+# CPU per request is per unit here (a handshake, a MiB: every request of the
+# body cases moves 1 MiB, a message); keygate is compared with the nginx case
+# and the HAProxy case of its axis (the last of each in the list).
+AXES = [
+    # (axis, throughput unit, CPU unit, CPU µs per request to that unit, cases)
+    ("API key", "req/s", "µs/req", 1, ["nginx-plain", "nginx-https", "haproxy-apikey", "keygate-apikey"]),
+    ("full handshake", "handshakes/s", "µs/handshake", 1,
+     ["nginx-handshake", "haproxy-handshake", "keygate-handshake"]),
+    ("resumed handshake", "handshakes/s", "µs/handshake", 1, ["nginx-resume", "haproxy-resume", "keygate-resume"]),
+    ("HTTP/2", "req/s", "µs/req", 1, ["nginx-h2", "haproxy-h2", "keygate-h2"]),
+    ("1 MiB download", "MiB/s", "ms/MiB", 1e-3, ["nginx-download", "haproxy-download", "keygate-download"]),
+    ("1 MiB upload", "MiB/s", "ms/MiB", 1e-3, ["nginx-upload", "haproxy-upload", "keygate-upload"]),
+    ("idle connections held", "req/s", "µs/req", 1, ["nginx-idle", "haproxy-idle", "keygate-idle"]),
+    ("WebSocket", "messages/s", "µs/message", 1, ["nginx-ws", "keygate-ws"]),
+]
+AXIS_ONLY = {case for _, _, _, _, cases in AXES[1:] for case in cases}
+
+
+def errors_of(r):
+    """Failed requests of one run, with the idle connections that failed or
+    were closed by the proxy while held."""
+    n = r["connect"] + r["read"] + r["write"] + r["status"] + r["timeout"]
+    idle = r.get("idle")
+    if idle:
+        n += idle["connect"] + idle["read"] + idle["write"] + idle["status"] + idle["timeout"] + idle["dropped"]
+    return n
 
 
 def summarize(rows):
@@ -265,7 +820,7 @@ def summarize(rows):
         cases.setdefault(r["case"], []).append(r)
     out = {}
     for case, runs in cases.items():
-        rps = [r["requests"] * 1e6 / r["duration_us"] for r in runs]
+        rps = [r["requests"] * 1e6 / r["duration_us"] if r["duration_us"] else 0 for r in runs]
         cpu = [
             r["cpu_ticks"] * 1e6 / r["clk_tck"] / r["requests"]
             for r in runs
@@ -276,8 +831,16 @@ def summarize(rows):
             for r in runs
             if r["requests"] and r["upstream_cpu_ticks"] is not None
         ]
-        errors = sum(r["connect"] + r["read"] + r["write"] + r["status"] + r["timeout"] for r in runs)
+        errors = sum(errors_of(r) for r in runs)
         logins = [r["logins"] for r in runs if "logins" in r]
+        # Memory per idle connection from the first round only: nginx and
+        # HAProxy keep what the connections freed for the next ones, so in
+        # later rounds their resident memory hardly grows (keygate's does).
+        idle_kib = [
+            (r["rss_after_kib"] - r["rss_before_kib"]) / r["idle"]["requests"]
+            for r in sorted(runs, key=lambda r: r["round"])
+            if r.get("idle") and r["idle"]["requests"] and r.get("rss_after_kib") is not None
+        ][:1]
         out[case] = {
             "rounds": len(runs),
             "rps": statistics.median(rps),
@@ -291,6 +854,9 @@ def summarize(rows):
             "rss": max((r["rss_kib"] or 0) for r in runs),
             "misses": sum((r.get("cache_misses") or 0) for r in runs),
             "logins": logins,
+            "idle_kib": idle_kib[0] if idle_kib else None,
+            "idle_held": min((r["idle"]["requests"] for r in runs if r.get("idle")), default=None),
+            "resumed": sum(r.get("resumed", 0) for r in runs) / max(1, sum(r["requests"] for r in runs)),
         }
     return out
 
@@ -312,7 +878,7 @@ def table(args):
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for case, label in LABELS.items():
         c = s.get(case)
-        if c is None:
+        if c is None or case in AXIS_ONLY:
             continue
         if case == "keygate-rotation":
             label = label.replace("N keys", f"{meta.get('keys', '?'):,} keys")
@@ -340,7 +906,8 @@ def table(args):
                              f"{s[case]['p50'] - direct:+,.0f} µs")
     if "keygate-apikey" in s:
         k = s["keygate-apikey"]
-        peers = [("nginx HTTPS", https), ("nginx plain", plain), ("pingap", s.get("pingap-apikey"))]
+        peers = [("nginx HTTPS", https), ("nginx plain", plain), ("HAProxy", s.get("haproxy-apikey")),
+                 ("pingap", s.get("pingap-apikey"))]
         lines.append(
             "- keygate HTTPS + API key vs "
             + ", ".join(
@@ -421,6 +988,74 @@ def table(args):
             what = "idle" if name == "rss_idle_kib" else f"with {meta.get('million_keys', 0):,} cached keys"
             lines.append(f"- keygate resident memory {what}: {meta[name] / 1024:.1f} MiB")
     print("\n".join(lines))
+    axes_table(s, meta)
+
+
+def amount(value):
+    return f"{value:,.0f}" if value >= 100 else f"{value:,.1f}"
+
+
+def axes_table(s, meta):
+    """The second table: each axis in its unit, keygate against the nginx and
+    the HAProxy case of the same axis."""
+    if not any(case in s for *_, cases in AXES for case in cases if case in AXIS_ONLY or case == "haproxy-apikey"):
+        return
+    print(
+        "\n| axis | case | throughput (median, min–max) | p99 µs | errors | proxy CPU per unit "
+        "| RSS MiB / KiB per idle connection | keygate vs nginx: throughput | CPU/unit "
+        "| keygate vs HAProxy: throughput | CPU/unit |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    notes = []
+    for axis, unit, cpu_unit, scale, cases in AXES:
+        refs = {peer: next((s[c] for c in reversed(cases) if c.startswith(peer + "-") and c in s), None)
+                for peer in ("nginx", "haproxy")}
+        for case in cases:
+            c = s.get(case)
+            if c is None:
+                continue
+            label = LABELS[case].replace("N idle", f"{c['idle_held'] or 0:,} idle")
+            cpu = f"{c['cpu'] * scale:,.2f} {cpu_unit}" if c["cpu"] is not None else "–"
+            if c["idle_kib"] is not None:
+                memory = f"{c['idle_kib']:,.1f} KiB/conn"
+            else:
+                memory = f"{c['rss'] / 1024:.1f} MiB" if c["rss"] else "–"
+            cells = ["–"] * 4
+            if case.startswith("keygate-"):
+                for i, peer in enumerate(("nginx", "haproxy")):
+                    ref = refs[peer]
+                    if ref:
+                        cells[2 * i] = ratio(c["rps"], ref["rps"])
+                        cells[2 * i + 1] = ratio(c["cpu"], ref["cpu"])
+            print(
+                f"| {axis} | {label} | {amount(c['rps'])} ({amount(c['rps_min'])}–{amount(c['rps_max'])}) {unit} "
+                f"| {c['p99']:,.0f} | {c['errors']} | {cpu} | {memory} | " + " | ".join(cells) + " |"
+            )
+        notes += axis_notes(axis, cases, s)
+    print()
+    print("\n".join(notes))
+
+
+def axis_notes(axis, cases, s):
+    """What a row of the axes table leaves out: the share of handshakes
+    resumed, and memory per idle connection against the peers."""
+    notes = []
+    present = [c for c in cases if c in s]
+    if axis.endswith("handshake") and present:
+        notes.append(
+            f"- {axis}s resumed: "
+            + ", ".join(f"{c.split('-')[0]} {100 * s[c]['resumed']:.1f}%" for c in present)
+        )
+    if axis.startswith("idle") and "keygate-idle" in s:
+        k = s["keygate-idle"]["idle_kib"]
+        peers = [(name, s[c]["idle_kib"]) for name, c in (("nginx", "nginx-idle"), ("HAProxy", "haproxy-idle"))
+                 if c in s and s[c]["idle_kib"]]
+        if k is not None and peers:
+            notes.append(
+                "- resident memory per idle TLS connection, keygate vs "
+                + ", ".join(f"{name}: {ratio(k, v)} ({k:,.1f} against {v:,.1f} KiB)" for name, v in peers)
+            )
+    return notes
 
 
 def not_as_described(r):
@@ -434,6 +1069,22 @@ def not_as_described(r):
         return f"{r['cache_misses']} api_keys cache misses: the cache was not warm"
     if r["case"] == "keygate-quota" and r.get("redis_up") != 1:
         return "keygate_redis_up was not 1: the quota was counted locally, not through Redis"
+    return not_as_described_axis(r)
+
+
+def not_as_described_axis(r):
+    """The same for the cases of the axes table: handshakes resumed as the
+    case says, HTTP/2 spoken, every idle connection opened and held."""
+    case = r["case"]
+    if case.endswith("-resume") and r.get("resumed", 0) < 0.9 * r["requests"]:
+        return f"only {r.get('resumed', 0)} of {r['requests']} connections resumed (90% required)"
+    if case.endswith("-handshake") and r.get("resumed"):
+        return f"{r['resumed']} connections resumed in a full-handshake case"
+    if case.endswith("-h2") and r.get("protocol") != "h2":
+        return f"h2load spoke {r.get('protocol')}, not h2"
+    idle = r.get("idle")
+    if case.endswith("-idle") and (not idle or idle["requests"] < idle["asked"]):
+        return f"{idle['requests'] if idle else 0} idle connections opened of {idle['asked'] if idle else '?'}"
     return None
 
 
@@ -443,7 +1094,7 @@ def failures(args):
     rows = [json.loads(line) for line in open(args.results) if line.strip()]
     failed = 0
     for r in rows:
-        n = r["connect"] + r["read"] + r["write"] + r["status"] + r["timeout"]
+        n = errors_of(r)
         n += r.get("logins", {}).get("failed", 0)
         if n:
             print(f"harness: {r['case']} round {r['round']}: {n} failed requests", file=sys.stderr)
@@ -453,6 +1104,15 @@ def failures(args):
             print(f"harness: {r['case']} round {r['round']}: {why}", file=sys.stderr)
             failed += 1
     sys.exit(1 if failed else 0)
+
+
+def add_target(p):
+    """The options every load generator of the harness's own takes."""
+    p.add_argument("--url", required=True)
+    p.add_argument("--ca", required=True)
+    p.add_argument("-H", "--header", action="append", help="a request header, as curl's -H")
+    p.add_argument("--workers", type=int, default=2, help="processes")
+    p.add_argument("--duration", type=float, default=8)
 
 
 def main():
@@ -486,10 +1146,31 @@ def main():
         p.add_argument(f"--{name}", required=True)
     p.add_argument("--round", type=int, required=True)
     p.add_argument("--clk-tck", type=int, required=True)
-    for name in ("cpu-ticks", "upstream-cpu-ticks", "rss-kib", "cache-misses", "redis-up"):
+    for name in ("cpu-ticks", "upstream-cpu-ticks", "rss-kib", "cache-misses", "redis-up",
+                 "rss-before-kib", "rss-after-kib"):
         p.add_argument(f"--{name}", type=int)
     p.add_argument("--logins")
+    p.add_argument("--idle")
     p.set_defaults(run=record)
+    p = sub.add_parser("handshakes")
+    add_target(p)
+    p.add_argument("--resume", action="store_true")
+    p.set_defaults(run=handshakes)
+    p = sub.add_parser("idle")
+    add_target(p)
+    p.add_argument("--connections", type=int, default=10000)
+    p.add_argument("--ready", required=True)
+    p.set_defaults(run=idle)
+    p = sub.add_parser("websocket")
+    add_target(p)
+    p.add_argument("--sockets", type=int, default=32, help="per worker")
+    p.add_argument("--inflight", type=int, default=4)
+    p.add_argument("--size", type=int, default=1024)
+    p.set_defaults(run=websocket)
+    p = sub.add_parser("h2result")
+    p.add_argument("summary")
+    p.add_argument("log")
+    p.set_defaults(run=h2result)
     p = sub.add_parser("table")
     p.add_argument("results")
     p.add_argument("--meta")
