@@ -1043,7 +1043,7 @@ def axis_notes(axis, cases, s):
     present = [c for c in cases if c in s]
     if axis.endswith("handshake") and present:
         notes.append(
-            f"- {axis}s resumed: "
+            f"- connections resumed, {axis} cases: "
             + ", ".join(f"{c.split('-')[0]} {100 * s[c]['resumed']:.1f}%" for c in present)
         )
     if axis.startswith("idle") and "keygate-idle" in s:
