@@ -1011,9 +1011,33 @@ impl<K: Unpin> http_body::Body for Pooled<K> {
 
 impl<K> Pooled<K> {
     fn give_back(&mut self) {
-        if let Some(conn) = self.conn.take() {
+        let Some(mut conn) = self.conn.take() else {
+            return;
+        };
+        if conn.ready_now() || conn.driver.is_none() {
             self.client.release(self.key.clone(), conn);
+            return;
         }
+        // The response ended before the request's body was all sent: an
+        // upstream that answers first and reads (or discards) the body
+        // after, as nginx's `return` does. The body goes on being sent, on
+        // a task of its own: left in the pool undriven, it was read from
+        // the client no more, and the client's next request on the same
+        // connection waited until keygate's body deadline closed it. The
+        // client's pace bounds it as any request body's is.
+        let (client, key) = (self.client.clone(), self.key.clone());
+        tokio::spawn(async move {
+            let sent = std::future::poll_fn(|cx| {
+                if !conn.drive(cx) {
+                    return Poll::Ready(false);
+                }
+                conn.sender.poll_ready(cx).map(|ready| ready.is_ok())
+            })
+            .await;
+            if sent {
+                client.release(key, conn);
+            }
+        });
     }
 }
 
@@ -1102,6 +1126,49 @@ mod tests {
         for _ in 0..5 {
             assert_eq!(get(&client, &endpoint).await, "ok\n");
         }
+        assert_eq!(accepted.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn a_body_still_being_sent_when_the_answer_ended_is_sent_to_its_end() {
+        // The upstream answers after the head and reads the body after (as
+        // nginx's `return` does); the body is larger than the sockets hold.
+        let (endpoint, accepted) = upstream(false).await;
+        let client = client_keeping(8);
+        let (chunks, rx) = tokio::sync::mpsc::channel::<Bytes>(1);
+        let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+            let chunk = rx.recv().await?;
+            Some((
+                Ok::<_, crate::body::BoxError>(http_body::Frame::data(chunk)),
+                rx,
+            ))
+        });
+        let request = Request::builder()
+            .method("POST")
+            .uri(format!("http://{}/x", endpoint.authority()))
+            .header("host", endpoint.authority().as_str())
+            .header("content-length", (64 * 65_536).to_string())
+            .body(body::boxed(http_body_util::StreamBody::new(stream)))
+            .unwrap();
+        let feeding = tokio::spawn(async move {
+            for _ in 0..64 {
+                chunks.send(Bytes::from(vec![b'x'; 65_536])).await.unwrap();
+            }
+        });
+        let response = client
+            .send(&endpoint, request, &mut None::<()>)
+            .await
+            .unwrap();
+        let answer = response.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(&answer[..], b"ok\n");
+        // Every chunk is taken, with no one reading the response any more.
+        tokio::time::timeout(Duration::from_secs(5), feeding)
+            .await
+            .expect("the rest of the body was never sent")
+            .unwrap();
+        // And the connection, its exchange over, serves the next request.
+        let next = tokio::time::timeout(Duration::from_secs(5), get(&client, &endpoint)).await;
+        assert_eq!(next.expect("the next request waited").as_str(), "ok\n");
         assert_eq!(accepted.load(Ordering::SeqCst), 1);
     }
 
