@@ -484,7 +484,9 @@ fn websocket(mut req: Request<Incoming>, counters: &Counters) -> ApiResult {
             let socket = tokio_tungstenite::WebSocketStream::from_raw_socket(
                 TokioIo::new(upgraded),
                 tokio_tungstenite::tungstenite::protocol::Role::Server,
-                None,
+                // keygate's own read buffer: an echo that zero-fills 128 KiB
+                // per read would be the limit of every WebSocket benchmark.
+                Some(crate::websocket::socket_config()),
             )
             .await;
             answer_socket(socket, opened).await;

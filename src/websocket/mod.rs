@@ -53,6 +53,7 @@ use crate::telemetry::Metrics;
 pub use handshake::is_upgrade;
 use metrics::SocketMetrics;
 pub use seat::seats_held;
+pub(crate) use session::socket_config;
 use session::{Opening, Session};
 
 /// Everything a socket needs, shared by all of them.

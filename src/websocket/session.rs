@@ -83,6 +83,16 @@ struct Authenticated {
     first: Option<String>,
 }
 
+/// What both ends of a socket read with: tungstenite's own read buffer is
+/// 128 KiB, and each read first zero-fills all of it, which was 22% of
+/// keygate's CPU time relaying 1 KiB messages (`perf`, `benches/run`'s
+/// WebSocket case). A longer message still arrives whole, over more reads.
+pub(crate) fn socket_config() -> WebSocketConfig {
+    WebSocketConfig::default().read_buffer_size(READ_BUFFER)
+}
+
+const READ_BUFFER: usize = 8 * 1024;
+
 impl Session {
     pub async fn run(self, on_upgrade: OnUpgrade, opening: Opening) {
         let Ok(upgraded) = on_upgrade.await else {
@@ -90,7 +100,7 @@ impl Session {
         };
         let sockets = self.sockets.clone();
         let open = sockets.metrics.opened(&self.label);
-        let config = WebSocketConfig::default()
+        let config = socket_config()
             .max_message_size(Some(sockets.settings.max_message_bytes))
             .max_frame_size(Some(sockets.settings.max_message_bytes));
         let mut client =
@@ -373,10 +383,11 @@ impl Session {
                 }
                 Err(OpenError::Connect(_)) => return Ok(None),
             };
-            let (socket, _) = tokio_tungstenite::client_async(request, stream)
-                .await
-                .ok()
-                .unzip();
+            let (socket, _) =
+                tokio_tungstenite::client_async_with_config(request, stream, Some(socket_config()))
+                    .await
+                    .ok()
+                    .unzip();
             Ok(socket)
         };
         match tokio::time::timeout(self.connect_timeout, attempt).await {
