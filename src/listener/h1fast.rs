@@ -281,6 +281,10 @@ where
     }
 }
 
+/// Body frames this large are written as they are rather than copied into
+/// the response's buffer.
+const DIRECT_WRITE: usize = 16 * 1024;
+
 /// What a connection's read buffer takes when a request starts arriving.
 const READ_BUFFER: usize = 8 * 1024;
 
@@ -423,6 +427,16 @@ where
             continue;
         };
         if data.is_empty() {
+            continue;
+        }
+        if !chunked && data.len() >= DIRECT_WRITE {
+            // A large frame goes to the connection as it is, not copied
+            // after what is pending first.
+            if !out.is_empty() {
+                io.write_all(out).await?;
+                out.clear();
+            }
+            io.write_all(&data).await?;
             continue;
         }
         if chunked {

@@ -215,6 +215,8 @@ impl Link for WireConn {
 /// A wire connection's read buffer, and the most an idle one keeps.
 const WIRE_BUFFER: usize = 8 * 1024;
 const MAX_IDLE_BUFFER: usize = 64 * 1024;
+/// The most one read of a response body with a length asks for.
+const BODY_READ: usize = 64 * 1024;
 
 struct Idle<T> {
     conn: T,
@@ -911,6 +913,15 @@ impl<K: Unpin> http_body::Body for WireBody<K> {
             let Some(conn) = this.conn.as_mut() else {
                 return Poll::Ready(None);
             };
+            if let Remaining::Length(n) = this.remaining {
+                // A large body is read in large reads: each is one frame on
+                // to the client (one TLS write of several records) instead
+                // of one per 8 KiB.
+                let want = n.min(BODY_READ as u64) as usize;
+                if conn.buf.capacity() - conn.buf.len() < want {
+                    conn.buf.reserve(want);
+                }
+            }
             let mut read = std::pin::pin!(conn.stream.read_buf(&mut conn.buf));
             match read.as_mut().poll(cx) {
                 Poll::Pending => return Poll::Pending,
