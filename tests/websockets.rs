@@ -778,6 +778,34 @@ async fn a_user_over_the_socket_limit_at_one_replica_is_refused_at_the_other() {
 }
 
 #[tokio::test]
+async fn messages_sent_together_all_arrive_in_order() {
+    let gw = setup("").await;
+    let user = gw.user("ws-burst@example.com", Authority::TenantAdmin).await;
+    let (_, key) = gw.api_key(&user, 0).await;
+    let mut socket = keyed_socket(&gw, &key, "up").await;
+    // More than keygate passes on in one write, fed without a flush between
+    // them so that they arrive together.
+    for i in 0u32..50 {
+        socket
+            .feed(Message::binary(i.to_be_bytes().repeat(256)))
+            .await
+            .unwrap();
+    }
+    socket.flush().await.unwrap();
+    for i in 0u32..50 {
+        let echoed = tokio::time::timeout(Duration::from_secs(10), socket.next())
+            .await
+            .expect("an echo within 10 s");
+        match echoed {
+            Some(Ok(Message::Binary(bytes))) => {
+                assert_eq!(&bytes[..], &i.to_be_bytes().repeat(256)[..], "message {i}")
+            }
+            other => panic!("expected echo {i}, got {other:?}"),
+        }
+    }
+}
+
+#[tokio::test]
 async fn an_oversized_message_closes_1009() {
     let gw = setup("[websocket]\nmax_message_bytes = 1024\n").await;
     let user = gw.user("ws-big@example.com", Authority::TenantAdmin).await;

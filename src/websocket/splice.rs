@@ -152,39 +152,34 @@ pub async fn run(
     };
     let mut last_heard = Instant::now();
     let mut pinged = false;
+    // Both timers are made once and moved only when they fire: a timer made
+    // anew for every message registered and cleared two of them per message.
+    // A message heard only moves `last_heard`; the quiet timer, when it
+    // fires, first looks whether it came early.
+    let mut quiet = std::pin::pin!(tokio::time::sleep_until(
+        last_heard + settings.ping_interval
+    ));
+    let mut checks = std::pin::pin!(tokio::time::sleep_until(timers.next()));
     loop {
-        let quiet_until = last_heard
-            + if pinged {
-                settings.idle_timeout
-            } else {
-                settings.ping_interval
-            };
         tokio::select! {
             message = client.next() => {
-                let message = match message {
-                    Some(Ok(message)) => message,
-                    Some(Err(WsError::Capacity(_))) => return Ending::MessageTooBig,
-                    Some(Err(_)) | None => return Ending::ClientGone,
-                };
                 last_heard = Instant::now();
                 pinged = false;
-                if let Message::Close(frame) = message {
-                    return Ending::ClientClosed(frame);
-                }
-                traffic.from_client += message.len() as u64;
-                if upstream.send(message).await.is_err() {
-                    return Ending::UpstreamUnavailable;
+                let passed = async {
+                    let message = from_client(message, traffic)?;
+                    pass(message, client, upstream, from_client, traffic, || Ending::UpstreamUnavailable).await
+                };
+                if let Err(ending) = passed.await {
+                    return ending;
                 }
             }
             message = upstream.next() => {
-                let message = match message {
-                    Some(Ok(Message::Close(frame))) => return Ending::UpstreamClosed(frame),
-                    Some(Ok(message)) => message,
-                    Some(Err(_)) | None => return Ending::UpstreamClosed(None),
+                let passed = async {
+                    let message = from_upstream(message, traffic)?;
+                    pass(message, upstream, client, from_upstream, traffic, || Ending::ClientGone).await
                 };
-                traffic.to_client += message.len() as u64;
-                if client.send(message).await.is_err() {
-                    return Ending::ClientGone;
+                if let Err(ending) = passed.await {
+                    return ending;
                 }
             }
             () = woken(&recheck) => {
@@ -193,7 +188,7 @@ pub async fn run(
                         return ending;
                     }
             }
-            () = tokio::time::sleep_until(timers.next()) => {
+            () = checks.as_mut() => {
                 match &recheck {
                     Some(recheck) => {
                         if let Err(ending) = recheck.on_timer(&mut timers).await {
@@ -202,12 +197,24 @@ pub async fn run(
                     }
                     None => timers = Timers::never(),
                 }
+                checks.as_mut().reset(timers.next());
             }
-            () = tokio::time::sleep_until(quiet_until) => {
+            () = quiet.as_mut() => {
+                let quiet_until = last_heard
+                    + if pinged {
+                        settings.idle_timeout
+                    } else {
+                        settings.ping_interval
+                    };
+                if quiet_until > Instant::now() {
+                    quiet.as_mut().reset(quiet_until);
+                    continue;
+                }
                 if pinged {
                     return Ending::Idle;
                 }
                 pinged = true;
+                quiet.as_mut().reset(last_heard + settings.idle_timeout);
                 if client.send(Message::Ping(Default::default())).await.is_err() {
                     return Ending::ClientGone;
                 }
@@ -215,6 +222,74 @@ pub async fn run(
             () = drained(&mut drain) => return Ending::Shutdown,
         }
     }
+}
+
+/// What one side sent, as read from its socket.
+type Read = Option<Result<Message, WsError>>;
+
+/// A message the client sent, counted, to go upstream; or how the socket
+/// ends with it.
+fn from_client(read: Read, traffic: &mut Traffic) -> Result<Message, Ending> {
+    let message = match read {
+        Some(Ok(Message::Close(frame))) => return Err(Ending::ClientClosed(frame)),
+        Some(Ok(message)) => message,
+        Some(Err(WsError::Capacity(_))) => return Err(Ending::MessageTooBig),
+        Some(Err(_)) | None => return Err(Ending::ClientGone),
+    };
+    traffic.from_client += message.len() as u64;
+    Ok(message)
+}
+
+/// A message the upstream sent, counted, to go to the client; or how the
+/// socket ends with it.
+fn from_upstream(read: Read, traffic: &mut Traffic) -> Result<Message, Ending> {
+    let message = match read {
+        Some(Ok(Message::Close(frame))) => return Err(Ending::UpstreamClosed(frame)),
+        Some(Ok(message)) => message,
+        Some(Err(_)) | None => return Err(Ending::UpstreamClosed(None)),
+    };
+    traffic.to_client += message.len() as u64;
+    Ok(message)
+}
+
+/// The most messages passed on in one write.
+const BATCH: usize = 16;
+
+/// Passes `first` on to `to`, with the messages `from` has already read
+/// behind it (up to [`BATCH`]), then flushes once: messages that arrived
+/// together leave in one write, as a byte-relaying proxy's would, where a
+/// flush per message wrote each one apart. `take` is [`from_client`] or
+/// [`from_upstream`]; `failed` the ending when `to` can take no more.
+async fn pass<R, W>(
+    first: Message,
+    from: &mut R,
+    to: &mut W,
+    take: fn(Read, &mut Traffic) -> Result<Message, Ending>,
+    traffic: &mut Traffic,
+    failed: impl Fn() -> Ending,
+) -> Result<(), Ending>
+where
+    R: futures_util::Stream<Item = Result<Message, WsError>> + Unpin,
+    W: futures_util::Sink<Message> + Unpin,
+{
+    use futures_util::FutureExt as _;
+    to.feed(first).await.map_err(|_| failed())?;
+    let mut ended = None;
+    for _ in 1..BATCH {
+        let Some(read) = from.next().now_or_never() else {
+            break;
+        };
+        match take(read, traffic) {
+            Ok(message) => to.feed(message).await.map_err(|_| failed())?,
+            Err(ending) => {
+                ended = Some(ending);
+                break;
+            }
+        }
+    }
+    // What was fed goes out before an ending found behind it.
+    to.flush().await.map_err(|_| failed())?;
+    ended.map_or(Ok(()), Err)
 }
 
 /// Completes when the listener drains; never once no drain can come.
