@@ -333,18 +333,30 @@ def one_connection(context, host, port, request, session):
 def handshake_worker(job):
     """One process of `handshakes`: new connections back to back until the
     deadline, each one request with `Connection: close`."""
-    url, ca, headers, resume, start, duration = job
+    url, ca, headers, resume, clients, start, duration = job
     host, port, path, netloc = target(url)
     context = client_context(ca)
     request = request_head("GET", path, netloc, [*headers, "Connection: close"])
     counts = dict(errors_zero(), ok=0, resumed=0, connections=0)
     latencies = array.array("q")
-    session = None
+    # With --resume, `clients` devices each resuming its own session, in
+    # turn: a fleet reconnecting, which a server's session cache must hold
+    # (or its tickets serve). Each has its session before the clock starts.
+    sessions = [None] * clients
+    if resume:
+        for i in range(clients):
+            try:
+                sessions[i] = one_connection(context, host, port, request, None)[1]
+            except (OSError, EOFError, ValueError, IndexError, ssl.SSLError):
+                pass
     time.sleep(max(0.0, start - time.time()))
     deadline = start + duration
+    turn = 0
     while time.time() < deadline:
         began = time.perf_counter()
         counts["connections"] += 1
+        turn = (turn + 1) % clients
+        session = sessions[turn]
         try:
             status, new_session, reused = one_connection(context, host, port, request, session)
         except (socket.timeout, TimeoutError):
@@ -363,7 +375,7 @@ def handshake_worker(job):
         counts["resumed"] += int(reused)
         latencies.append(int((time.perf_counter() - began) * 1e6))
         if resume:
-            session = new_session
+            sessions[turn] = new_session
     counts["end"] = time.time()
     counts["latencies"] = latencies.tobytes()
     return counts
@@ -374,8 +386,10 @@ def handshakes(args):
     each connecting, sending one request, reading its answer and closing,
     over and over for the duration. Prints a RESULT line like wrk's, plus
     how many connections resumed."""
-    start = time.time() + 0.3
-    job = (args.url, args.ca, args.header or [], args.resume, start, args.duration)
+    clients = args.clients if args.resume else 1
+    # Room for each process to give its clients their first sessions.
+    start = time.time() + 0.3 + (0.01 * clients if args.resume else 0)
+    job = (args.url, args.ca, args.header or [], args.resume, clients, start, args.duration)
     with multiprocessing.Pool(args.workers) as pool:
         parts = pool.map(handshake_worker, [job] * args.workers)
     latencies = array.array("q")
@@ -1155,6 +1169,8 @@ def main():
     p = sub.add_parser("handshakes")
     add_target(p)
     p.add_argument("--resume", action="store_true")
+    p.add_argument("--clients", type=int, default=256,
+                   help="with --resume: clients per process, each resuming its own session in turn")
     p.set_defaults(run=handshakes)
     p = sub.add_parser("idle")
     add_target(p)

@@ -74,6 +74,14 @@ pub(crate) fn server_config(resolver: Arc<CertResolver>) -> Result<Arc<ServerCon
         .with_no_client_auth()
         .with_cert_resolver(resolver);
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    // Stateless session tickets (encrypted under a key rotated every six
+    // hours, as rustls's ticketer does), in place of rustls's default cache
+    // of 256 sessions: a fleet of devices reconnecting together resumed
+    // only as far as the last 256 sessions reached, and every other one
+    // paid a full handshake (`benches/run`'s resumed case, 512 clients:
+    // none resumed). A ticket resumes on the replica that issued it.
+    config.ticketer =
+        rustls::crypto::aws_lc_rs::Ticketer::new().map_err(|e| TlsError::Config(e.to_string()))?;
     // The server's order (AES-256-GCM, AES-128-GCM, ChaCha20) wins over a
     // client's: a client cannot steer the handshake to its weakest choice.
     config.ignore_client_order = true;
@@ -369,6 +377,65 @@ mod tests {
                 name.starts_with("TLS13_") || name.starts_with("TLS_ECDHE_"),
                 "{name} is not forward secret"
             );
+        }
+    }
+
+    /// Moves TLS records both ways until neither side has more to say.
+    fn exchange(client: &mut rustls::ClientConnection, server: &mut rustls::ServerConnection) {
+        let mut wire = Vec::new();
+        while client.wants_write() || server.wants_write() {
+            while client.wants_write() {
+                wire.clear();
+                client.write_tls(&mut wire).unwrap();
+                server.read_tls(&mut &wire[..]).unwrap();
+                server.process_new_packets().unwrap();
+            }
+            while server.wants_write() {
+                wire.clear();
+                server.write_tls(&mut wire).unwrap();
+                client.read_tls(&mut &wire[..]).unwrap();
+                client.process_new_packets().unwrap();
+            }
+        }
+    }
+
+    #[test]
+    fn a_fleet_larger_than_a_session_cache_resumes_every_session() {
+        use rustls::pki_types::pem::PemObject as _;
+        let dir = tempfile::tempdir().unwrap();
+        let loaded = load_or_generate_dev(dir.path()).unwrap();
+        let server = server_config(Arc::new(CertResolver::new(loaded.key))).unwrap();
+        let (ca, _, _) = dev_paths(dir.path());
+        let mut roots = rustls::RootCertStore::empty();
+        roots
+            .add(rustls::pki_types::CertificateDer::from_pem_file(&ca).unwrap())
+            .unwrap();
+        let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+        // 600 devices, each with its own session store: more than rustls's
+        // default server cache (256) holds.
+        let devices: Vec<Arc<rustls::ClientConfig>> = (0..600)
+            .map(|_| {
+                rustls::ClientConfig::builder_with_provider(provider.clone())
+                    .with_protocol_versions(&[&rustls::version::TLS13])
+                    .unwrap()
+                    .with_root_certificates(roots.clone())
+                    .with_no_client_auth()
+                    .into()
+            })
+            .collect();
+        let connect = |device: &Arc<rustls::ClientConfig>| {
+            let name = "localhost".try_into().unwrap();
+            let mut client = rustls::ClientConnection::new(device.clone(), name).unwrap();
+            let mut conn = rustls::ServerConnection::new(server.clone()).unwrap();
+            exchange(&mut client, &mut conn);
+            assert!(!client.is_handshaking());
+            client.handshake_kind()
+        };
+        for device in &devices {
+            assert_eq!(connect(device), Some(rustls::HandshakeKind::Full));
+        }
+        for device in &devices {
+            assert_eq!(connect(device), Some(rustls::HandshakeKind::Resumed));
         }
     }
 
