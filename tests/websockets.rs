@@ -780,7 +780,9 @@ async fn a_user_over_the_socket_limit_at_one_replica_is_refused_at_the_other() {
 #[tokio::test]
 async fn messages_sent_together_all_arrive_in_order() {
     let gw = setup("").await;
-    let user = gw.user("ws-burst@example.com", Authority::TenantAdmin).await;
+    let user = gw
+        .user("ws-burst@example.com", Authority::TenantAdmin)
+        .await;
     let (_, key) = gw.api_key(&user, 0).await;
     let mut socket = keyed_socket(&gw, &key, "up").await;
     // More than keygate passes on in one write, fed without a flush between
