@@ -365,7 +365,10 @@ impl App {
         if matches!(req.body(), RequestBody::Streamed(body) if !http_body::Body::is_end_stream(body))
         {
             req = Box::pin(self.proxy.buffer(route, req, ex.client.conn)).await?;
-        } else if req.method() != http::Method::HEAD && req.method() != http::Method::CONNECT {
+        } else if matches!(req.body(), RequestBody::Streamed(_))
+            && req.method() != http::Method::HEAD
+            && req.method() != http::Method::CONNECT
+        {
             // No body at all (an HTTP/2 `GET`, or one the lean path left to
             // hyper's driver): it goes over the wire, as the lean path's
             // requests do, not through hyper's client and its dispatch.
