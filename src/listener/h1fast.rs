@@ -285,15 +285,16 @@ where
 /// the response's buffer.
 const DIRECT_WRITE: usize = 16 * 1024;
 
-/// What a connection's read buffer takes when a request starts arriving.
-const READ_BUFFER: usize = 8 * 1024;
+/// What a connection's read buffer, and its response buffer, take when a
+/// request starts arriving.
+const BUFFER: usize = 8 * 1024;
 
 thread_local! {
     /// Where a connection with no buffer of its own reads: its first bytes
     /// are copied to a buffer taken for them, so a connection that is
     /// waited on holds none.
     static SCRATCH: std::cell::RefCell<Box<[u8]>> =
-        std::cell::RefCell::new(vec![0; READ_BUFFER].into_boxed_slice());
+        std::cell::RefCell::new(vec![0; BUFFER].into_boxed_slice());
 }
 
 /// Reads more of the connection into `buf`: into its spare room when it has
@@ -308,7 +309,7 @@ async fn read_more<I: AsyncRead + Unpin>(io: &mut I, buf: &mut BytesMut) -> std:
             let mut read = ReadBuf::new(scratch);
             std::task::ready!(Pin::new(&mut *io).poll_read(cx, &mut read))?;
             let got = read.filled();
-            buf.reserve(READ_BUFFER.max(got.len()));
+            buf.reserve(BUFFER.max(got.len()));
             buf.extend_from_slice(got);
             Poll::Ready(Ok(got.len()))
         })
@@ -396,7 +397,7 @@ where
 {
     let (parts, mut body) = response.into_parts();
     out.clear();
-    out.reserve(READ_BUFFER);
+    out.reserve(BUFFER);
     let framing = write::response_head(&parts, || http_body::Body::size_hint(&body).exact(), out);
     if framing != BodyFraming::None {
         write_body(io, &mut body, framing == BodyFraming::Chunked, out).await?;

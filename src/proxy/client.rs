@@ -98,10 +98,19 @@ impl Conn {
         }
     }
 
+    /// Ready for a new request: `Ready(true)`, or `Ready(false)` once the
+    /// connection has ended.
+    fn poll_idle(&mut self, cx: &mut Context<'_>) -> Poll<bool> {
+        if !self.drive(cx) {
+            return Poll::Ready(false);
+        }
+        self.sender.poll_ready(cx).map(|ready| ready.is_ok())
+    }
+
     /// Ready for a new request now, without waiting.
     fn ready_now(&mut self) -> bool {
         let mut cx = Context::from_waker(Waker::noop());
-        self.drive(&mut cx) && matches!(self.sender.poll_ready(&mut cx), Poll::Ready(Ok(())))
+        matches!(self.poll_idle(&mut cx), Poll::Ready(true))
     }
 }
 
@@ -917,10 +926,7 @@ impl<K: Unpin> http_body::Body for WireBody<K> {
                 // A large body is read in large reads: each is one frame on
                 // to the client (one TLS write of several records) instead
                 // of one per 8 KiB.
-                let want = n.min(BODY_READ as u64) as usize;
-                if conn.buf.capacity() - conn.buf.len() < want {
-                    conn.buf.reserve(want);
-                }
+                conn.buf.reserve(n.min(BODY_READ as u64) as usize);
             }
             let mut read = std::pin::pin!(conn.stream.read_buf(&mut conn.buf));
             match read.as_mut().poll(cx) {
@@ -1038,14 +1044,7 @@ impl<K> Pooled<K> {
         // client's pace bounds it as any request body's is.
         let (client, key) = (self.client.clone(), self.key.clone());
         tokio::spawn(async move {
-            let sent = std::future::poll_fn(|cx| {
-                if !conn.drive(cx) {
-                    return Poll::Ready(false);
-                }
-                conn.sender.poll_ready(cx).map(|ready| ready.is_ok())
-            })
-            .await;
-            if sent {
+            if std::future::poll_fn(|cx| conn.poll_idle(cx)).await {
                 client.release(key, conn);
             }
         });
